@@ -1,0 +1,503 @@
+"""Agents: configuration, snapshots, abort, and how one turn is started and answered.
+
+A turn always runs against a :class:`~engine.store.SessionStore`: the agent's own store, or —
+for client-managed state (``store=None``) — a scratch in-memory store rebuilt from the
+verified state blob, so every mode shares one runner and one set of rules.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, Field
+
+from engine.errors import (
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+    SnapshotNotResumableError,
+    TurnFailedError,
+)
+from engine.executor import LeaseSettings, RetryPolicy, run_inline
+from engine.memory_store import InMemorySessionStore
+from engine.model import Model
+from engine.parts import Message, Part
+from engine.response import AgentResponse, interrupts_of
+from engine.resume import NOT_RESUMABLE_MESSAGE, paused_calls, plan_resume
+from engine.runner import ChunkCallback, RunnerConfig
+from engine.schemas import Schema
+from engine.signing import StateSigner
+from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus
+from engine.store import (
+    InterruptAnswer,
+    NewTurn,
+    SessionStore,
+    ToolCallRecord,
+    ToolCallStatus,
+    TurnInput,
+    TurnRecord,
+)
+from engine.tools import Tool
+
+if TYPE_CHECKING:
+    from engine.chat import Chat
+
+__all__ = ["Agent", "SessionSnapshot", "SessionState", "TurnRequest"]
+
+logger = logging.getLogger("turnstile.agent")
+
+
+class SessionState(BaseModel):
+    """Genkit's ``SessionState``: the conversation a snapshot holds."""
+
+    session_id: str
+    messages: list[Message] = Field(default_factory=list)
+    custom: Any = None
+    artifacts: list[Any] = Field(default_factory=list)
+
+    def to_wire(self) -> dict[str, Any]:
+        """``{sessionId, messages, custom?, artifacts}``."""
+        wire: dict[str, Any] = {
+            "sessionId": self.session_id,
+            "messages": [m.to_wire() for m in self.messages],
+            "artifacts": list(self.artifacts),
+        }
+        if self.custom is not None:
+            wire["custom"] = self.custom
+        return wire
+
+
+class SessionSnapshot(BaseModel):
+    """One turn as a snapshot: status, finish reason, error and the conversation it holds."""
+
+    snapshot_id: str
+    session_id: str
+    parent_id: str | None
+    created_at: datetime
+    updated_at: datetime
+    status: TurnStatus
+    finish_reason: FinishReason | None = None
+    error: dict[str, Any] | None = None
+    state: SessionState
+
+    def to_wire(self) -> dict[str, Any]:
+        """Genkit's ``SessionSnapshot`` JSON."""
+        wire: dict[str, Any] = {
+            "snapshotId": self.snapshot_id,
+            "sessionId": self.session_id,
+            "createdAt": self.created_at.isoformat(),
+            "updatedAt": self.updated_at.isoformat(),
+            "status": self.status.value,
+            "state": self.state.to_wire(),
+        }
+        if self.parent_id is not None:
+            wire["parentId"] = self.parent_id
+        if self.finish_reason is not None:
+            wire["finishReason"] = self.finish_reason.value
+        if self.error is not None:
+            wire["error"] = self.error
+        return wire
+
+
+@dataclass(frozen=True)
+class TurnRequest:
+    """Where a turn continues from, and with what."""
+
+    input: TurnInput
+    session_id: str | None = None
+    snapshot_id: str | None = None
+    state: Mapping[str, Any] | None = None
+
+
+@dataclass
+class _Started:
+    store: SessionStore
+    turn: TurnRecord
+
+
+class Agent:
+    """An agent defined with :meth:`engine.Engine.define_agent`."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        model: Model,
+        system: str | None,
+        tools: Sequence[Tool],
+        store: SessionStore | None,
+        signer: StateSigner,
+        max_turns: int = 5,
+        retry: RetryPolicy | None = None,
+        lease: LeaseSettings | None = None,
+        owner: str = "inline",
+        local_aborts: dict[str, asyncio.Event] | None = None,
+    ) -> None:
+        names = [t.name for t in tools]
+        duplicates = {n for n in names if names.count(n) > 1}
+        if duplicates:
+            raise ValueError(f"Agent '{name}' lists tools twice: {sorted(duplicates)}.")
+        if max_turns < 1:
+            raise ValueError("max_turns must be at least 1.")
+        self.name = name
+        self.model = model
+        self.system = system
+        self.tools: dict[str, Tool] = {t.name: t for t in tools}
+        self.store = store
+        self.signer = signer
+        self.max_turns = max_turns
+        self.retry = retry or RetryPolicy()
+        self.lease = lease or LeaseSettings()
+        self._owner = owner
+        self._local_aborts = local_aborts if local_aborts is not None else {}
+        self._input_schemas: dict[str, Schema] = {t.name: t.input for t in tools}
+
+    @property
+    def state_management(self) -> str:
+        """``server`` with a store, ``client`` without (Genkit's action metadata)."""
+        return "server" if self.store is not None else "client"
+
+    def runner_config(self) -> RunnerConfig:
+        """What the turn runner needs (also used by the worker pool)."""
+        return RunnerConfig(
+            agent=self.name,
+            model=self.model,
+            system=self.system,
+            tools=self.tools,
+            max_turns=self.max_turns,
+        )
+
+    def chat(
+        self,
+        *,
+        session_id: str | None = None,
+        snapshot_id: str | None = None,
+        state: Mapping[str, Any] | None = None,
+    ) -> Chat:
+        """A conversation handle: new, or reopened by session id, snapshot id or state blob."""
+        from engine.chat import Chat
+
+        if self.store is None and (session_id or snapshot_id):
+            which = "snapshotId" if snapshot_id else "sessionId"
+            raise FailedPreconditionError(
+                f"Cannot use '{which}' with agent '{self.name}': this agent has no store "
+                "configured (client-managed state). Send 'state' instead."
+            )
+        if self.store is not None and state is not None:
+            raise FailedPreconditionError(
+                f"Cannot send 'state' to agent '{self.name}': this agent uses a server-managed "
+                "store. Send 'snapshotId' or 'sessionId' instead."
+            )
+        if state is not None:
+            self.signer.verify(state, agent=self.name)  # fail fast on a bad blob
+        return Chat(self, session_id=session_id, snapshot_id=snapshot_id, state=state)
+
+    # -- snapshots and abort ------------------------------------------------------------
+
+    def _require_store(self, what: str) -> SessionStore:
+        if self.store is None:
+            raise FailedPreconditionError(
+                f"{what} needs a session store; agent '{self.name}' uses client-managed state."
+            )
+        return self.store
+
+    async def _own_turn(self, store: SessionStore, snapshot_id: str) -> TurnRecord:
+        turn = await store.get_turn(snapshot_id)
+        if turn is None or turn.agent != self.name:
+            raise NotFoundError(f"Snapshot '{snapshot_id}' not found for agent '{self.name}'.")
+        return turn
+
+    async def get_snapshot(
+        self, *, snapshot_id: str | None = None, session_id: str | None = None
+    ) -> SessionSnapshot | None:
+        """The snapshot with that id, or the session's latest one; ``None`` if unknown."""
+        store = self._require_store("get_snapshot")
+        if (snapshot_id is None) == (session_id is None):
+            raise InvalidArgumentError("Give exactly one of snapshot_id and session_id.")
+        if snapshot_id is not None:
+            turn = await store.get_turn(snapshot_id)
+        else:
+            assert session_id is not None
+            turn = await store.latest_turn(session_id)
+        if turn is None or turn.agent != self.name:
+            return None
+        return await self._snapshot(store, turn)
+
+    async def _snapshot(self, store: SessionStore, turn: TurnRecord) -> SessionSnapshot:
+        messages = await store.load_conversation(turn.id)
+        return SessionSnapshot(
+            snapshot_id=turn.id,
+            session_id=turn.session_id,
+            parent_id=turn.parent_id,
+            created_at=turn.created_at,
+            updated_at=turn.updated_at,
+            status=turn.status,
+            finish_reason=turn.finish_reason,
+            error=turn.error.model_dump(exclude_none=True) if turn.error else None,
+            state=SessionState(session_id=turn.session_id, messages=messages),
+        )
+
+    async def abort(self, snapshot_id: str) -> TurnStatus:
+        """Stop a running turn; returns the resulting status.
+
+        ``pending`` → ``aborting`` while a runner holds it (it settles ``aborted`` at its next
+        await, keeping its committed rounds) or straight to ``aborted`` when nobody does;
+        settled snapshots are left as they are.
+        """
+        store = self._require_store("abort")
+        await self._own_turn(store, snapshot_id)
+        return await self.abort_in(store, snapshot_id)
+
+    async def abort_in(self, store: SessionStore, turn_id: str) -> TurnStatus:
+        """Request the abort in ``store`` and wake the local runner, if it runs here."""
+        status = await store.request_abort(turn_id)
+        signal = self._local_aborts.get(turn_id)
+        if status is TurnStatus.ABORTING and signal is not None:
+            signal.set()
+        return status
+
+    # -- running a turn -----------------------------------------------------------------
+
+    async def run_turn(
+        self,
+        request: TurnRequest,
+        *,
+        on_chunk: ChunkCallback | None = None,
+        on_started: Any = None,
+    ) -> AgentResponse:
+        """Validate ``request``, create its pending turn, run it here and answer.
+
+        ``on_started(store, turn)`` is called once the turn exists (the chat uses it to
+        track the running turn for ``abort``). Raises a typed error, writing nothing, when
+        the request is invalid; raises :class:`TurnFailedError` when the turn fails.
+        """
+        started = await self._start(request)
+        if on_started is not None:
+            on_started(started.store, started.turn)
+        signal = asyncio.Event()
+        self._local_aborts[started.turn.id] = signal
+        try:
+            # Shielded: a caller that stops waiting does not stop the turn (it settles and
+            # persists, as a durable turn must); abort is the way to stop it.
+            settled = await asyncio.shield(
+                run_inline(
+                    self.runner_config(),
+                    started.store,
+                    started.turn.id,
+                    owner=self._owner,
+                    on_chunk=on_chunk,
+                    abort_signal=signal,
+                    lease=self.lease,
+                    retry=self.retry,
+                )
+            )
+        finally:
+            self._local_aborts.pop(started.turn.id, None)
+        return await self.respond_for(started.store, settled)
+
+    async def respond_for(self, store: SessionStore, turn: TurnRecord) -> AgentResponse:
+        """The response for a settled turn (raises :class:`TurnFailedError` if it failed)."""
+        messages = await store.load_conversation(turn.id)
+        state = None
+        snapshot_id: str | None = turn.id
+        if self.store is None:
+            state = self.signer.sign(
+                SessionState(session_id=turn.session_id, messages=messages).to_wire(),
+                agent=self.name,
+            )
+            snapshot_id = None
+        response = AgentResponse(
+            session_id=turn.session_id,
+            snapshot_id=snapshot_id,
+            status=turn.status,
+            finish_reason=turn.finish_reason,
+            messages=messages,
+            interrupts=(
+                interrupts_of(messages[-1] if messages else None, self._input_schemas)
+                if turn.finish_reason is FinishReason.INTERRUPTED
+                else []
+            ),
+            state=state,
+        )
+        if turn.status is TurnStatus.FAILED:
+            error = turn.error
+            failure = TurnFailedError(
+                error.message if error else "The turn failed.",
+                status=error.status if error else "INTERNAL",
+                details=error.details if error else None,
+                snapshot_id=turn.id,
+                response=response,
+            )
+            response.error = failure
+            raise failure
+        return response
+
+    async def _base(self, request: TurnRequest) -> tuple[SessionStore, TurnRecord | None, str]:
+        """The store, the snapshot the turn continues from (if any) and the session id."""
+        if self.store is None:
+            scratch = InMemorySessionStore()
+            if request.state is None:
+                return scratch, None, str(uuid.uuid4())
+            verified = self.signer.verify(request.state, agent=self.name)
+            return scratch, await self._restore(scratch, verified), str(verified["sessionId"])
+        if request.snapshot_id is not None:
+            base = await self._own_turn(self.store, request.snapshot_id)
+            if request.session_id is not None and request.session_id != base.session_id:
+                raise InvalidArgumentError(
+                    f"Snapshot {base.id} does not belong to session {request.session_id} "
+                    f"(it belongs to {base.session_id})."
+                )
+            return self.store, base, base.session_id
+        if request.session_id is not None:
+            latest = await self.store.latest_turn(request.session_id)
+            if latest is not None and latest.agent != self.name:
+                raise NotFoundError(
+                    f"Session '{request.session_id}' not found for agent '{self.name}'."
+                )
+            return self.store, latest, request.session_id
+        return self.store, None, str(uuid.uuid4())
+
+    async def _restore(self, scratch: SessionStore, state: Mapping[str, Any]) -> TurnRecord:
+        """Rebuild a settled snapshot from a verified blob in the scratch store."""
+        try:
+            messages = [Message.model_validate(m) for m in state.get("messages") or []]
+        except ValueError as exc:
+            raise InvalidArgumentError(f"Client state holds a malformed message: {exc}") from exc
+        # Derived from the signature, so replaying one blob yields the same idempotency keys.
+        digest = hashlib.sha256(str(state.get("signature", "")).encode()).hexdigest()[:24]
+        turn_id = f"client-{digest}"
+        await scratch.create_turn(
+            NewTurn(
+                id=turn_id,
+                session_id=str(state["sessionId"]),
+                agent=self.name,
+                input=TurnInput(kind="restore"),
+                initial_messages=messages,
+            )
+        )
+        claimed = await scratch.claim_turn(turn_id, owner=self._owner, lease_seconds=60)
+        paused = paused_calls(messages[-1] if messages else None)
+        for part in paused:
+            assert part.tool_request is not None
+            ref = str(part.tool_request.ref)
+            await scratch.record_call(
+                turn_id,
+                lease_token=claimed.lease_token,
+                call=ToolCallRecord(
+                    turn_id=turn_id,
+                    round=0,
+                    ref=ref,
+                    name=part.tool_request.name,
+                    input=part.tool_request.input,
+                    status=ToolCallStatus.INTERRUPTED,
+                    interrupt=(part.metadata or {}).get("interrupt"),
+                    idempotency_key=f"{turn_id}:{ref}",
+                ),
+            )
+        return await scratch.transition(
+            turn_id,
+            expected={TurnStatus.PENDING},
+            new=TurnStatus.COMPLETED,
+            lease_token=claimed.lease_token,
+            finish_reason=FinishReason.INTERRUPTED if paused else FinishReason.STOP,
+        )
+
+    async def _start(self, request: TurnRequest) -> _Started:
+        store, base, session_id = await self._base(request)
+        turn_input = request.input
+        conversation = await store.load_conversation(base.id) if base else []
+        last = conversation[-1] if conversation else None
+        answers: list[InterruptAnswer] = []
+        if base is not None and base.status in ACTIVE_STATUSES:
+            raise SnapshotNotResumableError(
+                f"Snapshot {base.id} is still {base.status.value}: wait for it to settle or "
+                "abort it before continuing the session.",
+                snapshot_id=base.id,
+            )
+        if turn_input.kind == "resume":
+            if turn_input.message is not None or base is None:
+                raise FailedPreconditionError(NOT_RESUMABLE_MESSAGE)
+            plan = plan_resume(
+                snapshot_id=base.id,
+                last_message=last,
+                journal=await store.list_calls(base.id),
+                respond=turn_input.respond,
+                restart=turn_input.restart,
+                tools=self.tools,
+            )
+            answers = [
+                InterruptAnswer(
+                    turn_id=base.id,
+                    round=row.round,
+                    ref=row.ref,
+                    answer={plan.answers[row.ref][0]: plan.answers[row.ref][1]},
+                )
+                for row in plan.journal
+            ]
+            history_length = len(conversation) - 1
+        else:
+            pending = paused_calls(last)
+            if pending and base is not None:
+                names = ", ".join(
+                    f"{p.tool_request.name}#{p.tool_request.ref}" for p in pending if p.tool_request
+                )
+                raise SnapshotNotResumableError(
+                    f"Snapshot {base.id} is paused at interrupts ({names}): answer them with "
+                    "resume(respond=..., restart=...) before sending anything else.",
+                    snapshot_id=base.id,
+                )
+            if turn_input.kind == "retry" and base is None:
+                raise InvalidArgumentError(
+                    "Nothing to retry: this session has no snapshot yet; send a message."
+                )
+            history_length = len(conversation)
+        new = NewTurn(
+            id=str(uuid.uuid4()),
+            session_id=session_id,
+            agent=self.name,
+            parent_id=base.id if base else None,
+            input=turn_input,
+            history_length=history_length,
+            initial_messages=[turn_input.message] if turn_input.message is not None else [],
+            max_attempts=self.retry.max_attempts,
+        )
+        turn = await store.create_turn(new, answers=answers)
+        logger.info(
+            "turn %s (%s) created in session %s for agent %s",
+            turn.id,
+            turn_input.kind,
+            session_id,
+            self.name,
+        )
+        return _Started(store=store, turn=turn)
+
+
+def coerce_message(
+    message: str | Message | Sequence[Part] | Mapping[str, Any] | None,
+) -> Message | None:
+    """Accept the shapes callers naturally pass as a user message."""
+    if message is None:
+        return None
+    if isinstance(message, str):
+        return Message.user(message)
+    if isinstance(message, Message):
+        if message.role != "user":
+            raise InvalidArgumentError(
+                f"A sent message must have role 'user', not '{message.role}'."
+            )
+        return message
+    if isinstance(message, Mapping):
+        try:
+            parsed = Message.model_validate(dict(message))
+        except ValueError as exc:
+            raise InvalidArgumentError(f"Malformed message: {exc}") from exc
+        return coerce_message(parsed)
+    parts = [p if isinstance(p, Part) else Part.model_validate(p) for p in message]
+    return Message(role="user", content=parts)

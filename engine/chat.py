@@ -1,0 +1,200 @@
+"""The chat handle: ``send``/``resume`` (and their streaming forms) and ``abort``."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Generator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from engine.errors import SessionBusyError, TurnFailedError
+from engine.parts import Message, Part
+from engine.response import AgentChunk, AgentResponse
+from engine.status import TurnStatus
+from engine.store import SessionStore, TurnInput, TurnRecord
+
+if TYPE_CHECKING:
+    from engine.agent import Agent
+
+__all__ = ["AgentTurn", "Chat", "MessageLike"]
+
+MessageLike = str | Message | Sequence[Part] | Mapping[str, Any]
+
+_END = object()
+
+
+class AgentTurn:
+    """A streaming turn: iterate :attr:`stream` for chunks, await :attr:`response`.
+
+    Awaiting the turn itself is the same as awaiting :attr:`response`.
+    """
+
+    def __init__(self, queue: asyncio.Queue[object], task: asyncio.Task[AgentResponse]) -> None:
+        self._queue = queue
+        self._task = task
+
+    @property
+    def response(self) -> asyncio.Task[AgentResponse]:
+        """The final response (equal to what the non-streaming call returns)."""
+        return self._task
+
+    @property
+    def stream(self) -> AsyncIterator[AgentChunk]:
+        """The chunks, as the model produces them; ends when the turn settles."""
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[AgentChunk]:
+        while True:
+            item = await self._queue.get()
+            if item is _END:
+                return
+            assert isinstance(item, AgentChunk)
+            yield item
+
+    def __await__(self) -> Generator[Any, None, AgentResponse]:
+        return self._task.__await__()
+
+
+class Chat:
+    """One conversation with an agent.
+
+    The chat follows the session: after each turn it points at the new snapshot (or, with
+    client-managed state, holds the new signed state blob), so ``resume`` continues exactly
+    where the previous turn paused. One turn at a time: a second ``send`` while one is in
+    flight raises :class:`~engine.errors.SessionBusyError`.
+    """
+
+    def __init__(
+        self,
+        agent: Agent,
+        *,
+        session_id: str | None = None,
+        snapshot_id: str | None = None,
+        state: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.agent = agent
+        self.session_id = session_id
+        self.snapshot_id = snapshot_id
+        self.state: dict[str, Any] | None = dict(state) if state is not None else None
+        if self.state is not None:
+            self.session_id = str(self.state.get("sessionId"))
+        self._running: tuple[SessionStore, TurnRecord] | None = None
+        self._busy = False
+
+    # -- sending --------------------------------------------------------------------------
+
+    async def send(
+        self,
+        message: MessageLike | None = None,
+        *,
+        resume: Mapping[str, Sequence[Part]] | None = None,
+    ) -> AgentResponse:
+        """Send a user message (or, with ``resume``, answer the paused interrupts).
+
+        ``send()`` with neither retries from the current snapshot (a failed or aborted turn
+        holds the conversation up to its last completed round).
+        """
+        return await self._turn(message, resume, None)
+
+    def send_stream(
+        self,
+        message: MessageLike | None = None,
+        *,
+        resume: Mapping[str, Sequence[Part]] | None = None,
+    ) -> AgentTurn:
+        """Like :meth:`send`, streaming the model's chunks as they are produced."""
+        queue: asyncio.Queue[object] = asyncio.Queue()
+
+        async def sink(chunk: AgentChunk) -> None:
+            queue.put_nowait(chunk)
+
+        async def run() -> AgentResponse:
+            try:
+                return await self._turn(message, resume, sink)
+            finally:
+                queue.put_nowait(_END)
+
+        return AgentTurn(queue, asyncio.create_task(run()))
+
+    async def resume(
+        self, *, respond: Sequence[Part] = (), restart: Sequence[Part] = ()
+    ) -> AgentResponse:
+        """Answer the paused interrupts: sugar for ``send(resume={...})``."""
+        return await self.send(resume={"respond": respond, "restart": restart})
+
+    def resume_stream(
+        self, *, respond: Sequence[Part] = (), restart: Sequence[Part] = ()
+    ) -> AgentTurn:
+        """Streaming :meth:`resume`."""
+        return self.send_stream(resume={"respond": respond, "restart": restart})
+
+    async def abort(self) -> TurnStatus | None:
+        """Abort this chat's turn in flight (``None`` when there is none)."""
+        if self._running is None:
+            return None
+        store, turn = self._running
+        return await self.agent.abort_in(store, turn.id)
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _input(
+        self, message: MessageLike | None, resume: Mapping[str, Sequence[Part]] | None
+    ) -> TurnInput:
+        from engine.agent import coerce_message
+
+        user = coerce_message(message)
+        if resume is not None:
+            respond = [_as_part(p) for p in resume.get("respond", ()) or ()]
+            restart = [_as_part(p) for p in resume.get("restart", ()) or ()]
+            return TurnInput(kind="resume", message=user, respond=respond, restart=restart)
+        if user is not None:
+            return TurnInput(kind="message", message=user)
+        return TurnInput(kind="retry")
+
+    async def _turn(
+        self,
+        message: MessageLike | None,
+        resume: Mapping[str, Sequence[Part]] | None,
+        sink: Any,
+    ) -> AgentResponse:
+        from engine.agent import TurnRequest
+
+        if self._busy:
+            raise SessionBusyError(
+                "This chat already has a turn in flight; wait for it (or abort it) first.",
+                snapshot_id=self.snapshot_id,
+            )
+        self._busy = True
+        try:
+            request = TurnRequest(
+                input=self._input(message, resume),
+                session_id=self.session_id,
+                snapshot_id=self.snapshot_id,
+                state=self.state,
+            )
+
+            def started(store: SessionStore, turn: TurnRecord) -> None:
+                self._running = (store, turn)
+                self.session_id = turn.session_id
+
+            try:
+                response = await self.agent.run_turn(request, on_chunk=sink, on_started=started)
+            except TurnFailedError as failure:
+                if isinstance(failure.response, AgentResponse):
+                    self._follow(failure.response)
+                raise
+            self._follow(response)
+            return response
+        finally:
+            self._running = None
+            self._busy = False
+
+    def _follow(self, response: AgentResponse) -> None:
+        self.session_id = response.session_id
+        if response.state is not None:
+            self.state = response.state
+        else:
+            self.snapshot_id = response.snapshot_id
+
+
+def _as_part(value: Part | Mapping[str, Any]) -> Part:
+    return value if isinstance(value, Part) else Part.model_validate(dict(value))

@@ -1,0 +1,167 @@
+"""The :class:`Engine`: a registry of the model, tools, interrupts and agents."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from engine.agent import Agent
+from engine.executor import LeaseSettings, RetryPolicy
+from engine.model import Model
+from engine.schemas import SchemaSpec
+from engine.signing import StateSigner
+from engine.store import SessionStore
+from engine.tools import InterruptTool, Tool, ToolFn
+
+__all__ = ["Engine"]
+
+
+class Engine:
+    """Holds the default model and everything defined against it.
+
+    ``state_keys`` (key id → secret) sign client-managed state; without them the
+    ``TURNSTILE_STATE_KEYS`` environment variable is read (see :class:`StateSigner`).
+    """
+
+    def __init__(
+        self,
+        *,
+        model: Model,
+        state_keys: Mapping[str, str | bytes] | None = None,
+        state_max_age: float | None = None,
+    ) -> None:
+        self.model = model
+        self.signer = StateSigner(state_keys, max_age=state_max_age)
+        self.tools: dict[str, Tool] = {}
+        self.agents: dict[str, Agent] = {}
+        #: Abort signals of the turns running in this process, by turn id.
+        self.local_aborts: dict[str, asyncio.Event] = {}
+        self.owner = f"{socket.gethostname()}:{os.getpid()}"
+
+    def _register(self, tool: Tool) -> Tool:
+        if tool.name in self.tools:
+            raise ValueError(f"A tool named '{tool.name}' is already defined.")
+        self.tools[tool.name] = tool
+        return tool
+
+    def define_tool(
+        self,
+        *,
+        name: str,
+        description: str = "",
+        input_schema: SchemaSpec = None,
+        output_schema: SchemaSpec = None,
+        fn: ToolFn,
+        idempotent: bool = True,
+    ) -> Tool:
+        """Define a tool. ``fn(input, ctx)`` is sync or async; ``ctx`` may be left out.
+
+        ``input`` is an instance of ``input_schema``; the return value (a dict or an instance
+        of ``output_schema``) is validated against ``output_schema``. ``idempotent=False``
+        tells the durable runner not to re-run a call a crash interrupted without asking.
+        """
+        tool = Tool(
+            name=name,
+            description=description,
+            input_schema=input_schema,
+            output_schema=output_schema,
+            fn=fn,
+            idempotent=idempotent,
+        )
+        return self._register(tool)
+
+    def tool(
+        self,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        input_schema: SchemaSpec = None,
+        output_schema: SchemaSpec = None,
+        idempotent: bool = True,
+    ) -> Callable[[ToolFn], Tool]:
+        """Decorator form of :meth:`define_tool` (name and description default to the
+        function's name and docstring)."""
+
+        def decorate(fn: ToolFn) -> Tool:
+            return self.define_tool(
+                name=name or str(getattr(fn, "__name__", "tool")),
+                description=description if description is not None else (fn.__doc__ or "").strip(),
+                input_schema=input_schema,
+                output_schema=output_schema,
+                fn=fn,
+                idempotent=idempotent,
+            )
+
+        return decorate
+
+    def define_interrupt(
+        self,
+        *,
+        name: str,
+        description: str = "",
+        input_schema: SchemaSpec = None,
+        output_schema: SchemaSpec = None,
+        metadata: Any = None,
+        timeout: float | None = None,
+        on_timeout: Any = None,
+    ) -> InterruptTool:
+        """Define an interrupt: a tool that pauses the turn until someone answers it.
+
+        ``input_schema`` is what the model passes (shown to the human); ``output_schema`` is
+        what the answer must satisfy (checked when resuming).
+        """
+        tool = InterruptTool(
+            name=name,
+            description=description,
+            input_schema=input_schema,
+            output_schema=output_schema,
+            metadata=metadata,
+            timeout=timeout,
+            on_timeout=on_timeout,
+        )
+        self._register(tool)
+        return tool
+
+    def define_agent(
+        self,
+        *,
+        name: str,
+        system: str | None = None,
+        tools: Sequence[Tool] = (),
+        store: SessionStore | None = None,
+        model: Model | None = None,
+        max_turns: int = 5,
+        max_attempts: int = 3,
+        retry: RetryPolicy | None = None,
+        lease: LeaseSettings | None = None,
+    ) -> Agent:
+        """Define an agent. ``store=None`` means client-managed (signed) state.
+
+        ``max_turns`` bounds the tool rounds of one send/resume; ``max_attempts`` bounds how
+        often a turn is attempted after transient failures (with ``retry``'s backoff).
+        """
+        if name in self.agents:
+            raise ValueError(f"An agent named '{name}' is already defined.")
+        policy = retry or RetryPolicy(max_attempts=max_attempts)
+        agent = Agent(
+            name=name,
+            model=model or self.model,
+            system=system,
+            tools=tools,
+            store=store,
+            signer=self.signer,
+            max_turns=max_turns,
+            retry=policy,
+            lease=lease,
+            owner=self.owner,
+            local_aborts=self.local_aborts,
+        )
+        self.agents[name] = agent
+        return agent
+
+    def get_agent(self, name: str) -> Agent:
+        """The agent with that name (``KeyError`` if none)."""
+        return self.agents[name]

@@ -1,0 +1,162 @@
+"""The exception hierarchy of Turnstile.
+
+Every error a caller can act on is an :class:`AgentError` carrying a Genkit status name
+(``INVALID_ARGUMENT``, ``FAILED_PRECONDITION``, ...), so the HTTP layer can map it to a 4xx
+code and a remote client can rebuild the same typed error. Store-level race outcomes
+(:class:`StaleTransitionError`, :class:`LeaseLostError`) are separate: they mean "somebody
+else owns this turn now", which the executor handles rather than the user.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+__all__ = [
+    "AgentError",
+    "ApprovalNotPendingError",
+    "FailedPreconditionError",
+    "InvalidArgumentError",
+    "InvalidStateError",
+    "LeaseLostError",
+    "NotFoundError",
+    "ResumeValidationError",
+    "SessionBusyError",
+    "SnapshotNotResumableError",
+    "StaleTransitionError",
+    "StoreError",
+    "ToolError",
+    "TransientError",
+    "TurnFailedError",
+    "TurnstileError",
+]
+
+
+class TurnstileError(Exception):
+    """Root of every exception Turnstile raises on purpose."""
+
+
+class AgentError(TurnstileError):
+    """An error with a Genkit status name, safe to show to the caller.
+
+    ``status`` follows Genkit's (gRPC-style) status names; ``snapshot_id`` points at the
+    snapshot the caller can continue from, when there is one.
+    """
+
+    default_status: ClassVar[str] = "INTERNAL"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: str | None = None,
+        details: Any = None,
+        snapshot_id: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status or self.default_status
+        self.details = details
+        self.snapshot_id = snapshot_id
+
+    def to_wire(self) -> dict[str, Any]:
+        """The ``{status, message, details?}`` object Genkit puts in ``AgentOutput.error``."""
+        wire: dict[str, Any] = {"status": self.status, "message": self.message}
+        if self.details is not None:
+            wire["details"] = self.details
+        return wire
+
+    def __str__(self) -> str:
+        return f"{self.status}: {self.message}"
+
+
+class InvalidArgumentError(AgentError):
+    """The request itself is malformed or does not match what it refers to."""
+
+    default_status = "INVALID_ARGUMENT"
+
+
+class FailedPreconditionError(AgentError):
+    """The request is well-formed but the system is not in a state that allows it."""
+
+    default_status = "FAILED_PRECONDITION"
+
+
+class NotFoundError(AgentError):
+    """A snapshot, session, agent or tool that the request names does not exist."""
+
+    default_status = "NOT_FOUND"
+
+
+class ResumeValidationError(InvalidArgumentError):
+    """A resume entry does not match the pending interrupts of the snapshot it resumes.
+
+    Raised before anything is written: the paused snapshot stays resumable.
+    """
+
+
+class SnapshotNotResumableError(FailedPreconditionError):
+    """The snapshot is ``pending`` or ``aborting`` (or paused and the request is not a resume)."""
+
+
+class SessionBusyError(AgentError):
+    """Another turn of the same session is still running: one turn at a time per session."""
+
+    default_status = "ABORTED"
+
+
+class ApprovalNotPendingError(AgentError):
+    """An interrupt was already answered (or is no longer pending): it can be decided once."""
+
+    default_status = "ABORTED"
+
+
+class InvalidStateError(InvalidArgumentError):
+    """A client-managed state blob is malformed, tampered with, expired or foreign."""
+
+
+class ToolError(AgentError):
+    """A tool raised, returned an output that violates its schema, or was given bad input."""
+
+
+class TransientError(TurnstileError):
+    """Mixin-style marker for failures worth retrying (timeouts, connection errors, 5xx).
+
+    Models and tools raise a subclass (or set ``retryable=True`` on a :class:`ToolError`) so
+    the worker pool can retry the turn with backoff instead of failing it.
+    """
+
+
+class TurnFailedError(AgentError):
+    """The turn settled ``failed`` (or ``aborted``); ``snapshot_id`` is that resumable snapshot.
+
+    ``response`` is the :class:`~engine.chat.AgentResponse` of the settled turn, so callers can
+    still read its conversation; ``chat.send()`` with no arguments retries from it.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: str | None = None,
+        details: Any = None,
+        snapshot_id: str | None = None,
+        response: Any = None,
+    ) -> None:
+        super().__init__(message, status=status, details=details, snapshot_id=snapshot_id)
+        self.response = response
+
+
+class StoreError(TurnstileError):
+    """A store operation failed for a reason other than a lost race (driver errors are wrapped)."""
+
+
+class StaleTransitionError(StoreError):
+    """A guarded status transition matched zero rows: the turn is not in the expected state."""
+
+    def __init__(self, turn_id: str, message: str) -> None:
+        super().__init__(message)
+        self.turn_id = turn_id
+
+
+class LeaseLostError(StaleTransitionError):
+    """The caller's lease token is no longer the turn's: another worker owns the turn now."""

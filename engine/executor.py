@@ -1,0 +1,203 @@
+"""Running a claimed turn: heartbeats, abort, retries and the settling transition.
+
+The same function serves inline execution (a chat without a durable store runs its turn in
+the caller's process) and the worker pool: claim, run the :class:`~engine.runner.TurnRunner`
+in a task, renew the lease while it runs (the renewal also reads ``aborting``), then settle
+through one guarded transition fenced by the lease token. No transaction is held while the
+model or a tool runs; every store call is its own short write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from engine.errors import LeaseLostError, StaleTransitionError
+from engine.runner import ChunkCallback, RunnerConfig, TurnOutcome, TurnRunner
+from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus
+from engine.store import SessionStore, TurnRecord
+
+__all__ = ["LeaseSettings", "RetryPolicy", "execute_claimed", "run_inline"]
+
+logger = logging.getLogger("turnstile.executor")
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Exponential backoff with jitter for transient failures.
+
+    A turn is attempted at most ``max_attempts`` times; attempt *n* waits
+    ``initial_delay * multiplier**(n-1)`` seconds (capped at ``max_delay``), scaled by a random
+    factor in ``[1 - jitter, 1 + jitter]`` so that retries of many turns spread out.
+    """
+
+    max_attempts: int = 3
+    initial_delay: float = 0.25
+    max_delay: float = 30.0
+    multiplier: float = 2.0
+    jitter: float = 0.5
+
+    def delay(self, attempt: int) -> float:
+        """Seconds to wait before the attempt after ``attempt`` (1-based)."""
+        base = min(self.max_delay, self.initial_delay * self.multiplier ** max(0, attempt - 1))
+        return max(0.0, base * random.uniform(1 - self.jitter, 1 + self.jitter))
+
+
+@dataclass(frozen=True)
+class LeaseSettings:
+    """How long a claim lasts without renewal, and how often the runner renews it."""
+
+    lease_seconds: float = 30.0
+    heartbeat_interval: float = 5.0
+
+
+async def execute_claimed(
+    config: RunnerConfig,
+    store: SessionStore,
+    turn: TurnRecord,
+    *,
+    on_chunk: ChunkCallback | None = None,
+    abort_signal: asyncio.Event | None = None,
+    lease: LeaseSettings | None = None,
+    retry: RetryPolicy | None = None,
+) -> TurnRecord:
+    """Run a turn this caller has claimed and settle it.
+
+    Returns the settled record, or the ``pending`` record handed back for a retry (its
+    ``run_after`` says when), or — if the lease was lost — whatever the store now holds.
+    """
+    lease = lease or LeaseSettings()
+    retry = retry or RetryPolicy(max_attempts=turn.max_attempts)
+    runner = TurnRunner(config, store, turn, on_chunk)
+    work: asyncio.Task[TurnOutcome] = asyncio.create_task(runner.run())
+    stop_reason: list[str] = []
+
+    def stop(reason: str) -> None:
+        if not stop_reason:
+            stop_reason.append(reason)
+            work.cancel()
+
+    async def heartbeat() -> None:
+        while not work.done():
+            await asyncio.sleep(lease.heartbeat_interval)
+            try:
+                current = await store.renew_lease(
+                    turn.id, lease_token=turn.lease_token, lease_seconds=lease.lease_seconds
+                )
+            except LeaseLostError:
+                logger.warning("turn %s: lease %s lost; stopping", turn.id, turn.lease_token)
+                stop("lease lost")
+                return
+            if current.status is TurnStatus.ABORTING:
+                stop("abort")
+                return
+
+    async def watch_abort(signal: asyncio.Event) -> None:
+        await signal.wait()
+        stop("abort")
+
+    helpers = [asyncio.create_task(heartbeat())]
+    if abort_signal is not None:
+        helpers.append(asyncio.create_task(watch_abort(abort_signal)))
+    outcome: TurnOutcome | None = None
+    try:
+        outcome = await work
+    except asyncio.CancelledError:
+        if not stop_reason:
+            raise  # our own caller is being cancelled (e.g. worker shutdown)
+    finally:
+        for helper in helpers:
+            helper.cancel()
+        for helper in helpers:
+            with contextlib.suppress(asyncio.CancelledError):
+                await helper
+
+    try:
+        if outcome is None:
+            if stop_reason[0] == "lease lost":
+                return await store.get_turn(turn.id) or turn
+            logger.info("turn %s aborted", turn.id)
+            return await store.transition(
+                turn.id,
+                expected=ACTIVE_STATUSES,
+                new=TurnStatus.ABORTED,
+                lease_token=turn.lease_token,
+                finish_reason=FinishReason.ABORTED,
+                note="stopped at abort",
+            )
+        if outcome.transient and turn.attempts < retry.max_attempts:
+            delay = retry.delay(turn.attempts)
+            logger.info(
+                "turn %s attempt %d failed transiently (%s); retrying in %.2fs",
+                turn.id,
+                turn.attempts,
+                outcome.error.message if outcome.error else "",
+                delay,
+            )
+            return await store.transition(
+                turn.id,
+                expected={TurnStatus.PENDING},
+                new=TurnStatus.PENDING,
+                lease_token=turn.lease_token,
+                error=outcome.error,
+                run_after=datetime.now(UTC) + timedelta(seconds=delay),
+                note=f"retry after attempt {turn.attempts}",
+            )
+        return await store.transition(
+            turn.id,
+            expected=ACTIVE_STATUSES,
+            new=outcome.status,
+            lease_token=turn.lease_token,
+            finish_reason=outcome.finish_reason,
+            error=outcome.error,
+        )
+    except StaleTransitionError:
+        # Someone else moved the turn (abort of an unleased retry, a newer lease): report
+        # what the store holds rather than overwrite it.
+        return await store.get_turn(turn.id) or turn
+
+
+async def run_inline(
+    config: RunnerConfig,
+    store: SessionStore,
+    turn_id: str,
+    *,
+    owner: str,
+    on_chunk: ChunkCallback | None = None,
+    abort_signal: asyncio.Event | None = None,
+    lease: LeaseSettings | None = None,
+    retry: RetryPolicy | None = None,
+) -> TurnRecord:
+    """Claim ``turn_id`` in this process and run it until it settles (retries included)."""
+    lease = lease or LeaseSettings()
+    while True:
+        try:
+            claimed = await store.claim_turn(
+                turn_id, owner=owner, lease_seconds=lease.lease_seconds
+            )
+        except StaleTransitionError:
+            current = await store.get_turn(turn_id)
+            if current is None or current.status not in ACTIVE_STATUSES:
+                if current is None:
+                    raise
+                return current
+            if current.status is TurnStatus.PENDING and current.lease_owner is None:
+                wait = (current.run_after - datetime.now(UTC)).total_seconds()
+                await asyncio.sleep(max(0.01, wait))
+                continue
+            raise
+        record = await execute_claimed(
+            config,
+            store,
+            claimed,
+            on_chunk=on_chunk,
+            abort_signal=abort_signal,
+            lease=lease,
+            retry=retry,
+        )
+        if record.status is not TurnStatus.PENDING:
+            return record

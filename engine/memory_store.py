@@ -1,0 +1,353 @@
+"""The in-memory SessionStore: the reference implementation of the protocol.
+
+It lives in ``engine`` (and is re-exported by :mod:`stores`) because agents without a store
+use it too: a client-managed turn runs against a scratch in-memory store seeded from the
+verified state blob, so there is one turn runner for every mode.
+
+All methods run without awaiting in between reads and writes, so on one event loop each call
+is atomic — the same guarantee the SQL store gets from one transaction per call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from datetime import UTC, datetime, timedelta
+
+from engine.errors import (
+    ApprovalNotPendingError,
+    InvalidArgumentError,
+    LeaseLostError,
+    NotFoundError,
+    SessionBusyError,
+    StaleTransitionError,
+)
+from engine.parts import Message
+from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus, can_transition
+from engine.store import (
+    InterruptAnswer,
+    NewTurn,
+    RoundRecord,
+    SessionRecord,
+    ToolCallRecord,
+    ToolCallStatus,
+    TurnError,
+    TurnEvent,
+    TurnRecord,
+)
+
+__all__ = ["InMemorySessionStore"]
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class InMemorySessionStore:
+    """A :class:`~engine.store.SessionStore` kept in process memory (lost on exit)."""
+
+    def __init__(self) -> None:
+        self._sessions: dict[str, SessionRecord] = {}
+        self._turns: dict[str, TurnRecord] = {}
+        self._turn_order: dict[str, list[str]] = {}
+        self._rounds: dict[str, dict[int, RoundRecord]] = {}
+        self._calls: dict[str, dict[tuple[int, str], ToolCallRecord]] = {}
+        self._events: dict[str, list[TurnEvent]] = {}
+
+    # -- turns -------------------------------------------------------------------------
+
+    async def create_turn(
+        self, turn: NewTurn, *, answers: Sequence[InterruptAnswer] = ()
+    ) -> TurnRecord:
+        """See :meth:`engine.store.SessionStore.create_turn`."""
+        now = _now()
+        session = self._sessions.get(turn.session_id)
+        if session is not None and session.agent != turn.agent:
+            raise InvalidArgumentError(
+                f"Session {turn.session_id} belongs to agent '{session.agent}', not '{turn.agent}'."
+            )
+        if turn.id in self._turns:
+            raise InvalidArgumentError(f"Turn {turn.id} already exists.")
+        for turn_id in self._turn_order.get(turn.session_id, []):
+            active = self._turns[turn_id]
+            if active.status in ACTIVE_STATUSES:
+                raise SessionBusyError(
+                    f"Session {turn.session_id} already has a running turn ({active.id}, "
+                    f"{active.status.value}); wait for it to settle or abort it.",
+                    snapshot_id=active.id,
+                )
+        # Check every answer before writing anything: all or nothing.
+        answered: list[tuple[ToolCallRecord, InterruptAnswer]] = []
+        for answer in answers:
+            call = self._calls.get(answer.turn_id, {}).get((answer.round, answer.ref))
+            if call is None or call.status is not ToolCallStatus.INTERRUPTED:
+                state = "unknown" if call is None else call.status.value
+                raise ApprovalNotPendingError(
+                    f"Interrupt '{answer.ref}' of snapshot {answer.turn_id} is not pending "
+                    f"(it is {state}); it may have been answered already."
+                )
+            answered.append((call, answer))
+        if session is None:
+            session = SessionRecord(
+                id=turn.session_id,
+                agent=turn.agent,
+                owner=turn.owner,
+                created_at=now,
+                updated_at=now,
+            )
+        self._sessions[turn.session_id] = session.model_copy(update={"updated_at": now})
+        for call, answer in answered:
+            self._calls[answer.turn_id][(answer.round, answer.ref)] = call.model_copy(
+                update={
+                    "status": ToolCallStatus.ANSWERED,
+                    "answer": answer.answer,
+                    "decided_by": answer.decided_by,
+                    "decided_at": now,
+                }
+            )
+        record = TurnRecord(
+            id=turn.id,
+            session_id=turn.session_id,
+            agent=turn.agent,
+            parent_id=turn.parent_id,
+            status=TurnStatus.PENDING,
+            input=turn.input,
+            history_length=turn.history_length,
+            max_attempts=turn.max_attempts,
+            run_after=now,
+            created_at=now,
+            updated_at=now,
+        )
+        self._turns[turn.id] = record
+        self._turn_order.setdefault(turn.session_id, []).append(turn.id)
+        self._rounds[turn.id] = {}
+        self._calls[turn.id] = {}
+        if turn.initial_messages:
+            self._rounds[turn.id][0] = RoundRecord(
+                round=0, messages=[m.copy_deep() for m in turn.initial_messages], committed=True
+            )
+        self._events[turn.id] = [
+            TurnEvent(
+                turn_id=turn.id, from_status=None, to_status=TurnStatus.PENDING, attempt=0, at=now
+            )
+        ]
+        return record.model_copy()
+
+    async def get_session(self, session_id: str) -> SessionRecord | None:
+        """See :meth:`engine.store.SessionStore.get_session`."""
+        session = self._sessions.get(session_id)
+        return session.model_copy() if session else None
+
+    async def get_turn(self, turn_id: str) -> TurnRecord | None:
+        """See :meth:`engine.store.SessionStore.get_turn`."""
+        turn = self._turns.get(turn_id)
+        return turn.model_copy() if turn else None
+
+    async def latest_turn(self, session_id: str) -> TurnRecord | None:
+        """See :meth:`engine.store.SessionStore.latest_turn`."""
+        order = self._turn_order.get(session_id)
+        return self._turns[order[-1]].model_copy() if order else None
+
+    def _claimable(self, turn: TurnRecord, now: datetime) -> bool:
+        return (
+            turn.status is TurnStatus.PENDING
+            and turn.run_after <= now
+            and (turn.lease_expires_at is None or turn.lease_expires_at < now)
+        )
+
+    def _lease(
+        self, turn: TurnRecord, owner: str, lease_seconds: float, now: datetime
+    ) -> TurnRecord:
+        leased = turn.model_copy(
+            update={
+                "lease_owner": owner,
+                "lease_expires_at": now + timedelta(seconds=lease_seconds),
+                "lease_token": turn.lease_token + 1,
+                "attempts": turn.attempts + 1,
+                "updated_at": now,
+            }
+        )
+        self._turns[turn.id] = leased
+        return leased.model_copy()
+
+    async def claim_turn(self, turn_id: str, *, owner: str, lease_seconds: float) -> TurnRecord:
+        """See :meth:`engine.store.SessionStore.claim_turn`."""
+        now = _now()
+        turn = self._turns.get(turn_id)
+        if turn is None or not self._claimable(turn, now):
+            raise StaleTransitionError(turn_id, f"Turn {turn_id} is not claimable.")
+        return self._lease(turn, owner, lease_seconds, now)
+
+    async def claim_next(
+        self,
+        *,
+        owner: str,
+        lease_seconds: float,
+        limit: int = 1,
+        agents: Collection[str] | None = None,
+    ) -> list[TurnRecord]:
+        """See :meth:`engine.store.SessionStore.claim_next`."""
+        now = _now()
+        candidates = sorted(
+            (
+                t
+                for t in self._turns.values()
+                if self._claimable(t, now) and (agents is None or t.agent in agents)
+            ),
+            key=lambda t: (t.run_after, t.created_at, t.id),
+        )
+        return [self._lease(t, owner, lease_seconds, now) for t in candidates[:limit]]
+
+    def _fenced(self, turn_id: str, lease_token: int) -> TurnRecord:
+        turn = self._turns.get(turn_id)
+        if turn is None:
+            raise StaleTransitionError(turn_id, f"Turn {turn_id} does not exist.")
+        if turn.lease_token != lease_token or turn.status not in ACTIVE_STATUSES:
+            raise LeaseLostError(
+                turn_id,
+                f"Lease {lease_token} on turn {turn_id} is no longer valid "
+                f"(token {turn.lease_token}, status {turn.status.value}).",
+            )
+        return turn
+
+    async def renew_lease(
+        self, turn_id: str, *, lease_token: int, lease_seconds: float
+    ) -> TurnRecord:
+        """See :meth:`engine.store.SessionStore.renew_lease`."""
+        turn = self._fenced(turn_id, lease_token)
+        now = _now()
+        renewed = turn.model_copy(
+            update={"lease_expires_at": now + timedelta(seconds=lease_seconds), "updated_at": now}
+        )
+        self._turns[turn_id] = renewed
+        return renewed.model_copy()
+
+    async def transition(
+        self,
+        turn_id: str,
+        *,
+        expected: Collection[TurnStatus],
+        new: TurnStatus,
+        lease_token: int | None,
+        finish_reason: FinishReason | None = None,
+        error: TurnError | None = None,
+        run_after: datetime | None = None,
+        note: str | None = None,
+    ) -> TurnRecord:
+        """See :meth:`engine.store.SessionStore.transition`."""
+        turn = self._turns.get(turn_id)
+        if turn is None:
+            raise StaleTransitionError(turn_id, f"Turn {turn_id} does not exist.")
+        if turn.status not in expected:
+            raise StaleTransitionError(
+                turn_id,
+                f"Turn {turn_id} is {turn.status.value}, expected one of "
+                f"{sorted(s.value for s in expected)}.",
+            )
+        if lease_token is not None and turn.lease_token != lease_token:
+            raise LeaseLostError(turn_id, f"Lease {lease_token} on turn {turn_id} was lost.")
+        if not can_transition(turn.status, new):
+            raise ValueError(f"No transition {turn.status.value} → {new.value}.")
+        now = _now()
+        update: dict[str, object] = {"status": new, "updated_at": now}
+        if new is not TurnStatus.ABORTING:
+            # Settling, or handing the turn back for a retry, releases the lease.
+            update.update(lease_owner=None, lease_expires_at=None)
+        if new is TurnStatus.PENDING:
+            update["run_after"] = run_after or now
+        if finish_reason is not None:
+            update["finish_reason"] = finish_reason
+        if error is not None:
+            update["error"] = error
+        if new not in ACTIVE_STATUSES:
+            update["settled_at"] = now
+        moved = turn.model_copy(update=update)
+        self._turns[turn_id] = moved
+        self._events[turn_id].append(
+            TurnEvent(
+                turn_id=turn_id,
+                from_status=turn.status,
+                to_status=new,
+                attempt=turn.attempts,
+                at=now,
+                note=note,
+            )
+        )
+        return moved.model_copy()
+
+    async def request_abort(self, turn_id: str) -> TurnStatus:
+        """See :meth:`engine.store.SessionStore.request_abort`."""
+        turn = self._turns.get(turn_id)
+        if turn is None:
+            raise NotFoundError(f"Snapshot {turn_id} not found.")
+        if turn.status is not TurnStatus.PENDING:
+            return turn.status
+        now = _now()
+        leased = turn.lease_expires_at is not None and turn.lease_expires_at >= now
+        new = TurnStatus.ABORTING if leased else TurnStatus.ABORTED
+        moved = await self.transition(
+            turn_id,
+            expected={TurnStatus.PENDING},
+            new=new,
+            lease_token=None,
+            finish_reason=FinishReason.ABORTED if new is TurnStatus.ABORTED else None,
+            note="abort requested",
+        )
+        return moved.status
+
+    # -- rounds and journal ---------------------------------------------------------
+
+    async def save_round(
+        self,
+        turn_id: str,
+        *,
+        lease_token: int,
+        round: RoundRecord,
+        calls: Sequence[ToolCallRecord] = (),
+    ) -> None:
+        """See :meth:`engine.store.SessionStore.save_round`."""
+        self._fenced(turn_id, lease_token)
+        self._rounds[turn_id][round.round] = RoundRecord(
+            round=round.round,
+            messages=[m.copy_deep() for m in round.messages],
+            committed=round.committed,
+        )
+        for call in calls:
+            self._calls[turn_id][(call.round, call.ref)] = call.model_copy(deep=True)
+
+    async def record_call(self, turn_id: str, *, lease_token: int, call: ToolCallRecord) -> None:
+        """See :meth:`engine.store.SessionStore.record_call`."""
+        self._fenced(turn_id, lease_token)
+        self._calls[turn_id][(call.round, call.ref)] = call.model_copy(deep=True)
+
+    async def load_rounds(self, turn_id: str) -> list[RoundRecord]:
+        """See :meth:`engine.store.SessionStore.load_rounds`."""
+        rounds = self._rounds.get(turn_id, {})
+        return [rounds[r].model_copy(deep=True) for r in sorted(rounds)]
+
+    async def list_calls(self, turn_id: str) -> list[ToolCallRecord]:
+        """See :meth:`engine.store.SessionStore.list_calls`."""
+        calls = self._calls.get(turn_id, {})
+        return [calls[key].model_copy(deep=True) for key in sorted(calls)]
+
+    async def load_conversation(self, turn_id: str) -> list[Message]:
+        """See :meth:`engine.store.SessionStore.load_conversation`."""
+        # Walk up to the root collecting (turn, prefix length), then replay downwards.
+        chain: list[TurnRecord] = []
+        current = self._turns.get(turn_id)
+        if current is None:
+            raise NotFoundError(f"Snapshot {turn_id} not found.")
+        while current is not None:
+            chain.append(current)
+            current = self._turns.get(current.parent_id) if current.parent_id else None
+        messages: list[Message] = []
+        for turn in reversed(chain):
+            messages = messages[: turn.history_length]
+            rounds = self._rounds.get(turn.id, {})
+            for number in sorted(rounds):
+                if rounds[number].committed:
+                    messages.extend(rounds[number].messages)
+        return [m.copy_deep() for m in messages]
+
+    async def list_events(self, turn_id: str) -> list[TurnEvent]:
+        """See :meth:`engine.store.SessionStore.list_events`."""
+        return [e.model_copy() for e in self._events.get(turn_id, [])]

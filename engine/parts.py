@@ -1,0 +1,147 @@
+"""Messages and parts, shaped exactly as Genkit's on the wire (camelCase JSON).
+
+A :class:`Part` holds one payload key (``text``, ``toolRequest``, ``toolResponse``, ...) plus
+optional ``metadata``. Serialisation keeps every key that was set, including explicit
+``null`` values: a tool that returned ``None`` must round-trip as ``"output": null`` (Genkit's
+falsy-``pendingOutput`` bug is avoided by testing key presence, never truthiness).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+__all__ = [
+    "INTERRUPT",
+    "PENDING_OUTPUT",
+    "RESOLVED_INTERRUPT",
+    "RESUMED",
+    "SOURCE",
+    "Message",
+    "Part",
+    "Role",
+    "ToolRequest",
+    "ToolResponse",
+    "text_of",
+    "tool_requests_of",
+]
+
+Role = Literal["system", "user", "model", "tool"]
+
+# Metadata keys Genkit uses for interrupts (camelCase on the wire and in Python dicts).
+INTERRUPT = "interrupt"
+PENDING_OUTPUT = "pendingOutput"
+RESOLVED_INTERRUPT = "resolvedInterrupt"
+RESUMED = "resumed"
+SOURCE = "source"
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="allow", frozen=False
+    )
+
+    def to_wire(self) -> dict[str, Any]:
+        """The JSON object Genkit expects: camelCase keys, only the keys that were set."""
+        return self.model_dump(mode="json", by_alias=True, exclude_unset=True)
+
+
+class ToolRequest(_Wire):
+    """A model's request to call a tool: ``{name, ref?, input?}``."""
+
+    name: str
+    ref: str | None = None
+    input: Any = None
+
+
+class ToolResponse(_Wire):
+    """A tool's answer to a request: ``{name, ref?, output?}``."""
+
+    name: str
+    ref: str | None = None
+    output: Any = None
+
+
+class Part(_Wire):
+    """One piece of a message. Exactly one payload key is expected to be set."""
+
+    text: str | None = None
+    reasoning: str | None = None
+    media: dict[str, Any] | None = None
+    data: Any = None
+    tool_request: ToolRequest | None = None
+    tool_response: ToolResponse | None = None
+    metadata: dict[str, Any] | None = None
+    custom: dict[str, Any] | None = None
+
+    @classmethod
+    def of_text(cls, text: str) -> Part:
+        """A text part."""
+        return cls(text=text)
+
+    @classmethod
+    def of_request(
+        cls, name: str, ref: str | None, input: Any, metadata: dict[str, Any] | None = None
+    ) -> Part:
+        """A ``toolRequest`` part (``metadata`` only set when given)."""
+        part = cls(tool_request=ToolRequest(name=name, ref=ref, input=input))
+        if metadata is not None:
+            part.metadata = metadata
+        return part
+
+    @classmethod
+    def of_response(
+        cls, name: str, ref: str | None, output: Any, metadata: dict[str, Any] | None = None
+    ) -> Part:
+        """A ``toolResponse`` part (``metadata`` only set when given)."""
+        part = cls(tool_response=ToolResponse(name=name, ref=ref, output=output))
+        if metadata is not None:
+            part.metadata = metadata
+        return part
+
+    def meta(self) -> dict[str, Any]:
+        """The metadata dict (empty when unset); a copy, safe to modify."""
+        return dict(self.metadata or {})
+
+
+class Message(_Wire):
+    """``{role, content: Part[], metadata?}``."""
+
+    role: Role
+    content: list[Part] = Field(default_factory=list)
+    metadata: dict[str, Any] | None = None
+
+    @classmethod
+    def user(cls, text: str) -> Message:
+        """A user message holding one text part."""
+        return cls(role="user", content=[Part.of_text(text)])
+
+    @property
+    def text(self) -> str:
+        """The concatenated text parts."""
+        return text_of(self)
+
+    @property
+    def tool_requests(self) -> list[Part]:
+        """The ``toolRequest`` parts, in order."""
+        return tool_requests_of(self)
+
+    def copy_deep(self) -> Message:
+        """An independent copy (stores hand out copies so callers cannot mutate history)."""
+        return Message.model_validate(self.to_wire())
+
+
+def text_of(message: Message | None) -> str:
+    """Concatenate the text parts of ``message`` ('' for ``None``)."""
+    if message is None:
+        return ""
+    return "".join(p.text for p in message.content if p.text is not None)
+
+
+def tool_requests_of(message: Message | None) -> list[Part]:
+    """The ``toolRequest`` parts of ``message``."""
+    if message is None:
+        return []
+    return [p for p in message.content if p.tool_request is not None]

@@ -1,0 +1,135 @@
+"""What a turn hands back: streamed chunks, paused interrupts and the final response."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.errors import AgentError
+from engine.parts import INTERRUPT, RESUMED, Message, Part, text_of
+from engine.schemas import Schema, SchemaViolation, to_jsonable
+from engine.status import FinishReason, TurnStatus
+
+__all__ = ["AgentChunk", "AgentInterrupt", "AgentResponse"]
+
+
+@dataclass(frozen=True)
+class AgentChunk:
+    """One streamed delta of a turn (Genkit's ``modelChunk``).
+
+    ``index`` is the position of the message being produced within this turn; it moves on
+    whenever the role changes (model text, then the tool responses of a round, then the
+    next model call...).
+    """
+
+    role: str
+    index: int
+    content: list[Part]
+
+    @property
+    def text(self) -> str:
+        """The text of this delta."""
+        return "".join(p.text for p in self.content if p.text is not None)
+
+    @property
+    def tool_requests(self) -> list[Part]:
+        """The ``toolRequest`` parts of this delta."""
+        return [p for p in self.content if p.tool_request is not None]
+
+    def to_wire(self) -> dict[str, Any]:
+        """``{"modelChunk": {role, index, content}}`` as Genkit streams it."""
+        return {
+            "modelChunk": {
+                "role": self.role,
+                "index": self.index,
+                "content": [p.to_wire() for p in self.content],
+            }
+        }
+
+
+class AgentInterrupt:
+    """A paused tool call waiting for an answer; ``respond``/``restart`` only build parts."""
+
+    def __init__(self, part: Part, input_schema: Schema | None = None) -> None:
+        request = part.tool_request
+        if request is None:
+            raise ValueError("An interrupt is built from a toolRequest part.")
+        self.part = part
+        self.name = request.name
+        self.ref = request.ref
+        self.raw_input = request.input
+        #: What the tool asked with, validated into the interrupt's input schema when known.
+        self.input: Any = request.input
+        if input_schema is not None:
+            try:
+                self.input = input_schema.parse(request.input)
+            except SchemaViolation:
+                self.input = request.input
+        #: The interrupt's metadata (``True`` for a plain interrupt).
+        self.metadata: Any = (part.metadata or {}).get(INTERRUPT)
+
+    def respond(self, output: Any) -> Part:
+        """A ``toolResponse`` part answering this call with ``output`` (it sends nothing)."""
+        return Part.of_response(self.name, self.ref, to_jsonable(output))
+
+    def restart(self, *, resumed_metadata: Any = None) -> Part:
+        """A ``toolRequest`` part re-running this call (it sends nothing).
+
+        The tool sees ``ctx.resumed`` = ``resumed_metadata`` (``True`` when not given).
+        """
+        resumed = True if resumed_metadata is None else to_jsonable(resumed_metadata)
+        return Part.of_request(self.name, self.ref, self.raw_input, {RESUMED: resumed})
+
+    def __repr__(self) -> str:
+        return f"AgentInterrupt(name={self.name!r}, ref={self.ref!r}, input={self.input!r})"
+
+
+@dataclass
+class AgentResponse:
+    """The settled result of one ``send``/``resume``."""
+
+    session_id: str
+    snapshot_id: str | None
+    status: TurnStatus
+    finish_reason: FinishReason | None
+    messages: list[Message]
+    interrupts: list[AgentInterrupt] = field(default_factory=list)
+    error: AgentError | None = None
+    state: dict[str, Any] | None = None
+
+    @property
+    def message(self) -> Message | None:
+        """The last message of the conversation (the paused model message when interrupted)."""
+        return self.messages[-1] if self.messages else None
+
+    @property
+    def text(self) -> str:
+        """The text of :attr:`message`."""
+        return text_of(self.message)
+
+    def to_wire(self) -> dict[str, Any]:
+        """Genkit's ``AgentOutput`` JSON."""
+        wire: dict[str, Any] = {"sessionId": self.session_id}
+        if self.snapshot_id is not None and self.state is None:
+            wire["snapshotId"] = self.snapshot_id
+        if self.state is not None:
+            wire["state"] = self.state
+        if self.message is not None:
+            wire["message"] = self.message.to_wire()
+        if self.finish_reason is not None:
+            wire["finishReason"] = self.finish_reason.value
+        if self.error is not None:
+            wire["error"] = self.error.to_wire()
+        return wire
+
+
+def interrupts_of(message: Message | None, schemas: Mapping[str, Schema]) -> list[AgentInterrupt]:
+    """The paused calls of a final message, as :class:`AgentInterrupt` objects."""
+    if message is None or message.role != "model":
+        return []
+    return [
+        AgentInterrupt(p, schemas.get(p.tool_request.name))
+        for p in message.content
+        if p.tool_request is not None and (p.metadata or {}).get(INTERRUPT)
+    ]

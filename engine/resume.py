@@ -1,0 +1,195 @@
+"""Resume validation and resolution: pure functions over the paused model message.
+
+Validation happens before anything is written; every violation is a typed error with
+Genkit's wording where Genkit has one, so the paused snapshot stays resumable.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from engine.errors import (
+    ApprovalNotPendingError,
+    FailedPreconditionError,
+    ResumeValidationError,
+)
+from engine.parts import INTERRUPT, PENDING_OUTPUT, RESUMED, Message, Part
+from engine.schemas import SchemaViolation, to_jsonable
+from engine.store import ToolCallRecord, ToolCallStatus
+from engine.tools import Tool
+
+__all__ = [
+    "NOT_RESUMABLE_MESSAGE",
+    "PausedCall",
+    "ResumePlan",
+    "paused_calls",
+    "plan_resume",
+]
+
+NOT_RESUMABLE_MESSAGE = (
+    "Cannot 'resume' generation unless the previous message is a model message with at least "
+    "one tool request."
+)
+
+
+def _ref_text(ref: str | None) -> str:
+    return f" (ref: {ref})" if ref is not None else ""
+
+
+def _same_json(a: Any, b: Any) -> bool:
+    """Deep equality of JSON values, as canonical JSON with sorted keys."""
+    return json.dumps(to_jsonable(a), sort_keys=True) == json.dumps(to_jsonable(b), sort_keys=True)
+
+
+@dataclass(frozen=True)
+class PausedCall:
+    """A tool request of the paused message that waits for an answer."""
+
+    part: Part
+    name: str
+    ref: str
+    input: Any
+    metadata: Any
+    journal: ToolCallRecord | None
+
+
+def paused_calls(message: Message | None) -> list[Part]:
+    """The ``toolRequest`` parts of ``message`` that carry ``interrupt`` metadata."""
+    if message is None or message.role != "model":
+        return []
+    return [
+        p
+        for p in message.content
+        if p.tool_request is not None and p.metadata is not None and p.metadata.get(INTERRUPT)
+    ]
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    """A validated resume: for each paused ref, ``("respond", output)`` or
+    ``("restart", resumed_metadata)``; plus the journal rows the answers close."""
+
+    answers: Mapping[str, tuple[str, Any]]
+    journal: Sequence[ToolCallRecord]
+
+
+def plan_resume(
+    *,
+    snapshot_id: str,
+    last_message: Message | None,
+    journal: Sequence[ToolCallRecord],
+    respond: Sequence[Part],
+    restart: Sequence[Part],
+    tools: Mapping[str, Tool],
+    require_pending: bool = True,
+) -> ResumePlan:
+    """Check ``respond``/``restart`` against the paused calls of a snapshot.
+
+    Every entry must name a paused call of the snapshot's last message by name and ref; a
+    restart must carry the original input; a respond's output must satisfy the interrupt's
+    output schema; every paused call must be answered exactly once. With
+    ``require_pending`` the journal must still show each paused call ``interrupted`` (the
+    runner re-reads a plan whose answers were already recorded, so it passes ``False``).
+    """
+    paused = paused_calls(last_message)
+    if not paused:
+        raise FailedPreconditionError(NOT_RESUMABLE_MESSAGE, snapshot_id=snapshot_id)
+    by_key = {(p.tool_request.name, p.tool_request.ref): p for p in paused if p.tool_request}
+    rows = {(c.name, c.ref): c for c in journal}
+    answers: dict[str, tuple[str, Any]] = {}
+
+    def locate(kind: str, part: Part, payload_name: str, ref: str | None) -> Part:
+        found = by_key.get((payload_name, ref))
+        if found is None:
+            raise ResumeValidationError(
+                f"resume.{kind} references tool '{payload_name}'{_ref_text(ref)} which was "
+                "not found in session history.",
+                snapshot_id=snapshot_id,
+            )
+        assert ref is not None  # paused calls always carry a ref (the engine assigns one)
+        if ref in answers:
+            raise ResumeValidationError(
+                f"resume answers tool '{payload_name}'{_ref_text(ref)} more than once; give "
+                "each paused call exactly one respond or restart.",
+                snapshot_id=snapshot_id,
+            )
+        return found
+
+    for part in respond:
+        response = part.tool_response
+        if response is None:
+            raise ResumeValidationError(
+                "resume.respond entries must be toolResponse parts (use interrupt.respond()).",
+                snapshot_id=snapshot_id,
+            )
+        locate("respond", part, response.name, response.ref)
+        tool = tools.get(response.name)
+        output = response.output
+        if tool is not None:
+            try:
+                output = tool.output.dump(output)
+            except SchemaViolation as exc:
+                raise ResumeValidationError(
+                    f"resume.respond for tool '{response.name}'{_ref_text(response.ref)} has an "
+                    f"output that does not match the tool's output schema: {exc}",
+                    snapshot_id=snapshot_id,
+                ) from exc
+        answers[str(response.ref)] = ("respond", output)
+
+    for part in restart:
+        request = part.tool_request
+        if request is None:
+            raise ResumeValidationError(
+                "resume.restart entries must be toolRequest parts (use interrupt.restart()).",
+                snapshot_id=snapshot_id,
+            )
+        original = locate("restart", part, request.name, request.ref)
+        assert original.tool_request is not None
+        if not _same_json(request.input, original.tool_request.input):
+            raise ResumeValidationError(
+                f"resume.restart for tool '{request.name}'{_ref_text(request.ref)} has modified "
+                "inputs that do not match the original tool request in session history. Restart "
+                "inputs must exactly match the interrupted tool request.",
+                snapshot_id=snapshot_id,
+            )
+        resumed = (part.metadata or {}).get(RESUMED, True)
+        answers[str(request.ref)] = (
+            "restart",
+            to_jsonable(resumed) if resumed is not None else True,
+        )
+
+    closed: list[ToolCallRecord] = []
+    for p in paused:
+        request = p.tool_request
+        assert request is not None
+        if request.ref not in answers:
+            raise ResumeValidationError(
+                f"Unresolved tool request '{request.name}#{request.ref}' was not handled by the "
+                "'resume' argument. You must supply replies or restarts for all interrupted tool "
+                "requests.",
+                snapshot_id=snapshot_id,
+            )
+        row = rows.get((request.name, str(request.ref)))
+        if not require_pending:
+            continue
+        if row is None or row.status is not ToolCallStatus.INTERRUPTED:
+            state = "missing from the journal" if row is None else row.status.value
+            raise ApprovalNotPendingError(
+                f"Interrupt '{request.name}'{_ref_text(request.ref)} of snapshot {snapshot_id} "
+                f"is not pending ({state}); it was answered already.",
+                snapshot_id=snapshot_id,
+            )
+        closed.append(row)
+    return ResumePlan(answers=answers, journal=closed)
+
+
+def strip_pending(part: Part) -> Part:
+    """A copy of a request part without ``pendingOutput`` (after it was replayed)."""
+    meta = part.meta()
+    meta.pop(PENDING_OUTPUT, None)
+    copy = part.model_copy(deep=True)
+    copy.metadata = meta
+    return copy

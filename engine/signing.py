@@ -1,0 +1,190 @@
+"""Signed client-managed state (agents without a store).
+
+Without a store the whole session — history, paused tool requests, the outputs of sibling
+tools kept for replay — travels with the client. Genkit trusts whatever comes back; we sign
+it, so a client cannot forge an approval, rewrite a pending output or graft one session's
+history onto another.
+
+The blob keeps Genkit's ``SessionState`` shape (``sessionId``, ``messages``, ``custom``,
+``artifacts``) because the genuine JS client reads ``state.messages`` and echoes the object
+back verbatim; we add one field, ``signature``::
+
+    ts1.<key id>.<issued-at, unix seconds>.<base64url HMAC-SHA256>
+
+The MAC covers a domain tag, the agent name, the issue time and the canonical JSON of every
+other field (sorted keys, no spaces, integral floats written as integers so that a
+JavaScript round trip of ``500.0`` → ``500`` does not break the signature). Keys are named,
+so they can be rotated: the first key signs, every listed key verifies.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import logging
+import math
+import os
+import secrets
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from engine.errors import InvalidStateError
+
+__all__ = ["SIGNATURE_FIELD", "StateSigner", "canonical_json"]
+
+logger = logging.getLogger("turnstile.signing")
+
+SIGNATURE_FIELD = "signature"
+_VERSION = "ts1"
+_DOMAIN = b"turnstile-client-state-v1"
+_ENV_KEYS = "TURNSTILE_STATE_KEYS"
+_ENV_MAX_AGE = "TURNSTILE_STATE_MAX_AGE"
+_MAX_SAFE_INTEGER = 2**53
+
+
+def _normalise(value: Any) -> Any:
+    """Make ``value`` serialise the same way after a JSON round trip through JavaScript."""
+    if isinstance(value, bool) or value is None or isinstance(value, str | int):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise InvalidStateError("State contains a non-finite number.")
+        if value.is_integer() and abs(value) < _MAX_SAFE_INTEGER:
+            return int(value)
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): _normalise(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_normalise(v) for v in value]
+    raise InvalidStateError(f"State contains a value that is not JSON: {type(value).__name__}.")
+
+
+def canonical_json(value: Any) -> bytes:
+    """Canonical JSON bytes of ``value`` (sorted keys, compact, integral floats as ints)."""
+    return json.dumps(
+        _normalise(value),
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+        allow_nan=False,
+    ).encode()
+
+
+def _parse_keys(spec: str) -> dict[str, bytes]:
+    keys: dict[str, bytes] = {}
+    for item in spec.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        kid, sep, secret = item.partition(":")
+        if not sep or not kid or not secret:
+            raise ValueError(
+                f"{_ENV_KEYS} must look like 'kid1:secret1,kid2:secret2'; got an entry {kid!r}."
+            )
+        keys[kid] = secret.encode()
+    return keys
+
+
+class StateSigner:
+    """Signs and verifies client-managed state blobs.
+
+    ``keys`` maps key ids to secrets; the first one signs, all of them verify (rotation: put
+    the new key first, keep the old one until the blobs it signed have aged out). Without
+    keys, ``TURNSTILE_STATE_KEYS`` is read; without that, a random per-process key is made
+    and a warning logged (blobs then only verify in this process). ``max_age`` (seconds,
+    default ``TURNSTILE_STATE_MAX_AGE`` or unlimited) rejects blobs older than that.
+    """
+
+    def __init__(
+        self, keys: Mapping[str, str | bytes] | None = None, *, max_age: float | None = None
+    ) -> None:
+        if keys is None:
+            spec = os.environ.get(_ENV_KEYS, "")
+            parsed = _parse_keys(spec) if spec else {}
+        else:
+            parsed = {kid: s.encode() if isinstance(s, str) else s for kid, s in keys.items()}
+        if not parsed:
+            kid = "ephemeral-" + secrets.token_hex(4)
+            parsed = {kid: secrets.token_bytes(32)}
+            logger.warning(
+                "No state signing key configured (%s); using a random key %s, so "
+                "client-managed state only verifies in this process.",
+                _ENV_KEYS,
+                kid,
+            )
+        for kid in parsed:
+            if "." in kid:
+                raise ValueError(f"State key id {kid!r} must not contain '.'.")
+        self._keys = parsed
+        self._active = next(iter(parsed))
+        if max_age is None and os.environ.get(_ENV_MAX_AGE):
+            max_age = float(os.environ[_ENV_MAX_AGE])
+        self.max_age = max_age
+
+    @property
+    def active_key_id(self) -> str:
+        """The id of the key new blobs are signed with."""
+        return self._active
+
+    def _mac(self, secret: bytes, agent: str, issued_at: int, body: Mapping[str, Any]) -> str:
+        message = b"\n".join(
+            [_DOMAIN, agent.encode(), str(issued_at).encode(), canonical_json(body)]
+        )
+        digest = hmac.new(secret, message, hashlib.sha256).digest()
+        return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+    def sign(
+        self, state: Mapping[str, Any], *, agent: str, now: float | None = None
+    ) -> dict[str, Any]:
+        """Return ``state`` plus its ``signature`` field, bound to ``agent``."""
+        body = {k: v for k, v in state.items() if k != SIGNATURE_FIELD}
+        body = _normalise(body)
+        issued_at = int(time.time() if now is None else now)
+        mac = self._mac(self._keys[self._active], agent, issued_at, body)
+        return {**body, SIGNATURE_FIELD: f"{_VERSION}.{self._active}.{issued_at}.{mac}"}
+
+    def verify(self, blob: Any, *, agent: str, now: float | None = None) -> dict[str, Any]:
+        """Check ``blob`` and return the state without its signature.
+
+        Raises :class:`~engine.errors.InvalidStateError` naming what is wrong: not an object,
+        no or malformed signature, unknown key, bad MAC (tampered, truncated, or signed for
+        another agent), expired, or no session id.
+        """
+        if not isinstance(blob, Mapping):
+            raise InvalidStateError("Client state must be a JSON object.")
+        signature = blob.get(SIGNATURE_FIELD)
+        if not isinstance(signature, str):
+            raise InvalidStateError(
+                "Client state is not signed: send back the 'state' object exactly as the "
+                "server returned it."
+            )
+        fields = signature.split(".")
+        if len(fields) != 4 or fields[0] != _VERSION or not fields[2].isdigit():
+            raise InvalidStateError("Client state signature is malformed.")
+        _, kid, issued_text, mac = fields
+        secret = self._keys.get(kid)
+        if secret is None:
+            raise InvalidStateError(
+                f"Client state was signed with an unknown key {kid!r} (foreign or retired)."
+            )
+        issued_at = int(issued_text)
+        body = {k: v for k, v in blob.items() if k != SIGNATURE_FIELD}
+        expected = self._mac(secret, agent, issued_at, body)
+        if not hmac.compare_digest(expected, mac):
+            raise InvalidStateError(
+                f"Client state signature does not match: the state was modified or was not "
+                f"issued by agent '{agent}'."
+            )
+        current = time.time() if now is None else now
+        if self.max_age is not None and current - issued_at > self.max_age:
+            raise InvalidStateError(
+                f"Client state expired: it is older than {self.max_age:g} seconds."
+            )
+        session_id = body.get("sessionId")
+        if not isinstance(session_id, str) or not session_id:
+            raise InvalidStateError("Client state has no sessionId.")
+        result: dict[str, Any] = _normalise(body)
+        return result

@@ -1,0 +1,299 @@
+"""The SessionStore protocol: what the engine needs from persistence, and its records.
+
+The granularity is the durable store's: a turn record with a status moved only by guarded
+transitions (fenced by a lease token), the conversation saved per round, and a journal row per
+tool call. The engine talks to stores only through this protocol; implementations live in
+:mod:`stores` (``InMemorySessionStore``, ``SqlSessionStore``), and a contract test suite runs
+unchanged against each of them.
+
+How a turn's conversation is assembled: a turn keeps the first ``history_length`` messages of
+its parent's conversation, then appends the messages of its own *committed* rounds in round
+order. Round 0 holds the turn's input (the user message, or for a resume the amended paused
+model message and the tool message answering it); round *r* ≥ 1 holds the model message of the
+r-th model call and, once its tools finished, the tool message. A round is saved uncommitted
+while its tools run (so a recovered worker never asks the model again for it) and committed
+once closed, or once it paused at interrupts. A failed or aborted turn therefore holds the
+conversation up to its last committed round, never a dangling tool request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, Field
+
+from engine.parts import Message, Part
+from engine.status import FinishReason, TurnStatus
+
+__all__ = [
+    "InterruptAnswer",
+    "NewTurn",
+    "RoundRecord",
+    "SessionRecord",
+    "SessionStore",
+    "ToolCallRecord",
+    "ToolCallStatus",
+    "TurnError",
+    "TurnEvent",
+    "TurnInput",
+    "TurnRecord",
+]
+
+
+class TurnInput(BaseModel):
+    """What started a turn: a user message, a resume, a bare retry (``send()``), or a
+    ``restore`` — a settled snapshot rebuilt from a verified client-managed state blob."""
+
+    kind: Literal["message", "resume", "retry", "restore"]
+    message: Message | None = None
+    respond: list[Part] = Field(default_factory=list)
+    restart: list[Part] = Field(default_factory=list)
+
+
+class TurnError(BaseModel):
+    """The error a failed turn recorded: ``{status, message, details?}`` as Genkit's."""
+
+    status: str
+    message: str
+    details: Any = None
+
+
+class SessionRecord(BaseModel):
+    """A conversation: a chain (or tree) of turns of one agent."""
+
+    id: str
+    agent: str
+    owner: str | None = None
+    created_at: datetime
+    updated_at: datetime
+
+
+class NewTurn(BaseModel):
+    """A turn about to be created ``pending``.
+
+    ``initial_messages`` are written as the committed round 0 in the same transaction (the
+    user message), so the snapshot holds it even if the turn is aborted before it runs.
+    """
+
+    id: str
+    session_id: str
+    agent: str
+    parent_id: str | None = None
+    input: TurnInput
+    history_length: int = 0
+    initial_messages: list[Message] = Field(default_factory=list)
+    owner: str | None = None
+    max_attempts: int = 1
+
+
+class TurnRecord(BaseModel):
+    """One turn = one snapshot, as stored."""
+
+    id: str
+    session_id: str
+    agent: str
+    parent_id: str | None
+    status: TurnStatus
+    finish_reason: FinishReason | None = None
+    input: TurnInput
+    error: TurnError | None = None
+    history_length: int = 0
+    attempts: int = 0
+    max_attempts: int = 1
+    lease_token: int = 0
+    lease_owner: str | None = None
+    lease_expires_at: datetime | None = None
+    run_after: datetime
+    created_at: datetime
+    updated_at: datetime
+    settled_at: datetime | None = None
+
+
+class RoundRecord(BaseModel):
+    """The messages one round of a turn wrote (see the module docstring)."""
+
+    round: int
+    messages: list[Message]
+    committed: bool
+
+
+class ToolCallStatus(StrEnum):
+    """Life of one tool request in the journal."""
+
+    REQUESTED = "requested"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+    ANSWERED = "answered"
+
+
+class ToolCallRecord(BaseModel):
+    """One journal row, keyed by ``(turn_id, round, ref)``.
+
+    ``idempotency_key`` is fixed when the request is first journaled and reused by every
+    re-execution (crash recovery, restart after an interrupt). ``answer`` holds the decision
+    on an interrupt (``{"respond": output}`` or ``{"restart": metadata}``).
+    """
+
+    turn_id: str
+    round: int
+    ref: str
+    name: str
+    input: Any = None
+    status: ToolCallStatus
+    output: Any = None
+    interrupt: Any = None
+    error: TurnError | None = None
+    idempotency_key: str
+    resumed: Any = None
+    answer: Any = None
+    decided_by: str | None = None
+    decided_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+
+class InterruptAnswer(BaseModel):
+    """The decision on one paused call, recorded when the resuming turn is created."""
+
+    turn_id: str
+    round: int
+    ref: str
+    answer: Any
+    decided_by: str | None = None
+
+
+class TurnEvent(BaseModel):
+    """One status transition of a turn (the audit trail)."""
+
+    turn_id: str
+    from_status: TurnStatus | None
+    to_status: TurnStatus
+    attempt: int
+    at: datetime
+    note: str | None = None
+
+
+@runtime_checkable
+class SessionStore(Protocol):
+    """Persistence of sessions, turns, rounds and the tool-call journal.
+
+    Writes made while a turn runs take the caller's ``lease_token`` and are refused with
+    :class:`~engine.errors.LeaseLostError` when it is no longer the turn's (or the turn is no
+    longer ``pending``/``aborting``): a worker that lost its lease can write nothing.
+    """
+
+    async def create_turn(
+        self, turn: NewTurn, *, answers: Sequence[InterruptAnswer] = ()
+    ) -> TurnRecord:
+        """Insert a ``pending`` turn (and its session, if new), atomically.
+
+        Also marks each answered call ``answered`` — only if it is still ``interrupted``
+        (else :class:`~engine.errors.ApprovalNotPendingError`). Raises
+        :class:`~engine.errors.SessionBusyError` when the session already has a ``pending`` or
+        ``aborting`` turn, and :class:`~engine.errors.InvalidArgumentError` when the session
+        belongs to another agent. Nothing is written when it raises.
+        """
+        ...
+
+    async def get_session(self, session_id: str) -> SessionRecord | None:
+        """The session, or ``None``."""
+        ...
+
+    async def get_turn(self, turn_id: str) -> TurnRecord | None:
+        """The turn, or ``None``."""
+        ...
+
+    async def latest_turn(self, session_id: str) -> TurnRecord | None:
+        """The session's newest turn (always a leaf), or ``None`` for an unknown session."""
+        ...
+
+    async def claim_turn(self, turn_id: str, *, owner: str, lease_seconds: float) -> TurnRecord:
+        """Lease one specific ``pending`` turn that nobody holds (or whose lease expired).
+
+        Increments ``lease_token`` and ``attempts``. Raises
+        :class:`~engine.errors.StaleTransitionError` if it cannot be claimed.
+        """
+        ...
+
+    async def claim_next(
+        self,
+        *,
+        owner: str,
+        lease_seconds: float,
+        limit: int = 1,
+        agents: Collection[str] | None = None,
+    ) -> list[TurnRecord]:
+        """Lease up to ``limit`` claimable turns (oldest ``run_after`` first)."""
+        ...
+
+    async def renew_lease(
+        self, turn_id: str, *, lease_token: int, lease_seconds: float
+    ) -> TurnRecord:
+        """Extend the lease; returns the record (a heartbeat also reads ``aborting``)."""
+        ...
+
+    async def transition(
+        self,
+        turn_id: str,
+        *,
+        expected: Collection[TurnStatus],
+        new: TurnStatus,
+        lease_token: int | None,
+        finish_reason: FinishReason | None = None,
+        error: TurnError | None = None,
+        run_after: datetime | None = None,
+        note: str | None = None,
+    ) -> TurnRecord:
+        """Move the turn to ``new`` if its status is in ``expected`` and, unless
+        ``lease_token`` is ``None``, its lease token matches; record the event.
+
+        Settling (or handing back with ``new=pending``) releases the lease. Raises
+        :class:`~engine.errors.StaleTransitionError` (or ``LeaseLostError``) on zero rows and
+        ``ValueError`` for an edge the state machine does not have.
+        """
+        ...
+
+    async def request_abort(self, turn_id: str) -> TurnStatus:
+        """Ask a turn to stop; return its resulting status.
+
+        ``pending`` and leased → ``aborting`` (its runner settles it); ``pending`` and not
+        leased → ``aborted``; otherwise unchanged. Raises
+        :class:`~engine.errors.NotFoundError` for an unknown turn.
+        """
+        ...
+
+    async def save_round(
+        self,
+        turn_id: str,
+        *,
+        lease_token: int,
+        round: RoundRecord,
+        calls: Sequence[ToolCallRecord] = (),
+    ) -> None:
+        """Replace the messages of one round and upsert journal rows, in one transaction."""
+        ...
+
+    async def record_call(self, turn_id: str, *, lease_token: int, call: ToolCallRecord) -> None:
+        """Upsert one journal row (a call started, finished, failed or interrupted)."""
+        ...
+
+    async def load_rounds(self, turn_id: str) -> list[RoundRecord]:
+        """Every round the turn saved, committed or not, in round order."""
+        ...
+
+    async def list_calls(self, turn_id: str) -> list[ToolCallRecord]:
+        """The turn's journal, ordered by round then ref."""
+        ...
+
+    async def load_conversation(self, turn_id: str) -> list[Message]:
+        """The turn's conversation as of its committed rounds (its snapshot state)."""
+        ...
+
+    async def list_events(self, turn_id: str) -> list[TurnEvent]:
+        """The turn's status transitions, oldest first."""
+        ...

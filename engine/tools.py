@@ -1,0 +1,180 @@
+"""Tools, interrupts and the context a tool runs with.
+
+An interrupt is a tool used as control flow: its body never runs, it pauses the turn so a
+human (or other code) can answer. A regular tool can pause itself too, conditionally, with
+``ctx.interrupt(metadata)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from engine.errors import ToolError
+from engine.model import ToolSpec
+from engine.schemas import Schema, SchemaSpec, SchemaViolation
+
+__all__ = ["InterruptTool", "Tool", "ToolContext", "ToolFn", "ToolInterrupt"]
+
+ToolFn = Callable[..., Any] | Callable[..., Awaitable[Any]]
+
+
+class ToolInterrupt(BaseException):
+    """Raised by ``ctx.interrupt()`` to pause the turn at this tool call.
+
+    A ``BaseException`` on purpose: a tool body's ``except Exception`` must not swallow it.
+    """
+
+    def __init__(self, metadata: Any = True) -> None:
+        super().__init__("tool interrupted")
+        self.metadata = metadata if metadata is not None else True
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """What a running tool knows about its call.
+
+    ``resumed`` is ``None`` on a first execution and the restart metadata (``True`` unless the
+    caller gave a dict) when the call was restarted after an interrupt. ``idempotency_key``
+    is the same on every execution of one tool request — after a crash and on a restart — so
+    a tool can hand it to an external API to make its effect happen once.
+    """
+
+    name: str
+    ref: str
+    turn_id: str
+    session_id: str
+    idempotency_key: str
+    resumed: Any = None
+
+    def interrupt(self, metadata: Any = None) -> NoReturn:
+        """Pause the turn here; ``metadata`` is shown to whoever answers (``True`` if none)."""
+        raise ToolInterrupt(metadata)
+
+
+def _wants_context(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` takes a second positional parameter (the ToolContext)."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return True
+    positional = [
+        p
+        for p in params
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
+    ]
+    return len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in positional)
+
+
+class Tool:
+    """A function the model may call, with validated input and output."""
+
+    is_interrupt = False
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        description: str = "",
+        input_schema: SchemaSpec = None,
+        output_schema: SchemaSpec = None,
+        fn: ToolFn | None = None,
+        idempotent: bool = True,
+    ) -> None:
+        if not name:
+            raise ValueError("A tool needs a name.")
+        self.name = name
+        self.description = description
+        self.input = Schema(input_schema)
+        self.output = Schema(output_schema)
+        self.fn = fn
+        #: A tool declared non-idempotent is not re-run blindly after a crash left its call
+        #: started but unfinished (the durable runner asks a human instead).
+        self.idempotent = idempotent
+        self._fn_takes_ctx = _wants_context(fn) if fn is not None else False
+
+    def spec(self) -> ToolSpec:
+        """The description of this tool offered to the model."""
+        return ToolSpec(
+            name=self.name,
+            description=self.description,
+            input_schema=self.input.json_schema(),
+            output_schema=self.output.json_schema(),
+        )
+
+    def parse_input(self, raw: Any) -> Any:
+        """Validate the model's input for this tool (raises :class:`ToolError`)."""
+        try:
+            return self.input.parse(raw)
+        except SchemaViolation as exc:
+            raise ToolError(
+                f"Tool '{self.name}' was called with input that does not match its input "
+                f"schema: {exc}",
+                status="INVALID_ARGUMENT",
+            ) from exc
+
+    async def invoke(self, raw_input: Any, ctx: ToolContext) -> Any:
+        """Run the tool: validate input, call ``fn``, validate output; return JSON data.
+
+        Sync functions run in a worker thread so they cannot stall the event loop.
+        Raises :class:`ToolInterrupt` when the tool pauses.
+        """
+        value = self.parse_input(raw_input)
+        if self.fn is None:
+            raise ToolInterrupt(True)
+        args: tuple[Any, ...] = (value, ctx) if self._fn_takes_ctx else (value,)
+        if inspect.iscoroutinefunction(self.fn):
+            result = await self.fn(*args)
+        else:
+            result = await asyncio.to_thread(self.fn, *args)
+            if inspect.isawaitable(result):
+                result = await result
+        try:
+            return self.output.dump(result)
+        except SchemaViolation as exc:
+            raise ToolError(
+                f"Tool '{self.name}' returned output that does not match its output schema: {exc}"
+            ) from exc
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name}>"
+
+
+class InterruptTool(Tool):
+    """A tool whose only job is to pause the turn (``define_interrupt``).
+
+    ``timeout`` (seconds) and ``on_timeout`` (a default answer, or ``"fail"``) describe what
+    happens to an approval nobody answers; the durable worker pool enforces them.
+    """
+
+    is_interrupt = True
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        description: str = "",
+        input_schema: SchemaSpec = None,
+        output_schema: SchemaSpec = None,
+        metadata: Any = None,
+        timeout: float | None = None,
+        on_timeout: Any = None,
+    ) -> None:
+        super().__init__(
+            name=name,
+            description=description,
+            input_schema=input_schema,
+            output_schema=output_schema,
+            fn=None,
+        )
+        self.metadata = metadata
+        self.timeout = timeout
+        self.on_timeout = on_timeout
+
+    async def invoke(self, raw_input: Any, ctx: ToolContext) -> Any:
+        """Validate the input, then pause: an interrupt never executes."""
+        self.parse_input(raw_input)
+        raise ToolInterrupt(self.metadata if self.metadata is not None else True)

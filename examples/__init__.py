@@ -1,0 +1,1 @@
+"""Example applications (``examples.banking`` is the seed's banking agent)."""

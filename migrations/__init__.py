@@ -1,0 +1,1 @@
+"""Alembic migrations of the SQL session store (the environment lands with the durable store)."""
