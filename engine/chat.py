@@ -127,6 +127,11 @@ class Chat:
         """Streaming :meth:`resume`."""
         return self.send_stream(resume={"respond": respond, "restart": restart})
 
+    @property
+    def pending_snapshot_id(self) -> str | None:
+        """The id of this chat's turn in flight (``None`` when idle)."""
+        return self._running[1].id if self._running is not None else None
+
     async def abort(self) -> TurnStatus | None:
         """Abort this chat's turn in flight (``None`` when there is none)."""
         if self._running is None:

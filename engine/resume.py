@@ -127,10 +127,12 @@ def plan_resume(
             )
         locate("respond", part, response.name, response.ref)
         tool = tools.get(response.name)
-        output = response.output
+        # Validated against the schema, but kept verbatim: the model sees exactly what the
+        # answering client sent (as Genkit passes respond parts through unchanged).
+        output = to_jsonable(response.output)
         if tool is not None:
             try:
-                output = tool.output.dump(output)
+                tool.output.parse(output)
             except SchemaViolation as exc:
                 raise ResumeValidationError(
                     f"resume.respond for tool '{response.name}'{_ref_text(response.ref)} has an "

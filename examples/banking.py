@@ -8,10 +8,14 @@ describes, running on the offline :class:`~engine.ScriptedModel`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
 from pydantic import BaseModel
 
-from engine import Engine, ScriptedModel, ToolContext
+from engine import Agent, Engine, InterruptTool, Model, ScriptedModel, Tool, ToolContext
 from engine.scripted import transaction_id
+from engine.store import SessionStore
 from stores import InMemorySessionStore
 
 SYSTEM_PROMPT = (
@@ -48,45 +52,82 @@ class TransferReceipt(BaseModel):
     transactionId: str
 
 
-#: Every transfer actually executed in this process (the demo and tests read it).
-executed_transfers: list[tuple[str, TransferRequest]] = []
+@dataclass
+class BankingApp:
+    """One independent copy of the banking example (tests build their own)."""
 
-ai = Engine(model=ScriptedModel())
+    ai: Engine
+    user_approval: InterruptTool
+    transfer_money: Tool
+    banking_agent: Agent
+    banking_agent_stateless: Agent
+    #: Every transfer actually executed, with the idempotency key it ran under.
+    transfers: list[tuple[str, TransferRequest]] = field(default_factory=list)
 
-user_approval = ai.define_interrupt(
-    name="userApproval",
-    description="Ask the user for approval before a sensitive action.",
-    input_schema=ApprovalRequest,
-    output_schema=ApprovalDecision,
-)
 
+def build(
+    *,
+    store: SessionStore | None = None,
+    model: Model | None = None,
+    state_keys: Mapping[str, str | bytes] | None = None,
+    max_attempts: int = 3,
+) -> BankingApp:
+    """Define the engine, the interrupt, the tool and both agents.
 
-def transfer(request: TransferRequest, ctx: ToolContext) -> TransferReceipt:
-    """Move the money (here: record it) and return the receipt."""
-    executed_transfers.append((ctx.idempotency_key, request))
-    return TransferReceipt(
-        success=True, transactionId=transaction_id(request.amount, request.toAccount)
+    ``store`` defaults to a fresh :class:`~stores.InMemorySessionStore`; ``model`` to the
+    :class:`~engine.ScriptedModel`.
+    """
+    ai = Engine(model=model or ScriptedModel(), state_keys=state_keys)
+    transfers: list[tuple[str, TransferRequest]] = []
+
+    user_approval = ai.define_interrupt(
+        name="userApproval",
+        description="Ask the user for approval before a sensitive action.",
+        input_schema=ApprovalRequest,
+        output_schema=ApprovalDecision,
+    )
+
+    def transfer(request: TransferRequest, ctx: ToolContext) -> TransferReceipt:
+        """Move the money (here: record it) and return the receipt."""
+        transfers.append((ctx.idempotency_key, request))
+        return TransferReceipt(
+            success=True, transactionId=transaction_id(request.amount, request.toAccount)
+        )
+
+    transfer_money = ai.define_tool(
+        name="transferMoney",
+        description="Transfer money to a specified account.",
+        input_schema=TransferRequest,
+        output_schema=TransferReceipt,
+        fn=transfer,
+    )
+    banking_agent = ai.define_agent(
+        name="bankingAgent",
+        system=SYSTEM_PROMPT,
+        tools=[user_approval, transfer_money],
+        store=store if store is not None else InMemorySessionStore(),
+        max_attempts=max_attempts,
+    )
+    banking_agent_stateless = ai.define_agent(
+        name="bankingAgentStateless",
+        system=SYSTEM_PROMPT,
+        tools=[user_approval, transfer_money],
+        store=None,
+        max_attempts=max_attempts,
+    )
+    return BankingApp(
+        ai=ai,
+        user_approval=user_approval,
+        transfer_money=transfer_money,
+        banking_agent=banking_agent,
+        banking_agent_stateless=banking_agent_stateless,
+        transfers=transfers,
     )
 
 
-transfer_money = ai.define_tool(
-    name="transferMoney",
-    description="Transfer money to a specified account.",
-    input_schema=TransferRequest,
-    output_schema=TransferReceipt,
-    fn=transfer,
-)
-
-banking_agent = ai.define_agent(
-    name="bankingAgent",
-    system=SYSTEM_PROMPT,
-    tools=[user_approval, transfer_money],
-    store=InMemorySessionStore(),
-)
-
-banking_agent_stateless = ai.define_agent(
-    name="bankingAgentStateless",
-    system=SYSTEM_PROMPT,
-    tools=[user_approval, transfer_money],
-    store=None,
-)
+app = build()
+ai = app.ai
+user_approval = app.user_approval
+transfer_money = app.transfer_money
+banking_agent = app.banking_agent
+banking_agent_stateless = app.banking_agent_stateless

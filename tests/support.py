@@ -1,0 +1,50 @@
+"""Test doubles that stand in for an LLM (never for the database, a server or a process)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from engine.model import ChunkSink, ModelRequest, ModelResponse
+from engine.parts import Message, Part
+
+
+def ask(*calls: tuple[str, str | None, Any]) -> Message:
+    """A model message requesting tools: each call is ``(name, ref, input)``."""
+    return Message(role="model", content=[Part.of_request(n, r, i) for n, r, i in calls])
+
+
+def say(text: str) -> Message:
+    """A model message holding text."""
+    return Message(role="model", content=[Part.of_text(text)])
+
+
+class ListModel:
+    """Answers each model call with the next message of a list (or a function of the request).
+
+    Records every request it received, so tests can check what the model was shown.
+    """
+
+    def __init__(self, answers: Sequence[Message | Callable[[ModelRequest], Message]]) -> None:
+        self.answers = list(answers)
+        self.requests: list[ModelRequest] = []
+        self.gate: asyncio.Event | None = None
+
+    @property
+    def name(self) -> str:
+        return "list"
+
+    async def generate(
+        self, request: ModelRequest, on_chunk: ChunkSink | None = None
+    ) -> ModelResponse:
+        self.requests.append(request)
+        if self.gate is not None:
+            await self.gate.wait()
+        if not self.answers:
+            raise AssertionError("ListModel ran out of answers")
+        answer = self.answers.pop(0)
+        message = answer(request) if callable(answer) else answer
+        if on_chunk is not None:
+            await on_chunk([p.model_copy(deep=True) for p in message.content])
+        return ModelResponse(message=message.model_copy(deep=True))

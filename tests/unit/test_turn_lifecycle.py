@@ -1,0 +1,203 @@
+"""The turn state machine seen through the API: statuses, abort, retries, one turn at a time."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from engine import (
+    FinishReason,
+    NotFoundError,
+    ScriptedModel,
+    SessionBusyError,
+    SnapshotNotResumableError,
+    TurnFailedError,
+    TurnStatus,
+)
+from engine.chat import Chat
+from examples.banking import BankingApp, build
+from tests.conftest import TEST_STATE_KEYS
+
+
+def slow_app(max_attempts: int = 3) -> BankingApp:
+    """A banking app whose scripted model streams 'slow' answers with a 50 ms delay."""
+    return build(
+        model=ScriptedModel(slow_chunk_delay=0.05),
+        state_keys=TEST_STATE_KEYS,
+        max_attempts=max_attempts,
+    )
+
+
+async def wait_until_running(chat: Chat) -> str:
+    """Wait until the chat has a turn in flight and return its snapshot id."""
+    for _ in range(200):
+        if chat.pending_snapshot_id is not None:
+            return chat.pending_snapshot_id
+        await asyncio.sleep(0.005)
+    raise AssertionError("the turn never started")
+
+
+async def test_abort_moves_a_running_turn_through_aborting_to_aborted() -> None:
+    """Abort of a running turn reports aborting, then the turn settles aborted at its next await."""
+    app = slow_app()
+    agent = app.banking_agent
+    chat = agent.chat()
+    turn = chat.send_stream("slow one two three four five six")
+    first = await anext(aiter(turn.stream))
+    assert first.text == "Echo: "
+    running = chat.pending_snapshot_id
+    assert running is not None
+    assert (await agent.get_snapshot(snapshot_id=running)).status is TurnStatus.PENDING
+    assert await agent.abort(running) is TurnStatus.ABORTING
+    assert (await agent.get_snapshot(snapshot_id=running)).status is TurnStatus.ABORTING
+    res = await turn.response
+    assert res.status is TurnStatus.ABORTED
+    assert res.finish_reason is FinishReason.ABORTED
+    snapshot = await agent.get_snapshot(snapshot_id=running)
+    assert snapshot.status is TurnStatus.ABORTED
+    assert [m.role for m in snapshot.state.messages] == ["user"]
+    events = await agent.store.list_events(running)
+    assert [e.to_status for e in events] == [
+        TurnStatus.PENDING,
+        TurnStatus.ABORTING,
+        TurnStatus.ABORTED,
+    ]
+
+
+async def test_chat_abort_stops_its_own_turn() -> None:
+    """chat.abort() aborts the chat's turn in flight; with none in flight it returns None."""
+    app = slow_app()
+    chat = app.banking_agent.chat()
+    assert await chat.abort() is None
+    task = asyncio.create_task(chat.send("slow a b c d e f g h"))
+    await wait_until_running(chat)
+    await asyncio.sleep(0.06)
+    assert await chat.abort() is TurnStatus.ABORTING
+    res = await task
+    assert res.status is TurnStatus.ABORTED
+
+
+async def test_aborted_snapshot_is_resumable_by_a_bare_send() -> None:
+    """send() with nothing retries an aborted turn from the conversation it kept."""
+    app = slow_app()
+    chat = app.banking_agent.chat()
+    task = asyncio.create_task(chat.send("slow x y z w"))
+    running = await wait_until_running(chat)
+    await app.banking_agent.abort(running)
+    aborted = await task
+    assert chat.snapshot_id == aborted.snapshot_id == running
+    res = await chat.send()
+    assert res.status is TurnStatus.COMPLETED
+    assert res.text == "Echo: slow x y z w"
+    assert [m.role for m in res.messages] == ["user", "model"]
+
+
+async def test_pending_snapshot_cannot_be_continued_until_it_settles() -> None:
+    """A pending snapshot is rejected with FAILED_PRECONDITION, by snapshot id or session id."""
+    app = slow_app()
+    agent = app.banking_agent
+    chat = agent.chat()
+    task = asyncio.create_task(chat.send("slow a b c d"))
+    running = await wait_until_running(chat)
+    for other in (agent.chat(snapshot_id=running), agent.chat(session_id=chat.session_id)):
+        with pytest.raises(SnapshotNotResumableError) as caught:
+            await other.send("hello")
+        assert caught.value.status == "FAILED_PRECONDITION"
+        assert "still pending" in caught.value.message
+    await task
+
+
+async def test_one_turn_at_a_time_per_session() -> None:
+    """A second send on a busy session is a conflict, whichever chat object sends it."""
+    app = slow_app()
+    agent = app.banking_agent
+    chat = agent.chat()
+    await chat.send("hello")
+    twin = agent.chat(snapshot_id=chat.snapshot_id)
+    task = asyncio.create_task(chat.send("slow a b c d"))
+    await wait_until_running(chat)
+    with pytest.raises(SessionBusyError) as same_chat:
+        await chat.send("me too")
+    assert same_chat.value.status == "ABORTED"
+    with pytest.raises(SessionBusyError) as other_chat:
+        await twin.send("me too")
+    assert "already has a running turn" in other_chat.value.message
+    first = await task
+    assert first.text == "Echo: slow a b c d"
+    later = await twin.send("now it is my turn")
+    assert later.text == "Echo: now it is my turn"
+
+
+async def test_failed_turn_is_resumable_and_bare_send_retries() -> None:
+    """A failed turn is a snapshot with the error; send() retries from its conversation."""
+    app = build(state_keys=TEST_STATE_KEYS, max_attempts=1)
+    chat = app.banking_agent.chat()
+    with pytest.raises(TurnFailedError) as failed:
+        await chat.send("flaky request")
+    assert failed.value.message == "Scripted transient model failure"
+    snapshot = await app.banking_agent.get_snapshot(snapshot_id=failed.value.snapshot_id)
+    assert snapshot.status is TurnStatus.FAILED
+    assert snapshot.error == {
+        "status": "UNAVAILABLE",
+        "message": "Scripted transient model failure",
+    }
+    assert [m.role for m in snapshot.state.messages] == ["user"]
+    assert chat.snapshot_id == failed.value.snapshot_id
+    res = await chat.send()
+    assert res.text == "Echo: flaky request"
+    assert res.messages[0].text == "flaky request"
+
+
+async def test_permanent_model_error_fails_the_turn_with_internal() -> None:
+    """A plain model exception fails the turn with status INTERNAL and its message."""
+    app = build(state_keys=TEST_STATE_KEYS)
+    with pytest.raises(TurnFailedError) as failed:
+        await app.banking_agent.chat().send("this will fail")
+    assert (failed.value.status, failed.value.message) == ("INTERNAL", "Scripted model failure")
+
+
+async def test_transient_errors_are_retried_with_backoff() -> None:
+    """A transient model failure is retried automatically; the audit trail shows the retry."""
+    app = build(state_keys=TEST_STATE_KEYS, max_attempts=3)
+    res = await app.banking_agent.chat().send("flaky but fine")
+    assert res.text == "Echo: flaky but fine"
+    events = await app.banking_agent.store.list_events(res.snapshot_id)
+    assert [(e.from_status, e.to_status) for e in events] == [
+        (None, TurnStatus.PENDING),
+        (TurnStatus.PENDING, TurnStatus.PENDING),
+        (TurnStatus.PENDING, TurnStatus.COMPLETED),
+    ]
+    turn = await app.banking_agent.store.get_turn(res.snapshot_id)
+    assert turn.attempts == 2
+
+
+async def test_get_snapshot_by_session_returns_the_latest(app: BankingApp) -> None:
+    """get_snapshot(session_id=...) is the newest snapshot; unknown ids give None."""
+    agent = app.banking_agent
+    chat = agent.chat()
+    await chat.send("one")
+    second = await chat.send("two")
+    latest = await agent.get_snapshot(session_id=second.session_id)
+    assert latest.snapshot_id == second.snapshot_id
+    assert latest.status is TurnStatus.COMPLETED
+    assert [m.text for m in latest.state.messages] == ["one", "Echo: one", "two", "Echo: two"]
+    assert await agent.get_snapshot(snapshot_id="nope") is None
+    assert await agent.get_snapshot(session_id="nope") is None
+    with pytest.raises(NotFoundError):
+        await agent.abort("nope")
+
+
+async def test_abort_of_a_settled_snapshot_is_a_no_op(app: BankingApp) -> None:
+    """Aborting a completed snapshot changes nothing and returns completed."""
+    res = await app.banking_agent.chat().send("hi")
+    assert await app.banking_agent.abort(res.snapshot_id) is TurnStatus.COMPLETED
+
+
+async def test_reopened_session_continues_the_conversation(app: BankingApp) -> None:
+    """chat(session_id=...) continues from the session's latest snapshot in a new chat object."""
+    first = await app.banking_agent.chat().send("Transfer $500 to my savings account.")
+    reopened = app.banking_agent.chat(session_id=first.session_id)
+    res = await reopened.resume(respond=[first.interrupts[0].respond({"approved": True})])
+    assert res.text == "Done. Transaction txn-500-my-savings-account."
+    assert res.session_id == first.session_id
