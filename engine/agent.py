@@ -33,7 +33,7 @@ from engine.response import AgentResponse, interrupts_of
 from engine.resume import NOT_RESUMABLE_MESSAGE, paused_calls, plan_resume
 from engine.runner import ChunkCallback, RunnerConfig
 from engine.schemas import Schema
-from engine.signing import StateSigner
+from engine.signing import StateSigner, canonical_json
 from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus
 from engine.store import (
     InterruptAnswer,
@@ -346,7 +346,9 @@ class Agent:
             if request.state is None:
                 return scratch, None, str(uuid.uuid4())
             verified = self.signer.verify(request.state, agent=self.name)
-            return scratch, await self._restore(scratch, verified), str(verified["sessionId"])
+            signature = str(request.state.get("signature"))
+            restored = await self._restore(scratch, verified, signature)
+            return scratch, restored, str(verified["sessionId"])
         if request.snapshot_id is not None:
             base = await self._own_turn(self.store, request.snapshot_id)
             if request.session_id is not None and request.session_id != base.session_id:
@@ -364,14 +366,16 @@ class Agent:
             return self.store, latest, request.session_id
         return self.store, None, str(uuid.uuid4())
 
-    async def _restore(self, scratch: SessionStore, state: Mapping[str, Any]) -> TurnRecord:
+    async def _restore(
+        self, scratch: SessionStore, state: Mapping[str, Any], signature: str
+    ) -> TurnRecord:
         """Rebuild a settled snapshot from a verified blob in the scratch store."""
         try:
             messages = [Message.model_validate(m) for m in state.get("messages") or []]
         except ValueError as exc:
             raise InvalidArgumentError(f"Client state holds a malformed message: {exc}") from exc
         # Derived from the signature, so replaying one blob yields the same idempotency keys.
-        digest = hashlib.sha256(str(state.get("signature", "")).encode()).hexdigest()[:24]
+        digest = hashlib.sha256(signature.encode()).hexdigest()[:24]
         turn_id = f"client-{digest}"
         await scratch.create_turn(
             NewTurn(
@@ -458,8 +462,16 @@ class Agent:
                     "Nothing to retry: this session has no snapshot yet; send a message."
                 )
             history_length = len(conversation)
+        if self.store is None and base is not None:
+            # Client-managed: the same blob answered the same way yields the same turn id and
+            # hence the same idempotency keys, so a replayed resume cannot repeat an effect
+            # through a tool that honours its key (see docs/decisions.md).
+            replay = base.id + canonical_json(turn_input.model_dump(mode="json")).decode()
+            turn_id = "client-" + hashlib.sha256(replay.encode()).hexdigest()[:24]
+        else:
+            turn_id = str(uuid.uuid4())
         new = NewTurn(
-            id=str(uuid.uuid4()),
+            id=turn_id,
             session_id=session_id,
             agent=self.name,
             parent_id=base.id if base else None,

@@ -31,6 +31,7 @@ class AgentTurn:
     def __init__(self, queue: asyncio.Queue[object], task: asyncio.Task[AgentResponse]) -> None:
         self._queue = queue
         self._task = task
+        self._stream = self._iterate()
 
     @property
     def response(self) -> asyncio.Task[AgentResponse]:
@@ -39,8 +40,11 @@ class AgentTurn:
 
     @property
     def stream(self) -> AsyncIterator[AgentChunk]:
-        """The chunks, as the model produces them; ends when the turn settles."""
-        return self._iterate()
+        """The chunks, as the model produces them; ends when the turn settles.
+
+        There is one stream per turn: every access returns the same iterator.
+        """
+        return self._stream
 
     async def _iterate(self) -> AsyncIterator[AgentChunk]:
         while True:

@@ -77,7 +77,15 @@ class InMemorySessionStore:
                 )
         # Check every answer before writing anything: all or nothing.
         answered: list[tuple[ToolCallRecord, InterruptAnswer]] = []
+        keys = [(a.turn_id, a.round, a.ref) for a in answers]
+        if len(set(keys)) != len(keys):
+            raise InvalidArgumentError("The same interrupt is answered twice.")
         for answer in answers:
+            if answer.turn_id != turn.parent_id:
+                raise InvalidArgumentError(
+                    f"Answers must decide interrupts of the parent snapshot {turn.parent_id}, "
+                    f"not of {answer.turn_id}."
+                )
             call = self._calls.get(answer.turn_id, {}).get((answer.round, answer.ref))
             if call is None or call.status is not ToolCallStatus.INTERRUPTED:
                 state = "unknown" if call is None else call.status.value
@@ -110,7 +118,7 @@ class InMemorySessionStore:
             agent=turn.agent,
             parent_id=turn.parent_id,
             status=TurnStatus.PENDING,
-            input=turn.input,
+            input=turn.input.model_copy(deep=True),
             history_length=turn.history_length,
             max_attempts=turn.max_attempts,
             run_after=now,
@@ -130,22 +138,22 @@ class InMemorySessionStore:
                 turn_id=turn.id, from_status=None, to_status=TurnStatus.PENDING, attempt=0, at=now
             )
         ]
-        return record.model_copy()
+        return record.model_copy(deep=True)
 
     async def get_session(self, session_id: str) -> SessionRecord | None:
         """See :meth:`engine.store.SessionStore.get_session`."""
         session = self._sessions.get(session_id)
-        return session.model_copy() if session else None
+        return session.model_copy(deep=True) if session else None
 
     async def get_turn(self, turn_id: str) -> TurnRecord | None:
         """See :meth:`engine.store.SessionStore.get_turn`."""
         turn = self._turns.get(turn_id)
-        return turn.model_copy() if turn else None
+        return turn.model_copy(deep=True) if turn else None
 
     async def latest_turn(self, session_id: str) -> TurnRecord | None:
         """See :meth:`engine.store.SessionStore.latest_turn`."""
         order = self._turn_order.get(session_id)
-        return self._turns[order[-1]].model_copy() if order else None
+        return self._turns[order[-1]].model_copy(deep=True) if order else None
 
     def _claimable(self, turn: TurnRecord, now: datetime) -> bool:
         return (
@@ -167,7 +175,7 @@ class InMemorySessionStore:
             }
         )
         self._turns[turn.id] = leased
-        return leased.model_copy()
+        return leased.model_copy(deep=True)
 
     async def claim_turn(self, turn_id: str, *, owner: str, lease_seconds: float) -> TurnRecord:
         """See :meth:`engine.store.SessionStore.claim_turn`."""
@@ -186,6 +194,8 @@ class InMemorySessionStore:
         agents: Collection[str] | None = None,
     ) -> list[TurnRecord]:
         """See :meth:`engine.store.SessionStore.claim_next`."""
+        if limit < 1:
+            raise ValueError("limit must be at least 1.")
         now = _now()
         candidates = sorted(
             (
@@ -219,7 +229,7 @@ class InMemorySessionStore:
             update={"lease_expires_at": now + timedelta(seconds=lease_seconds), "updated_at": now}
         )
         self._turns[turn_id] = renewed
-        return renewed.model_copy()
+        return renewed.model_copy(deep=True)
 
     async def transition(
         self,
@@ -250,16 +260,22 @@ class InMemorySessionStore:
         now = _now()
         update: dict[str, object] = {"status": new, "updated_at": now}
         if new is not TurnStatus.ABORTING:
-            # Settling, or handing the turn back for a retry, releases the lease.
-            update.update(lease_owner=None, lease_expires_at=None)
+            # Settling, or handing the turn back for a retry, releases the lease; the token
+            # moves on so the releasing worker can write nothing more.
+            update.update(
+                lease_owner=None, lease_expires_at=None, lease_token=turn.lease_token + 1
+            )
         if new is TurnStatus.PENDING:
             update["run_after"] = run_after or now
         if finish_reason is not None:
             update["finish_reason"] = finish_reason
-        if error is not None:
-            update["error"] = error
         if new not in ACTIVE_STATUSES:
+            # A settled turn carries exactly the error it settled with (none when it
+            # completed), not one left over from an earlier attempt.
             update["settled_at"] = now
+            update["error"] = error.model_copy(deep=True) if error is not None else None
+        elif error is not None:
+            update["error"] = error.model_copy(deep=True)
         moved = turn.model_copy(update=update)
         self._turns[turn_id] = moved
         self._events[turn_id].append(
@@ -272,7 +288,7 @@ class InMemorySessionStore:
                 note=note,
             )
         )
-        return moved.model_copy()
+        return moved.model_copy(deep=True)
 
     async def request_abort(self, turn_id: str) -> TurnStatus:
         """See :meth:`engine.store.SessionStore.request_abort`."""
@@ -350,4 +366,4 @@ class InMemorySessionStore:
 
     async def list_events(self, turn_id: str) -> list[TurnEvent]:
         """See :meth:`engine.store.SessionStore.list_events`."""
-        return [e.model_copy() for e in self._events.get(turn_id, [])]
+        return [e.model_copy(deep=True) for e in self._events.get(turn_id, [])]

@@ -26,6 +26,7 @@ import json
 import logging
 import math
 import os
+import re
 import secrets
 import time
 from collections.abc import Mapping
@@ -42,7 +43,12 @@ _VERSION = "ts1"
 _DOMAIN = b"turnstile-client-state-v1"
 _ENV_KEYS = "TURNSTILE_STATE_KEYS"
 _ENV_MAX_AGE = "TURNSTILE_STATE_MAX_AGE"
-_MAX_SAFE_INTEGER = 2**53
+# JavaScript prints every integral double below 1e21 without a fraction (2.0**60 → digits).
+_JS_INTEGRAL_LIMIT = 1e21
+_KEY_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+# Strict ASCII grammar: no Unicode digits, no leading zeros, an unpadded 32-byte base64url MAC,
+# so that no two spellings of one signature exist.
+_SIGNATURE = re.compile(r"ts1\.([A-Za-z0-9_-]{1,64})\.(0|[1-9][0-9]{0,15})\.([A-Za-z0-9_-]{43})")
 
 
 def _normalise(value: Any) -> Any:
@@ -52,7 +58,7 @@ def _normalise(value: Any) -> Any:
     if isinstance(value, float):
         if not math.isfinite(value):
             raise InvalidStateError("State contains a non-finite number.")
-        if value.is_integer() and abs(value) < _MAX_SAFE_INTEGER:
+        if value.is_integer() and abs(value) < _JS_INTEGRAL_LIMIT:
             return int(value)
         return value
     if isinstance(value, Mapping):
@@ -116,8 +122,10 @@ class StateSigner:
                 kid,
             )
         for kid in parsed:
-            if "." in kid:
-                raise ValueError(f"State key id {kid!r} must not contain '.'.")
+            if not _KEY_ID.fullmatch(kid):
+                raise ValueError(
+                    f"State key id {kid!r} must be 1-64 characters of A-Z, a-z, 0-9, '_' or '-'."
+                )
         self._keys = parsed
         self._active = next(iter(parsed))
         if max_age is None and os.environ.get(_ENV_MAX_AGE):
@@ -161,10 +169,10 @@ class StateSigner:
                 "Client state is not signed: send back the 'state' object exactly as the "
                 "server returned it."
             )
-        fields = signature.split(".")
-        if len(fields) != 4 or fields[0] != _VERSION or not fields[2].isdigit():
+        match = _SIGNATURE.fullmatch(signature)
+        if match is None:
             raise InvalidStateError("Client state signature is malformed.")
-        _, kid, issued_text, mac = fields
+        kid, issued_text, mac = match.groups()
         secret = self._keys.get(kid)
         if secret is None:
             raise InvalidStateError(

@@ -193,7 +193,8 @@ class SessionStore(Protocol):
         """Insert a ``pending`` turn (and its session, if new), atomically.
 
         Also marks each answered call ``answered`` — only if it is still ``interrupted``
-        (else :class:`~engine.errors.ApprovalNotPendingError`). Raises
+        (else :class:`~engine.errors.ApprovalNotPendingError`); answers must name calls of
+        the parent turn, each once (else :class:`~engine.errors.InvalidArgumentError`). Raises
         :class:`~engine.errors.SessionBusyError` when the session already has a ``pending`` or
         ``aborting`` turn, and :class:`~engine.errors.InvalidArgumentError` when the session
         belongs to another agent. Nothing is written when it raises.
@@ -213,7 +214,8 @@ class SessionStore(Protocol):
         ...
 
     async def claim_turn(self, turn_id: str, *, owner: str, lease_seconds: float) -> TurnRecord:
-        """Lease one specific ``pending`` turn that nobody holds (or whose lease expired).
+        """Lease one specific ``pending`` turn that nobody holds (or whose lease expired)
+        and whose ``run_after`` has come.
 
         Increments ``lease_token`` and ``attempts``. Raises
         :class:`~engine.errors.StaleTransitionError` if it cannot be claimed.
@@ -252,7 +254,9 @@ class SessionStore(Protocol):
         """Move the turn to ``new`` if its status is in ``expected`` and, unless
         ``lease_token`` is ``None``, its lease token matches; record the event.
 
-        Settling (or handing back with ``new=pending``) releases the lease. Raises
+        Settling (or handing back with ``new=pending``) releases the lease and advances the
+        lease token, so the releasing worker can write nothing more. A settled turn carries
+        exactly the ``error`` it settled with (``None`` clears an earlier attempt's). Raises
         :class:`~engine.errors.StaleTransitionError` (or ``LeaseLostError``) on zero rows and
         ``ValueError`` for an edge the state machine does not have.
         """

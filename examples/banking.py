@@ -8,6 +8,7 @@ describes, running on the offline :class:`~engine.ScriptedModel`.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -125,7 +126,14 @@ def build(
     )
 
 
-app = build()
+def _example_keys() -> Mapping[str, str | bytes] | None:
+    """``TURNSTILE_STATE_KEYS`` when set, else a fixed key that is only fit for the example."""
+    if os.environ.get("TURNSTILE_STATE_KEYS"):
+        return None
+    return {"example-only": "turnstile-example-key-not-a-secret"}
+
+
+app = build(state_keys=_example_keys())
 ai = app.ai
 user_approval = app.user_approval
 transfer_money = app.transfer_money
