@@ -114,6 +114,8 @@ class TurnRequest:
     session_id: str | None = None
     snapshot_id: str | None = None
     state: Mapping[str, Any] | None = None
+    #: Who answers the interrupts of a resume (recorded on the journal rows).
+    decided_by: str | None = None
 
 
 @dataclass
@@ -139,7 +141,13 @@ class Agent:
         lease: LeaseSettings | None = None,
         owner: str = "inline",
         local_aborts: dict[str, asyncio.Event] | None = None,
+        execution: str = "auto",
+        poll_interval: float = 1.0,
     ) -> None:
+        if execution not in ("auto", "inline", "workers"):
+            raise ValueError("execution must be 'auto', 'inline' or 'workers'.")
+        if execution == "workers" and store is None:
+            raise ValueError("execution='workers' needs a store the workers can read.")
         names = [t.name for t in tools]
         duplicates = {n for n in names if names.count(n) > 1}
         if duplicates:
@@ -155,6 +163,10 @@ class Agent:
         self.max_turns = max_turns
         self.retry = retry or RetryPolicy()
         self.lease = lease or LeaseSettings()
+        #: ``auto``: queue turns for the worker pool when the store is durable, else run
+        #: them in the caller; ``inline`` / ``workers`` force one or the other.
+        self.execution = execution
+        self.poll_interval = poll_interval
         self._owner = owner
         self._local_aborts = local_aborts if local_aborts is not None else {}
         self._input_schemas: dict[str, Schema] = {t.name: t.input for t in tools}
@@ -271,16 +283,31 @@ class Agent:
         *,
         on_chunk: ChunkCallback | None = None,
         on_started: Any = None,
+        wait: bool = True,
     ) -> AgentResponse:
-        """Validate ``request``, create its pending turn, run it here and answer.
+        """Validate ``request``, create its pending turn, run it (here, or by the worker
+        pool for a durable store) and answer.
 
         ``on_started(store, turn)`` is called once the turn exists (the chat uses it to
-        track the running turn for ``abort``). Raises a typed error, writing nothing, when
-        the request is invalid; raises :class:`TurnFailedError` when the turn fails.
+        track the running turn for ``abort``). With ``wait=False`` a queued turn is not
+        awaited: the response is ``pending`` and carries its snapshot id. Raises a typed
+        error, writing nothing, when the request is invalid; raises
+        :class:`TurnFailedError` when the turn fails.
         """
         started = await self._start(request)
         if on_started is not None:
             on_started(started.store, started.turn)
+        if self.queued:
+            if not wait:
+                return AgentResponse(
+                    session_id=started.turn.session_id,
+                    snapshot_id=started.turn.id,
+                    status=TurnStatus.PENDING,
+                    finish_reason=None,
+                    messages=[],
+                )
+            settled = await self.wait_settled(started.store, started.turn.id)
+            return await self.respond_for(started.store, settled)
         signal = asyncio.Event()
         self._local_aborts[started.turn.id] = signal
         try:
@@ -301,6 +328,45 @@ class Agent:
         finally:
             self._local_aborts.pop(started.turn.id, None)
         return await self.respond_for(started.store, settled)
+
+    @property
+    def queued(self) -> bool:
+        """Whether this agent's turns run in the worker pool rather than in the caller."""
+        if self.execution == "auto":
+            return self.store is not None and self.store.durable
+        return self.execution == "workers"
+
+    async def wait_settled(
+        self, store: SessionStore, turn_id: str, timeout: float | None = None
+    ) -> TurnRecord:
+        """Wait until a turn settles (any process may be running it) and return it.
+
+        Woken by the store's change notifications, re-checking every ``poll_interval``
+        seconds in case one was missed. Raises :class:`TimeoutError` after ``timeout``.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            turn = await store.get_turn(turn_id)
+            if turn is None:
+                raise NotFoundError(f"Snapshot '{turn_id}' not found for agent '{self.name}'.")
+            if turn.status not in ACTIVE_STATUSES:
+                return turn
+            wait_for = self.poll_interval
+            if deadline is not None:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    raise TimeoutError(f"Snapshot {turn_id} did not settle in {timeout}s.")
+                wait_for = min(wait_for, remaining)
+            await store.wait_for_change(turn_id, wait_for)
+
+    async def wait(self, snapshot_id: str, *, timeout: float | None = None) -> AgentResponse:
+        """Wait for a pending snapshot (e.g. from ``send(..., wait=False)``) to settle and
+        return its response; usable from any process that shares the store."""
+        store = self._require_store("wait")
+        await self._own_turn(store, snapshot_id)
+        settled = await self.wait_settled(store, snapshot_id, timeout)
+        return await self.respond_for(store, settled)
 
     async def respond_for(self, store: SessionStore, turn: TurnRecord) -> AgentResponse:
         """The response for a settled turn (raises :class:`TurnFailedError` if it failed)."""
@@ -441,9 +507,25 @@ class Agent:
                     turn_id=base.id,
                     round=row.round,
                     ref=row.ref,
+                    decided_by=request.decided_by,
                     answer={plan.answers[row.ref][0]: plan.answers[row.ref][1]},
                 )
                 for row in plan.journal
+            ]
+            history_length = len(conversation) - 1
+        elif turn_input.kind == "expire":
+            if base is None or not paused_calls(last):
+                raise FailedPreconditionError(NOT_RESUMABLE_MESSAGE)
+            answers = [
+                InterruptAnswer(
+                    turn_id=base.id,
+                    round=row.round,
+                    ref=row.ref,
+                    decided_by=request.decided_by,
+                    answer={"expired": True},
+                )
+                for row in await store.list_calls(base.id)
+                if row.status is ToolCallStatus.INTERRUPTED
             ]
             history_length = len(conversation) - 1
         else:

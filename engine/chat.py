@@ -91,13 +91,16 @@ class Chat:
         message: MessageLike | None = None,
         *,
         resume: Mapping[str, Sequence[Part]] | None = None,
+        wait: bool = True,
     ) -> AgentResponse:
         """Send a user message (or, with ``resume``, answer the paused interrupts).
 
         ``send()`` with neither retries from the current snapshot (a failed or aborted turn
-        holds the conversation up to its last completed round).
+        holds the conversation up to its last completed round). With ``wait=False`` (agents
+        whose turns run in workers) the call returns the ``pending`` snapshot at once;
+        ``agent.wait(snapshot_id)`` later returns its settled response.
         """
-        return await self._turn(message, resume, None)
+        return await self._turn(message, resume, None, wait)
 
     def send_stream(
         self,
@@ -164,6 +167,7 @@ class Chat:
         message: MessageLike | None,
         resume: Mapping[str, Sequence[Part]] | None,
         sink: Any,
+        wait: bool = True,
     ) -> AgentResponse:
         from engine.agent import TurnRequest
 
@@ -186,7 +190,9 @@ class Chat:
                 self.session_id = turn.session_id
 
             try:
-                response = await self.agent.run_turn(request, on_chunk=sink, on_started=started)
+                response = await self.agent.run_turn(
+                    request, on_chunk=sink, on_started=started, wait=wait
+                )
             except TurnFailedError as failure:
                 if isinstance(failure.response, AgentResponse):
                     self._follow(failure.response)

@@ -137,11 +137,14 @@ class Engine:
         max_attempts: int = 3,
         retry: RetryPolicy | None = None,
         lease: LeaseSettings | None = None,
+        execution: str = "auto",
     ) -> Agent:
         """Define an agent. ``store=None`` means client-managed (signed) state.
 
         ``max_turns`` bounds the tool rounds of one send/resume; ``max_attempts`` bounds how
         often a turn is attempted after transient failures (with ``retry``'s backoff).
+        ``execution``: ``auto`` queues turns for the worker pool when ``store`` is durable
+        (a SQL store) and runs them in the caller otherwise; ``inline``/``workers`` force it.
         """
         if name in self.agents:
             raise ValueError(f"An agent named '{name}' is already defined.")
@@ -158,6 +161,7 @@ class Engine:
             lease=lease,
             owner=self.owner,
             local_aborts=self.local_aborts,
+            execution=execution,
         )
         self.agents[name] = agent
         return agent

@@ -100,7 +100,17 @@ async def execute_claimed(
         await signal.wait()
         stop("abort")
 
-    helpers = [asyncio.create_task(heartbeat())]
+    async def watch_store() -> None:
+        # Another process may request the abort: the store's change notification (NOTIFY)
+        # wakes us at once; the heartbeat's status check is the fallback.
+        while not work.done():
+            await store.wait_for_change(turn.id, lease.heartbeat_interval)
+            current = await store.get_turn(turn.id)
+            if current is not None and current.status is TurnStatus.ABORTING:
+                stop("abort")
+                return
+
+    helpers = [asyncio.create_task(heartbeat()), asyncio.create_task(watch_store())]
     if abort_signal is not None:
         helpers.append(asyncio.create_task(watch_abort(abort_signal)))
     outcome: TurnOutcome | None = None

@@ -10,6 +10,8 @@ is atomic — the same guarantee the SQL store gets from one transaction per cal
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Collection, Sequence
 from datetime import UTC, datetime, timedelta
 
@@ -42,10 +44,32 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
+class _Signal:
+    """A broadcast wake-up: every waiter at the time of :meth:`fire` returns."""
+
+    def __init__(self) -> None:
+        self._event: asyncio.Event | None = None
+
+    def fire(self) -> None:
+        if self._event is not None:
+            self._event.set()
+            self._event = None
+
+    async def wait(self, timeout: float) -> None:
+        if self._event is None:
+            self._event = asyncio.Event()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._event.wait(), timeout)
+
+
 class InMemorySessionStore:
     """A :class:`~engine.store.SessionStore` kept in process memory (lost on exit)."""
 
+    durable = False
+
     def __init__(self) -> None:
+        self._work = _Signal()
+        self._changes: dict[str, _Signal] = {}
         self._sessions: dict[str, SessionRecord] = {}
         self._turns: dict[str, TurnRecord] = {}
         self._turn_order: dict[str, list[str]] = {}
@@ -133,6 +157,7 @@ class InMemorySessionStore:
             self._rounds[turn.id][0] = RoundRecord(
                 round=0, messages=[m.copy_deep() for m in turn.initial_messages], committed=True
             )
+        self._work.fire()
         self._events[turn.id] = [
             TurnEvent(
                 turn_id=turn.id, from_status=None, to_status=TurnStatus.PENDING, attempt=0, at=now
@@ -262,9 +287,7 @@ class InMemorySessionStore:
         if new is not TurnStatus.ABORTING:
             # Settling, or handing the turn back for a retry, releases the lease; the token
             # moves on so the releasing worker can write nothing more.
-            update.update(
-                lease_owner=None, lease_expires_at=None, lease_token=turn.lease_token + 1
-            )
+            update.update(lease_owner=None, lease_expires_at=None, lease_token=turn.lease_token + 1)
         if new is TurnStatus.PENDING:
             update["run_after"] = run_after or now
         if finish_reason is not None:
@@ -278,6 +301,9 @@ class InMemorySessionStore:
             update["error"] = error.model_copy(deep=True)
         moved = turn.model_copy(update=update)
         self._turns[turn_id] = moved
+        self._changes.pop(turn_id, _Signal()).fire()
+        if new is TurnStatus.PENDING:
+            self._work.fire()
         self._events[turn_id].append(
             TurnEvent(
                 turn_id=turn_id,
@@ -367,3 +393,37 @@ class InMemorySessionStore:
     async def list_events(self, turn_id: str) -> list[TurnEvent]:
         """See :meth:`engine.store.SessionStore.list_events`."""
         return [e.model_copy(deep=True) for e in self._events.get(turn_id, [])]
+
+    async def list_expired_interrupts(
+        self, *, now: datetime, limit: int = 100
+    ) -> list[ToolCallRecord]:
+        """See :meth:`engine.store.SessionStore.list_expired_interrupts`."""
+        expired: list[ToolCallRecord] = []
+        for order in self._turn_order.values():
+            latest = self._turns[order[-1]]
+            if (latest.status, latest.finish_reason) != (
+                TurnStatus.COMPLETED,
+                FinishReason.INTERRUPTED,
+            ):
+                continue
+            for key in sorted(self._calls[latest.id]):
+                call = self._calls[latest.id][key]
+                if (
+                    call.status is ToolCallStatus.INTERRUPTED
+                    and call.deadline is not None
+                    and call.deadline <= now
+                ):
+                    expired.append(call.model_copy(deep=True))
+        expired.sort(key=lambda c: (c.deadline or now, c.turn_id, c.ref))
+        return expired[:limit]
+
+    async def wait_for_work(self, timeout: float) -> None:
+        """See :meth:`engine.store.SessionStore.wait_for_work`."""
+        await self._work.wait(timeout)
+
+    async def wait_for_change(self, turn_id: str, timeout: float) -> None:
+        """See :meth:`engine.store.SessionStore.wait_for_change`."""
+        await self._changes.setdefault(turn_id, _Signal()).wait(timeout)
+
+    async def close(self) -> None:
+        """Nothing to release."""

@@ -13,7 +13,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from engine.errors import AgentError, NotFoundError, ToolError, TransientError
@@ -153,6 +153,8 @@ class TurnRunner:
             for message in saved.messages:
                 self._note_refs(message)
 
+        if turn.input.kind == "expire":
+            raise AgentError(turn.input.reason or "Approval expired.", status="DEADLINE_EXCEEDED")
         if turn.input.kind == "resume":
             done = rounds.get(0)
             if done is None or not done.committed:
@@ -347,11 +349,14 @@ class TurnRunner:
         try:
             output = await tool.invoke(row.input, ctx)
         except ToolInterrupt as pause:
+            finished = _now()
+            timeout = getattr(tool, "timeout", None)
             await self._record(
                 row,
                 status=ToolCallStatus.INTERRUPTED,
                 interrupt=pause.metadata,
-                finished_at=_now(),
+                finished_at=finished,
+                deadline=finished + timedelta(seconds=timeout) if timeout else None,
             )
             return _Result(interrupt=pause.metadata)
         except asyncio.CancelledError:

@@ -45,12 +45,15 @@ __all__ = [
 
 class TurnInput(BaseModel):
     """What started a turn: a user message, a resume, a bare retry (``send()``), or a
-    ``restore`` — a settled snapshot rebuilt from a verified client-managed state blob."""
+    ``restore`` — a settled snapshot rebuilt from a verified client-managed state blob, or
+    ``expire`` — an approval timed out with no default answer, so the turn fails."""
 
-    kind: Literal["message", "resume", "retry", "restore"]
+    kind: Literal["message", "resume", "retry", "restore", "expire"]
     message: Message | None = None
     respond: list[Part] = Field(default_factory=list)
     restart: list[Part] = Field(default_factory=list)
+    #: For ``expire``: why the paused turn is being failed (shown as the turn's error).
+    reason: str | None = None
 
 
 class TurnError(BaseModel):
@@ -155,6 +158,8 @@ class ToolCallRecord(BaseModel):
     decided_at: datetime | None = None
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    #: For a paused call of an interrupt declaring ``timeout=``: when it expires.
+    deadline: datetime | None = None
 
 
 class InterruptAnswer(BaseModel):
@@ -185,7 +190,12 @@ class SessionStore(Protocol):
     Writes made while a turn runs take the caller's ``lease_token`` and are refused with
     :class:`~engine.errors.LeaseLostError` when it is no longer the turn's (or the turn is no
     longer ``pending``/``aborting``): a worker that lost its lease can write nothing.
+
+    ``durable`` says whether turns outlive this process (a SQL store): a durable store's
+    turns are queued for a worker pool rather than run by the caller.
     """
+
+    durable: bool
 
     async def create_turn(
         self, turn: NewTurn, *, answers: Sequence[InterruptAnswer] = ()
@@ -300,4 +310,26 @@ class SessionStore(Protocol):
 
     async def list_events(self, turn_id: str) -> list[TurnEvent]:
         """The turn's status transitions, oldest first."""
+        ...
+
+    async def list_expired_interrupts(
+        self, *, now: datetime, limit: int = 100
+    ) -> list[ToolCallRecord]:
+        """Paused calls past their ``deadline`` that are still ``interrupted``, on turns that
+        are their session's latest (``completed``, finish reason ``interrupted``)."""
+        ...
+
+    async def wait_for_work(self, timeout: float) -> None:
+        """Return when a turn may have become claimable, or after ``timeout`` seconds.
+
+        A wake-up hint only (NOTIFY, or an in-process event): callers re-check by claiming.
+        """
+        ...
+
+    async def wait_for_change(self, turn_id: str, timeout: float) -> None:
+        """Return when the turn's status may have changed, or after ``timeout`` seconds."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections and listeners."""
         ...
