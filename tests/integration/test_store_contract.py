@@ -30,6 +30,7 @@ from engine.errors import (
     StaleTransitionError,
 )
 from engine.memory_store import InMemorySessionStore
+from tests.databases import sql_store
 from engine.parts import Message, Part
 from engine.status import ALLOWED_TRANSITIONS, FinishReason, TurnStatus
 from engine.store import (
@@ -68,6 +69,8 @@ StoreFactory = Callable[[], AbstractAsyncContextManager[SessionStore]]
 #: Every store implementation under test; the SQL stores join here.
 STORE_FACTORIES: dict[str, StoreFactory] = {
     "memory": memory_store,
+    "sqlite": lambda: sql_store("sqlite"),
+    "postgres": lambda: sql_store("postgres"),
 }
 
 #: (factory, test function) → why it currently fails; run as strict xfail.

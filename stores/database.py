@@ -1,0 +1,179 @@
+"""Database connections: URLs, engines, transactions and error wrapping.
+
+SQLAlchemy's synchronous engine runs every store operation in a worker thread
+(``asyncio.to_thread``): one implementation per operation for both PostgreSQL (psycopg 3) and
+SQLite (the standard library's driver), and the event loop never blocks on I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.engine import URL, Connection, Engine, make_url
+
+from engine.errors import StoreError, TurnstileError
+
+__all__ = [
+    "DEFAULT_SQLITE_PATH",
+    "ENV_URL",
+    "Database",
+    "default_url",
+    "normalise_url",
+    "redact",
+    "upsert",
+    "utc",
+]
+
+logger = logging.getLogger("turnstile.store")
+
+ENV_URL = "TURNSTILE_DATABASE_URL"
+DEFAULT_SQLITE_PATH = Path(".turnstile") / "turnstile.db"
+
+T = TypeVar("T")
+
+
+def default_url() -> str:
+    """``TURNSTILE_DATABASE_URL``, else an SQLite file ``.turnstile/turnstile.db``."""
+    return os.environ.get(ENV_URL) or f"sqlite:///{DEFAULT_SQLITE_PATH}"
+
+
+def normalise_url(url: str | URL) -> URL:
+    """Pick our drivers: ``postgresql://`` → psycopg 3; ``sqlite://`` stays the stdlib one."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "postgresql" and parsed.drivername in (
+        "postgresql",
+        "postgres",
+    ):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    if parsed.get_backend_name() not in ("postgresql", "sqlite"):
+        raise ValueError(f"Unsupported database {parsed.drivername!r}: use PostgreSQL or SQLite.")
+    return parsed
+
+
+def redact(url: str | URL) -> str:
+    """The URL with its password hidden, for logs and messages."""
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    # pysqlite's own transaction handling defers BEGIN and cannot take a write lock up front;
+    # we open every transaction ourselves with BEGIN IMMEDIATE so that concurrent writers
+    # (several worker processes on one file) serialise instead of failing on upgrade.
+    @sa.event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+    @sa.event.listens_for(engine, "begin")
+    def _on_begin(connection: Connection) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+class Database:
+    """An engine plus the helpers every store module uses."""
+
+    def __init__(self, url: str | URL, *, pool_size: int = 10, echo: bool = False) -> None:
+        self.url = normalise_url(url)
+        self.is_postgres = self.url.get_backend_name() == "postgresql"
+        if self.is_postgres:
+            self.engine = sa.create_engine(
+                self.url,
+                pool_size=pool_size,
+                max_overflow=pool_size,
+                pool_pre_ping=True,
+                echo=echo,
+            )
+        else:
+            database = self.url.database
+            if database and database != ":memory:":
+                Path(database).parent.mkdir(parents=True, exist_ok=True)
+            self.engine = sa.create_engine(
+                self.url,
+                echo=echo,
+                connect_args={"check_same_thread": False, "timeout": 30},
+            )
+            _configure_sqlite(self.engine)
+
+    @contextmanager
+    def transaction(self) -> Iterator[Connection]:
+        """One short transaction (never held across a model call, a tool call or a wait)."""
+        with self.engine.begin() as connection:
+            yield connection
+
+    async def run(self, operation: Callable[[], T], *, retries: int = 3) -> T:
+        """Run a blocking store operation in a thread, wrapping driver errors.
+
+        An operation that failed because its connection was lost (a restarted server, a
+        terminated backend) is retried on a fresh connection: its transaction never committed.
+        """
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return await asyncio.to_thread(operation)
+            except TurnstileError:
+                raise
+            except sa.exc.DBAPIError as exc:
+                if exc.connection_invalidated and attempt <= retries:
+                    logger.warning("database connection lost; retrying (%d/%d)", attempt, retries)
+                    await asyncio.sleep(0.05 * 2**attempt)
+                    continue
+                raise StoreError(f"Database error: {exc.orig!r}") from exc
+            except sa.exc.SQLAlchemyError as exc:
+                raise StoreError(f"Database error: {exc}") from exc
+
+    def dispose(self) -> None:
+        """Close every pooled connection."""
+        self.engine.dispose()
+
+
+def utc(value: Any) -> Any:
+    """SQLite returns naive datetimes: every timestamp we write is UTC, so say so."""
+    if isinstance(value, datetime) and value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value
+
+
+def upsert(
+    connection: Connection,
+    table: sa.Table,
+    rows: list[dict[str, Any]],
+    keys: list[str],
+    keep: tuple[str, ...] = (),
+) -> None:
+    """INSERT ... ON CONFLICT (keys) DO UPDATE for PostgreSQL and SQLite alike; the ``keep``
+    columns keep their first value."""
+    fixed = set(keys) | set(keep)
+    if not rows:
+        return
+    if connection.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        pg = pg_insert(table).values(rows)
+        pg = pg.on_conflict_do_update(
+            index_elements=keys,
+            set_={c.name: pg.excluded[c.name] for c in table.columns if c.name not in fixed},
+        )
+        connection.execute(pg)
+    else:
+        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+        lite = sqlite_insert(table).values(rows)
+        lite = lite.on_conflict_do_update(
+            index_elements=keys,
+            set_={c.name: lite.excluded[c.name] for c in table.columns if c.name not in fixed},
+        )
+        connection.execute(lite)

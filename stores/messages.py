@@ -1,0 +1,110 @@
+"""SQL for the conversation: ``messages``, saved per round of a turn."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from datetime import datetime
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from engine.parts import Message
+from engine.store import RoundRecord
+from stores.schema import messages, turns
+
+__all__ = ["conversation", "load_rounds", "save_round"]
+
+
+def save_round(connection: Connection, turn_id: str, round_: RoundRecord, now: datetime) -> None:
+    """Replace the messages of one round (a round is rewritten when it closes)."""
+    connection.execute(
+        sa.delete(messages).where(messages.c.turn_id == turn_id, messages.c.round == round_.round)
+    )
+    if round_.messages:
+        connection.execute(
+            sa.insert(messages),
+            [
+                {
+                    "turn_id": turn_id,
+                    "round": round_.round,
+                    "position": position,
+                    "role": message.role,
+                    "content": [p.to_wire() for p in message.content],
+                    "metadata": message.metadata,
+                    "committed": round_.committed,
+                    "created_at": now,
+                }
+                for position, message in enumerate(round_.messages)
+            ],
+        )
+
+
+def _message(row: sa.Row[tuple[object, ...]]) -> Message:
+    m = row._mapping
+    wire: dict[str, object] = {"role": m["role"], "content": m["content"]}
+    if m["metadata"] is not None:
+        wire["metadata"] = m["metadata"]
+    return Message.model_validate(wire)
+
+
+def load_rounds(connection: Connection, turn_id: str) -> list[RoundRecord]:
+    """Every round of the turn, committed or not, in order."""
+    rows = connection.execute(
+        sa.select(messages)
+        .where(messages.c.turn_id == turn_id)
+        .order_by(messages.c.round, messages.c.position)
+    ).all()
+    grouped: dict[int, list[sa.Row[tuple[object, ...]]]] = defaultdict(list)
+    for row in rows:
+        grouped[row._mapping["round"]].append(row)
+    return [
+        RoundRecord(
+            round=number,
+            messages=[_message(r) for r in group],
+            committed=bool(group[0]._mapping["committed"]),
+        )
+        for number, group in sorted(grouped.items())
+    ]
+
+
+def conversation(connection: Connection, chain: Sequence[tuple[str, int]]) -> list[Message]:
+    """Assemble a conversation from a root-first chain of ``(turn id, history_length)``.
+
+    One query loads the committed messages of every turn of the chain; each turn keeps the
+    first ``history_length`` messages of its parent's conversation, then adds its own.
+    """
+    ids = [turn_id for turn_id, _ in chain]
+    rows = connection.execute(
+        sa.select(messages)
+        .where(messages.c.turn_id.in_(ids), messages.c.committed.is_(True))
+        .order_by(messages.c.round, messages.c.position)
+    ).all()
+    own: dict[str, list[Message]] = defaultdict(list)
+    for row in rows:
+        own[row._mapping["turn_id"]].append(_message(row))
+    result: list[Message] = []
+    for turn_id, history_length in chain:
+        result = result[:history_length] + own[turn_id]
+    return result
+
+
+def chain_of(connection: Connection, turn_id: str) -> list[tuple[str, int]]:
+    """The turn and its ancestors, root first, as ``(id, history_length)``."""
+    ancestry = (
+        sa.select(
+            turns.c.id, turns.c.parent_id, turns.c.history_length, sa.literal(0).label("depth")
+        )
+        .where(turns.c.id == turn_id)
+        .cte("ancestry", recursive=True)
+    )
+    parent = turns.alias("parent")
+    ancestry = ancestry.union_all(
+        sa.select(
+            parent.c.id, parent.c.parent_id, parent.c.history_length, ancestry.c.depth + 1
+        ).where(parent.c.id == ancestry.c.parent_id)
+    )
+    rows = connection.execute(
+        sa.select(ancestry.c.id, ancestry.c.history_length).order_by(ancestry.c.depth.desc())
+    ).all()
+    return [(r[0], r[1]) for r in rows]

@@ -1,0 +1,130 @@
+"""LISTEN/NOTIFY wake-ups (PostgreSQL); SQLite falls back to polling.
+
+Notifications are hints, never the source of truth: waiters always re-read the row. Payloads
+are turn ids (well under NOTIFY's 8,000-byte limit), sent inside the writing transaction so
+they are delivered only if it commits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import psycopg
+import sqlalchemy as sa
+from sqlalchemy.engine import URL, Connection
+
+__all__ = ["CHANGE_CHANNEL", "WORK_CHANNEL", "Listener", "notify"]
+
+logger = logging.getLogger("turnstile.notify")
+
+#: A turn became claimable (created, or handed back for a retry).
+WORK_CHANNEL = "turnstile_work"
+#: A turn's status changed (settled, aborting, ...): payload is its id.
+CHANGE_CHANNEL = "turnstile_turn"
+
+
+def notify(connection: Connection, channel: str, payload: str) -> None:
+    """Queue a notification in the current transaction (no-op on SQLite)."""
+    if connection.dialect.name == "postgresql":
+        connection.execute(sa.text("SELECT pg_notify(:c, :p)"), {"c": channel, "p": payload})
+
+
+class _Signal:
+    """A broadcast wake-up bound to the listener's event loop."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def fire(self) -> None:
+        self._event.set()
+        self._event = asyncio.Event()
+
+    async def wait(self, timeout: float) -> None:
+        event = self._event
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), timeout)
+
+
+class Listener:
+    """One LISTEN connection per store and event loop, reconnecting when it drops.
+
+    While it is down, waiters simply time out and re-check: polling is the fallback.
+    """
+
+    def __init__(self, url: URL) -> None:
+        self._dsn = url.set(drivername="postgresql").render_as_string(hide_password=False)
+        # Sticky: set by a notification, cleared when a waiter wakes, so a notification that
+        # lands between a worker's empty claim and its wait is not lost.
+        self._work = asyncio.Event()
+        self._changes: dict[str, _Signal] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.connected = asyncio.Event()
+
+    def _ensure_started(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._task is None or self._loop is not loop or self._task.done():
+            self._loop = loop
+            self._work = asyncio.Event()
+            self._changes = {}
+            self.connected = asyncio.Event()
+            self._task = loop.create_task(self._listen(), name="turnstile-listener")
+
+    async def _listen(self) -> None:
+        delay = 0.1
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(
+                    self._dsn, autocommit=True
+                ) as connection:
+                    await connection.execute(f"LISTEN {WORK_CHANNEL}")
+                    await connection.execute(f"LISTEN {CHANGE_CHANNEL}")
+                    self.connected.set()
+                    delay = 0.1
+                    # Anything sent while we were disconnected is lost: wake every waiter so
+                    # it re-reads the database now.
+                    self._fire_all()
+                    async for note in connection.notifies():
+                        if note.channel == WORK_CHANNEL:
+                            self._work.set()
+                        else:
+                            signal = self._changes.pop(note.payload, None)
+                            if signal is not None:
+                                signal.fire()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the server restarted or our backend was terminated
+                self.connected.clear()
+                logger.warning("LISTEN connection lost (%s); reconnecting in %.1fs", exc, delay)
+                self._fire_all()
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    def _fire_all(self) -> None:
+        self._work.set()
+        changes, self._changes = self._changes, {}
+        for signal in changes.values():
+            signal.fire()
+
+    async def wait_for_work(self, timeout: float) -> None:
+        """Until a work notification arrives, or ``timeout``."""
+        self._ensure_started()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._work.wait(), timeout)
+        self._work.clear()
+
+    async def wait_for_change(self, turn_id: str, timeout: float) -> None:
+        """Until a change notification for ``turn_id`` arrives, or ``timeout``."""
+        self._ensure_started()
+        signal = self._changes.setdefault(turn_id, _Signal())
+        await signal.wait(timeout)
+
+    async def close(self) -> None:
+        """Stop listening."""
+        if self._task is not None and self._loop is asyncio.get_running_loop():
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self._task = None

@@ -1,0 +1,175 @@
+"""The SQL schema, as SQLAlchemy Core tables (Alembic's autogenerate compares against it).
+
+Names are part of the public contract (operators and their scripts rely on them): tables
+``sessions``, ``turns``, ``messages``, ``tool_calls``, ``turn_events``; the PostgreSQL ENUM
+``turn_status`` mirrors :class:`engine.status.TurnStatus`. Views are created by the migrations
+(``migrations/versions``) and documented in ``docs/schema.md``.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+
+from engine.status import TurnStatus
+from engine.store import ToolCallStatus
+
+__all__ = [
+    "ACTIVE",
+    "JSON",
+    "TIMESTAMP",
+    "messages",
+    "metadata",
+    "sessions",
+    "tool_calls",
+    "turn_events",
+    "turns",
+]
+
+metadata = sa.MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+#: JSONB on PostgreSQL (queryable with ->, ->>, @>), JSON text on SQLite.
+JSON = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
+TIMESTAMP = sa.DateTime(timezone=True)
+
+turn_status = sa.Enum(
+    *[s.value for s in TurnStatus],
+    name="turn_status",
+    create_constraint=True,
+    validate_strings=True,
+)
+tool_call_status = sa.Enum(
+    *[s.value for s in ToolCallStatus],
+    name="tool_call_status",
+    create_constraint=True,
+    validate_strings=True,
+)
+
+ACTIVE = (TurnStatus.PENDING.value, TurnStatus.ABORTING.value)
+
+sessions = sa.Table(
+    "sessions",
+    metadata,
+    sa.Column("id", sa.Text, primary_key=True),
+    sa.Column("agent", sa.Text, nullable=False),
+    sa.Column("owner", sa.Text),
+    sa.Column("created_at", TIMESTAMP, nullable=False),
+    sa.Column("updated_at", TIMESTAMP, nullable=False),
+    comment="One conversation with one agent: a chain (or tree) of turns.",
+)
+
+turns = sa.Table(
+    "turns",
+    metadata,
+    sa.Column("id", sa.Text, primary_key=True, comment="The snapshot id."),
+    sa.Column("session_id", sa.Text, sa.ForeignKey("sessions.id"), nullable=False),
+    sa.Column("seq", sa.Integer, nullable=False, comment="1, 2, ... within the session."),
+    sa.Column("agent", sa.Text, nullable=False),
+    sa.Column("parent_id", sa.Text, sa.ForeignKey("turns.id")),
+    sa.Column("status", turn_status, nullable=False),
+    sa.Column("finish_reason", sa.Text),
+    sa.Column("input", JSON, nullable=False),
+    sa.Column("error", JSON),
+    sa.Column("history_length", sa.Integer, nullable=False),
+    sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("max_attempts", sa.Integer, nullable=False, server_default="1"),
+    sa.Column("lease_token", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("lease_owner", sa.Text),
+    sa.Column("lease_expires_at", TIMESTAMP),
+    sa.Column("run_after", TIMESTAMP, nullable=False),
+    sa.Column("created_at", TIMESTAMP, nullable=False),
+    sa.Column("updated_at", TIMESTAMP, nullable=False),
+    sa.Column("settled_at", TIMESTAMP),
+    sa.UniqueConstraint("session_id", "seq"),
+    # Claiming scans only pending rows, oldest run_after first.
+    sa.Index(
+        "ix_turns_claimable",
+        "run_after",
+        "id",
+        postgresql_where=sa.text("status = 'pending'"),
+        sqlite_where=sa.text("status = 'pending'"),
+    ),
+    # At most one running (pending/aborting) turn per session: the database enforces it.
+    sa.Index(
+        "ux_turns_one_active_per_session",
+        "session_id",
+        unique=True,
+        postgresql_where=sa.text("status IN ('pending', 'aborting')"),
+        sqlite_where=sa.text("status IN ('pending', 'aborting')"),
+    ),
+    sa.Index("ix_turns_parent_id", "parent_id"),
+    comment="One row per turn = per snapshot; status is the turn state machine.",
+)
+
+messages = sa.Table(
+    "messages",
+    metadata,
+    sa.Column("turn_id", sa.Text, sa.ForeignKey("turns.id", ondelete="CASCADE"), primary_key=True),
+    sa.Column("round", sa.Integer, primary_key=True),
+    sa.Column("position", sa.Integer, primary_key=True),
+    sa.Column("role", sa.Text, nullable=False),
+    sa.Column("content", JSON, nullable=False),
+    sa.Column("metadata", JSON),
+    sa.Column("committed", sa.Boolean, nullable=False),
+    sa.Column("created_at", TIMESTAMP, nullable=False),
+    comment="The conversation, one row per message, by the turn and round that wrote it.",
+)
+
+tool_calls = sa.Table(
+    "tool_calls",
+    metadata,
+    sa.Column("turn_id", sa.Text, sa.ForeignKey("turns.id", ondelete="CASCADE"), primary_key=True),
+    sa.Column("round", sa.Integer, primary_key=True),
+    sa.Column("ref", sa.Text, primary_key=True),
+    sa.Column("name", sa.Text, nullable=False),
+    sa.Column("input", JSON),
+    sa.Column("status", tool_call_status, nullable=False),
+    sa.Column("output", JSON),
+    sa.Column("interrupt", JSON),
+    sa.Column("error", JSON),
+    sa.Column("idempotency_key", sa.Text, nullable=False),
+    sa.Column("resumed", JSON),
+    sa.Column("answer", JSON),
+    sa.Column("decided_by", sa.Text),
+    sa.Column("decided_at", TIMESTAMP),
+    sa.Column("started_at", TIMESTAMP),
+    sa.Column("finished_at", TIMESTAMP),
+    sa.Column("deadline", TIMESTAMP),
+    sa.Column("created_at", TIMESTAMP, nullable=False),
+    # Open approvals and expiry only ever look at interrupted calls.
+    sa.Index(
+        "ix_tool_calls_open",
+        "created_at",
+        postgresql_where=sa.text("status = 'interrupted'"),
+        sqlite_where=sa.text("status = 'interrupted'"),
+    ),
+    sa.Index(
+        "ix_tool_calls_deadline",
+        "deadline",
+        postgresql_where=sa.text("status = 'interrupted' AND deadline IS NOT NULL"),
+        sqlite_where=sa.text("status = 'interrupted' AND deadline IS NOT NULL"),
+    ),
+    comment="The journal: one row per tool request, keyed by (turn, round, ref).",
+)
+
+turn_events = sa.Table(
+    "turn_events",
+    metadata,
+    sa.Column("id", sa.Integer, sa.Identity(), primary_key=True),
+    sa.Column("turn_id", sa.Text, sa.ForeignKey("turns.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("from_status", turn_status),
+    sa.Column("to_status", turn_status, nullable=False),
+    sa.Column("attempt", sa.Integer, nullable=False),
+    sa.Column("note", sa.Text),
+    sa.Column("at", TIMESTAMP, nullable=False),
+    sa.Index("ix_turn_events_turn_id", "turn_id", "id"),
+    comment="Every status transition of every turn (the audit trail).",
+)

@@ -1,0 +1,357 @@
+"""``SqlSessionStore``: the durable SessionStore on PostgreSQL (psycopg 3) or SQLite.
+
+Each method is one short transaction run in a worker thread; SQL lives in the aggregate
+modules (``turns``, ``sessions``, ``messages``, ``tool_calls``). Wake-ups come from
+LISTEN/NOTIFY on PostgreSQL and from polling on SQLite.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
+from datetime import UTC, datetime
+from typing import TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.engine import URL
+
+from engine.errors import (
+    InvalidArgumentError,
+    NotFoundError,
+    SessionBusyError,
+    StaleTransitionError,
+)
+from engine.parts import Message
+from engine.status import FinishReason, TurnStatus
+from engine.store import (
+    InterruptAnswer,
+    NewTurn,
+    RoundRecord,
+    SessionRecord,
+    ToolCallRecord,
+    TurnError,
+    TurnEvent,
+    TurnRecord,
+)
+from stores import messages as message_sql
+from stores import sessions as session_sql
+from stores import tool_calls as call_sql
+from stores import turns as turn_sql
+from stores.database import Database, default_url
+from stores.notify import Listener
+
+__all__ = ["SqlSessionStore"]
+
+T = TypeVar("T")
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class SqlSessionStore:
+    """A :class:`~engine.store.SessionStore` in PostgreSQL or SQLite.
+
+    ``url`` defaults to ``TURNSTILE_DATABASE_URL``, else ``sqlite:///.turnstile/turnstile.db``.
+    The schema must exist: run ``turnstile migrate`` (or ``alembic upgrade head``).
+    ``poll_interval`` bounds how long a missed notification can delay a waiter (SQLite has
+    no notifications, so waiters poll at this interval there).
+    """
+
+    durable = True
+
+    def __init__(
+        self, url: str | URL | None = None, *, pool_size: int = 10, poll_interval: float = 0.05
+    ) -> None:
+        self.db = Database(url or default_url(), pool_size=pool_size)
+        self.poll_interval = poll_interval
+        self._listener = Listener(self.db.url) if self.db.is_postgres else None
+
+    @property
+    def url(self) -> URL:
+        """The database URL."""
+        return self.db.url
+
+    def __repr__(self) -> str:
+        return f"SqlSessionStore({self.db.url.render_as_string(hide_password=True)!r})"
+
+    # -- turns -------------------------------------------------------------------------
+
+    async def create_turn(
+        self, turn: NewTurn, *, answers: Sequence[InterruptAnswer] = ()
+    ) -> TurnRecord:
+        """See :meth:`engine.store.SessionStore.create_turn`."""
+        keys = [(a.turn_id, a.round, a.ref) for a in answers]
+        if len(set(keys)) != len(keys):
+            raise InvalidArgumentError("The same interrupt is answered twice.")
+        for answer in answers:
+            if answer.turn_id != turn.parent_id:
+                raise InvalidArgumentError(
+                    f"Answers must decide interrupts of the parent snapshot {turn.parent_id}, "
+                    f"not of {answer.turn_id}."
+                )
+
+        def create() -> TurnRecord:
+            now = _now()
+            with self.db.transaction() as connection:
+                if turn_sql.get_turn(connection, turn.id) is not None:
+                    raise InvalidArgumentError(f"Turn {turn.id} already exists.")
+                session = session_sql.lock_or_create_session(
+                    connection, turn.session_id, turn.agent, turn.owner, now
+                )
+                if session.agent != turn.agent:
+                    raise InvalidArgumentError(
+                        f"Session {turn.session_id} belongs to agent '{session.agent}', "
+                        f"not '{turn.agent}'."
+                    )
+                active = turn_sql.active_turn(connection, turn.session_id)
+                if active is not None:
+                    raise SessionBusyError(
+                        f"Session {turn.session_id} already has a running turn ({active.id}, "
+                        f"{active.status.value}); wait for it to settle or abort it.",
+                        snapshot_id=active.id,
+                    )
+                call_sql.answer_calls(connection, answers, now)
+                created = turn_sql.insert_turn(connection, turn, now)
+                if turn.initial_messages:
+                    message_sql.save_round(
+                        connection,
+                        turn.id,
+                        RoundRecord(round=0, messages=turn.initial_messages, committed=True),
+                        now,
+                    )
+                session_sql.touch_session(connection, turn.session_id, now)
+                return created
+
+        try:
+            return await self.db.run(create)
+        except Exception as exc:
+            # The partial unique index is the backstop for "one running turn per session".
+            if "ux_turns_one_active_per_session" in str(exc):
+                raise SessionBusyError(
+                    f"Session {turn.session_id} already has a running turn."
+                ) from exc
+            raise
+
+    async def get_session(self, session_id: str) -> SessionRecord | None:
+        """See :meth:`engine.store.SessionStore.get_session`."""
+        return await self._read(lambda c: session_sql.get_session(c, session_id))
+
+    async def get_turn(self, turn_id: str) -> TurnRecord | None:
+        """See :meth:`engine.store.SessionStore.get_turn`."""
+        return await self._read(lambda c: turn_sql.get_turn(c, turn_id))
+
+    async def latest_turn(self, session_id: str) -> TurnRecord | None:
+        """See :meth:`engine.store.SessionStore.latest_turn`."""
+        return await self._read(lambda c: turn_sql.latest_turn(c, session_id))
+
+    async def claim_turn(self, turn_id: str, *, owner: str, lease_seconds: float) -> TurnRecord:
+        """See :meth:`engine.store.SessionStore.claim_turn`."""
+        claimed = await self._write(
+            lambda c: turn_sql.claim(
+                c, owner=owner, lease_seconds=lease_seconds, now=_now(), limit=1, turn_id=turn_id
+            )
+        )
+        if not claimed:
+            raise StaleTransitionError(turn_id, f"Turn {turn_id} is not claimable.")
+        return claimed[0]
+
+    async def claim_next(
+        self,
+        *,
+        owner: str,
+        lease_seconds: float,
+        limit: int = 1,
+        agents: Collection[str] | None = None,
+    ) -> list[TurnRecord]:
+        """See :meth:`engine.store.SessionStore.claim_next`."""
+        if limit < 1:
+            raise ValueError("limit must be at least 1.")
+        return await self._write(
+            lambda c: turn_sql.claim(
+                c, owner=owner, lease_seconds=lease_seconds, now=_now(), limit=limit, agents=agents
+            )
+        )
+
+    async def renew_lease(
+        self, turn_id: str, *, lease_token: int, lease_seconds: float
+    ) -> TurnRecord:
+        """See :meth:`engine.store.SessionStore.renew_lease`."""
+        return await self._write(
+            lambda c: turn_sql.renew(c, turn_id, lease_token, lease_seconds, _now())
+        )
+
+    async def transition(
+        self,
+        turn_id: str,
+        *,
+        expected: Collection[TurnStatus],
+        new: TurnStatus,
+        lease_token: int | None,
+        finish_reason: FinishReason | None = None,
+        error: TurnError | None = None,
+        run_after: datetime | None = None,
+        note: str | None = None,
+    ) -> TurnRecord:
+        """See :meth:`engine.store.SessionStore.transition`."""
+        return await self._write(
+            lambda c: turn_sql.transition(
+                c,
+                turn_id,
+                expected=expected,
+                new=new,
+                lease_token=lease_token,
+                now=_now(),
+                finish_reason=finish_reason,
+                error=error,
+                run_after=run_after,
+                note=note,
+            )
+        )
+
+    async def request_abort(self, turn_id: str) -> TurnStatus:
+        """See :meth:`engine.store.SessionStore.request_abort`."""
+
+        def abort(connection: sa.Connection) -> TurnStatus:
+            now = _now()
+            current = turn_sql.get_turn(connection, turn_id)
+            if current is None:
+                raise NotFoundError(f"Snapshot {turn_id} not found.")
+            if current.status is not TurnStatus.PENDING:
+                return current.status
+            leased = current.lease_expires_at is not None and current.lease_expires_at >= now
+            new = TurnStatus.ABORTING if leased else TurnStatus.ABORTED
+            moved = turn_sql.transition(
+                connection,
+                turn_id,
+                expected={TurnStatus.PENDING},
+                new=new,
+                lease_token=None,
+                now=now,
+                finish_reason=FinishReason.ABORTED if not leased else None,
+                note="abort requested",
+            )
+            return moved.status
+
+        return await self._write(abort)
+
+    # -- rounds and journal ------------------------------------------------------------
+
+    async def save_round(
+        self,
+        turn_id: str,
+        *,
+        lease_token: int,
+        round: RoundRecord,
+        calls: Sequence[ToolCallRecord] = (),
+    ) -> None:
+        """See :meth:`engine.store.SessionStore.save_round`."""
+
+        def save(connection: sa.Connection) -> None:
+            now = _now()
+            turn_sql.fence(connection, turn_id, lease_token)
+            message_sql.save_round(connection, turn_id, round, now)
+            call_sql.upsert_calls(connection, turn_id, calls, now)
+
+        await self._write(save)
+
+    async def record_call(self, turn_id: str, *, lease_token: int, call: ToolCallRecord) -> None:
+        """See :meth:`engine.store.SessionStore.record_call`."""
+
+        def write(connection: sa.Connection) -> None:
+            turn_sql.fence(connection, turn_id, lease_token)
+            call_sql.upsert_calls(connection, turn_id, [call], _now())
+
+        await self._write(write)
+
+    async def load_rounds(self, turn_id: str) -> list[RoundRecord]:
+        """See :meth:`engine.store.SessionStore.load_rounds`."""
+        return await self._read(lambda c: message_sql.load_rounds(c, turn_id))
+
+    async def list_calls(self, turn_id: str) -> list[ToolCallRecord]:
+        """See :meth:`engine.store.SessionStore.list_calls`."""
+        return await self._read(lambda c: call_sql.list_calls(c, turn_id))
+
+    async def load_conversation(self, turn_id: str) -> list[Message]:
+        """See :meth:`engine.store.SessionStore.load_conversation`."""
+
+        def load(connection: sa.Connection) -> list[Message]:
+            chain = message_sql.chain_of(connection, turn_id)
+            if not chain:
+                raise NotFoundError(f"Snapshot {turn_id} not found.")
+            return message_sql.conversation(connection, chain)
+
+        return await self._read(load)
+
+    async def list_events(self, turn_id: str) -> list[TurnEvent]:
+        """See :meth:`engine.store.SessionStore.list_events`."""
+        return await self._read(lambda c: turn_sql.list_events(c, turn_id))
+
+    async def list_expired_interrupts(
+        self, *, now: datetime, limit: int = 100
+    ) -> list[ToolCallRecord]:
+        """See :meth:`engine.store.SessionStore.list_expired_interrupts`."""
+        return await self._read(lambda c: call_sql.list_expired(c, now, limit))
+
+    # -- wake-ups ----------------------------------------------------------------------
+
+    async def wait_for_work(self, timeout: float) -> None:
+        """See :meth:`engine.store.SessionStore.wait_for_work`."""
+        if self._listener is None:
+            await asyncio.sleep(min(timeout, self.poll_interval))
+        else:
+            await self._listener.wait_for_work(timeout)
+
+    async def wait_for_change(self, turn_id: str, timeout: float) -> None:
+        """See :meth:`engine.store.SessionStore.wait_for_change`."""
+        if self._listener is None:
+            await asyncio.sleep(min(timeout, self.poll_interval))
+        else:
+            await self._listener.wait_for_change(turn_id, timeout)
+
+    @contextlib.asynccontextmanager
+    async def try_cluster_lock(self, name: str) -> AsyncIterator[bool]:
+        """Hold a cluster-wide advisory lock while the block runs, if it is free.
+
+        Yields ``False`` (without waiting) when another process holds it. SQLite has one
+        writer at a time anyway and always yields ``True``.
+        """
+        if not self.db.is_postgres:
+            yield True
+            return
+        connection = await asyncio.to_thread(self.db.engine.connect)
+        try:
+            key = sa.text("SELECT pg_try_advisory_lock(hashtext(:n))")
+            got = await asyncio.to_thread(
+                lambda: bool(connection.execute(key, {"n": name}).scalar())
+            )
+            try:
+                yield got
+            finally:
+                if got:
+                    await asyncio.to_thread(
+                        lambda: connection.execute(
+                            sa.text("SELECT pg_advisory_unlock(hashtext(:n))"), {"n": name}
+                        )
+                    )
+        finally:
+            await asyncio.to_thread(connection.close)
+
+    async def close(self) -> None:
+        """See :meth:`engine.store.SessionStore.close`."""
+        if self._listener is not None:
+            await self._listener.close()
+        await asyncio.to_thread(self.db.dispose)
+
+    # -- plumbing ----------------------------------------------------------------------
+
+    async def _read(self, query: Callable[[sa.Connection], T]) -> T:
+        def run() -> T:
+            with self.db.transaction() as connection:
+                return query(connection)
+
+        return await self.db.run(run)
+
+    async def _write(self, change: Callable[[sa.Connection], T]) -> T:
+        return await self._read(change)

@@ -1,0 +1,137 @@
+"""SQL for the tool-call journal (``tool_calls``), including answers to interrupts."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from engine.errors import ApprovalNotPendingError
+from engine.status import FinishReason, TurnStatus
+from engine.store import InterruptAnswer, ToolCallRecord, ToolCallStatus, TurnError
+from stores.database import upsert, utc
+from stores.schema import tool_calls, turns
+
+__all__ = ["answer_calls", "list_calls", "list_expired", "upsert_calls"]
+
+
+def _row(turn_id: str, call: ToolCallRecord, now: datetime) -> dict[str, Any]:
+    data = call.model_dump(mode="json")
+    return {
+        "turn_id": turn_id,
+        "round": call.round,
+        "ref": call.ref,
+        "name": call.name,
+        "input": data["input"],
+        "status": call.status.value,
+        "output": data["output"],
+        "interrupt": data["interrupt"],
+        "error": data["error"],
+        "idempotency_key": call.idempotency_key,
+        "resumed": data["resumed"],
+        "answer": data["answer"],
+        "decided_by": call.decided_by,
+        "decided_at": call.decided_at,
+        "started_at": call.started_at,
+        "finished_at": call.finished_at,
+        "deadline": call.deadline,
+        "created_at": now,
+    }
+
+
+def _record(row: sa.Row[tuple[object, ...]]) -> ToolCallRecord:
+    m = row._mapping
+    return ToolCallRecord(
+        turn_id=m["turn_id"],
+        round=m["round"],
+        ref=m["ref"],
+        name=m["name"],
+        input=m["input"],
+        status=ToolCallStatus(m["status"]),
+        output=m["output"],
+        interrupt=m["interrupt"],
+        error=TurnError.model_validate(m["error"]) if m["error"] is not None else None,
+        idempotency_key=m["idempotency_key"],
+        resumed=m["resumed"],
+        answer=m["answer"],
+        decided_by=m["decided_by"],
+        decided_at=utc(m["decided_at"]),
+        started_at=utc(m["started_at"]),
+        finished_at=utc(m["finished_at"]),
+        deadline=utc(m["deadline"]),
+    )
+
+
+def upsert_calls(
+    connection: Connection, turn_id: str, calls: Sequence[ToolCallRecord], now: datetime
+) -> None:
+    """Insert or update journal rows keyed by ``(turn_id, round, ref)``."""
+    rows = [_row(turn_id, call, now) for call in calls]
+    # created_at keeps the first write's time: it is what an approval's age is measured from.
+    upsert(connection, tool_calls, rows, ["turn_id", "round", "ref"], keep=("created_at",))
+
+
+def list_calls(connection: Connection, turn_id: str) -> list[ToolCallRecord]:
+    """The turn's journal, by round then ref (ref in plain code-point order)."""
+    rows = connection.execute(sa.select(tool_calls).where(tool_calls.c.turn_id == turn_id)).all()
+    return sorted((_record(r) for r in rows), key=lambda c: (c.round, c.ref))
+
+
+def answer_calls(connection: Connection, answers: Sequence[InterruptAnswer], now: datetime) -> None:
+    """Mark each answered call ``answered`` — only if it is still ``interrupted``.
+
+    The guard makes an approval decidable once: of two concurrent resumes, the second finds
+    zero rows and raises, rolling its whole transaction back.
+    """
+    for answer in answers:
+        result = connection.execute(
+            sa.update(tool_calls)
+            .where(
+                tool_calls.c.turn_id == answer.turn_id,
+                tool_calls.c.round == answer.round,
+                tool_calls.c.ref == answer.ref,
+                tool_calls.c.status == ToolCallStatus.INTERRUPTED.value,
+            )
+            .values(
+                status=ToolCallStatus.ANSWERED.value,
+                answer=answer.answer,
+                decided_by=answer.decided_by,
+                decided_at=now,
+            )
+        )
+        if result.rowcount != 1:
+            current = connection.execute(
+                sa.select(tool_calls.c.status).where(
+                    tool_calls.c.turn_id == answer.turn_id,
+                    tool_calls.c.round == answer.round,
+                    tool_calls.c.ref == answer.ref,
+                )
+            ).first()
+            state = "unknown" if current is None else current[0]
+            raise ApprovalNotPendingError(
+                f"Interrupt '{answer.ref}' of snapshot {answer.turn_id} is not pending "
+                f"(it is {state}); it may have been answered already."
+            )
+
+
+def list_expired(connection: Connection, now: datetime, limit: int) -> list[ToolCallRecord]:
+    """Interrupted calls past their deadline on turns that are their session's latest."""
+    later = turns.alias("later")
+    rows = connection.execute(
+        sa.select(tool_calls)
+        .join(turns, turns.c.id == tool_calls.c.turn_id)
+        .where(
+            tool_calls.c.status == ToolCallStatus.INTERRUPTED.value,
+            tool_calls.c.deadline.is_not(None),
+            tool_calls.c.deadline <= now,
+            turns.c.status == TurnStatus.COMPLETED.value,
+            turns.c.finish_reason == FinishReason.INTERRUPTED.value,
+            ~sa.exists().where(later.c.session_id == turns.c.session_id, later.c.seq > turns.c.seq),
+        )
+        .order_by(tool_calls.c.deadline, tool_calls.c.turn_id, tool_calls.c.ref)
+        .limit(limit)
+    ).all()
+    return [_record(r) for r in rows]

@@ -1,0 +1,306 @@
+"""SQL for the ``turns`` aggregate: creation, claiming, leases and guarded transitions.
+
+Every status change goes through :func:`transition`: one guarded UPDATE (expected status and
+lease token in its WHERE clause) plus its ``turn_events`` row, in one transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from datetime import datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from engine.errors import LeaseLostError, StaleTransitionError
+from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus, can_transition
+from engine.store import NewTurn, TurnError, TurnEvent, TurnInput, TurnRecord
+from stores.database import utc
+from stores.notify import CHANGE_CHANNEL, WORK_CHANNEL, notify
+from stores.schema import ACTIVE, turn_events, turns
+
+__all__ = [
+    "active_turn",
+    "claim",
+    "fence",
+    "get_turn",
+    "insert_turn",
+    "latest_turn",
+    "list_events",
+    "renew",
+    "transition",
+]
+
+
+def record(row: sa.Row[tuple[object, ...]]) -> TurnRecord:
+    """A :class:`TurnRecord` from a ``turns`` row."""
+    m = row._mapping
+    return TurnRecord(
+        id=m["id"],
+        session_id=m["session_id"],
+        agent=m["agent"],
+        parent_id=m["parent_id"],
+        status=TurnStatus(m["status"]),
+        finish_reason=FinishReason(m["finish_reason"]) if m["finish_reason"] else None,
+        input=TurnInput.model_validate(m["input"]),
+        error=TurnError.model_validate(m["error"]) if m["error"] is not None else None,
+        history_length=m["history_length"],
+        attempts=m["attempts"],
+        max_attempts=m["max_attempts"],
+        lease_token=m["lease_token"],
+        lease_owner=m["lease_owner"],
+        lease_expires_at=utc(m["lease_expires_at"]),
+        run_after=utc(m["run_after"]),
+        created_at=utc(m["created_at"]),
+        updated_at=utc(m["updated_at"]),
+        settled_at=utc(m["settled_at"]),
+    )
+
+
+def get_turn(connection: Connection, turn_id: str) -> TurnRecord | None:
+    """The turn, or ``None``."""
+    row = connection.execute(sa.select(turns).where(turns.c.id == turn_id)).first()
+    return record(row) if row else None
+
+
+def latest_turn(connection: Connection, session_id: str) -> TurnRecord | None:
+    """The session's newest turn (highest ``seq``; uses the (session_id, seq) unique index)."""
+    row = connection.execute(
+        sa.select(turns)
+        .where(turns.c.session_id == session_id)
+        .order_by(turns.c.seq.desc())
+        .limit(1)
+    ).first()
+    return record(row) if row else None
+
+
+def active_turn(connection: Connection, session_id: str) -> TurnRecord | None:
+    """The session's pending or aborting turn, if any."""
+    row = connection.execute(
+        sa.select(turns).where(turns.c.session_id == session_id, turns.c.status.in_(ACTIVE))
+    ).first()
+    return record(row) if row else None
+
+
+def _event(
+    connection: Connection,
+    turn_id: str,
+    old: TurnStatus | None,
+    new: TurnStatus,
+    attempt: int,
+    now: datetime,
+    note: str | None,
+) -> None:
+    connection.execute(
+        sa.insert(turn_events).values(
+            turn_id=turn_id,
+            from_status=old.value if old else None,
+            to_status=new.value,
+            attempt=attempt,
+            note=note,
+            at=now,
+        )
+    )
+
+
+def insert_turn(connection: Connection, turn: NewTurn, now: datetime) -> TurnRecord:
+    """Insert a pending turn with the next ``seq`` of its session (the session row is locked)."""
+    seq = connection.execute(
+        sa.select(sa.func.coalesce(sa.func.max(turns.c.seq), 0) + 1).where(
+            turns.c.session_id == turn.session_id
+        )
+    ).scalar_one()
+    values: dict[str, Any] = {
+        "id": turn.id,
+        "session_id": turn.session_id,
+        "seq": seq,
+        "agent": turn.agent,
+        "parent_id": turn.parent_id,
+        "status": TurnStatus.PENDING.value,
+        "input": turn.input.model_dump(mode="json", by_alias=True, exclude_unset=True),
+        "history_length": turn.history_length,
+        "attempts": 0,
+        "max_attempts": turn.max_attempts,
+        "lease_token": 0,
+        "run_after": now,
+        "created_at": now,
+        "updated_at": now,
+    }
+    row = connection.execute(sa.insert(turns).values(values).returning(turns)).one()
+    _event(connection, turn.id, None, TurnStatus.PENDING, 0, now, None)
+    notify(connection, WORK_CHANNEL, turn.id)
+    return record(row)
+
+
+def _claimable(now: datetime) -> sa.ColumnElement[bool]:
+    return sa.and_(
+        turns.c.status == TurnStatus.PENDING.value,
+        turns.c.run_after <= now,
+        sa.or_(turns.c.lease_expires_at.is_(None), turns.c.lease_expires_at < now),
+    )
+
+
+def _lease_values(owner: str, lease_seconds: float, now: datetime) -> dict[str, Any]:
+    return {
+        "lease_owner": owner,
+        "lease_expires_at": now + timedelta(seconds=lease_seconds),
+        "lease_token": turns.c.lease_token + 1,
+        "attempts": turns.c.attempts + 1,
+        "updated_at": now,
+    }
+
+
+def claim(
+    connection: Connection,
+    *,
+    owner: str,
+    lease_seconds: float,
+    now: datetime,
+    limit: int,
+    agents: Collection[str] | None = None,
+    turn_id: str | None = None,
+) -> list[TurnRecord]:
+    """Lease claimable turns in one statement: oldest ``run_after`` first.
+
+    ``FOR UPDATE SKIP LOCKED`` lets concurrent workers each take different rows without
+    waiting on one another; a turn whose lease expired (its worker died) is claimable again
+    through the same query — recovery is part of claiming. On SQLite the transaction's
+    ``BEGIN IMMEDIATE`` serialises claimers instead.
+    """
+    candidates = sa.select(turns.c.id).where(_claimable(now))
+    if turn_id is not None:
+        candidates = candidates.where(turns.c.id == turn_id)
+    if agents is not None:
+        candidates = candidates.where(turns.c.agent.in_(list(agents)))
+    candidates = (
+        candidates.order_by(turns.c.run_after, turns.c.id)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    )
+    rows = connection.execute(
+        sa.update(turns)
+        .where(turns.c.id.in_(candidates.scalar_subquery()))
+        .values(_lease_values(owner, lease_seconds, now))
+        .returning(turns)
+    ).all()
+    return sorted((record(r) for r in rows), key=lambda t: (t.run_after, t.id))
+
+
+def fence(connection: Connection, turn_id: str, lease_token: int) -> TurnRecord:
+    """Check (and share-lock) that ``lease_token`` still holds the running turn.
+
+    The share lock makes a competing claim wait until this write commits, so a write can
+    never land after the turn changed hands.
+    """
+    row = connection.execute(
+        sa.select(turns).where(turns.c.id == turn_id).with_for_update(read=True)
+    ).first()
+    if row is None:
+        raise StaleTransitionError(turn_id, f"Turn {turn_id} does not exist.")
+    current = record(row)
+    if current.lease_token != lease_token or current.status not in ACTIVE_STATUSES:
+        raise LeaseLostError(
+            turn_id,
+            f"Lease {lease_token} on turn {turn_id} is no longer valid "
+            f"(token {current.lease_token}, status {current.status.value}).",
+        )
+    return current
+
+
+def renew(
+    connection: Connection, turn_id: str, lease_token: int, lease_seconds: float, now: datetime
+) -> TurnRecord:
+    """Extend a lease held with ``lease_token`` (a fenced UPDATE)."""
+    row = connection.execute(
+        sa.update(turns)
+        .where(
+            turns.c.id == turn_id,
+            turns.c.lease_token == lease_token,
+            turns.c.status.in_(ACTIVE),
+        )
+        .values(lease_expires_at=now + timedelta(seconds=lease_seconds), updated_at=now)
+        .returning(turns)
+    ).first()
+    if row is None:
+        fence(connection, turn_id, lease_token)  # raises the precise error
+        raise LeaseLostError(turn_id, f"Lease {lease_token} on turn {turn_id} was lost.")
+    return record(row)
+
+
+def transition(
+    connection: Connection,
+    turn_id: str,
+    *,
+    expected: Collection[TurnStatus],
+    new: TurnStatus,
+    lease_token: int | None,
+    now: datetime,
+    finish_reason: FinishReason | None = None,
+    error: TurnError | None = None,
+    run_after: datetime | None = None,
+    note: str | None = None,
+) -> TurnRecord:
+    """The one guarded status change (see :meth:`engine.store.SessionStore.transition`)."""
+    row = connection.execute(
+        sa.select(turns).where(turns.c.id == turn_id).with_for_update()
+    ).first()
+    if row is None:
+        raise StaleTransitionError(turn_id, f"Turn {turn_id} does not exist.")
+    current = record(row)
+    if current.status not in expected:
+        raise StaleTransitionError(
+            turn_id,
+            f"Turn {turn_id} is {current.status.value}, expected one of "
+            f"{sorted(s.value for s in expected)}.",
+        )
+    if lease_token is not None and current.lease_token != lease_token:
+        raise LeaseLostError(turn_id, f"Lease {lease_token} on turn {turn_id} was lost.")
+    if not can_transition(current.status, new):
+        raise ValueError(f"No transition {current.status.value} → {new.value}.")
+    values: dict[str, Any] = {"status": new.value, "updated_at": now}
+    if new is not TurnStatus.ABORTING:
+        # Releasing the lease advances the token: the releasing worker can write nothing more.
+        values.update(lease_owner=None, lease_expires_at=None, lease_token=turns.c.lease_token + 1)
+    if new is TurnStatus.PENDING:
+        values["run_after"] = run_after or now
+    if finish_reason is not None:
+        values["finish_reason"] = finish_reason.value
+    if new not in ACTIVE_STATUSES:
+        values["settled_at"] = now
+        values["error"] = error.model_dump(mode="json") if error is not None else sa.null()
+    elif error is not None:
+        values["error"] = error.model_dump(mode="json")
+    guard = [turns.c.id == turn_id, turns.c.status == current.status.value]
+    if lease_token is not None:
+        guard.append(turns.c.lease_token == lease_token)
+    moved = connection.execute(
+        sa.update(turns).where(*guard).values(values).returning(turns)
+    ).first()
+    if moved is None:  # cannot happen under the row lock; kept as the guard's contract
+        raise StaleTransitionError(turn_id, f"Turn {turn_id} changed concurrently.")
+    _event(connection, turn_id, current.status, new, current.attempts, now, note)
+    notify(connection, CHANGE_CHANNEL, turn_id)
+    if new is TurnStatus.PENDING:
+        notify(connection, WORK_CHANNEL, turn_id)
+    return record(moved)
+
+
+def list_events(connection: Connection, turn_id: str) -> list[TurnEvent]:
+    """The turn's transitions, oldest first."""
+    rows = connection.execute(
+        sa.select(turn_events).where(turn_events.c.turn_id == turn_id).order_by(turn_events.c.id)
+    ).all()
+    return [
+        TurnEvent(
+            turn_id=r._mapping["turn_id"],
+            from_status=TurnStatus(r._mapping["from_status"])
+            if r._mapping["from_status"]
+            else None,
+            to_status=TurnStatus(r._mapping["to_status"]),
+            attempt=r._mapping["attempt"],
+            at=utc(r._mapping["at"]),
+            note=r._mapping["note"],
+        )
+        for r in rows
+    ]

@@ -1,0 +1,116 @@
+"""Real databases for tests: a migrated template once per run, a fresh copy per test.
+
+PostgreSQL comes from ``DATABASE_URL`` (any database on the server; we create our own next to
+it) or the local server at 127.0.0.1:5432 as user ``postgres``. SQLite templates are files.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+
+import psycopg
+from sqlalchemy.engine import make_url
+
+from stores import SqlSessionStore, migrate
+
+ADMIN_URL = os.environ.get("DATABASE_URL") or "postgresql://postgres@127.0.0.1:5432/postgres"
+_PREFIX = f"turnstile_test_{os.getpid()}"
+_state: dict[str, str] = {}
+
+
+def _admin_dsn() -> str:
+    return make_url(ADMIN_URL).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def _url_for(database: str) -> str:
+    return (
+        make_url(ADMIN_URL)
+        .set(drivername="postgresql+psycopg", database=database)
+        .render_as_string(hide_password=False)
+    )
+
+
+def _execute(sql: str) -> None:
+    with psycopg.connect(_admin_dsn(), autocommit=True) as connection:
+        connection.execute(sql)
+
+
+def postgres_template() -> str:
+    """The name of this run's migrated template database (created on first use)."""
+    if "pg" not in _state:
+        name = f"{_PREFIX}_template"
+        _execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        _execute(f'CREATE DATABASE "{name}"')
+        migrate(_url_for(name))
+        _state["pg"] = name
+    return _state["pg"]
+
+
+def new_postgres_database() -> str:
+    """A fresh migrated database (a copy of the template); returns its URL."""
+    name = f"{_PREFIX}_{uuid.uuid4().hex[:10]}"
+    _execute(f'CREATE DATABASE "{name}" TEMPLATE "{postgres_template()}"')
+    return _url_for(name)
+
+
+def drop_postgres_database(url: str) -> None:
+    """Drop a database made by :func:`new_postgres_database`."""
+    _execute(f'DROP DATABASE IF EXISTS "{make_url(url).database}" WITH (FORCE)')
+
+
+def sqlite_template() -> Path:
+    """This run's migrated SQLite template file."""
+    if "sqlite" not in _state:
+        folder = Path(tempfile.mkdtemp(prefix="turnstile-test-"))
+        path = folder / "template.db"
+        migrate(f"sqlite:///{path}")
+        _state["sqlite"] = str(path)
+    return Path(_state["sqlite"])
+
+
+def new_sqlite_database() -> str:
+    """A fresh migrated SQLite file; returns its URL."""
+    template = sqlite_template()
+    path = template.parent / f"{uuid.uuid4().hex[:10]}.db"
+    shutil.copyfile(template, path)
+    return f"sqlite:///{path}"
+
+
+@contextmanager
+def postgres_url() -> Iterator[str]:
+    """A fresh PostgreSQL database for the duration of the block."""
+    url = new_postgres_database()
+    try:
+        yield url
+    finally:
+        drop_postgres_database(url)
+
+
+@asynccontextmanager
+async def sql_store(kind: str) -> AsyncIterator[SqlSessionStore]:
+    """A SqlSessionStore on a fresh ``postgres`` or ``sqlite`` database."""
+    if kind == "postgres":
+        url = new_postgres_database()
+    else:
+        url = new_sqlite_database()
+    store = SqlSessionStore(url)
+    try:
+        yield store
+    finally:
+        await store.close()
+        if kind == "postgres":
+            drop_postgres_database(url)
+
+
+def cleanup() -> None:
+    """Drop this run's templates."""
+    if "pg" in _state:
+        _execute(f'DROP DATABASE IF EXISTS "{_state.pop("pg")}" WITH (FORCE)')
+    if "sqlite" in _state:
+        shutil.rmtree(Path(_state.pop("sqlite")).parent, ignore_errors=True)
