@@ -95,10 +95,7 @@ def postgres_url() -> Iterator[str]:
 @asynccontextmanager
 async def sql_store(kind: str) -> AsyncIterator[SqlSessionStore]:
     """A SqlSessionStore on a fresh ``postgres`` or ``sqlite`` database."""
-    if kind == "postgres":
-        url = new_postgres_database()
-    else:
-        url = new_sqlite_database()
+    url = new_postgres_database() if kind == "postgres" else new_sqlite_database()
     store = SqlSessionStore(url)
     try:
         yield store
