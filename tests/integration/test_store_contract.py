@@ -30,7 +30,6 @@ from engine.errors import (
     StaleTransitionError,
 )
 from engine.memory_store import InMemorySessionStore
-from tests.databases import sql_store
 from engine.parts import Message, Part
 from engine.status import ALLOWED_TRANSITIONS, FinishReason, TurnStatus
 from engine.store import (
@@ -44,6 +43,7 @@ from engine.store import (
     TurnInput,
     TurnRecord,
 )
+from tests.databases import sql_store
 
 PENDING, ABORTING = TurnStatus.PENDING, TurnStatus.ABORTING
 COMPLETED, FAILED, ABORTED = TurnStatus.COMPLETED, TurnStatus.FAILED, TurnStatus.ABORTED
