@@ -72,6 +72,7 @@ def build(
     model: Model | None = None,
     state_keys: Mapping[str, str | bytes] | None = None,
     max_attempts: int = 3,
+    execution: str = "auto",
 ) -> BankingApp:
     """Define the engine, the interrupt, the tool and both agents.
 
@@ -108,6 +109,7 @@ def build(
         tools=[user_approval, transfer_money],
         store=store if store is not None else InMemorySessionStore(),
         max_attempts=max_attempts,
+        execution=execution,
     )
     banking_agent_stateless = ai.define_agent(
         name="bankingAgentStateless",

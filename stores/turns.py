@@ -23,6 +23,7 @@ from stores.schema import ACTIVE, turn_events, turns
 __all__ = [
     "active_turn",
     "claim",
+    "claim_statement",
     "fence",
     "get_turn",
     "insert_turn",
@@ -151,8 +152,7 @@ def _lease_values(owner: str, lease_seconds: float, now: datetime) -> dict[str, 
     }
 
 
-def claim(
-    connection: Connection,
+def claim_statement(
     *,
     owner: str,
     lease_seconds: float,
@@ -160,8 +160,8 @@ def claim(
     limit: int,
     agents: Collection[str] | None = None,
     turn_id: str | None = None,
-) -> list[TurnRecord]:
-    """Lease claimable turns in one statement: oldest ``run_after`` first.
+) -> sa.Update:
+    """The claim: one UPDATE leasing the oldest claimable turns.
 
     ``FOR UPDATE SKIP LOCKED`` lets concurrent workers each take different rows without
     waiting on one another; a turn whose lease expired (its worker died) is claimable again
@@ -178,12 +178,34 @@ def claim(
         .limit(limit)
         .with_for_update(skip_locked=True)
     )
-    rows = connection.execute(
+    return (
         sa.update(turns)
         .where(turns.c.id.in_(candidates.scalar_subquery()))
         .values(_lease_values(owner, lease_seconds, now))
         .returning(turns)
-    ).all()
+    )
+
+
+def claim(
+    connection: Connection,
+    *,
+    owner: str,
+    lease_seconds: float,
+    now: datetime,
+    limit: int,
+    agents: Collection[str] | None = None,
+    turn_id: str | None = None,
+) -> list[TurnRecord]:
+    """Lease up to ``limit`` claimable turns (see :func:`claim_statement`)."""
+    statement = claim_statement(
+        owner=owner,
+        lease_seconds=lease_seconds,
+        now=now,
+        limit=limit,
+        agents=agents,
+        turn_id=turn_id,
+    )
+    rows = connection.execute(statement).all()
     return sorted((record(r) for r in rows), key=lambda t: (t.run_after, t.id))
 
 

@@ -1,0 +1,128 @@
+"""The schema: Alembic owns it, models and migrations agree, and hot queries use indexes."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+from alembic import command
+from sqlalchemy.dialects import postgresql
+
+from stores import SchemaNotAtHeadError, ensure_at_head, migrate
+from stores.migrate import _config, current_revision, head_revision
+from stores.turns import claim_statement
+from tests.databases import new_sqlite_database, postgres_url
+
+
+def _dsn(url: str) -> str:
+    return sa.make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+@pytest.mark.parametrize("kind", ["postgres", "sqlite"])
+def test_alembic_check_finds_models_and_migrations_in_agreement(kind: str) -> None:
+    """`alembic check` on a freshly migrated database reports no pending changes."""
+    if kind == "postgres":
+        with postgres_url() as url:
+            command.check(_config(url))
+    else:
+        command.check(_config(new_sqlite_database()))
+
+
+def test_downgrade_and_upgrade_round_trip() -> None:
+    """The initial migration downgrades to an empty database and upgrades again."""
+    with postgres_url() as url:
+        command.downgrade(_config(url), "base")
+        assert current_revision(url) is None
+        with psycopg.connect(_dsn(url)) as connection:
+            tables = connection.execute(
+                "SELECT count(*) FROM pg_tables WHERE schemaname = 'public' "
+                "AND tablename <> 'alembic_version'"
+            ).fetchone()
+            assert tables == (0,)
+        migrate(url)
+        assert current_revision(url) == head_revision()
+
+
+def test_a_database_not_at_head_is_refused_with_instructions(tmp_path: Any) -> None:
+    """ensure_at_head names the database, its state and the command that fixes it."""
+    url = f"sqlite:///{tmp_path / 'empty.db'}"
+    with pytest.raises(SchemaNotAtHeadError) as refused:
+        ensure_at_head(url)
+    assert "empty (never migrated)" in str(refused.value)
+    assert "turnstile migrate --db" in str(refused.value)
+    migrate(url)
+    ensure_at_head(url)
+
+
+def test_turn_status_is_a_postgres_enum_with_exactly_the_five_statuses() -> None:
+    """The ENUM turn_status mirrors TurnStatus exactly."""
+    with postgres_url() as url, psycopg.connect(_dsn(url)) as connection:
+        labels = connection.execute(
+            "SELECT enumlabel FROM pg_enum e JOIN pg_type t ON t.oid = e.enumtypid "
+            "WHERE t.typname = 'turn_status' ORDER BY e.enumsortorder"
+        ).fetchall()
+    assert [label for (label,) in labels] == [
+        "pending",
+        "aborting",
+        "completed",
+        "failed",
+        "aborted",
+    ]
+
+
+def _populate(connection: psycopg.Connection[Any], turns: int) -> None:
+    """Many settled turns with finished tool calls, plus a few pending and paused ones."""
+    statements = [
+        """INSERT INTO sessions (id, agent, created_at, updated_at)
+           SELECT 's' || g, 'bankingAgent', now(), now() FROM generate_series(1, %(n)s) g""",
+        """INSERT INTO turns (id, session_id, seq, agent, status, finish_reason, input,
+                              history_length, run_after, created_at, updated_at)
+           SELECT 't' || g, 's' || g, 1, 'bankingAgent',
+                  CASE WHEN g %% 1000 = 0 THEN 'pending'::turn_status
+                       ELSE 'completed'::turn_status END,
+                  CASE WHEN g %% 1000 = 500 THEN 'interrupted' ELSE 'stop' END,
+                  '{"kind": "message"}', 0, now(), now(), now()
+           FROM generate_series(1, %(n)s) g""",
+        """INSERT INTO tool_calls (turn_id, round, ref, name, input, status, idempotency_key,
+                                   created_at)
+           SELECT 't' || g, 1, 'approval-1', 'userApproval', '{}',
+                  CASE WHEN g %% 1000 = 500 THEN 'interrupted'::tool_call_status
+                       ELSE 'answered'::tool_call_status END,
+                  't' || g || ':approval-1', now()
+           FROM generate_series(1, %(n)s) g""",
+    ]
+    for statement in statements:
+        connection.execute(statement, {"n": turns})
+    connection.execute("ANALYZE")
+
+
+def _plan_indexes(connection: psycopg.Connection[Any], sql: str) -> set[str]:
+    (plan,) = connection.execute(f"EXPLAIN (FORMAT JSON) {sql}").fetchone()  # type: ignore[misc]
+    found: set[str] = set()
+
+    def walk(node: dict[str, Any]) -> None:
+        if "Index Name" in node:
+            found.add(node["Index Name"])
+        for child in node.get("Plans", []):
+            walk(child)
+
+    walk(plan[0]["Plan"] if isinstance(plan, list) else json.loads(plan)[0]["Plan"])
+    return found
+
+
+def test_claim_and_open_approvals_queries_use_their_indexes() -> None:
+    """With 50,000 turns, the claim uses ix_turns_claimable and open approvals ix_tool_calls_open."""
+    with postgres_url() as url, psycopg.connect(_dsn(url), autocommit=True) as connection:
+        _populate(connection, 50_000)
+        claim = claim_statement(
+            owner="w", lease_seconds=30, now=datetime.now(UTC), limit=8, agents=None
+        ).compile(dialect=postgresql.dialect(), compile_kwargs={"literal_binds": True})
+        assert "ix_turns_claimable" in _plan_indexes(connection, str(claim))
+        approvals = _plan_indexes(connection, "SELECT * FROM open_approvals")
+        assert "ix_tool_calls_open" in approvals
+        rows = connection.execute("SELECT count(*) FROM open_approvals").fetchone()
+        assert rows == (50,)
