@@ -115,7 +115,7 @@ def _plan_indexes(connection: psycopg.Connection[Any], sql: str) -> set[str]:
 
 
 def test_claim_and_open_approvals_queries_use_their_indexes() -> None:
-    """With 50,000 turns, the claim uses ix_turns_claimable and open approvals ix_tool_calls_open."""
+    """With 50,000 turns the claim and open approvals scan their partial indexes."""
     with postgres_url() as url, psycopg.connect(_dsn(url), autocommit=True) as connection:
         _populate(connection, 50_000)
         claim = claim_statement(
