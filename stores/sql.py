@@ -38,6 +38,7 @@ from stores import messages as message_sql
 from stores import sessions as session_sql
 from stores import tool_calls as call_sql
 from stores import turns as turn_sql
+from stores import views
 from stores.database import Database, default_url
 from stores.notify import Listener
 
@@ -293,6 +294,20 @@ class SqlSessionStore:
     ) -> list[ToolCallRecord]:
         """See :meth:`engine.store.SessionStore.list_expired_interrupts`."""
         return await self._read(lambda c: call_sql.list_expired(c, now, limit))
+
+    # -- operator views ----------------------------------------------------------------
+
+    async def open_approvals(self, agent: str | None = None) -> list[views.OpenApproval]:
+        """Rows of the ``open_approvals`` view, oldest first."""
+        return await self._read(lambda c: views.open_approvals(c, agent))
+
+    async def stuck_turns(self) -> list[views.StuckTurn]:
+        """Rows of the ``stuck_turns`` view."""
+        return await self._read(views.stuck_turns)
+
+    async def timeline(self, turn_id: str) -> list[views.TimelineEntry]:
+        """Rows of the ``turn_timeline`` view for one turn, in order."""
+        return await self._read(lambda c: views.timeline(c, turn_id))
 
     # -- wake-ups ----------------------------------------------------------------------
 
