@@ -11,7 +11,7 @@ from tests.databases import sql_store
 
 @pytest.mark.parametrize("kind", ["sqlite", "postgres"])
 async def test_views_show_the_paused_approval_and_the_timeline(kind: str) -> None:
-    """A paused transfer is an open approval; after approval it is gone and the timeline tells it."""
+    """A paused transfer is an open approval until approved; the timeline then tells it all."""
     async with sql_store(kind) as store:
         app = build(store=store, state_keys=TEST_STATE_KEYS, execution="inline")
         chat = app.banking_agent.chat()
