@@ -1,23 +1,37 @@
 """The seed's banking example: an approval-gated money transfer.
 
 Defines ``ai`` (the :class:`~engine.Engine`), the ``userApproval`` interrupt, the
-``transferMoney`` tool, ``banking_agent`` (with a session store) and
+``transferMoney`` tool, ``banking_agent`` (with a session store: the module-level app uses the
+durable SQL store, tests build their own with :func:`build`) and
 ``banking_agent_stateless`` (client-managed state), exactly as ``docs/scripted-model.md``
 describes, running on the offline :class:`~engine.ScriptedModel`.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel
 
-from engine import Agent, Engine, InterruptTool, Model, ScriptedModel, Tool, ToolContext
+from engine import (
+    Agent,
+    Engine,
+    InterruptTool,
+    LeaseSettings,
+    Model,
+    ScriptedModel,
+    Tool,
+    ToolContext,
+)
 from engine.scripted import transaction_id
 from engine.store import SessionStore
-from stores import InMemorySessionStore
+from stores import InMemorySessionStore, SqlSessionStore, default_url
 
 SYSTEM_PROMPT = (
     "You are a banking assistant. ALWAYS use the userApproval interrupt to "
@@ -73,11 +87,17 @@ def build(
     state_keys: Mapping[str, str | bytes] | None = None,
     max_attempts: int = 3,
     execution: str = "auto",
+    lease: LeaseSettings | None = None,
+    ledger: Path | None = None,
+    transfer_seconds: float = 0.0,
 ) -> BankingApp:
     """Define the engine, the interrupt, the tool and both agents.
 
     ``store`` defaults to a fresh :class:`~stores.InMemorySessionStore`; ``model`` to the
-    :class:`~engine.ScriptedModel`.
+    :class:`~engine.ScriptedModel`. With ``ledger``, each transfer is booked in that JSON-lines
+    file under its idempotency key — once, however often the call is executed (a worker
+    killed mid-transfer re-runs it with the same key). ``transfer_seconds`` makes a transfer
+    take that long (the demo kills a worker in the middle of one).
     """
     ai = Engine(model=model or ScriptedModel(), state_keys=state_keys)
     transfers: list[tuple[str, TransferRequest]] = []
@@ -92,6 +112,10 @@ def build(
     def transfer(request: TransferRequest, ctx: ToolContext) -> TransferReceipt:
         """Move the money (here: record it) and return the receipt."""
         transfers.append((ctx.idempotency_key, request))
+        if transfer_seconds:
+            time.sleep(transfer_seconds)
+        if ledger is not None:
+            book(ledger, ctx.idempotency_key, request)
         return TransferReceipt(
             success=True, transactionId=transaction_id(request.amount, request.toAccount)
         )
@@ -110,6 +134,7 @@ def build(
         store=store if store is not None else InMemorySessionStore(),
         max_attempts=max_attempts,
         execution=execution,
+        lease=lease,
     )
     banking_agent_stateless = ai.define_agent(
         name="bankingAgentStateless",
@@ -128,6 +153,27 @@ def build(
     )
 
 
+def book(ledger: Path, key: str, request: TransferRequest) -> bool:
+    """Append a transfer to the ledger unless ``key`` is booked already; True if booked now.
+
+    This is what a payment API does with an idempotency key: the effect happens once.
+    """
+    ledger.parent.mkdir(parents=True, exist_ok=True)
+    if key in {entry["key"] for entry in read_ledger(ledger)}:
+        return False
+    line = json.dumps({"key": key, "amount": request.amount, "toAccount": request.toAccount})
+    with ledger.open("a") as handle:
+        handle.write(line + "\n")
+    return True
+
+
+def read_ledger(ledger: Path) -> list[dict[str, Any]]:
+    """The ledger's entries (empty if there is no ledger yet)."""
+    if not ledger.exists():
+        return []
+    return [json.loads(line) for line in ledger.read_text().splitlines() if line.strip()]
+
+
 def _example_keys() -> Mapping[str, str | bytes] | None:
     """``TURNSTILE_STATE_KEYS`` when set, else a fixed key that is only fit for the example."""
     if os.environ.get("TURNSTILE_STATE_KEYS"):
@@ -135,7 +181,25 @@ def _example_keys() -> Mapping[str, str | bytes] | None:
     return {"example-only": "turnstile-example-key-not-a-secret"}
 
 
-app = build(state_keys=_example_keys())
+def _durable_app() -> BankingApp:
+    """The module-level app: durable, on ``TURNSTILE_DATABASE_URL`` (default: an SQLite file
+    under ``.turnstile/``), so ``turnstile worker --app examples.banking:ai`` serves it.
+
+    ``TURNSTILE_LEDGER``, ``TURNSTILE_TRANSFER_SECONDS`` and ``TURNSTILE_LEASE_SECONDS`` tune
+    it for the demo.
+    """
+    lease_seconds = float(os.environ.get("TURNSTILE_LEASE_SECONDS") or 30)
+    ledger = os.environ.get("TURNSTILE_LEDGER")
+    return build(
+        store=SqlSessionStore(default_url()),
+        state_keys=_example_keys(),
+        lease=LeaseSettings(lease_seconds=lease_seconds, heartbeat_interval=lease_seconds / 3),
+        ledger=Path(ledger) if ledger else None,
+        transfer_seconds=float(os.environ.get("TURNSTILE_TRANSFER_SECONDS") or 0),
+    )
+
+
+app = _durable_app()
 ai = app.ai
 user_approval = app.user_approval
 transfer_money = app.transfer_money
