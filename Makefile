@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint typecheck unit install clean
+.PHONY: demo tour test lint typecheck install clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,6 +18,9 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) -m examples.demo
+
+tour: $(STAMP)
+	$(PY) -m examples.tour
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -123,10 +123,10 @@ class Chat:
         return AgentTurn(queue, asyncio.create_task(run()))
 
     async def resume(
-        self, *, respond: Sequence[Part] = (), restart: Sequence[Part] = ()
+        self, *, respond: Sequence[Part] = (), restart: Sequence[Part] = (), wait: bool = True
     ) -> AgentResponse:
         """Answer the paused interrupts: sugar for ``send(resume={...})``."""
-        return await self.send(resume={"respond": respond, "restart": restart})
+        return await self.send(resume={"respond": respond, "restart": restart}, wait=wait)
 
     def resume_stream(
         self, *, respond: Sequence[Part] = (), restart: Sequence[Part] = ()

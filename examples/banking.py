@@ -112,10 +112,12 @@ def build(
     def transfer(request: TransferRequest, ctx: ToolContext) -> TransferReceipt:
         """Move the money (here: record it) and return the receipt."""
         transfers.append((ctx.idempotency_key, request))
-        if transfer_seconds:
-            time.sleep(transfer_seconds)
         if ledger is not None:
             book(ledger, ctx.idempotency_key, request)
+        if transfer_seconds:
+            # The bank takes its time to confirm: a worker may die after the money moved and
+            # before the journal knows; the re-run books nothing thanks to the key.
+            time.sleep(transfer_seconds)
         return TransferReceipt(
             success=True, transactionId=transaction_id(request.amount, request.toAccount)
         )

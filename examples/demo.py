@@ -1,237 +1,222 @@
-"""Play the seed's banking flow in the terminal: approve, deny, then approve two at once.
+"""The durable demo: an approval that survives a worker killed in the middle of a transfer.
 
-Run it with ``make demo`` (``python -m examples.demo``). With a terminal on stdin the demo
-asks you y/n for each approval; without one, or with ``--yes``, it answers by itself. It runs
-offline: the scripted model stands in for the LLM and sessions live in the in-memory store.
+Run it with ``make demo`` (``python -m examples.demo``). Everything is real and local: an
+SQLite file under ``.turnstile/demo/``, worker pools in separate processes
+(``turnstile worker --app examples.banking:ai``), the offline scripted model. The demo sends a
+transfer, shows the pending approval as a row of the ``open_approvals`` view, approves it,
+SIGKILLs the worker while the transfer runs, starts a new worker that finishes the turn from
+its journal (the transfer re-runs under the same idempotency key, so the ledger books it
+once), and prints the finished turn and its timeline from SQL. With a terminal on stdin it
+asks you to approve; without one (or with ``--yes``) it answers by itself.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import shutil
+import signal
+import subprocess
 import sys
-from collections.abc import Sequence
-from dataclasses import dataclass
+import time
+from pathlib import Path
+from typing import Any
 
-from engine import AgentInterrupt, AgentResponse, Chat, Part, TurnstileError
-from examples.banking import BankingApp, build
-
-DEMO_STATE_KEYS = {"demo": "demo-key-not-secret"}
-CARD_WIDTH = 60
-
-
-def bold(text: str) -> str:
-    """``text`` in ANSI bold when stdout is a terminal, else unchanged (plain text)."""
-    return f"\033[1m{text}\033[0m" if sys.stdout.isatty() else text
+WORKDIR = Path(".turnstile") / "demo"
+TRANSFER_SECONDS = 2.0
+LEASE_SECONDS = 2.0
+BOLD = "\033[1m" if sys.stdout.isatty() else ""
+PLAIN = "\033[0m" if sys.stdout.isatty() else ""
 
 
-@dataclass(frozen=True)
-class Decider:
-    """Who answers the approval cards: the human at the terminal, or the demo itself."""
-
-    interactive: bool
-
-    async def decide(self, default: bool, *, scripted: bool = False) -> bool:
-        """Ask y/n (returning the answer) or, when automatic or scripted, take ``default``."""
-        hint = "Y/n" if default else "y/N"
-        if scripted or not self.interactive:
-            why = "scripted" if scripted else "automatic"
-            print(f"  Approve? [{hint}] {'y' if default else 'n'}  ({why})")
-            return default
-        while True:
-            answer = (await read_line(f"  Approve? [{hint}] ")).strip().lower()
-            if not answer:
-                return default
-            if answer in ("y", "yes", "n", "no"):
-                return answer.startswith("y")
-            print("  Please answer y or n.")
+def say(text: str = "") -> None:
+    """Print a line at once (the workers print to their own log files)."""
+    print(text, flush=True)
 
 
-async def read_line(prompt: str) -> str:
-    """Print ``prompt`` and await a line of stdin without blocking the loop, so Ctrl-C works.
-
-    Raises :class:`EOFError` at end of input.
-    """
-    print(prompt, end="", flush=True)
-    loop, fd = asyncio.get_running_loop(), sys.stdin.fileno()
-    got: asyncio.Future[str] = loop.create_future()
-
-    def on_ready() -> None:
-        if not got.done():
-            got.set_result(sys.stdin.readline())
-
-    loop.add_reader(fd, on_ready)  # POSIX only, like the rest of Turnstile's tooling
-    try:
-        line = await got
-    finally:
-        loop.remove_reader(fd)
-    if not line:
-        raise EOFError
-    return line
+def heading(text: str) -> None:
+    """A scene heading."""
+    say()
+    say(f"{BOLD}== {text} =={PLAIN}")
 
 
-def approval_card(interrupt: AgentInterrupt) -> str:
-    """The pending approval as a human sees it: a small box with the interrupt's input."""
-    action = getattr(interrupt.input, "action", None)
-    details = getattr(interrupt.input, "details", None)
-    rows = [
-        f"Interrupt: {interrupt.name}  (ref {interrupt.ref})",
-        f"Action:    {action if action is not None else '-'}",
-        f"Details:   {details if details is not None else interrupt.raw_input}",
+def start_worker(number: int, url: str) -> subprocess.Popen[bytes]:
+    """``turnstile worker`` in its own process, logging to ``worker-<n>.log``."""
+    log = (WORKDIR / f"worker-{number}.log").open("wb")
+    command = [
+        sys.executable,
+        "-m",
+        "workers.cli",
+        "worker",
+        "--app",
+        "examples.banking:ai",
+        "--db",
+        url,
+        "--concurrency",
+        "2",
     ]
-    width = max(CARD_WIDTH, *(len(row) + 4 for row in rows))
-    title = "-- Approval needed "
-    lines = ["  +" + title + "-" * (width - 2 - len(title)) + "+"]
-    lines += [f"  | {row.ljust(width - 4)} |" for row in rows]
-    lines.append("  +" + "-" * (width - 2) + "+")
-    return "\n".join(lines)
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
+    say(f"  started worker {number} (pid {process.pid}): {' '.join(command[2:])}")
+    return process
 
 
-def describe_tool_chunk(part: Part) -> str | None:
-    """One line for a streamed tool request or result (None for anything else)."""
-    if part.tool_request is not None and part.tool_request.name == "transferMoney":
-        args = part.tool_request.input or {}
-        return f"  [agent calls transferMoney: ${args.get('amount')} to {args.get('toAccount')}]"
-    if part.tool_response is not None and part.tool_response.name == "transferMoney":
-        output = part.tool_response.output or {}
-        return f"  [transferMoney ran: transaction {output.get('transactionId')}]"
-    return None
+def ask(question: str, automatic: bool) -> bool:
+    """y/n from the terminal, or yes when answering automatically."""
+    if automatic:
+        say(f"  {question} [Y/n] y  (automatic)")
+        return True
+    answer = input(f"  {question} [Y/n] ").strip().lower()
+    return answer in ("", "y", "yes")
 
 
-async def resume_streaming(chat: Chat, respond: Sequence[Part]) -> AgentResponse:
-    """Resume with ``respond``, showing tool activity and streaming the reply word by word."""
-    turn = chat.resume_stream(respond=respond)
-    speaking = False
-    async for chunk in turn.stream:
-        for part in chunk.content:
-            line = describe_tool_chunk(part)
-            if line is not None:
-                print(("\n" if speaking else "") + line)
-                speaking = False
-        if chunk.role == "model" and chunk.text:
-            if not speaking:
-                print("  Agent: ", end="")
-                speaking = True
-            print(chunk.text, end="", flush=True)
-    if speaking:
-        print()
-    return await turn.response
+async def wait_for(condition: Any, what: str, timeout: float = 30.0) -> Any:
+    """Poll an async condition until it returns something truthy."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = await condition()
+        if value:
+            return value
+        await asyncio.sleep(0.05)
+    raise TimeoutError(f"timed out waiting for {what}")
 
 
-async def play(
-    app: BankingApp,
-    decider: Decider,
-    *,
-    title: str,
-    message: str,
-    default: bool,
-    scripted: bool = False,
-    feedback: str = "Declined at the terminal",
-) -> AgentResponse:
-    """One scene: send ``message``, show each approval card, decide, and resume until done."""
-    print("\n" + bold(f"== {title} =="))
-    if scripted:
-        print(f"  (scripted scene: the answer is always a denial, feedback {feedback!r})")
-    chat = app.banking_agent.chat()
-    before = len(app.transfers)
-    print(f"  You:   {message}")
-    res = await chat.send(message)
-    while res.interrupts:
-        count = len(res.interrupts)
-        need = "1 approval" if count == 1 else f"{count} approvals"
-        print(f"  Agent paused (finish reason {res.finish_reason}): {need} needed.\n")
-        respond: list[Part] = []
-        for interrupt in res.interrupts:
-            print(approval_card(interrupt))
-            approved = await decider.decide(default, scripted=scripted)
-            verdict = "approved" if approved else f"denied ({feedback})"
-            print(f"  -> {interrupt.ref}: {verdict}\n")
-            output = {"approved": True} if approved else {"approved": False, "feedback": feedback}
-            respond.append(interrupt.respond(output))
-        answers = "1 answer" if len(respond) == 1 else f"all {len(respond)} answers"
-        print(f"  Resuming with {answers} in one call (streaming)...")
-        res = await resume_streaming(chat, respond)
-    ran = app.transfers[before:]
-    ledger = ", ".join(f"${t.amount:,.2f} to {t.toAccount}" for _, t in ran)
-    print(f"  Ledger: {ledger or 'no transfer ran'}.")
-    return res
-
-
-async def summary(app: BankingApp, last: AgentResponse) -> None:
-    """The last turn's snapshot as the store holds it, and every transfer that ran."""
-    print("\n" + bold("== Summary =="))
-    if last.snapshot_id is not None:
-        snapshot = await app.banking_agent.get_snapshot(snapshot_id=last.snapshot_id)
-        if snapshot is not None:
-            print(f"  Last snapshot {snapshot.snapshot_id}")
-            print(f"    status: {snapshot.status}, finish reason: {snapshot.finish_reason}")
-            print(f"    {len(snapshot.state.messages)} messages in session {snapshot.session_id}")
-    print(f"  Transfers executed: {len(app.transfers)}")
-    for key, transfer in app.transfers:
-        amount = f"${transfer.amount:,.2f}"
-        print(f"    {amount:>9} to {transfer.toAccount:<20} idempotency key {key}")
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    """The command line: only ``--yes``."""
-    parser = argparse.ArgumentParser(
-        prog="python -m examples.demo", description=__doc__.splitlines()[0] if __doc__ else None
+async def run(automatic: bool) -> int:
+    """The demo proper (see the module docstring)."""
+    shutil.rmtree(WORKDIR, ignore_errors=True)
+    WORKDIR.mkdir(parents=True)
+    url = f"sqlite:///{WORKDIR / 'demo.db'}"
+    ledger = WORKDIR / "ledger.jsonl"
+    os.environ.update(
+        {
+            "TURNSTILE_DATABASE_URL": url,
+            "TURNSTILE_LEDGER": str(ledger),
+            "TURNSTILE_TRANSFER_SECONDS": str(TRANSFER_SECONDS),
+            "TURNSTILE_LEASE_SECONDS": str(LEASE_SECONDS),
+        }
     )
-    parser.add_argument(
-        "--yes", action="store_true", help="answer every approval automatically (no prompts)"
-    )
-    return parser.parse_args(argv)
+    from stores import SqlSessionStore, migrate
 
+    migrate(url)
+    # Imported after the settings above: the module-level app builds its store from them.
+    from examples import banking
 
-async def main(argv: list[str] | None = None) -> int:
-    """Run the three scenes and the summary; return the process exit code."""
-    args = parse_args(argv)
-    interactive = sys.stdin.isatty() and not args.yes
-    decider = Decider(interactive=interactive)
-    app = build(state_keys=DEMO_STATE_KEYS)
-
-    print(bold("Turnstile demo: approval-gated transfers with bankingAgent"))
-    print("  Offline: scripted model, in-memory session store.")
-    if not interactive:
-        reason = "--yes" if args.yes else "no TTY"
-        print(f"  ({reason}: answering automatically)")
+    agent = banking.banking_agent
+    store = agent.store
+    assert isinstance(store, SqlSessionStore)
+    say(f"{BOLD}Turnstile durable demo{PLAIN}: bankingAgent on {url}")
+    if automatic:
+        say("  (no TTY: answering automatically)")
+    workers = [start_worker(1, url)]
     try:
-        await play(
-            app,
-            decider,
-            title="Scene 1: Approve a transfer",
-            message="Transfer $500 to my savings account.",
-            default=True,
+        heading("1. A transfer pauses for approval")
+        chat = agent.chat()
+        say("  You:   Transfer $500 to my savings account.")
+        paused = await chat.send("Transfer $500 to my savings account.")
+        approval = paused.interrupts[0]
+        say(f"  Agent paused ({paused.finish_reason}); snapshot {paused.snapshot_id}")
+        say("  The pending approval, as a row of the open_approvals view:")
+        for row in await store.open_approvals():
+            say(
+                f"    agent={row.agent} interrupt={row.interrupt} ref={row.ref} "
+                f"details={row.input['details']!r} age={row.age_seconds:.2f}s"
+            )
+
+        heading("2. Approve; the worker dies in the middle of the transfer")
+        if not ask(f"Approve '{approval.input.details}'?", automatic):
+            done = await chat.resume(respond=[approval.respond({"approved": False})])
+            say(f"  Agent: {done.text}  (nothing to recover: the transfer never ran)")
+            return 0
+        pending = await chat.resume(
+            respond=[approval.respond({"approved": True, "feedback": "ok"})], wait=False
         )
-        await play(
-            app,
-            decider,
-            title="Scene 2: Deny a transfer",
-            message="Transfer $1200 to my vacation fund.",
-            default=False,
-            scripted=True,
-            feedback="Not this month",
+        turn_id = str(pending.snapshot_id)
+        say(f"  resume queued as turn {turn_id} (status {pending.status.value})")
+
+        async def transfer_running() -> bool:
+            calls = await store.list_calls(turn_id)
+            running = any(c.name == "transferMoney" and c.status.value == "running" for c in calls)
+            return running and bool(banking.read_ledger(ledger))
+
+        await wait_for(transfer_running, "the transfer to book the money")
+        workers[0].send_signal(signal.SIGKILL)
+        workers[0].wait()
+        say("  SIGKILL worker 1 while transferMoney runs (its journal row says: running)")
+        booked = banking.read_ledger(ledger)
+        say(
+            f"  ledger after the kill: {len(booked)} booking(s) — the money moved, but the "
+            "journal never heard back"
         )
-        last = await play(
-            app,
-            decider,
-            title="Scene 3: Two transfers, one resume",
-            message="Transfer $50 to Alice and $75 to Bob",
-            default=True,
+
+        async def stuck() -> list[Any]:
+            return [s for s in await store.stuck_turns() if s.turn_id == turn_id]
+
+        [row] = await wait_for(stuck, "the lease to expire")
+        say(
+            f"  stuck_turns: turn {row.turn_id[:8]}… reason={row.reason!r} "
+            f"(owner {row.lease_owner})"
         )
-        await summary(app, last)
-    except EOFError:
-        print("\n  Stopped: end of input.")
-        return 1
-    except TurnstileError as error:
-        print(f"\nerror: {error}", file=sys.stderr)
-        return 1
-    return 0
+        workers.append(start_worker(2, url))
+
+        heading("3. A new worker finishes the turn from its journal")
+        done = await agent.wait(turn_id, timeout=60)
+        say(f"  Agent: {done.text}")
+        record = await store.get_turn(turn_id)
+        assert record is not None
+        booked = banking.read_ledger(ledger)
+        say(
+            f"  turn {turn_id[:8]}…: {record.status.value}, {record.attempts} attempts; "
+            "transferMoney ran again under the same idempotency key"
+        )
+        say(
+            f"  ledger: {len(booked)} booking(s): "
+            + ", ".join(f"${e['amount']:g} to {e['toAccount']} (key {e['key']})" for e in booked)
+        )
+        say("  timeline (from the turn_timeline view):")
+        for entry in await store.timeline(turn_id):
+            say(f"    {entry.at:%H:%M:%S.%f}  {entry.kind:<16} {entry.detail}")
+
+        heading("4. A denial, then two approvals in one resume")
+        denied_chat = agent.chat()
+        denied = await denied_chat.send("Transfer $1200 to my vacation fund.")
+        denied = await denied_chat.resume(
+            respond=[denied.interrupts[0].respond({"approved": False, "feedback": "Not now"})]
+        )
+        say(f"  Agent: {denied.text}")
+        pair_chat = agent.chat()
+        pair = await pair_chat.send("Transfer $50 to Alice and $75 to Bob")
+        say(
+            f"  {len(pair.interrupts)} approvals pending: "
+            + "; ".join(i.input.details for i in pair.interrupts)
+        )
+        pair = await pair_chat.resume(
+            respond=[i.respond({"approved": True}) for i in pair.interrupts]
+        )
+        say(f"  Agent: {pair.text}")
+        say(f"  ledger now holds {len(banking.read_ledger(ledger))} bookings")
+        say()
+        say(f"Database, ledger and worker logs are in {WORKDIR}/")
+        return 0
+    finally:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.send_signal(signal.SIGTERM)
+        for worker in workers:
+            try:
+                worker.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+        await store.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m examples.demo``."""
+    parser = argparse.ArgumentParser(prog="python -m examples.demo", description=__doc__)
+    parser.add_argument("--yes", action="store_true", help="approve without asking")
+    args = parser.parse_args(argv)
+    automatic = args.yes or not sys.stdin.isatty()
+    return asyncio.run(run(automatic))
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(asyncio.run(main()))
-    except KeyboardInterrupt:
-        print("\n  Stopped.")
-        sys.exit(130)
+    raise SystemExit(main())

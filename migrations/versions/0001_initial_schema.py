@@ -325,7 +325,7 @@ def _views(dialect: str) -> dict[str, str]:
         # Everything that happened to a turn, in order.
         "turn_timeline": """
             SELECT turn_id, at, 'status' AS kind,
-                   COALESCE(CAST(from_status AS TEXT), '') || ' -> ' || CAST(to_status AS TEXT)
+                   COALESCE(CAST(from_status AS TEXT), 'new') || ' -> ' || CAST(to_status AS TEXT)
                      || COALESCE(' (' || note || ')', '') AS detail
             FROM turn_events
             UNION ALL
