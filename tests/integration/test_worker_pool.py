@@ -8,6 +8,7 @@ a :class:`~workers.WorkerPool` (the SQL tiers repeat this with real worker proce
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -353,3 +354,25 @@ async def test_run_with_a_stop_event_returns_after_stopping() -> None:
     stop.set()
     await asyncio.wait_for(runner, 1)
     assert pool.stopping and not pool.scheduler.running
+
+
+async def test_stop_lets_a_running_expiry_job_finish(caplog: pytest.LogCaptureFixture) -> None:
+    """Stopping the pool while the expiry job runs waits for that run instead of cancelling
+    it."""
+    store = InMemorySessionStore()
+    ai = Engine(model=ScriptedModel(), state_keys=TEST_STATE_KEYS)
+    queued_agent(ai, store, [])
+    entered = asyncio.Event()
+    real_list = store.list_expired_interrupts
+
+    async def slow_list(**kwargs: Any) -> Any:
+        entered.set()
+        await asyncio.sleep(0.1)
+        return await real_list(**kwargs)
+
+    store.list_expired_interrupts = slow_list  # type: ignore[method-assign]
+    pool = WorkerPool(ai, store, poll_interval=0.05, expiry_interval=0.05)
+    async with pool:
+        await asyncio.wait_for(entered.wait(), 2)
+    assert pool.scheduler is not None and pool.scheduler.expiry_runs == 1
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]

@@ -1,0 +1,199 @@
+"""The ``turnstile`` command line: ``turnstile worker`` and ``turnstile migrate``.
+
+Every command takes ``--db URL``; without it the URL comes from ``TURNSTILE_DATABASE_URL``,
+else an SQLite file under ``.turnstile/``. ``turnstile worker --app module:engine`` exports the
+resolved URL as ``TURNSTILE_DATABASE_URL`` *before* importing the app, so the app builds its
+store from it (see :func:`resolve_db_url`), refuses to start against a database that is not at
+the head migration, and stops gracefully on SIGTERM/SIGINT (a second signal skips the grace).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import inspect
+import logging
+import os
+import re
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from engine import Engine
+from workers.pool import WorkerPool
+
+__all__ = ["DATABASE_URL_ENV", "DEFAULT_DB_URL", "main", "redact_url", "resolve_db_url"]
+
+#: The environment variable holding the database URL.
+DATABASE_URL_ENV = "TURNSTILE_DATABASE_URL"
+#: The embedded default: an SQLite file in ``.turnstile/`` under the current directory.
+DEFAULT_DB_URL = "sqlite:///.turnstile/turnstile.db"
+
+logger = logging.getLogger("turnstile.cli")
+
+
+class _UsageError(Exception):
+    """A problem to report on stderr with exit status 2 (no traceback)."""
+
+
+def resolve_db_url(arg: str | None) -> str:
+    """The database URL: ``arg``, else ``$TURNSTILE_DATABASE_URL``, else the SQLite default
+    (whose ``.turnstile/`` folder is created)."""
+    if arg:
+        return arg
+    from_env = os.environ.get(DATABASE_URL_ENV)
+    if from_env:
+        return from_env
+    Path(".turnstile").mkdir(exist_ok=True)
+    return DEFAULT_DB_URL
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password replaced by ``***`` (for messages and logs)."""
+    return re.sub(r"^([\w+.-]+://[^:/@]*):[^@]*@", r"\1:***@", url)
+
+
+def _store_hook(name: str) -> Callable[[str], Any] | None:
+    """``stores.<name>`` if the installed stores package provides it."""
+    import stores
+
+    hook = getattr(stores, name, None)
+    return hook if callable(hook) else None
+
+
+def _call(hook: Callable[[str], Any], url: str) -> None:
+    """Call a sync or async store hook, outside any event loop (Alembic may start its own)."""
+    result = hook(url)
+    if inspect.iscoroutine(result):
+        asyncio.run(result)
+
+
+def _load_app(spec: str) -> Engine:
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise _UsageError(f"--app must look like 'module:attribute', not {spec!r}.")
+    # Console scripts do not put the current directory on sys.path; apps usually live there.
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise _UsageError(f"cannot import app module {module_name!r}: {exc}") from exc
+    app = getattr(module, attr, None)
+    if app is None:
+        raise _UsageError(f"module {module_name!r} has no attribute {attr!r}.")
+    if not isinstance(app, Engine):
+        raise _UsageError(f"{spec} is a {type(app).__name__}, not an engine.Engine.")
+    return app
+
+
+def _worker(args: argparse.Namespace, url: str) -> int:
+    os.environ[DATABASE_URL_ENV] = url  # read by the app module at import time
+    app = _load_app(args.app)
+    check = _store_hook("ensure_at_head")
+    if check is not None:
+        try:
+            _call(check, url)
+        except Exception as exc:
+            raise _UsageError(f"refusing to start: {exc}") from exc
+    try:
+        pool = WorkerPool(
+            app,
+            concurrency=args.concurrency,
+            poll_interval=args.poll_interval,
+            shutdown_grace=args.shutdown_grace,
+        )
+    except ValueError as exc:
+        raise _UsageError(str(exc)) from exc
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+    )
+    # APScheduler logs every job run at INFO (every few seconds): keep it for --log-level DEBUG.
+    if logging.getLogger().level > logging.DEBUG:
+        logging.getLogger("apscheduler").setLevel(logging.WARNING)
+    logger.info("worker %s on %s", pool.owner, redact_url(url))
+    asyncio.run(_serve(pool))
+    return 0
+
+
+async def _serve(pool: WorkerPool) -> None:
+    """Run the pool until SIGTERM/SIGINT; a second signal skips the grace period."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def on_signal(signum: int) -> None:
+        name = signal.Signals(signum).name
+        if stop.is_set():
+            logger.warning("second %s: handing running turns back now", name)
+            pool.request_stop(force=True)
+        else:
+            logger.info("%s: no more claims; finishing running turns", name)
+            stop.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal, signum)
+    try:
+        await pool.run(stop)
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+        await pool.store.close()
+
+
+def _migrate(url: str) -> int:
+    migrate = _store_hook("migrate")
+    if migrate is None:
+        raise _UsageError("this installation has no SQL store to migrate (stores.migrate).")
+    try:
+        _call(migrate, url)
+    except Exception as exc:
+        print(f"turnstile migrate: failed on {redact_url(url)}: {exc}", file=sys.stderr)
+        return 1
+    print(f"database at head: {redact_url(url)}")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="turnstile", description="Turnstile: durable, approval-gated LLM agents."
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    db_help = f"database URL (default: ${DATABASE_URL_ENV}, else {DEFAULT_DB_URL})"
+
+    worker = commands.add_parser("worker", help="run a worker pool for an app's agents")
+    worker.add_argument("--app", required=True, help="the app's Engine, as module:attribute")
+    worker.add_argument("--db", help=db_help)
+    worker.add_argument("--concurrency", type=int, default=4, help="turns run at once")
+    worker.add_argument("--poll-interval", type=float, default=1.0, help="seconds between polls")
+    worker.add_argument(
+        "--shutdown-grace", type=float, default=10.0, help="seconds running turns get at stop"
+    )
+    worker.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ...")
+
+    migrate = commands.add_parser("migrate", help="bring the database schema to head")
+    migrate.add_argument("--db", help=db_help)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the ``turnstile`` command line; returns the process exit status."""
+    args = _parser().parse_args(argv)
+    try:
+        url = resolve_db_url(args.db)
+        if args.command == "worker":
+            return _worker(args, url)
+        return _migrate(url)
+    except _UsageError as exc:
+        print(f"turnstile {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

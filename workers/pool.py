@@ -1,0 +1,396 @@
+"""The worker pool: claim queued turns from a shared store and run them, N at a time.
+
+Several pools — in one process, or in many processes on many machines — share one database.
+Each loop iteration claims at most as many turns as it has free slots, in one statement of the
+store (``FOR UPDATE SKIP LOCKED`` on PostgreSQL, committed before any work starts), then runs
+each claimed turn with :func:`engine.executor.execute_claimed`, which heartbeats the lease and
+fences every write with the lease token. Between claims the pool sleeps until the store hints
+at new work (LISTEN/NOTIFY), a slot frees, the poll interval passes, or it is told to stop.
+
+Stopping is graceful: claiming stops at once, running turns get ``shutdown_grace`` seconds to
+settle, and the rest are cancelled and handed back ``pending`` with their lease released, so
+another worker continues them at once from their journal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import socket
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Any
+
+from engine import Agent, Engine, SessionStore, StaleTransitionError, TurnStatus
+from engine.executor import execute_claimed
+from engine.status import SETTLED_STATUSES, FinishReason
+from engine.store import TurnRecord
+from workers.scheduler import MaintenanceScheduler
+
+__all__ = ["WorkerPool"]
+
+logger = logging.getLogger("turnstile.worker")
+
+#: Longest pause between claim attempts while the store keeps failing (e.g. DB restarting).
+MAX_CLAIM_BACKOFF = 5.0
+
+
+def default_owner() -> str:
+    """``host:pid:random``: unique per pool, readable in ``lease_owner`` by an operator."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+def _single_store(engine: Engine) -> SessionStore:
+    stores: list[SessionStore] = []
+    for agent in engine.agents.values():
+        if agent.store is not None and agent.queued and all(agent.store is not s for s in stores):
+            stores.append(agent.store)
+    if len(stores) != 1:
+        found = "none" if not stores else f"{len(stores)} different stores"
+        raise ValueError(
+            "WorkerPool(engine) needs exactly one store shared by the engine's queued agents "
+            f"(durable store or execution='workers'), found {found}; pass store= explicitly."
+        )
+    return stores[0]
+
+
+class WorkerPool:
+    """Runs the queued turns of ``engine``'s agents that live in ``store``.
+
+    ``store`` defaults to the one store shared by the engine's queued agents. The pool serves
+    the agents whose ``store`` is that store and whose turns are queued (``agent.queued``):
+    an inline agent's turn is claimed by the caller that created it, and a pool claiming it
+    first would make that caller fail. ``owner`` names this pool in the turns' lease.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        store: SessionStore | None = None,
+        *,
+        concurrency: int = 4,
+        poll_interval: float = 1.0,
+        owner: str | None = None,
+        shutdown_grace: float = 10.0,
+        expiry_interval: float = 5.0,
+        scheduler: bool = True,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1.")
+        if poll_interval <= 0:
+            raise ValueError("poll_interval must be positive.")
+        self.engine = engine
+        self.store = store if store is not None else _single_store(engine)
+        self.agents: dict[str, Agent] = {
+            name: agent
+            for name, agent in engine.agents.items()
+            if agent.store is self.store and agent.queued
+        }
+        if not self.agents:
+            raise ValueError(
+                "No agent of this engine runs in workers on this store: define agents with "
+                "this store and a durable store or execution='workers'."
+            )
+        self.concurrency = concurrency
+        self.poll_interval = poll_interval
+        self.owner = owner or default_owner()
+        self.shutdown_grace = shutdown_grace
+        self.lease_seconds = max(a.lease.lease_seconds for a in self.agents.values())
+        self.scheduler = (
+            MaintenanceScheduler(engine, self.store, expiry_interval=expiry_interval)
+            if scheduler
+            else None
+        )
+        #: Turns claimed since the pool was created.
+        self.claimed_total = 0
+        #: Claimed turns that this pool ran to a settled status (completed/failed/aborted).
+        self.settled_total = 0
+        #: Turns handed back ``pending`` at shutdown (their runs were cancelled).
+        self.handed_back_total = 0
+        self._tasks: dict[asyncio.Task[None], TurnRecord] = {}
+        self._stop = asyncio.Event()
+        self._force = asyncio.Event()
+        self._slot_freed = asyncio.Event()
+        self._done: asyncio.Event | None = None
+        self._background: asyncio.Task[None] | None = None
+
+    # -- observing ---------------------------------------------------------------------
+
+    @property
+    def running(self) -> set[str]:
+        """Ids of the turns this pool is running right now."""
+        return {turn.id for turn in self._tasks.values()}
+
+    @property
+    def stopping(self) -> bool:
+        """Whether a stop was requested (the pool no longer claims)."""
+        return self._stop.is_set()
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def __aenter__(self) -> WorkerPool:
+        """Start :meth:`run` in a background task."""
+        self._background = asyncio.create_task(self.run(), name=f"worker-pool {self.owner}")
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Stop gracefully (see :meth:`stop`)."""
+        await self.stop()
+
+    def request_stop(self, *, force: bool = False) -> None:
+        """Stop claiming now; with ``force``, also skip the grace period for running turns.
+
+        Synchronous, so a signal handler can call it.
+        """
+        self._stop.set()
+        if force:
+            self._force.set()
+
+    async def stop(self, *, force: bool = False) -> None:
+        """Stop claiming, let running turns finish for up to ``shutdown_grace`` seconds, hand
+        back the rest, and return once :meth:`run` has ended."""
+        self.request_stop(force=force)
+        if self._background is not None:
+            background, self._background = self._background, None
+            await background  # re-raises if the loop itself crashed
+        elif self._done is not None:
+            await self._done.wait()
+
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        """Claim and run turns until ``stop`` is set (or :meth:`stop` is called), then shut
+        down gracefully. A pool runs once."""
+        if self._done is not None:
+            raise RuntimeError("This WorkerPool has already been run; create a new one.")
+        self._done = asyncio.Event()
+        forward = asyncio.create_task(self._forward_stop(stop)) if stop is not None else None
+        logger.info(
+            "worker %s serving %s (concurrency %d)",
+            self.owner,
+            sorted(self.agents),
+            self.concurrency,
+        )
+        try:
+            if self.scheduler is not None:
+                self.scheduler.start()
+            await self._claim_loop()
+        finally:
+            self._stop.set()
+            if forward is not None:
+                forward.cancel()
+            task = asyncio.current_task()
+            # If run() itself is being cancelled, our caller wants out now: no grace period.
+            if task is not None and task.cancelling():
+                self._force.set()
+            try:
+                grace = 0.0 if self._force.is_set() else self.shutdown_grace
+                stopping = [self._drain()]
+                if self.scheduler is not None:
+                    stopping.append(self.scheduler.shutdown(grace))
+                await asyncio.gather(*stopping)
+            finally:
+                self._done.set()
+                logger.info(
+                    "worker %s stopped (claimed %d, settled %d, handed back %d)",
+                    self.owner,
+                    self.claimed_total,
+                    self.settled_total,
+                    self.handed_back_total,
+                )
+
+    async def _forward_stop(self, stop: asyncio.Event) -> None:
+        await stop.wait()
+        self._stop.set()
+
+    # -- claiming ----------------------------------------------------------------------
+
+    async def _claim_loop(self) -> None:
+        failures = 0
+        while not self._stop.is_set():
+            # Cleared before counting free slots, so a turn finishing after the count is
+            # not missed: its done-callback sets the event and the wait below returns.
+            self._slot_freed.clear()
+            free = self.concurrency - len(self._tasks)
+            if free <= 0:
+                # No claim while full: a claimed turn we cannot start at once would sit
+                # leased and idle while another worker could be running it.
+                await self._wait_for(slot=True)
+                continue
+            try:
+                claimed = await self.store.claim_next(
+                    owner=self.owner,
+                    lease_seconds=self.lease_seconds,
+                    limit=free,
+                    agents=sorted(self.agents),
+                )
+            except Exception:
+                failures += 1
+                delay = min(MAX_CLAIM_BACKOFF, 0.1 * 2**failures)
+                logger.warning(
+                    "claim failed (%d in a row); retrying in %.1fs", failures, delay, exc_info=True
+                )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), delay)
+                continue
+            failures = 0
+            for turn in claimed:
+                self._start(turn)
+            if len(claimed) == free:
+                continue  # every slot taken: maybe more is queued; the loop re-checks
+            # Fewer than asked: the queue is empty for us, so sleep until a hint.
+            await self._wait_for(slot=True, work=True)
+
+    async def _wait_for(self, *, slot: bool, work: bool = False) -> None:
+        """Return on stop, a freed slot (if ``slot``), or a work hint / poll timeout."""
+        waiters: list[asyncio.Task[Any]] = [asyncio.create_task(self._stop.wait())]
+        if slot:
+            waiters.append(asyncio.create_task(self._slot_freed.wait()))
+        if work:
+            # wait_for_work is only a hint (NOTIFY may be missed); its timeout is the poll.
+            waiters.append(asyncio.create_task(self.store.wait_for_work(self.poll_interval)))
+        try:
+            done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            for finished in done:
+                if not finished.cancelled() and finished.exception() is not None:
+                    logger.warning("waiting for work failed", exc_info=finished.exception())
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._stop.wait(), self.poll_interval)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+            await asyncio.gather(*waiters, return_exceptions=True)
+
+    def _start(self, turn: TurnRecord) -> None:
+        self.claimed_total += 1
+        logger.info(
+            "turn %s attempt %d claimed (agent %s)",
+            turn.id,
+            turn.attempts,
+            turn.agent,
+            extra={"turn_id": turn.id, "attempt": turn.attempts},
+        )
+        task = asyncio.create_task(self._execute(turn), name=f"turn {turn.id}")
+        self._tasks[task] = turn
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._tasks.pop(task, None)
+        self._slot_freed.set()
+
+    # -- running one turn --------------------------------------------------------------
+
+    async def _execute(self, turn: TurnRecord) -> None:
+        """Run one claimed turn; logs every failure (a turn never takes the pool down)."""
+        agent = self.agents.get(turn.agent)
+        if agent is None:  # the store ignored agents=: not ours to run
+            logger.error("turn %s belongs to agent %s, not served here", turn.id, turn.agent)
+            await self._hand_back(turn, note="agent not served by this worker")
+            return
+        signal = asyncio.Event()
+        # Registered so agent.abort() in this process stops the turn at once; an abort from
+        # another process arrives through the store (change notification or heartbeat).
+        self.engine.local_aborts[turn.id] = signal
+        try:
+            settled = await execute_claimed(
+                agent.runner_config(),
+                self.store,
+                turn,
+                abort_signal=signal,
+                lease=agent.lease,
+                retry=agent.retry,
+            )
+        except asyncio.CancelledError:
+            raise  # shutdown: _drain hands the turn back
+        except Exception:
+            # E.g. the store failed while settling: the lease will expire and the claim
+            # query gives the turn to a worker again, continuing from its journal.
+            logger.exception(
+                "turn %s attempt %d: run failed; left to its lease", turn.id, turn.attempts
+            )
+            return
+        finally:
+            if self.engine.local_aborts.get(turn.id) is signal:
+                del self.engine.local_aborts[turn.id]
+        if settled.status in SETTLED_STATUSES:
+            self.settled_total += 1
+        logger.info(
+            "turn %s attempt %d %s%s",
+            turn.id,
+            turn.attempts,
+            settled.status.value,
+            f" ({settled.finish_reason.value})" if settled.finish_reason else "",
+            extra={"turn_id": turn.id, "attempt": turn.attempts},
+        )
+
+    # -- shutting down -----------------------------------------------------------------
+
+    async def _drain(self) -> None:
+        """Give running turns the grace period, then cancel and hand back the rest."""
+        pending = {task for task in self._tasks if not task.done()}
+        if pending and not self._force.is_set():
+            logger.info(
+                "stopping: waiting up to %.1fs for %d running turn(s)",
+                self.shutdown_grace,
+                len(pending),
+            )
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self.shutdown_grace
+            force = asyncio.create_task(self._force.wait())
+            try:
+                while pending and not force.done() and (left := deadline - loop.time()) > 0:
+                    await asyncio.wait(
+                        {*pending, force}, timeout=left, return_when=asyncio.FIRST_COMPLETED
+                    )
+                    pending = {t for t in pending if not t.done()}
+            finally:
+                force.cancel()
+        pending = {task for task in self._tasks if not task.done()}
+        turns = {task: self._tasks[task] for task in pending}
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        for task, turn in turns.items():
+            if task.cancelled():
+                await self._hand_back(turn, note="worker shutdown")
+
+    async def _hand_back(self, turn: TurnRecord, *, note: str) -> None:
+        """Release a turn we stopped: ``pending`` again (claimable now), or — if an abort
+        was requested meanwhile — ``aborted``, since nobody claims an ``aborting`` turn."""
+        try:
+            await self.store.transition(
+                turn.id,
+                expected={TurnStatus.PENDING},
+                new=TurnStatus.PENDING,
+                lease_token=turn.lease_token,
+                run_after=datetime.now(UTC),
+                note=note,
+            )
+            self.handed_back_total += 1
+            logger.info("turn %s attempt %d handed back: %s", turn.id, turn.attempts, note)
+            return
+        except StaleTransitionError:
+            pass  # settled, re-leased or aborting meanwhile: see below
+        except Exception:
+            logger.exception("turn %s: hand-back failed; left to its lease", turn.id)
+            return
+        try:
+            await self.store.transition(
+                turn.id,
+                expected={TurnStatus.ABORTING},
+                new=TurnStatus.ABORTED,
+                lease_token=turn.lease_token,
+                finish_reason=FinishReason.ABORTED,
+                note=f"stopped at abort ({note})",
+            )
+            logger.info("turn %s attempt %d aborted at %s", turn.id, turn.attempts, note)
+        except StaleTransitionError:
+            pass  # it settled, or another worker holds it now: nothing of ours to release
+        except Exception:
+            logger.exception("turn %s: settling the abort failed; left to its lease", turn.id)

@@ -1,0 +1,124 @@
+"""Periodic maintenance jobs of one worker process, run by APScheduler 3.x.
+
+Each worker process runs its own :class:`AsyncIOScheduler` with the default in-memory job
+store: APScheduler's job store is never shared between processes (its 3.x FAQ: "You can't"),
+so every process schedules the same jobs and the jobs themselves are idempotent guarded SQL.
+A job that should run once per cluster additionally holds the store's cluster lock (an
+advisory lock on PostgreSQL) when the store offers one.
+
+Today's job is the expiry of long-lived approvals (:func:`engine.expiry.expire_approvals`),
+which the store already guards: running it on every worker at once decides each approval once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from datetime import UTC
+from typing import Any, cast
+
+from apscheduler.schedulers.asyncio import AsyncIOScheduler  # type: ignore[import-untyped]
+
+from engine import Engine, SessionStore
+from engine.expiry import expire_approvals
+
+__all__ = ["EXPIRY_LOCK", "MaintenanceScheduler"]
+
+logger = logging.getLogger("turnstile.worker.scheduler")
+
+#: Name of the cluster lock the expiry job takes when the store provides ``try_cluster_lock``.
+EXPIRY_LOCK = "turnstile.expire_approvals"
+
+ClusterLock = Callable[[str], AbstractAsyncContextManager[bool]]
+
+
+class MaintenanceScheduler:
+    """The worker process's APScheduler: an interval job expiring overdue approvals.
+
+    ``start()`` must be called from inside the running event loop (APScheduler binds to it);
+    ``shutdown(grace)`` stops scheduling and cancels a job still running after ``grace``.
+    """
+
+    def __init__(self, engine: Engine, store: SessionStore, *, expiry_interval: float) -> None:
+        if expiry_interval <= 0:
+            raise ValueError("expiry_interval must be positive.")
+        self.engine = engine
+        self.store = store
+        self.expiry_interval = expiry_interval
+        #: How many times the expiry job ran to the end (with or without work to do).
+        self.expiry_runs = 0
+        # A fixed UTC timezone: APScheduler would otherwise look up the host's local zone,
+        # which is irrelevant to interval jobs and can fail on minimal containers.
+        self._scheduler: Any = AsyncIOScheduler(timezone=UTC)
+        self._current: asyncio.Task[Any] | None = None  # the job run in progress, if any
+
+    @property
+    def running(self) -> bool:
+        """Whether the scheduler has been started and not shut down."""
+        return bool(self._scheduler.running)
+
+    def start(self) -> None:
+        """Schedule the jobs and start the scheduler on the running event loop."""
+        asyncio.get_running_loop()  # fail early and clearly outside a loop
+        self._scheduler.add_job(
+            self.run_expiry,
+            "interval",
+            seconds=self.expiry_interval,
+            id="expire_approvals",
+            name="expire overdue approvals",
+            # One run at a time, and runs missed while the loop was busy collapse into one:
+            # the job catches up on everything overdue anyway.
+            coalesce=True,
+            max_instances=1,
+            misfire_grace_time=max(1, math.ceil(self.expiry_interval)),
+            replace_existing=True,
+        )
+        self._scheduler.start()
+
+    async def shutdown(self, grace: float = 5.0) -> None:
+        """Stop scheduling, give a job still running up to ``grace`` seconds, then cancel
+        it; safe to call twice."""
+        if not self._scheduler.running:
+            return
+        # Pause first so no new run starts, then let a running one finish: cancelling it is
+        # harmless (the job is idempotent) but APScheduler would log it as a job error.
+        self._scheduler.pause()
+        if self._current is not None and not self._current.done() and grace > 0:
+            await asyncio.wait({self._current}, timeout=grace)
+        self._scheduler.shutdown(wait=False)
+        # AsyncIOScheduler.shutdown only queues the real shutdown on the loop
+        # (call_soon_threadsafe): yield once so it runs before our caller moves on.
+        await asyncio.sleep(0)
+
+    async def run_expiry(self) -> None:
+        """One run of the expiry job; never raises (a failure is logged and retried next
+        interval, because the database may be restarting)."""
+        self._current = asyncio.current_task()
+        try:
+            lock = _cluster_lock(self.store)
+            if lock is None:
+                await self._expire()
+            else:
+                async with lock(EXPIRY_LOCK) as acquired:
+                    if not acquired:
+                        logger.debug("expiry: another worker holds %s; skipping", EXPIRY_LOCK)
+                        return
+                    await self._expire()
+            self.expiry_runs += 1
+        except Exception:
+            logger.exception("expiry job failed; will retry in %.1fs", self.expiry_interval)
+
+    async def _expire(self) -> None:
+        created = await expire_approvals(self.engine, self.store)
+        if created:
+            logger.info("expiry: decided %d overdue approval(s): %s", len(created), created)
+
+
+def _cluster_lock(store: SessionStore) -> ClusterLock | None:
+    """The store's ``try_cluster_lock(name)`` if it has one (the SQL store's advisory lock);
+    without one every worker runs the job, which the store's guards make safe."""
+    method = getattr(store, "try_cluster_lock", None)
+    return cast(ClusterLock, method) if callable(method) else None
