@@ -117,7 +117,8 @@ async def execute_claimed(
     try:
         outcome = await work
     except asyncio.CancelledError:
-        if not stop_reason:
+        current = asyncio.current_task()
+        if not stop_reason or (current is not None and current.cancelling()):
             raise  # our own caller is being cancelled (e.g. worker shutdown)
     finally:
         for helper in helpers:

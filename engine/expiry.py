@@ -49,8 +49,9 @@ async def expire_approvals(
     a human or another worker are skipped.
     """
     moment = now or datetime.now(UTC)
+    served = [name for name, agent in engine.agents.items() if agent.store is store]
     overdue: dict[str, list[ToolCallRecord]] = defaultdict(list)
-    for call in await store.list_expired_interrupts(now=moment, limit=limit):
+    for call in await store.list_expired_interrupts(now=moment, limit=limit, agents=served):
         overdue[call.turn_id].append(call)
     created: list[str] = []
     for turn_id in overdue:

@@ -68,7 +68,8 @@ class InMemorySessionStore:
     durable = False
 
     def __init__(self) -> None:
-        self._work = _Signal()
+        # Sticky: a wake-up that fires between a worker's empty claim and its wait is kept.
+        self._work = asyncio.Event()
         self._changes: dict[str, _Signal] = {}
         self._sessions: dict[str, SessionRecord] = {}
         self._turns: dict[str, TurnRecord] = {}
@@ -157,7 +158,7 @@ class InMemorySessionStore:
             self._rounds[turn.id][0] = RoundRecord(
                 round=0, messages=[m.copy_deep() for m in turn.initial_messages], committed=True
             )
-        self._work.fire()
+        self._work.set()
         self._events[turn.id] = [
             TurnEvent(
                 turn_id=turn.id, from_status=None, to_status=TurnStatus.PENDING, attempt=0, at=now
@@ -179,6 +180,21 @@ class InMemorySessionStore:
         """See :meth:`engine.store.SessionStore.latest_turn`."""
         order = self._turn_order.get(session_id)
         return self._turns[order[-1]].model_copy(deep=True) if order else None
+
+    def _settle_abandoned_aborts(self, now: datetime) -> None:
+        """Settle ``aborting`` turns whose worker died (lease expired), as claims do."""
+        for turn in list(self._turns.values()):
+            expired = turn.lease_expires_at is not None and turn.lease_expires_at < now
+            if turn.status is TurnStatus.ABORTING and expired:
+                self._move(
+                    turn,
+                    TurnStatus.ABORTED,
+                    FinishReason.ABORTED,
+                    None,
+                    None,
+                    "settled by a claim: its worker stopped while aborting",
+                    now,
+                )
 
     def _claimable(self, turn: TurnRecord, now: datetime) -> bool:
         return (
@@ -205,6 +221,7 @@ class InMemorySessionStore:
     async def claim_turn(self, turn_id: str, *, owner: str, lease_seconds: float) -> TurnRecord:
         """See :meth:`engine.store.SessionStore.claim_turn`."""
         now = _now()
+        self._settle_abandoned_aborts(now)
         turn = self._turns.get(turn_id)
         if turn is None or not self._claimable(turn, now):
             raise StaleTransitionError(turn_id, f"Turn {turn_id} is not claimable.")
@@ -222,6 +239,7 @@ class InMemorySessionStore:
         if limit < 1:
             raise ValueError("limit must be at least 1.")
         now = _now()
+        self._settle_abandoned_aborts(now)
         candidates = sorted(
             (
                 t
@@ -282,7 +300,20 @@ class InMemorySessionStore:
             raise LeaseLostError(turn_id, f"Lease {lease_token} on turn {turn_id} was lost.")
         if not can_transition(turn.status, new):
             raise ValueError(f"No transition {turn.status.value} → {new.value}.")
-        now = _now()
+        return self._move(turn, new, finish_reason, error, run_after, note, _now())
+
+    def _move(
+        self,
+        turn: TurnRecord,
+        new: TurnStatus,
+        finish_reason: FinishReason | None,
+        error: TurnError | None,
+        run_after: datetime | None,
+        note: str | None,
+        now: datetime,
+    ) -> TurnRecord:
+        """Apply a checked transition and record its event."""
+        turn_id = turn.id
         update: dict[str, object] = {"status": new, "updated_at": now}
         if new is not TurnStatus.ABORTING:
             # Settling, or handing the turn back for a retry, releases the lease; the token
@@ -303,7 +334,7 @@ class InMemorySessionStore:
         self._turns[turn_id] = moved
         self._changes.pop(turn_id, _Signal()).fire()
         if new is TurnStatus.PENDING:
-            self._work.fire()
+            self._work.set()
         self._events[turn_id].append(
             TurnEvent(
                 turn_id=turn_id,
@@ -395,12 +426,14 @@ class InMemorySessionStore:
         return [e.model_copy(deep=True) for e in self._events.get(turn_id, [])]
 
     async def list_expired_interrupts(
-        self, *, now: datetime, limit: int = 100
+        self, *, now: datetime, limit: int = 100, agents: Collection[str] | None = None
     ) -> list[ToolCallRecord]:
         """See :meth:`engine.store.SessionStore.list_expired_interrupts`."""
         expired: list[ToolCallRecord] = []
         for order in self._turn_order.values():
             latest = self._turns[order[-1]]
+            if agents is not None and latest.agent not in agents:
+                continue
             if (latest.status, latest.finish_reason) != (
                 TurnStatus.COMPLETED,
                 FinishReason.INTERRUPTED,
@@ -419,7 +452,9 @@ class InMemorySessionStore:
 
     async def wait_for_work(self, timeout: float) -> None:
         """See :meth:`engine.store.SessionStore.wait_for_work`."""
-        await self._work.wait(timeout)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._work.wait(), timeout)
+        self._work.clear()
 
     async def wait_for_change(self, turn_id: str, timeout: float) -> None:
         """See :meth:`engine.store.SessionStore.wait_for_change`."""

@@ -313,10 +313,11 @@ class SessionStore(Protocol):
         ...
 
     async def list_expired_interrupts(
-        self, *, now: datetime, limit: int = 100
+        self, *, now: datetime, limit: int = 100, agents: Collection[str] | None = None
     ) -> list[ToolCallRecord]:
         """Paused calls past their ``deadline`` that are still ``interrupted``, on turns that
-        are their session's latest (``completed``, finish reason ``interrupted``)."""
+        are their session's latest (``completed``, finish reason ``interrupted``), of
+        ``agents`` when given (several apps may share one database)."""
         ...
 
     async def wait_for_work(self, timeout: float) -> None:

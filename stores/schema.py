@@ -105,6 +105,13 @@ turns = sa.Table(
         postgresql_where=sa.text("status IN ('pending', 'aborting')"),
         sqlite_where=sa.text("status IN ('pending', 'aborting')"),
     ),
+    # Aborting turns whose worker died are settled by the next claim: find them cheaply.
+    sa.Index(
+        "ix_turns_aborting",
+        "lease_expires_at",
+        postgresql_where=sa.text("status = 'aborting'"),
+        sqlite_where=sa.text("status = 'aborting'"),
+    ),
     sa.Index("ix_turns_parent_id", "parent_id"),
     comment="One row per turn = per snapshot; status is the turn state machine.",
 )

@@ -290,10 +290,10 @@ class SqlSessionStore:
         return await self._read(lambda c: turn_sql.list_events(c, turn_id))
 
     async def list_expired_interrupts(
-        self, *, now: datetime, limit: int = 100
+        self, *, now: datetime, limit: int = 100, agents: Collection[str] | None = None
     ) -> list[ToolCallRecord]:
         """See :meth:`engine.store.SessionStore.list_expired_interrupts`."""
-        return await self._read(lambda c: call_sql.list_expired(c, now, limit))
+        return await self._read(lambda c: call_sql.list_expired(c, now, limit, agents))
 
     # -- operator views ----------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -117,9 +117,12 @@ def answer_calls(connection: Connection, answers: Sequence[InterruptAnswer], now
             )
 
 
-def list_expired(connection: Connection, now: datetime, limit: int) -> list[ToolCallRecord]:
+def list_expired(
+    connection: Connection, now: datetime, limit: int, agents: Collection[str] | None = None
+) -> list[ToolCallRecord]:
     """Interrupted calls past their deadline on turns that are their session's latest."""
     later = turns.alias("later")
+    of_agents = [turns.c.agent.in_(list(agents))] if agents is not None else []
     rows = connection.execute(
         sa.select(tool_calls)
         .join(turns, turns.c.id == tool_calls.c.turn_id)
@@ -130,6 +133,7 @@ def list_expired(connection: Connection, now: datetime, limit: int) -> list[Tool
             turns.c.status == TurnStatus.COMPLETED.value,
             turns.c.finish_reason == FinishReason.INTERRUPTED.value,
             ~sa.exists().where(later.c.session_id == turns.c.session_id, later.c.seq > turns.c.seq),
+            *of_agents,
         )
         .order_by(tool_calls.c.deadline, tool_calls.c.turn_id, tool_calls.c.ref)
         .limit(limit)

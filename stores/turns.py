@@ -196,7 +196,32 @@ def claim(
     agents: Collection[str] | None = None,
     turn_id: str | None = None,
 ) -> list[TurnRecord]:
-    """Lease up to ``limit`` claimable turns (see :func:`claim_statement`)."""
+    """Lease up to ``limit`` claimable turns (see :func:`claim_statement`).
+
+    First settles ``aborting`` turns whose worker died (lease expired): nobody else would,
+    and their session would stay busy forever. Recovery stays part of claiming.
+    """
+    abandoned = (
+        connection.execute(
+            sa.select(turns.c.id)
+            .where(turns.c.status == TurnStatus.ABORTING.value, turns.c.lease_expires_at < now)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        )
+        .scalars()
+        .all()
+    )
+    for abandoned_id in abandoned:
+        transition(
+            connection,
+            abandoned_id,
+            expected={TurnStatus.ABORTING},
+            new=TurnStatus.ABORTED,
+            lease_token=None,
+            now=now,
+            finish_reason=FinishReason.ABORTED,
+            note="settled by a claim: its worker stopped while aborting",
+        )
     statement = claim_statement(
         owner=owner,
         lease_seconds=lease_seconds,

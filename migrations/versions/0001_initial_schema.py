@@ -87,6 +87,14 @@ def upgrade() -> None:
         postgresql_where=sa.text("status = 'pending'"),
         sqlite_where=sa.text("status = 'pending'"),
     )
+    op.create_index(
+        "ix_turns_aborting",
+        "turns",
+        ["lease_expires_at"],
+        unique=False,
+        postgresql_where=sa.text("status = 'aborting'"),
+        sqlite_where=sa.text("status = 'aborting'"),
+    )
     op.create_index("ix_turns_parent_id", "turns", ["parent_id"], unique=False)
     op.create_index(
         "ux_turns_one_active_per_session",
