@@ -120,6 +120,10 @@ async def execute_claimed(
         current = asyncio.current_task()
         if not stop_reason or (current is not None and current.cancelling()):
             raise  # our own caller is being cancelled (e.g. worker shutdown)
+    except StaleTransitionError as refused:
+        # A fenced write was refused: another worker holds the turn now. Write nothing more.
+        logger.warning("turn %s: %s; stopping", turn.id, refused)
+        stop_reason.insert(0, "lease lost")
     finally:
         for helper in helpers:
             helper.cancel()

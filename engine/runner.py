@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from engine.errors import AgentError, NotFoundError, ToolError, TransientError
+from engine.errors import AgentError, NotFoundError, StoreError, ToolError, TransientError
 from engine.model import Model, ModelRequest
 from engine.parts import (
     INTERRUPT,
@@ -129,6 +129,10 @@ class TurnRunner:
         """Run (or continue) the turn; returns its outcome, raises only on cancellation."""
         try:
             return await self._run()
+        except StoreError:
+            # Not the turn's fault (lost lease, database down): the executor decides; the turn
+            # stays pending and is recovered from its journal by whoever holds it next.
+            raise
         except (ToolError, NotFoundError, AgentError) as exc:
             return TurnOutcome(TurnStatus.FAILED, FinishReason.FAILED, error_of(exc))
         except TransientError as exc:

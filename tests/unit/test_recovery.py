@@ -175,3 +175,28 @@ async def test_a_worker_that_lost_its_lease_stops_and_writes_nothing() -> None:
     assert outcome.status is TurnStatus.PENDING
     calls = await h.store.list_calls("turn-1")
     assert [c.status for c in calls] == [ToolCallStatus.RUNNING]
+
+
+async def test_a_refused_fenced_write_stops_the_runner_without_failing_the_turn() -> None:
+    """If another worker took the turn mid-call, the old runner's next write is refused and it
+    stops, leaving the turn to its new holder rather than marking it failed."""
+    h = Harness(ListModel([ask(("slow", "s1", {})), say("finished")]))
+    await h.start()
+    claimed = await h.store.claim_turn("turn-1", owner="w1", lease_seconds=SHORT_LEASE)
+    old = asyncio.create_task(
+        execute_claimed(
+            h.agent.runner_config(),
+            h.store,
+            claimed,
+            lease=LeaseSettings(lease_seconds=SHORT_LEASE, heartbeat_interval=60),
+        )
+    )
+    await asyncio.wait_for(h.slow_started.wait(), timeout=2)
+    await asyncio.sleep(SHORT_LEASE + 0.02)
+    taken = await h.store.claim_turn("turn-1", owner="w2", lease_seconds=5)
+    h.release_slow.set()  # the old runner's tool returns and tries to journal its output
+    outcome = await asyncio.wait_for(old, timeout=2)
+    assert outcome.status is TurnStatus.PENDING and outcome.lease_owner == "w2"
+    assert outcome.lease_token == taken.lease_token and outcome.error is None
+    [call] = await h.store.list_calls("turn-1")
+    assert call.status is ToolCallStatus.RUNNING, "the refused write left the journal untouched"
