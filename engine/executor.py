@@ -10,13 +10,12 @@ model or a tool runs; every store call is its own short write.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from engine.errors import LeaseLostError, StaleTransitionError
+from engine.errors import StaleTransitionError
 from engine.runner import ChunkCallback, RunnerConfig, TurnOutcome, TurnRunner
 from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus
 from engine.store import SessionStore, TurnRecord
@@ -88,10 +87,15 @@ async def execute_claimed(
                 current = await store.renew_lease(
                     turn.id, lease_token=turn.lease_token, lease_seconds=lease.lease_seconds
                 )
-            except LeaseLostError:
+            except StaleTransitionError:
                 logger.warning("turn %s: lease %s lost; stopping", turn.id, turn.lease_token)
                 stop("lease lost")
                 return
+            except Exception:
+                # The database hiccuped: keep heartbeating. Giving up here would let the lease
+                # expire under a live runner and another worker repeat its tool call.
+                logger.warning("turn %s: lease renewal failed; retrying", turn.id, exc_info=True)
+                continue
             if current.status is TurnStatus.ABORTING:
                 stop("abort")
                 return
@@ -104,8 +108,13 @@ async def execute_claimed(
         # Another process may request the abort: the store's change notification (NOTIFY)
         # wakes us at once; the heartbeat's status check is the fallback.
         while not work.done():
-            await store.wait_for_change(turn.id, lease.heartbeat_interval)
-            current = await store.get_turn(turn.id)
+            try:
+                await store.wait_for_change(turn.id, lease.heartbeat_interval)
+                current = await store.get_turn(turn.id)
+            except Exception:
+                logger.warning("turn %s: status check failed; retrying", turn.id, exc_info=True)
+                await asyncio.sleep(lease.heartbeat_interval)
+                continue
             if current is not None and current.status is TurnStatus.ABORTING:
                 stop("abort")
                 return
@@ -127,9 +136,8 @@ async def execute_claimed(
     finally:
         for helper in helpers:
             helper.cancel()
-        for helper in helpers:
-            with contextlib.suppress(asyncio.CancelledError):
-                await helper
+        # A helper's own failure must never replace the turn's outcome.
+        await asyncio.gather(*helpers, return_exceptions=True)
 
     try:
         if outcome is None:

@@ -95,15 +95,19 @@ class Tool:
         #: started but unfinished (the durable runner asks a human instead).
         self.idempotent = idempotent
         self._fn_takes_ctx = _wants_context(fn) if fn is not None else False
+        self._spec: ToolSpec | None = None
 
     def spec(self) -> ToolSpec:
-        """The description of this tool offered to the model."""
-        return ToolSpec(
-            name=self.name,
-            description=self.description,
-            input_schema=self.input.json_schema(),
-            output_schema=self.output.json_schema(),
-        )
+        """The description of this tool offered to the model (built once: JSON-schema
+        generation is not free, and every model call needs it)."""
+        if self._spec is None:
+            self._spec = ToolSpec(
+                name=self.name,
+                description=self.description,
+                input_schema=self.input.json_schema(),
+                output_schema=self.output.json_schema(),
+            )
+        return self._spec
 
     def parse_input(self, raw: Any) -> Any:
         """Validate the model's input for this tool (raises :class:`ToolError`)."""

@@ -95,6 +95,9 @@ class Database:
                 max_overflow=pool_size,
                 pool_pre_ping=True,
                 echo=echo,
+                # Our transactions last milliseconds; a worker frozen inside one (SIGSTOP, a
+                # swapped-out VM) must not keep its row locks — and its turn — forever.
+                connect_args={"options": "-c idle_in_transaction_session_timeout=30000"},
             )
         else:
             database = self.url.database

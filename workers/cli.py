@@ -105,6 +105,7 @@ def _worker(args: argparse.Namespace, url: str) -> int:
             concurrency=args.concurrency,
             poll_interval=args.poll_interval,
             shutdown_grace=args.shutdown_grace,
+            expiry_interval=args.expiry_interval,
         )
     except ValueError as exc:
         raise _UsageError(str(exc)) from exc
@@ -172,6 +173,12 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--poll-interval", type=float, default=1.0, help="seconds between polls")
     worker.add_argument(
         "--shutdown-grace", type=float, default=10.0, help="seconds running turns get at stop"
+    )
+    worker.add_argument(
+        "--expiry-interval",
+        type=float,
+        default=5.0,
+        help="seconds between checks for expired approvals",
     )
     worker.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ...")
 
