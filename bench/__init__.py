@@ -1,0 +1,1 @@
+"""Benchmarks of Turnstile on the local PostgreSQL (see ``docs/performance.md``)."""

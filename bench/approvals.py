@@ -1,0 +1,291 @@
+"""Approval workflows per second, end to end, on the local PostgreSQL — and the floor.
+
+``python bench/approvals.py [--workflows N] [--quick]``
+
+For each configuration (worker processes x slots per process, default {1, 4} x {1, 8}) the
+benchmark runs, on a fresh database each time:
+
+* **turnstile** — P processes of ``python -m workers.cli worker --app bench.app:ai
+  --concurrency S`` and, in this process, ``--clients`` concurrent chats each doing
+  ``chat.send("Transfer $k to acct k")`` (returns paused at the userApproval interrupt) then
+  ``chat.resume(respond=[approve])`` (returns the final answer);
+* **floor** — the same workload in raw psycopg writing the minimum rows (``bench/floor.py``).
+
+It reports workflows/s, the resume→pickup / resume→settled / resume→returned latencies, and
+per workflow: commits, writing transactions, WAL bytes and records, full-page images, WAL
+syncs and CPU time. ``docs/performance.md`` defines every number. Run nothing else on the
+server meanwhile: WAL counters and transaction ids are cluster-wide.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import shutil
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
+
+import psycopg
+
+from bench import floor
+from bench.common import (
+    STATE_KEYS,
+    Databases,
+    Processes,
+    Sample,
+    checkpoint,
+    count_backends,
+    drive,
+    dsn_for,
+    machine,
+    raise_on_sigterm,
+    read_claims,
+    read_stats,
+    url_for,
+    wait_until_idle,
+)
+from bench.report import Latencies, Result, report
+
+Workflow = Callable[[int, int], Awaitable[Sample]]
+Phases = tuple[list[Sample], list[Sample], list[str], float]
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _self_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+async def _phases(
+    workflow: Workflow, args: argparse.Namespace, watch: Callable[[], None]
+) -> Phases:
+    """Warm-up, then the throughput phase (all clients), then the latency phase (one client).
+
+    Returns the throughput samples, the latency samples, every error and the throughput
+    phase's wall time.
+    """
+    n, warmup = args.workflows, args.warmup
+    _, errors, _ = await drive(warmup, args.clients, workflow, watch=watch, offset=n)
+    loaded, more, seconds = await drive(n, args.clients, workflow, watch=watch)
+    idle, last, _ = await drive(args.idle, 1, workflow, watch=watch, offset=n + warmup)
+    return loaded, idle, errors + more + last, seconds
+
+
+async def _turnstile_clients(
+    url: str, args: argparse.Namespace, watch: Callable[[], None]
+) -> Phases:
+    """The product's client side: concurrent chats on one store, in this process."""
+    os.environ["TURNSTILE_DATABASE_URL"] = url  # examples.banking builds a (lazy) app on import
+    from examples.banking import build
+    from stores import SqlSessionStore
+
+    store = SqlSessionStore(url)
+    agent = build(store=store, state_keys=STATE_KEYS).banking_agent
+
+    async def workflow(client: int, k: int) -> Sample:
+        chat = agent.chat()
+        paused = await chat.send(f"Transfer ${k + 1} to acct {k}")
+        approval = next(i for i in paused.interrupts if i.name == "userApproval")
+        resume_at = time.time()
+        done = await chat.resume(respond=[approval.respond({"approved": True})])
+        done_at = time.time()
+        if done.text != f"Done. Transaction txn-{k + 1}-acct-{k}.":
+            raise RuntimeError(f"unexpected answer {done.text!r}")
+        assert done.snapshot_id is not None
+        return Sample(done.snapshot_id, resume_at, done_at)
+
+    try:
+        return await _phases(workflow, args, watch)
+    finally:
+        await store.close()
+
+
+async def _floor_clients(dsn: str, args: argparse.Namespace, watch: Callable[[], None]) -> Phases:
+    """The floor's client side (``bench/floor.py``)."""
+    async with floor.FloorClient(dsn) as client:
+        return await _phases(client.workflow, args, watch)
+
+
+def _start_workers(
+    impl: str, processes: int, slots: int, name: str, children: Processes, logs: Path
+) -> None:
+    """Start the worker processes and wait until each one LISTENs."""
+    url, dsn = url_for(name), dsn_for(name)
+    for number in range(processes):
+        claim_log = logs / f"claims-{number}.log"
+        env = dict(os.environ, TURNSTILE_BENCH_CLAIM_LOG=str(claim_log))
+        if impl == "floor":
+            argv = ["bench.floor", "worker", "--dsn", dsn, "--claim-log", str(claim_log)]
+            argv += ["--slots", str(slots)]
+        else:
+            argv = ["workers.cli", "worker", "--app", "bench.app:ai", "--db", url]
+            argv += ["--concurrency", str(slots)]
+        children.start([sys.executable, "-m", *argv], env=env, log=logs / f"w{number}.log")
+    ready = floor.READY_QUERY if impl == "floor" else "LISTEN turnstile_turn"
+    deadline = time.monotonic() + 60
+    while count_backends(name, ready) < processes:
+        children.check()
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"workers not listening after 60 s; see {logs}")
+        time.sleep(0.1)
+
+
+def _turn_times(dsn: str, table: str, ids: list[str]) -> tuple[dict[str, float], ...]:
+    """``created_at`` and ``settled_at`` (unix seconds) of the given turns."""
+    with psycopg.connect(dsn, autocommit=True) as connection:
+        rows = connection.execute(
+            f"""SELECT id, extract(epoch FROM created_at)::float8,
+                       extract(epoch FROM settled_at)::float8
+                FROM {table} WHERE id = ANY(%s)""",
+            (ids,),
+        ).fetchall()
+    return {r[0]: r[1] for r in rows}, {r[0]: r[2] for r in rows if r[2] is not None}
+
+
+@dataclass(frozen=True)
+class Bench:
+    """What every measurement of one benchmark run shares."""
+
+    args: argparse.Namespace
+    databases: Databases
+    children: Processes
+    template: str  # the migrated database each turnstile run copies
+    workdir: Path  # worker logs and claim logs, one folder per run
+
+
+def measure(bench: Bench, impl: str, processes: int, slots: int) -> Result:
+    """One implementation on one configuration, on a fresh database (dropped afterwards)."""
+    args, databases, children = bench.args, bench.databases, bench.children
+    copy = bench.template if impl == "turnstile" else None
+    name = databases.create(f"{impl}_{processes}p{slots}s", template=copy)
+    logs = bench.workdir / name
+    logs.mkdir()
+    dsn = dsn_for(name)
+    try:
+        if impl == "floor":
+            with psycopg.connect(dsn, autocommit=True) as connection:
+                connection.execute(floor.SCHEMA)
+        checkpoint()
+        cpu_children, cpu_self = _children_cpu(), _self_cpu()
+        before = read_stats(name)
+        try:
+            _start_workers(impl, processes, slots, name, children, logs)
+            clients = _floor_clients if impl == "floor" else _turnstile_clients
+            target = dsn if impl == "floor" else url_for(name)
+            loaded, idle, errors, seconds = asyncio.run(clients(target, args, children.check))
+        finally:
+            children.stop()
+        wait_until_idle(name)
+        stats = read_stats(name) - before
+        claims = read_claims(logs)
+        ids = [s.resumed_turn for s in loaded + idle]
+        created, settled = _turn_times(dsn, "fturns" if impl == "floor" else "turns", ids)
+        return Result(
+            impl=impl,
+            processes=processes,
+            slots=slots,
+            warmup=args.warmup,
+            workflows=args.workflows,
+            idle_workflows=args.idle,
+            seconds=seconds,
+            loaded=Latencies.of(loaded, claims, created, settled),
+            idle=Latencies.of(idle, claims, created, settled),
+            stats=stats,
+            client_cpu_s=_self_cpu() - cpu_self,
+            worker_cpu_s=_children_cpu() - cpu_children,
+            errors=errors,
+        )
+    finally:
+        databases.drop(name)
+
+
+def _ints(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part.strip()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the options, run every configuration, print the tables."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--workflows", type=int, default=2000, help="measured per run")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 100 workflows")
+    parser.add_argument("--clients", type=int, default=32, help="concurrent client chats")
+    parser.add_argument("--warmup", type=int, help="untimed workflows first (default: clients)")
+    parser.add_argument("--idle", type=int, default=200, help="workflows run one at a time")
+    parser.add_argument("--processes", default="1,4", help="worker processes, e.g. 1,4")
+    parser.add_argument("--slots", default="1,8", help="slots per process, e.g. 1,8")
+    parser.add_argument("--impl", default="turnstile,floor", help="turnstile, floor or both")
+    parser.add_argument("--json", type=Path, help="also write the raw results here")
+    parser.add_argument("--keep-logs", action="store_true", help="keep worker logs")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.workflows, args.idle = min(args.workflows, 100), min(args.idle, 20)
+    if args.warmup is None:
+        args.warmup = args.clients
+    impls = [i for i in ("turnstile", "floor") if i in args.impl.split(",")]
+    raise_on_sigterm()
+    databases = Databases(f"turnstile_bench_{os.getpid()}")
+    children = Processes()
+    workdir = Path(tempfile.mkdtemp(prefix="turnstile-bench-"))
+    results: list[Result] = []
+    failures: list[str] = []
+    try:
+        print("machine:", ", ".join(f"{k} {v}" for k, v in machine().items()), flush=True)
+        template = databases.create("template")
+        from stores import migrate
+
+        migrate(url_for(template))
+        bench = Bench(args, databases, children, template, workdir)
+        for processes in _ints(args.processes):
+            for slots in _ints(args.slots):
+                for impl in impls:
+                    label = f"{processes}p x {slots}s {impl}"
+                    try:
+                        result = measure(bench, impl, processes, slots)
+                    except Exception as exc:  # report it, keep the logs, go on with the rest
+                        failures.append(f"{label}: {exc!r}")
+                        print(f"{label}: FAILED: {exc!r}", flush=True)
+                        args.keep_logs = True
+                        continue
+                    results.append(result)
+                    print(
+                        f"{label}: {result.rate:.1f} workflows/s ({args.workflows} in "
+                        f"{result.seconds:.1f} s, {len(result.errors)} errors)",
+                        flush=True,
+                    )
+        print()
+        print(report(results))
+        for failure in failures:
+            print(f"  FAILED {failure}")
+        if args.json:
+            args.json.write_text(json.dumps([asdict(r) for r in results], indent=1))
+    finally:
+        children.stop()
+        databases.close()
+        if args.keep_logs:
+            print(f"worker logs kept in {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    try:
+        raise SystemExit(main())
+    except KeyboardInterrupt:
+        print("interrupted; databases dropped and worker processes stopped", file=sys.stderr)
+        raise SystemExit(130) from None

@@ -1,0 +1,201 @@
+"""Results of ``bench/approvals.py`` and the tables it prints."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from bench.common import Sample, ServerStats, fmt, percentile, render_table
+
+__all__ = ["Latencies", "Result", "report"]
+
+
+@dataclass
+class Latencies:
+    """Milliseconds from each resume call's start to the resumed turn's pickup (its claim
+    logged by the worker), to its ``settled_at``, and to the resume call's return; and from
+    the resumed turn's ``created_at`` to its pickup (the wake-up path alone)."""
+
+    pickup_ms: list[float] = field(default_factory=list)
+    created_pickup_ms: list[float] = field(default_factory=list)
+    settled_ms: list[float] = field(default_factory=list)
+    returned_ms: list[float] = field(default_factory=list)
+    missing_pickups: int = 0
+
+    @classmethod
+    def of(
+        cls,
+        samples: list[Sample],
+        claims: dict[str, float],
+        created: dict[str, float],
+        settled: dict[str, float],
+    ) -> Latencies:
+        """Join the samples with the claim, ``created_at`` and ``settled_at`` times (unix s)."""
+
+        def since(times: dict[str, float]) -> list[float]:
+            return [
+                (times[s.resumed_turn] - s.resume_at) * 1e3
+                for s in samples
+                if s.resumed_turn in times
+            ]
+
+        return cls(
+            pickup_ms=since(claims),
+            created_pickup_ms=[
+                (claims[s.resumed_turn] - created[s.resumed_turn]) * 1e3
+                for s in samples
+                if s.resumed_turn in claims and s.resumed_turn in created
+            ],
+            settled_ms=since(settled),
+            returned_ms=[(s.done_at - s.resume_at) * 1e3 for s in samples],
+            missing_pickups=sum(1 for s in samples if s.resumed_turn not in claims),
+        )
+
+    def cells(self) -> list[str]:
+        """p50 and p95 of pickup, created->pickup, settled and returned."""
+        out = []
+        for values, digits in (
+            (self.pickup_ms, 2),
+            (self.created_pickup_ms, 2),
+            (self.settled_ms, 1),
+            (self.returned_ms, 1),
+        ):
+            out += [fmt(percentile(values, 50), digits), fmt(percentile(values, 95), digits)]
+        return out
+
+
+@dataclass
+class Result:
+    """One implementation (``turnstile`` or ``floor``) on one configuration."""
+
+    impl: str
+    processes: int
+    slots: int
+    warmup: int
+    workflows: int  # measured with all clients at once (the throughput phase)
+    idle_workflows: int  # measured one at a time (the latency phase)
+    seconds: float  # wall time of the throughput phase
+    loaded: Latencies
+    idle: Latencies
+    stats: ServerStats  # over the whole run: warm-up, both phases, worker start and stop
+    client_cpu_s: float
+    worker_cpu_s: float
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return f"{self.processes}p x {self.slots}s {self.impl}"
+
+    @property
+    def rate(self) -> float:
+        """Workflows per second in the throughput phase."""
+        return self.workflows / self.seconds if self.seconds else 0.0
+
+    def per_workflow(self, value: float) -> float:
+        """``value`` divided by every workflow run (warm-up and both phases)."""
+        return value / max(1, self.warmup + self.workflows + self.idle_workflows)
+
+
+def _percent(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.0f}%"
+
+
+def _verdict(met: bool, value: float) -> str:
+    return "not measured" if math.isnan(value) else "met" if met else "NOT met"
+
+
+def report(results: list[Result]) -> str:
+    """The throughput, latency and cost tables, and the target checks."""
+    floors = {(r.processes, r.slots): r.rate for r in results if r.impl == "floor"}
+
+    def share(r: Result) -> float:
+        base = floors.get((r.processes, r.slots))
+        return 100 * r.rate / base if base else math.nan
+
+    speed = [
+        [
+            r.label,
+            fmt(r.rate),
+            "" if r.impl == "floor" else _percent(share(r)),
+            str(len(r.errors)),
+        ]
+        for r in results
+    ]
+    latency = []
+    for r in results:
+        latency.append([r.label, "idle", *r.idle.cells()])
+        latency.append([r.label, "loaded", *r.loaded.cells()])
+    cost = []
+    for r in results:
+        s, per = r.stats, r.per_workflow
+        cost.append(
+            [
+                r.label,
+                fmt(per(s.commits)),
+                fmt(per(s.write_xacts)),
+                fmt(per(s.wal_bytes) / 1024, 2),
+                fmt(per(s.wal_records)),
+                fmt(per(s.wal_fpi), 2),
+                fmt(per(s.wal_syncs), 2),
+                fmt(per(r.client_cpu_s) * 1e3, 2),
+                fmt(per(r.worker_cpu_s) * 1e3, 2),
+            ]
+        )
+    lines = [
+        "Throughput (all clients at once)",
+        render_table(["config", "workflows/s", "of floor", "errors"], speed),
+        "",
+        "Latency in ms from the resume call's start (idle: one workflow at a time;"
+        " loaded: all clients at once)",
+        render_table(
+            [
+                "config",
+                "phase",
+                "pickup p50",
+                "p95",
+                "created->pickup p50",
+                "p95",
+                "settled p50",
+                "p95",
+                "returned p50",
+                "p95",
+            ],
+            latency,
+        ),
+        "",
+        "Cost per workflow (over all phases; WAL and write xacts are cluster-wide)",
+        render_table(
+            [
+                "config",
+                "commits",
+                "write xacts",
+                "WAL KiB",
+                "WAL recs",
+                "FPI",
+                "WAL syncs",
+                "client CPU ms",
+                "worker CPU ms",
+            ],
+            cost,
+        ),
+        "",
+        "Targets",
+    ]
+    for r in results:
+        if r.impl == "floor":
+            continue
+        ratio, pickup = share(r), percentile(r.idle.pickup_ms, 50)
+        lines.append(
+            f"  {r.label}: {_percent(ratio)} of the floor's throughput (target >= 50%: "
+            f"{_verdict(ratio >= 50, ratio)}); idle resume->pickup p50 {fmt(pickup, 2)} ms "
+            f"(target <= 5 ms: {_verdict(pickup <= 5, pickup)})"
+        )
+    for r in results:
+        missing = r.loaded.missing_pickups + r.idle.missing_pickups
+        if r.errors or missing:
+            first = f" (first: {r.errors[0]})" if r.errors else ""
+            lines.append(
+                f"  note: {r.label}: {len(r.errors)} failed workflows{first}; "
+                f"{missing} resumes without a logged claim"
+            )
+    return "\n".join(lines)
