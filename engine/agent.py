@@ -347,18 +347,24 @@ class Agent:
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         while True:
-            turn = await store.get_turn(turn_id)
-            if turn is None:
-                raise NotFoundError(f"Snapshot '{turn_id}' not found for agent '{self.name}'.")
-            if turn.status not in ACTIVE_STATUSES:
-                return turn
             wait_for = self.poll_interval
             if deadline is not None:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     raise TimeoutError(f"Snapshot {turn_id} did not settle in {timeout}s.")
                 wait_for = min(wait_for, remaining)
-            await store.wait_for_change(turn_id, wait_for)
+            # Listen before reading: a settlement that lands between the read and the wait
+            # must still wake us (the waiter registers as soon as the read yields).
+            waiter = asyncio.ensure_future(store.wait_for_change(turn_id, wait_for))
+            try:
+                turn = await store.get_turn(turn_id)
+                if turn is None:
+                    raise NotFoundError(f"Snapshot '{turn_id}' not found for agent '{self.name}'.")
+                if turn.status not in ACTIVE_STATUSES:
+                    return turn
+                await waiter
+            finally:
+                waiter.cancel()
 
     async def wait(self, snapshot_id: str, *, timeout: float | None = None) -> AgentResponse:
         """Wait for a pending snapshot (e.g. from ``send(..., wait=False)``) to settle and

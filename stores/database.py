@@ -93,7 +93,8 @@ class Database:
                 self.url,
                 pool_size=pool_size,
                 max_overflow=pool_size,
-                pool_pre_ping=True,
+                # No pre-ping (it costs a round trip per checkout): a dead connection fails its
+                # first statement, SQLAlchemy discards the pool, and run() retries once.
                 echo=echo,
                 # Our transactions last milliseconds; a worker frozen inside one (SIGSTOP, a
                 # swapped-out VM) must not keep its row locks — and its turn — forever.
@@ -115,6 +116,17 @@ class Database:
         """One short transaction (never held across a model call, a tool call or a wait)."""
         with self.engine.begin() as connection:
             yield connection
+
+    @contextmanager
+    def reading(self) -> Iterator[Connection]:
+        """A connection for reads: autocommit on PostgreSQL (no BEGIN/COMMIT round trips);
+        on SQLite a transaction, which our BEGIN IMMEDIATE hook requires."""
+        if not self.is_postgres:
+            with self.transaction() as connection:
+                yield connection
+            return
+        with self.engine.connect() as connection:
+            yield connection.execution_options(isolation_level="AUTOCOMMIT")
 
     async def run(self, operation: Callable[[], T], *, retries: int = 3) -> T:
         """Run a blocking store operation in a thread, wrapping driver errors.
@@ -159,24 +171,25 @@ def upsert(
 ) -> None:
     """INSERT ... ON CONFLICT (keys) DO UPDATE for PostgreSQL and SQLite alike; the ``keep``
     columns keep their first value."""
-    fixed = set(keys) | set(keep)
     if not rows:
         return
-    if connection.dialect.name == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert as pg_insert
-
-        pg = pg_insert(table).values(rows)
-        pg = pg.on_conflict_do_update(
+    key = (connection.dialect.name, table.name, tuple(keys), keep)
+    statement = _UPSERTS.get(key)
+    if statement is None:
+        # Built once per table: a statement without inline values is cached by SQLAlchemy's
+        # compiled cache, and the rows go as executemany parameters.
+        fixed = set(keys) | set(keep)
+        if connection.dialect.name == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert as dialect_insert
+        else:
+            from sqlalchemy.dialects.sqlite import insert as dialect_insert  # type: ignore[assignment]
+        base = dialect_insert(table)
+        statement = base.on_conflict_do_update(
             index_elements=keys,
-            set_={c.name: pg.excluded[c.name] for c in table.columns if c.name not in fixed},
+            set_={c.name: base.excluded[c.name] for c in table.columns if c.name not in fixed},
         )
-        connection.execute(pg)
-    else:
-        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+        _UPSERTS[key] = statement
+    connection.execute(statement, rows)
 
-        lite = sqlite_insert(table).values(rows)
-        lite = lite.on_conflict_do_update(
-            index_elements=keys,
-            set_={c.name: lite.excluded[c.name] for c in table.columns if c.name not in fixed},
-        )
-        connection.execute(lite)
+
+_UPSERTS: dict[tuple[str, str, tuple[str, ...], tuple[str, ...]], Any] = {}

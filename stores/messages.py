@@ -89,13 +89,12 @@ def conversation(connection: Connection, chain: Sequence[tuple[str, int]]) -> li
     return result
 
 
-def chain_of(connection: Connection, turn_id: str) -> list[tuple[str, int]]:
-    """The turn and its ancestors, root first, as ``(id, history_length)``."""
+def _chain_statement() -> sa.Select[tuple[str, int]]:
     ancestry = (
         sa.select(
             turns.c.id, turns.c.parent_id, turns.c.history_length, sa.literal(0).label("depth")
         )
-        .where(turns.c.id == turn_id)
+        .where(turns.c.id == sa.bindparam("turn_id"))
         .cte("ancestry", recursive=True)
     )
     parent = turns.alias("parent")
@@ -104,7 +103,14 @@ def chain_of(connection: Connection, turn_id: str) -> list[tuple[str, int]]:
             parent.c.id, parent.c.parent_id, parent.c.history_length, ancestry.c.depth + 1
         ).where(parent.c.id == ancestry.c.parent_id)
     )
-    rows = connection.execute(
-        sa.select(ancestry.c.id, ancestry.c.history_length).order_by(ancestry.c.depth.desc())
-    ).all()
+    return sa.select(ancestry.c.id, ancestry.c.history_length).order_by(ancestry.c.depth.desc())
+
+
+#: Built once (the recursive CTE is costly to construct); the turn id is a bound parameter.
+_CHAIN = _chain_statement()
+
+
+def chain_of(connection: Connection, turn_id: str) -> list[tuple[str, int]]:
+    """The turn and its ancestors, root first, as ``(id, history_length)``."""
+    rows = connection.execute(_CHAIN, {"turn_id": turn_id}).all()
     return [(r[0], r[1]) for r in rows]

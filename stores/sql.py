@@ -363,10 +363,14 @@ class SqlSessionStore:
 
     async def _read(self, query: Callable[[sa.Connection], T]) -> T:
         def run() -> T:
-            with self.db.transaction() as connection:
+            with self.db.reading() as connection:
                 return query(connection)
 
         return await self.db.run(run)
 
     async def _write(self, change: Callable[[sa.Connection], T]) -> T:
-        return await self._read(change)
+        def run() -> T:
+            with self.db.transaction() as connection:
+                return change(connection)
+
+        return await self.db.run(run)
