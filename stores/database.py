@@ -119,14 +119,11 @@ class Database:
 
     @contextmanager
     def reading(self) -> Iterator[Connection]:
-        """A connection for reads: autocommit on PostgreSQL (no BEGIN/COMMIT round trips);
-        on SQLite a transaction, which our BEGIN IMMEDIATE hook requires."""
-        if not self.is_postgres:
-            with self.transaction() as connection:
-                yield connection
-            return
-        with self.engine.connect() as connection:
-            yield connection.execution_options(isolation_level="AUTOCOMMIT")
+        """A connection for reads, in a short transaction too: switching a pooled psycopg
+        connection to autocommit per checkout measured slower (≈0.66 ms) than BEGIN …
+        COMMIT (≈0.41 ms) for a one-row read, and one consistent snapshot is simpler."""
+        with self.transaction() as connection:
+            yield connection
 
     async def run(self, operation: Callable[[], T], *, retries: int = 3) -> T:
         """Run a blocking store operation in a thread, wrapping driver errors.
