@@ -24,6 +24,9 @@ __all__ = ["LeaseSettings", "RetryPolicy", "execute_claimed", "run_inline"]
 
 logger = logging.getLogger("turnstile.executor")
 
+#: The fastest an executor re-reads its turn's status between heartbeats (abort detection).
+MIN_STATUS_CHECK_INTERVAL = 0.25
+
 
 @dataclass(frozen=True)
 class RetryPolicy:
@@ -107,9 +110,14 @@ async def execute_claimed(
     async def watch_store() -> None:
         # Another process may request the abort: the store's change notification (NOTIFY)
         # wakes us at once; the heartbeat's status check is the fallback.
+        loop = asyncio.get_running_loop()
         while not work.done():
+            started = loop.time()
             try:
                 await store.wait_for_change(turn.id, lease.heartbeat_interval)
+                # A store without notifications (SQLite) returns from every short poll: read
+                # the status at most a few times a second, not once per poll.
+                await asyncio.sleep(max(0.0, MIN_STATUS_CHECK_INTERVAL - (loop.time() - started)))
                 current = await store.get_turn(turn.id)
             except Exception:
                 logger.warning("turn %s: status check failed; retrying", turn.id, exc_info=True)

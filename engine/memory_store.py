@@ -24,7 +24,7 @@ from engine.errors import (
     StaleTransitionError,
 )
 from engine.parts import Message
-from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus, can_transition
+from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus
 from engine.store import (
     InterruptAnswer,
     NewTurn,
@@ -35,6 +35,12 @@ from engine.store import (
     TurnError,
     TurnEvent,
     TurnRecord,
+)
+from engine.store_rules import (
+    abort_target,
+    check_answers,
+    check_transition,
+    transition_changes,
 )
 
 __all__ = ["InMemorySessionStore"]
@@ -102,15 +108,8 @@ class InMemorySessionStore:
                 )
         # Check every answer before writing anything: all or nothing.
         answered: list[tuple[ToolCallRecord, InterruptAnswer]] = []
-        keys = [(a.turn_id, a.round, a.ref) for a in answers]
-        if len(set(keys)) != len(keys):
-            raise InvalidArgumentError("The same interrupt is answered twice.")
+        check_answers(turn, answers)
         for answer in answers:
-            if answer.turn_id != turn.parent_id:
-                raise InvalidArgumentError(
-                    f"Answers must decide interrupts of the parent snapshot {turn.parent_id}, "
-                    f"not of {answer.turn_id}."
-                )
             call = self._calls.get(answer.turn_id, {}).get((answer.round, answer.ref))
             if call is None or call.status is not ToolCallStatus.INTERRUPTED:
                 state = "unknown" if call is None else call.status.value
@@ -287,19 +286,13 @@ class InMemorySessionStore:
         note: str | None = None,
     ) -> TurnRecord:
         """See :meth:`engine.store.SessionStore.transition`."""
-        turn = self._turns.get(turn_id)
-        if turn is None:
-            raise StaleTransitionError(turn_id, f"Turn {turn_id} does not exist.")
-        if turn.status not in expected:
-            raise StaleTransitionError(
-                turn_id,
-                f"Turn {turn_id} is {turn.status.value}, expected one of "
-                f"{sorted(s.value for s in expected)}.",
-            )
-        if lease_token is not None and turn.lease_token != lease_token:
-            raise LeaseLostError(turn_id, f"Lease {lease_token} on turn {turn_id} was lost.")
-        if not can_transition(turn.status, new):
-            raise ValueError(f"No transition {turn.status.value} → {new.value}.")
+        turn = check_transition(
+            self._turns.get(turn_id),
+            turn_id,
+            expected=expected,
+            new=new,
+            lease_token=lease_token,
+        )
         return self._move(turn, new, finish_reason, error, run_after, note, _now())
 
     def _move(
@@ -314,22 +307,9 @@ class InMemorySessionStore:
     ) -> TurnRecord:
         """Apply a checked transition and record its event."""
         turn_id = turn.id
-        update: dict[str, object] = {"status": new, "updated_at": now}
-        if new is not TurnStatus.ABORTING:
-            # Settling, or handing the turn back for a retry, releases the lease; the token
-            # moves on so the releasing worker can write nothing more.
-            update.update(lease_owner=None, lease_expires_at=None, lease_token=turn.lease_token + 1)
-        if new is TurnStatus.PENDING:
-            update["run_after"] = run_after or now
-        if finish_reason is not None:
-            update["finish_reason"] = finish_reason
-        if new not in ACTIVE_STATUSES:
-            # A settled turn carries exactly the error it settled with (none when it
-            # completed), not one left over from an earlier attempt.
-            update["settled_at"] = now
-            update["error"] = error.model_copy(deep=True) if error is not None else None
-        elif error is not None:
-            update["error"] = error.model_copy(deep=True)
+        update = transition_changes(
+            turn, new, now=now, finish_reason=finish_reason, error=error, run_after=run_after
+        )
         moved = turn.model_copy(update=update)
         self._turns[turn_id] = moved
         self._changes.pop(turn_id, _Signal()).fire()
@@ -352,17 +332,16 @@ class InMemorySessionStore:
         turn = self._turns.get(turn_id)
         if turn is None:
             raise NotFoundError(f"Snapshot {turn_id} not found.")
-        if turn.status is not TurnStatus.PENDING:
+        target = abort_target(turn, _now())
+        if target is None:
             return turn.status
-        now = _now()
-        leased = turn.lease_expires_at is not None and turn.lease_expires_at >= now
-        new = TurnStatus.ABORTING if leased else TurnStatus.ABORTED
+        new, finish_reason = target
         moved = await self.transition(
             turn_id,
             expected={TurnStatus.PENDING},
             new=new,
             lease_token=None,
-            finish_reason=FinishReason.ABORTED if new is TurnStatus.ABORTED else None,
+            finish_reason=finish_reason,
             note="abort requested",
         )
         return moved.status

@@ -23,7 +23,6 @@ from engine.tools import Tool
 
 __all__ = [
     "NOT_RESUMABLE_MESSAGE",
-    "PausedCall",
     "ResumePlan",
     "paused_calls",
     "plan_resume",
@@ -42,18 +41,6 @@ def _ref_text(ref: str | None) -> str:
 def _same_json(a: Any, b: Any) -> bool:
     """Deep equality of JSON values, as canonical JSON with sorted keys."""
     return json.dumps(to_jsonable(a), sort_keys=True) == json.dumps(to_jsonable(b), sort_keys=True)
-
-
-@dataclass(frozen=True)
-class PausedCall:
-    """A tool request of the paused message that waits for an answer."""
-
-    part: Part
-    name: str
-    ref: str
-    input: Any
-    metadata: Any
-    journal: ToolCallRecord | None
 
 
 def paused_calls(message: Message | None) -> list[Part]:

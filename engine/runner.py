@@ -259,7 +259,8 @@ class TurnRunner:
 
     # -- tools ------------------------------------------------------------------------
 
-    def _key(self, number: int, ref: str) -> str:
+    def _key(self, ref: str) -> str:
+        # Refs are unique within the session, so the turn and the ref name the request.
         return f"{self.turn.id}:{ref}"
 
     def _requested(self, number: int, part: Part) -> ToolCallRecord:
@@ -272,7 +273,7 @@ class TurnRunner:
             name=request.name,
             input=request.input,
             status=ToolCallStatus.REQUESTED,
-            idempotency_key=self._key(number, request.ref),
+            idempotency_key=self._key(request.ref),
         )
 
     def _tool(self, name: str) -> Tool:
@@ -464,7 +465,7 @@ class TurnRunner:
             key = (
                 origin[request.ref].idempotency_key
                 if request.ref in origin
-                else self._key(0, request.ref)
+                else self._key(request.ref)
             )
             row = ToolCallRecord(
                 turn_id=self.turn.id,

@@ -34,6 +34,7 @@ from engine.store import (
     TurnEvent,
     TurnRecord,
 )
+from engine.store_rules import abort_target, check_answers
 from stores import messages as message_sql
 from stores import sessions as session_sql
 from stores import tool_calls as call_sql
@@ -83,15 +84,7 @@ class SqlSessionStore:
         self, turn: NewTurn, *, answers: Sequence[InterruptAnswer] = ()
     ) -> TurnRecord:
         """See :meth:`engine.store.SessionStore.create_turn`."""
-        keys = [(a.turn_id, a.round, a.ref) for a in answers]
-        if len(set(keys)) != len(keys):
-            raise InvalidArgumentError("The same interrupt is answered twice.")
-        for answer in answers:
-            if answer.turn_id != turn.parent_id:
-                raise InvalidArgumentError(
-                    f"Answers must decide interrupts of the parent snapshot {turn.parent_id}, "
-                    f"not of {answer.turn_id}."
-                )
+        check_answers(turn, answers)
 
         def create() -> TurnRecord:
             now = _now()
@@ -219,10 +212,10 @@ class SqlSessionStore:
             current = turn_sql.get_turn(connection, turn_id)
             if current is None:
                 raise NotFoundError(f"Snapshot {turn_id} not found.")
-            if current.status is not TurnStatus.PENDING:
+            target = abort_target(current, now)
+            if target is None:
                 return current.status
-            leased = current.lease_expires_at is not None and current.lease_expires_at >= now
-            new = TurnStatus.ABORTING if leased else TurnStatus.ABORTED
+            new, finish_reason = target
             moved = turn_sql.transition(
                 connection,
                 turn_id,
@@ -230,7 +223,7 @@ class SqlSessionStore:
                 new=new,
                 lease_token=None,
                 now=now,
-                finish_reason=FinishReason.ABORTED if not leased else None,
+                finish_reason=finish_reason,
                 note="abort requested",
             )
             return moved.status

@@ -8,14 +8,16 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from datetime import datetime, timedelta
+from enum import StrEnum
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from engine.errors import LeaseLostError, StaleTransitionError
-from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus, can_transition
+from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus
 from engine.store import NewTurn, TurnError, TurnEvent, TurnInput, TurnRecord
+from engine.store_rules import check_transition, transition_changes
 from stores.database import utc
 from stores.notify import CHANGE_CHANNEL, WORK_CHANNEL, notify
 from stores.schema import ACTIVE, turn_events, turns
@@ -289,35 +291,26 @@ def transition(
     note: str | None = None,
 ) -> TurnRecord:
     """The one guarded status change (see :meth:`engine.store.SessionStore.transition`)."""
+    # The row lock makes the check and the guarded UPDATE below one atomic step.
     row = connection.execute(
         sa.select(turns).where(turns.c.id == turn_id).with_for_update()
     ).first()
-    if row is None:
-        raise StaleTransitionError(turn_id, f"Turn {turn_id} does not exist.")
-    current = record(row)
-    if current.status not in expected:
-        raise StaleTransitionError(
-            turn_id,
-            f"Turn {turn_id} is {current.status.value}, expected one of "
-            f"{sorted(s.value for s in expected)}.",
-        )
-    if lease_token is not None and current.lease_token != lease_token:
-        raise LeaseLostError(turn_id, f"Lease {lease_token} on turn {turn_id} was lost.")
-    if not can_transition(current.status, new):
-        raise ValueError(f"No transition {current.status.value} → {new.value}.")
-    values: dict[str, Any] = {"status": new.value, "updated_at": now}
-    if new is not TurnStatus.ABORTING:
-        # Releasing the lease advances the token: the releasing worker can write nothing more.
-        values.update(lease_owner=None, lease_expires_at=None, lease_token=turns.c.lease_token + 1)
-    if new is TurnStatus.PENDING:
-        values["run_after"] = run_after or now
-    if finish_reason is not None:
-        values["finish_reason"] = finish_reason.value
-    if new not in ACTIVE_STATUSES:
-        values["settled_at"] = now
-        values["error"] = error.model_dump(mode="json") if error is not None else sa.null()
-    elif error is not None:
-        values["error"] = error.model_dump(mode="json")
+    current = check_transition(
+        record(row) if row else None,
+        turn_id,
+        expected=expected,
+        new=new,
+        lease_token=lease_token,
+    )
+    changes = transition_changes(
+        current, new, now=now, finish_reason=finish_reason, error=error, run_after=run_after
+    )
+    values: dict[str, Any] = {
+        key: value.value if isinstance(value, StrEnum) else value for key, value in changes.items()
+    }
+    if "error" in values:
+        error_value = values["error"]
+        values["error"] = error_value.model_dump(mode="json") if error_value else sa.null()
     guard = [turns.c.id == turn_id, turns.c.status == current.status.value]
     if lease_token is not None:
         guard.append(turns.c.lease_token == lease_token)

@@ -1,0 +1,95 @@
+"""The rules every SessionStore applies, written once so the stores cannot drift apart.
+
+A store decides *how* to persist (a dict in memory, a guarded UPDATE in SQL); *what* a
+transition checks and changes, which answers are acceptable and where an abort leads are
+defined here and used by both :mod:`engine.memory_store` and :mod:`stores`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from datetime import datetime
+from typing import Any
+
+from engine.errors import InvalidArgumentError, LeaseLostError, StaleTransitionError
+from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus, can_transition
+from engine.store import InterruptAnswer, NewTurn, TurnError, TurnRecord
+
+__all__ = ["abort_target", "check_answers", "check_transition", "transition_changes"]
+
+
+def check_answers(turn: NewTurn, answers: Sequence[InterruptAnswer]) -> None:
+    """Answers must decide calls of the new turn's parent, each call once."""
+    keys = [(a.turn_id, a.round, a.ref) for a in answers]
+    if len(set(keys)) != len(keys):
+        raise InvalidArgumentError("The same interrupt is answered twice.")
+    for answer in answers:
+        if answer.turn_id != turn.parent_id:
+            raise InvalidArgumentError(
+                f"Answers must decide interrupts of the parent snapshot {turn.parent_id}, "
+                f"not of {answer.turn_id}."
+            )
+
+
+def check_transition(
+    current: TurnRecord | None,
+    turn_id: str,
+    *,
+    expected: Collection[TurnStatus],
+    new: TurnStatus,
+    lease_token: int | None,
+) -> TurnRecord:
+    """Raise unless ``current`` may move to ``new`` for the holder of ``lease_token``."""
+    if current is None:
+        raise StaleTransitionError(turn_id, f"Turn {turn_id} does not exist.")
+    if current.status not in expected:
+        raise StaleTransitionError(
+            turn_id,
+            f"Turn {turn_id} is {current.status.value}, expected one of "
+            f"{sorted(s.value for s in expected)}.",
+        )
+    if lease_token is not None and current.lease_token != lease_token:
+        raise LeaseLostError(turn_id, f"Lease {lease_token} on turn {turn_id} was lost.")
+    if not can_transition(current.status, new):
+        raise ValueError(f"No transition {current.status.value} → {new.value}.")
+    return current
+
+
+def transition_changes(
+    current: TurnRecord,
+    new: TurnStatus,
+    *,
+    now: datetime,
+    finish_reason: FinishReason | None = None,
+    error: TurnError | None = None,
+    run_after: datetime | None = None,
+) -> dict[str, Any]:
+    """The fields a checked transition sets, as ``TurnRecord`` field names and values."""
+    changes: dict[str, Any] = {"status": new, "updated_at": now}
+    if new is not TurnStatus.ABORTING:
+        # Settling, or handing the turn back for a retry, releases the lease; the token moves
+        # on so the releasing worker can write nothing more.
+        changes.update(lease_owner=None, lease_expires_at=None, lease_token=current.lease_token + 1)
+    if new is TurnStatus.PENDING:
+        changes["run_after"] = run_after or now
+    if finish_reason is not None:
+        changes["finish_reason"] = finish_reason
+    if new not in ACTIVE_STATUSES:
+        # A settled turn carries exactly the error it settled with (none when it completed),
+        # not one left over from an earlier attempt.
+        changes["settled_at"] = now
+        changes["error"] = error.model_copy(deep=True) if error is not None else None
+    elif error is not None:
+        changes["error"] = error.model_copy(deep=True)
+    return changes
+
+
+def abort_target(turn: TurnRecord, now: datetime) -> tuple[TurnStatus, FinishReason | None] | None:
+    """Where an abort request moves ``turn``: ``aborting`` while a live lease holds it,
+    ``aborted`` when nobody does, nowhere (``None``) unless it is ``pending``."""
+    if turn.status is not TurnStatus.PENDING:
+        return None
+    leased = turn.lease_expires_at is not None and turn.lease_expires_at >= now
+    if leased:
+        return TurnStatus.ABORTING, None
+    return TurnStatus.ABORTED, FinishReason.ABORTED
