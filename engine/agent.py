@@ -8,15 +8,13 @@ verified state blob, so every mode shares one runner and one set of rules.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
-
-from pydantic import BaseModel, Field
 
 from engine.errors import (
     FailedPreconditionError,
@@ -28,12 +26,13 @@ from engine.errors import (
 from engine.executor import LeaseSettings, RetryPolicy, run_inline
 from engine.memory_store import InMemorySessionStore
 from engine.model import Model
-from engine.parts import Message, Part
-from engine.response import AgentResponse, interrupts_of
+from engine.parts import Message
+from engine.response import AgentChunk, AgentResponse, interrupts_of
 from engine.resume import NOT_RESUMABLE_MESSAGE, paused_calls, plan_resume
 from engine.runner import ChunkCallback, RunnerConfig
 from engine.schemas import Schema
 from engine.signing import StateSigner, canonical_json
+from engine.snapshots import SessionSnapshot, SessionState
 from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus
 from engine.store import (
     InterruptAnswer,
@@ -54,58 +53,6 @@ __all__ = ["Agent", "SessionSnapshot", "SessionState", "TurnRequest"]
 logger = logging.getLogger("turnstile.agent")
 
 
-class SessionState(BaseModel):
-    """Genkit's ``SessionState``: the conversation a snapshot holds."""
-
-    session_id: str
-    messages: list[Message] = Field(default_factory=list)
-    custom: Any = None
-    artifacts: list[Any] = Field(default_factory=list)
-
-    def to_wire(self) -> dict[str, Any]:
-        """``{sessionId, messages, custom?, artifacts}``."""
-        wire: dict[str, Any] = {
-            "sessionId": self.session_id,
-            "messages": [m.to_wire() for m in self.messages],
-            "artifacts": list(self.artifacts),
-        }
-        if self.custom is not None:
-            wire["custom"] = self.custom
-        return wire
-
-
-class SessionSnapshot(BaseModel):
-    """One turn as a snapshot: status, finish reason, error and the conversation it holds."""
-
-    snapshot_id: str
-    session_id: str
-    parent_id: str | None
-    created_at: datetime
-    updated_at: datetime
-    status: TurnStatus
-    finish_reason: FinishReason | None = None
-    error: dict[str, Any] | None = None
-    state: SessionState
-
-    def to_wire(self) -> dict[str, Any]:
-        """Genkit's ``SessionSnapshot`` JSON."""
-        wire: dict[str, Any] = {
-            "snapshotId": self.snapshot_id,
-            "sessionId": self.session_id,
-            "createdAt": self.created_at.isoformat(),
-            "updatedAt": self.updated_at.isoformat(),
-            "status": self.status.value,
-            "state": self.state.to_wire(),
-        }
-        if self.parent_id is not None:
-            wire["parentId"] = self.parent_id
-        if self.finish_reason is not None:
-            wire["finishReason"] = self.finish_reason.value
-        if self.error is not None:
-            wire["error"] = self.error
-        return wire
-
-
 @dataclass(frozen=True)
 class TurnRequest:
     """Where a turn continues from, and with what."""
@@ -116,6 +63,11 @@ class TurnRequest:
     state: Mapping[str, Any] | None = None
     #: Who answers the interrupts of a resume (recorded on the journal rows).
     decided_by: str | None = None
+    #: The principal the session belongs to (``None``: trusted local caller, no check). A
+    #: new session is created for it; another principal's session is reported unknown.
+    owner: str | None = None
+    #: The new turn's id, chosen by the caller (e.g. to subscribe to its chunks first).
+    turn_id: str | None = None
 
 
 @dataclass
@@ -220,16 +172,35 @@ class Agent:
             )
         return self.store
 
-    async def _own_turn(self, store: SessionStore, snapshot_id: str) -> TurnRecord:
+    async def _own_turn(
+        self, store: SessionStore, snapshot_id: str, owner: str | None = None
+    ) -> TurnRecord:
         turn = await store.get_turn(snapshot_id)
-        if turn is None or turn.agent != self.name:
+        if (
+            turn is None
+            or turn.agent != self.name
+            or not await self._owned_by(store, turn.session_id, owner)
+        ):
             raise NotFoundError(f"Snapshot '{snapshot_id}' not found for agent '{self.name}'.")
         return turn
 
+    @staticmethod
+    async def _owned_by(store: SessionStore, session_id: str, owner: str | None) -> bool:
+        """Whether ``owner`` may see the session (``None``: a trusted local caller)."""
+        if owner is None:
+            return True
+        session = await store.get_session(session_id)
+        return session is not None and session.owner == owner
+
     async def get_snapshot(
-        self, *, snapshot_id: str | None = None, session_id: str | None = None
+        self,
+        *,
+        snapshot_id: str | None = None,
+        session_id: str | None = None,
+        owner: str | None = None,
     ) -> SessionSnapshot | None:
-        """The snapshot with that id, or the session's latest one; ``None`` if unknown."""
+        """The snapshot with that id, or the session's latest one; ``None`` if unknown
+        (or, with ``owner``, if the session belongs to another principal)."""
         store = self._require_store("get_snapshot")
         if (snapshot_id is None) == (session_id is None):
             raise InvalidArgumentError("Give exactly one of snapshot_id and session_id.")
@@ -238,7 +209,11 @@ class Agent:
         else:
             assert session_id is not None
             turn = await store.latest_turn(session_id)
-        if turn is None or turn.agent != self.name:
+        if (
+            turn is None
+            or turn.agent != self.name
+            or not await self._owned_by(store, turn.session_id, owner)
+        ):
             return None
         return await self._snapshot(store, turn)
 
@@ -256,7 +231,7 @@ class Agent:
             state=SessionState(session_id=turn.session_id, messages=messages),
         )
 
-    async def abort(self, snapshot_id: str) -> TurnStatus:
+    async def abort(self, snapshot_id: str, *, owner: str | None = None) -> TurnStatus:
         """Stop a running turn; returns the resulting status.
 
         ``pending`` → ``aborting`` while a runner holds it (it settles ``aborted`` at its next
@@ -264,7 +239,7 @@ class Agent:
         settled snapshots are left as they are.
         """
         store = self._require_store("abort")
-        await self._own_turn(store, snapshot_id)
+        await self._own_turn(store, snapshot_id, owner)
         return await self.abort_in(store, snapshot_id)
 
     async def abort_in(self, store: SessionStore, turn_id: str) -> TurnStatus:
@@ -294,6 +269,8 @@ class Agent:
         error, writing nothing, when the request is invalid; raises
         :class:`TurnFailedError` when the turn fails.
         """
+        if self.queued and on_chunk is not None and wait:
+            return await self._run_relayed(request, on_chunk, on_started)
         started = await self._start(request)
         if on_started is not None:
             on_started(started.store, started.turn)
@@ -328,6 +305,38 @@ class Agent:
         finally:
             self._local_aborts.pop(started.turn.id, None)
         return await self.respond_for(started.store, settled)
+
+    async def _run_relayed(
+        self, request: TurnRequest, on_chunk: ChunkCallback, on_started: Any
+    ) -> AgentResponse:
+        """A queued turn whose caller streams: subscribe to its chunks *before* it exists
+        (so the worker cannot publish one we miss), then forward them until it settles."""
+        store = self._require_store("streaming a queued turn")
+        turn_id = request.turn_id or str(uuid.uuid4())
+        request = replace(
+            request, turn_id=turn_id, input=request.input.model_copy(update={"relay": True})
+        )
+        async with store.subscribe_chunks(turn_id) as chunks:
+            started = await self._start(request)
+            if on_started is not None:
+                on_started(started.store, started.turn)
+
+            async def forward() -> None:
+                while True:
+                    await on_chunk(AgentChunk.from_wire(await chunks.get()))
+
+            forwarder = asyncio.create_task(forward())
+            try:
+                settled = await self.wait_settled(store, turn_id)
+            finally:
+                forwarder.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await forwarder
+            # Chunks are published before the turn settles; the ones already delivered but
+            # not yet forwarded go out now, before the response.
+            for chunk in chunks.drain():
+                await on_chunk(AgentChunk.from_wire(chunk))
+        return await self.respond_for(store, settled)
 
     @property
     def queued(self) -> bool:
@@ -366,11 +375,13 @@ class Agent:
             finally:
                 waiter.cancel()
 
-    async def wait(self, snapshot_id: str, *, timeout: float | None = None) -> AgentResponse:
+    async def wait(
+        self, snapshot_id: str, *, timeout: float | None = None, owner: str | None = None
+    ) -> AgentResponse:
         """Wait for a pending snapshot (e.g. from ``send(..., wait=False)``) to settle and
         return its response; usable from any process that shares the store."""
         store = self._require_store("wait")
-        await self._own_turn(store, snapshot_id)
+        await self._own_turn(store, snapshot_id, owner)
         settled = await self.wait_settled(store, snapshot_id, timeout)
         return await self.respond_for(store, settled)
 
@@ -422,7 +433,7 @@ class Agent:
             restored = await self._restore(scratch, verified, signature)
             return scratch, restored, str(verified["sessionId"])
         if request.snapshot_id is not None:
-            base = await self._own_turn(self.store, request.snapshot_id)
+            base = await self._own_turn(self.store, request.snapshot_id, request.owner)
             if request.session_id is not None and request.session_id != base.session_id:
                 raise InvalidArgumentError(
                     f"Snapshot {base.id} does not belong to session {request.session_id} "
@@ -431,7 +442,10 @@ class Agent:
             return self.store, base, base.session_id
         if request.session_id is not None:
             latest = await self.store.latest_turn(request.session_id)
-            if latest is not None and latest.agent != self.name:
+            if latest is not None and (
+                latest.agent != self.name
+                or not await self._owned_by(self.store, latest.session_id, request.owner)
+            ):
                 raise NotFoundError(
                     f"Session '{request.session_id}' not found for agent '{self.name}'."
                 )
@@ -508,16 +522,22 @@ class Agent:
                 restart=turn_input.restart,
                 tools=self.tools,
             )
-            answers = [
-                InterruptAnswer(
-                    turn_id=base.id,
-                    round=row.round,
-                    ref=row.ref,
-                    decided_by=request.decided_by,
-                    answer={plan.answers[row.ref][0]: plan.answers[row.ref][1]},
+            answers = []
+            for row in plan.journal:
+                answer = {plan.answers[row.ref][0]: plan.answers[row.ref][1]}
+                # An answer decided earlier in the inbox keeps the name of who decided it.
+                decider = request.decided_by
+                if row.decided_at is not None and row.answer == answer:
+                    decider = row.decided_by
+                answers.append(
+                    InterruptAnswer(
+                        turn_id=base.id,
+                        round=row.round,
+                        ref=row.ref,
+                        decided_by=decider,
+                        answer=answer,
+                    )
                 )
-                for row in plan.journal
-            ]
             history_length = len(conversation) - 1
         elif turn_input.kind == "expire":
             if base is None or not paused_calls(last):
@@ -554,10 +574,12 @@ class Agent:
             # Client-managed: the same blob answered the same way yields the same turn id and
             # hence the same idempotency keys, so a replayed resume cannot repeat an effect
             # through a tool that honours its key (see docs/decisions.md).
-            replay = base.id + canonical_json(turn_input.model_dump(mode="json")).decode()
+            replay = base.id + canonical_json(
+                turn_input.model_dump(mode="json", exclude={"relay"})
+            ).decode()
             turn_id = "client-" + hashlib.sha256(replay.encode()).hexdigest()[:24]
         else:
-            turn_id = str(uuid.uuid4())
+            turn_id = request.turn_id or str(uuid.uuid4())
         new = NewTurn(
             id=turn_id,
             session_id=session_id,
@@ -567,6 +589,7 @@ class Agent:
             history_length=history_length,
             initial_messages=[turn_input.message] if turn_input.message is not None else [],
             max_attempts=self.retry.max_attempts,
+            owner=request.owner,
         )
         turn = await store.create_turn(new, answers=answers)
         logger.info(
@@ -577,27 +600,3 @@ class Agent:
             self.name,
         )
         return _Started(store=store, turn=turn)
-
-
-def coerce_message(
-    message: str | Message | Sequence[Part] | Mapping[str, Any] | None,
-) -> Message | None:
-    """Accept the shapes callers naturally pass as a user message."""
-    if message is None:
-        return None
-    if isinstance(message, str):
-        return Message.user(message)
-    if isinstance(message, Message):
-        if message.role != "user":
-            raise InvalidArgumentError(
-                f"A sent message must have role 'user', not '{message.role}'."
-            )
-        return message
-    if isinstance(message, Mapping):
-        try:
-            parsed = Message.model_validate(dict(message))
-        except ValueError as exc:
-            raise InvalidArgumentError(f"Malformed message: {exc}") from exc
-        return coerce_message(parsed)
-    parts = [p if isinstance(p, Part) else Part.model_validate(p) for p in message]
-    return Message(role="user", content=parts)

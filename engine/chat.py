@@ -9,17 +9,19 @@ from typing import TYPE_CHECKING, Any
 from engine.errors import SessionBusyError, TurnFailedError
 from engine.parts import Message, Part
 from engine.response import AgentChunk, AgentResponse
+from engine.snapshots import coerce_message
 from engine.status import TurnStatus
 from engine.store import SessionStore, TurnInput, TurnRecord
 
 if TYPE_CHECKING:
     from engine.agent import Agent
 
-__all__ = ["AgentTurn", "Chat", "MessageLike"]
+__all__ = ["END_OF_STREAM", "AgentTurn", "Chat", "MessageLike"]
 
 MessageLike = str | Message | Sequence[Part] | Mapping[str, Any]
 
-_END = object()
+#: Put on an :class:`AgentTurn`'s queue after the last chunk.
+END_OF_STREAM = object()
 
 
 class AgentTurn:
@@ -49,7 +51,7 @@ class AgentTurn:
     async def _iterate(self) -> AsyncIterator[AgentChunk]:
         while True:
             item = await self._queue.get()
-            if item is _END:
+            if item is END_OF_STREAM:
                 return
             assert isinstance(item, AgentChunk)
             yield item
@@ -118,7 +120,7 @@ class Chat:
             try:
                 return await self._turn(message, resume, sink)
             finally:
-                queue.put_nowait(_END)
+                queue.put_nowait(END_OF_STREAM)
 
         return AgentTurn(queue, asyncio.create_task(run()))
 
@@ -151,8 +153,6 @@ class Chat:
     def _input(
         self, message: MessageLike | None, resume: Mapping[str, Sequence[Part]] | None
     ) -> TurnInput:
-        from engine.agent import coerce_message
-
         user = coerce_message(message)
         if resume is not None:
             respond = [_as_part(p) for p in resume.get("respond", ()) or ()]

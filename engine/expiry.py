@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from engine.agent import TurnRequest
 from engine.errors import AgentError, TurnFailedError
-from engine.parts import Part
+from engine.parts import RESUMED, Part
 from engine.store import SessionStore, ToolCallRecord, ToolCallStatus, TurnInput
 from engine.tools import InterruptTool
 
@@ -63,12 +63,21 @@ async def expire_approvals(
             c for c in await store.list_calls(turn_id) if c.status is ToolCallStatus.INTERRUPTED
         ]
         defaults: list[Part] = []
+        restarts: list[Part] = []
         for call in paused:
             tool = agent.tools.get(call.name)
-            if isinstance(tool, InterruptTool) and tool.on_timeout not in (None, FAIL):
+            decided = call.answer if call.decided_at is not None else None
+            if isinstance(decided, dict) and "respond" in decided:
+                # An approver decided this one in the inbox: their answer stands.
+                defaults.append(Part.of_response(call.name, call.ref, decided["respond"]))
+            elif isinstance(decided, dict) and "restart" in decided:
+                restarts.append(
+                    Part.of_request(call.name, call.ref, call.input, {RESUMED: decided["restart"]})
+                )
+            elif isinstance(tool, InterruptTool) and tool.on_timeout not in (None, FAIL):
                 defaults.append(Part.of_response(call.name, call.ref, tool.on_timeout))
-        if paused and len(defaults) == len(paused):
-            turn_input = TurnInput(kind="resume", respond=defaults)
+        if paused and len(defaults) + len(restarts) == len(paused):
+            turn_input = TurnInput(kind="resume", respond=defaults, restart=restarts)
         else:
             names = ", ".join(f"{c.name}#{c.ref}" for c in overdue[turn_id])
             turn_input = TurnInput(

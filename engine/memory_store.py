@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Collection, Sequence
+from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from engine.errors import (
     ApprovalNotPendingError,
@@ -24,10 +26,13 @@ from engine.errors import (
     StaleTransitionError,
 )
 from engine.parts import Message
+from engine.relay import ChunkBroker, ChunkSubscription
 from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus
 from engine.store import (
+    ApprovalQuery,
     InterruptAnswer,
     NewTurn,
+    PendingApproval,
     RoundRecord,
     SessionRecord,
     ToolCallRecord,
@@ -39,6 +44,7 @@ from engine.store import (
 from engine.store_rules import (
     abort_target,
     check_answers,
+    check_session,
     check_transition,
     transition_changes,
 )
@@ -77,6 +83,7 @@ class InMemorySessionStore:
         # Sticky: a wake-up that fires between a worker's empty claim and its wait is kept.
         self._work = asyncio.Event()
         self._changes: dict[str, _Signal] = {}
+        self._chunks = ChunkBroker()
         self._sessions: dict[str, SessionRecord] = {}
         self._turns: dict[str, TurnRecord] = {}
         self._turn_order: dict[str, list[str]] = {}
@@ -92,10 +99,8 @@ class InMemorySessionStore:
         """See :meth:`engine.store.SessionStore.create_turn`."""
         now = _now()
         session = self._sessions.get(turn.session_id)
-        if session is not None and session.agent != turn.agent:
-            raise InvalidArgumentError(
-                f"Session {turn.session_id} belongs to agent '{session.agent}', not '{turn.agent}'."
-            )
+        if session is not None:
+            check_session(session, turn)
         if turn.id in self._turns:
             raise InvalidArgumentError(f"Turn {turn.id} already exists.")
         for turn_id in self._turn_order.get(turn.session_id, []):
@@ -133,7 +138,8 @@ class InMemorySessionStore:
                     "status": ToolCallStatus.ANSWERED,
                     "answer": answer.answer,
                     "decided_by": answer.decided_by,
-                    "decided_at": now,
+                    # An inbox decision recorded earlier keeps its own moment.
+                    "decided_at": call.decided_at or now,
                 }
             )
         record = TurnRecord(
@@ -364,12 +370,20 @@ class InMemorySessionStore:
             committed=round.committed,
         )
         for call in calls:
-            self._calls[turn_id][(call.round, call.ref)] = call.model_copy(deep=True)
+            self._upsert_call(turn_id, call)
 
     async def record_call(self, turn_id: str, *, lease_token: int, call: ToolCallRecord) -> None:
         """See :meth:`engine.store.SessionStore.record_call`."""
         self._fenced(turn_id, lease_token)
-        self._calls[turn_id][(call.round, call.ref)] = call.model_copy(deep=True)
+        self._upsert_call(turn_id, call)
+
+    def _upsert_call(self, turn_id: str, call: ToolCallRecord) -> None:
+        # created_at keeps the first write's time, as the SQL journal does.
+        earlier = self._calls[turn_id].get((call.round, call.ref))
+        created = earlier.created_at if earlier is not None else None
+        self._calls[turn_id][(call.round, call.ref)] = call.model_copy(
+            deep=True, update={"created_at": created or call.created_at or _now()}
+        )
 
     async def load_rounds(self, turn_id: str) -> list[RoundRecord]:
         """See :meth:`engine.store.SessionStore.load_rounds`."""
@@ -429,6 +443,78 @@ class InMemorySessionStore:
         expired.sort(key=lambda c: (c.deadline or now, c.turn_id, c.ref))
         return expired[:limit]
 
+    def _paused_latest(self, turn_id: str) -> TurnRecord | None:
+        """The turn, if it is paused and still its session's latest."""
+        turn = self._turns.get(turn_id)
+        if turn is None or self._turn_order[turn.session_id][-1] != turn_id:
+            return None
+        if (turn.status, turn.finish_reason) != (TurnStatus.COMPLETED, FinishReason.INTERRUPTED):
+            return None
+        return turn
+
+    async def list_approvals(self, query: ApprovalQuery) -> list[PendingApproval]:
+        """See :meth:`engine.store.SessionStore.list_approvals`."""
+        found: list[PendingApproval] = []
+        for order in self._turn_order.values():
+            turn = self._paused_latest(order[-1])
+            if turn is None:
+                continue
+            session = self._sessions[turn.session_id]
+            for call in self._calls[turn.id].values():
+                if call.status is not ToolCallStatus.INTERRUPTED or call.decided_at is not None:
+                    continue
+                entry = PendingApproval(
+                    turn_id=turn.id,
+                    session_id=turn.session_id,
+                    agent=turn.agent,
+                    owner=session.owner,
+                    round=call.round,
+                    interrupt=call.name,
+                    ref=call.ref,
+                    input=call.input,
+                    metadata=call.interrupt,
+                    deadline=call.deadline,
+                    created_at=call.created_at or turn.updated_at,
+                )
+                if (
+                    (query.agents is None or entry.agent in query.agents)
+                    and (query.interrupt is None or entry.interrupt == query.interrupt)
+                    and (query.owner is None or entry.owner == query.owner)
+                    and (query.created_before is None or entry.created_at <= query.created_before)
+                    and (
+                        query.after is None
+                        or (entry.created_at, entry.turn_id, entry.ref) > query.after
+                    )
+                ):
+                    found.append(entry)
+        found.sort(key=lambda e: (e.created_at, e.turn_id, e.ref))
+        return found[: query.limit]
+
+    async def record_decision(
+        self, turn_id: str, round: int, ref: str, *, answer: Any, decided_by: str | None
+    ) -> ToolCallRecord:
+        """See :meth:`engine.store.SessionStore.record_decision`."""
+        call = self._calls.get(turn_id, {}).get((round, ref))
+        if (
+            call is None
+            or call.status is not ToolCallStatus.INTERRUPTED
+            or call.decided_at is not None
+            or self._paused_latest(turn_id) is None
+        ):
+            state = "unknown" if call is None else call.status.value
+            if call is not None and call.decided_at is not None:
+                state = f"decided by {call.decided_by or 'someone'}"
+            raise ApprovalNotPendingError(
+                f"Interrupt '{ref}' of snapshot {turn_id} is not pending (it is {state}); it "
+                "may have been decided already.",
+                snapshot_id=turn_id,
+            )
+        decided = call.model_copy(
+            update={"answer": answer, "decided_by": decided_by, "decided_at": _now()}
+        )
+        self._calls[turn_id][(round, ref)] = decided
+        return decided.model_copy(deep=True)
+
     async def wait_for_work(self, timeout: float) -> None:
         """See :meth:`engine.store.SessionStore.wait_for_work`."""
         with contextlib.suppress(TimeoutError):
@@ -438,6 +524,14 @@ class InMemorySessionStore:
     async def wait_for_change(self, turn_id: str, timeout: float) -> None:
         """See :meth:`engine.store.SessionStore.wait_for_change`."""
         await self._changes.setdefault(turn_id, _Signal()).wait(timeout)
+
+    async def publish_chunk(self, turn_id: str, chunk: dict[str, Any]) -> None:
+        """See :meth:`engine.store.SessionStore.publish_chunk` (this process only)."""
+        self._chunks.deliver(turn_id, chunk)
+
+    def subscribe_chunks(self, turn_id: str) -> AbstractAsyncContextManager[ChunkSubscription]:
+        """See :meth:`engine.store.SessionStore.subscribe_chunks`."""
+        return self._chunks.subscribe(turn_id)
 
     async def close(self) -> None:
         """Nothing to release."""

@@ -37,6 +37,16 @@ class AgentChunk:
         """The ``toolRequest`` parts of this delta."""
         return [p for p in self.content if p.tool_request is not None]
 
+    @classmethod
+    def from_wire(cls, wire: Mapping[str, Any]) -> AgentChunk:
+        """The inverse of :meth:`to_wire`."""
+        body = wire["modelChunk"]
+        return cls(
+            role=str(body["role"]),
+            index=int(body.get("index", 0)),
+            content=[Part.model_validate(p) for p in body.get("content", [])],
+        )
+
     def to_wire(self) -> dict[str, Any]:
         """``{"modelChunk": {role, index, content}}`` as Genkit streams it."""
         return {

@@ -19,6 +19,7 @@ conversation up to its last committed round, never a dangling tool request.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -26,11 +27,14 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from pydantic import BaseModel, Field
 
 from engine.parts import Message, Part
+from engine.relay import ChunkSubscription
 from engine.status import FinishReason, TurnStatus
 
 __all__ = [
+    "ApprovalQuery",
     "InterruptAnswer",
     "NewTurn",
+    "PendingApproval",
     "RoundRecord",
     "SessionRecord",
     "SessionStore",
@@ -54,6 +58,10 @@ class TurnInput(BaseModel):
     restart: list[Part] = Field(default_factory=list)
     #: For ``expire``: why the paused turn is being failed (shown as the turn's error).
     reason: str | None = None
+    #: A caller is streaming this turn: whoever runs it publishes its chunks through the
+    #: store (:meth:`SessionStore.publish_chunk`). Off by default, so unwatched turns cost
+    #: nothing extra.
+    relay: bool = False
 
 
 class TurnError(BaseModel):
@@ -160,6 +168,8 @@ class ToolCallRecord(BaseModel):
     finished_at: datetime | None = None
     #: For a paused call of an interrupt declaring ``timeout=``: when it expires.
     deadline: datetime | None = None
+    #: When the call was first journaled (set by the store; an approval's age counts from it).
+    created_at: datetime | None = None
 
 
 class InterruptAnswer(BaseModel):
@@ -181,6 +191,37 @@ class TurnEvent(BaseModel):
     attempt: int
     at: datetime
     note: str | None = None
+
+
+class PendingApproval(BaseModel):
+    """An unanswered, undecided interrupt of a session's latest turn (an inbox entry)."""
+
+    turn_id: str
+    session_id: str
+    agent: str
+    #: The principal the session belongs to (``None`` for sessions created locally).
+    owner: str | None = None
+    round: int
+    interrupt: str
+    ref: str
+    input: Any = None
+    metadata: Any = None
+    deadline: datetime | None = None
+    created_at: datetime
+
+
+class ApprovalQuery(BaseModel):
+    """Filters and keyset page of :meth:`SessionStore.list_approvals` (oldest first)."""
+
+    #: Only approvals of these agents (``None``: any agent).
+    agents: tuple[str, ...] | None = None
+    interrupt: str | None = None
+    owner: str | None = None
+    #: Only approvals created at or before this moment (i.e. at least this old).
+    created_before: datetime | None = None
+    #: Keyset cursor: the ``(created_at, turn_id, ref)`` of the last entry already seen.
+    after: tuple[datetime, str, str] | None = None
+    limit: int = Field(default=50, ge=1, le=1000)
 
 
 @runtime_checkable
@@ -329,6 +370,32 @@ class SessionStore(Protocol):
 
     async def wait_for_change(self, turn_id: str, timeout: float) -> None:
         """Return when the turn's status may have changed, or after ``timeout`` seconds."""
+        ...
+
+    async def list_approvals(self, query: ApprovalQuery) -> list[PendingApproval]:
+        """Open approvals (interrupted, not yet decided, on their session's latest turn),
+        ordered by ``(created_at, turn_id, ref)``, filtered and paged by ``query``."""
+        ...
+
+    async def record_decision(
+        self, turn_id: str, round: int, ref: str, *, answer: Any, decided_by: str | None
+    ) -> ToolCallRecord:
+        """Record one approver's decision on an open approval, ahead of the resume.
+
+        The call stays ``interrupted`` (the resume that consumes the decisions marks it
+        ``answered``); ``answer``, ``decided_by`` and ``decided_at`` are set. Guarded: the
+        call must be ``interrupted`` and undecided on its session's latest turn, else
+        :class:`~engine.errors.ApprovalNotPendingError` and nothing is written.
+        """
+        ...
+
+    async def publish_chunk(self, turn_id: str, chunk: dict[str, Any]) -> None:
+        """Hand one streamed chunk (wire form) to the turn's subscribers, in any process
+        sharing the store. Best effort: a chunk nobody receives is simply gone."""
+        ...
+
+    def subscribe_chunks(self, turn_id: str) -> AbstractAsyncContextManager[ChunkSubscription]:
+        """Receive the chunks published for ``turn_id`` while the block runs."""
         ...
 
     async def close(self) -> None:

@@ -11,11 +11,33 @@ from collections.abc import Collection, Sequence
 from datetime import datetime
 from typing import Any
 
-from engine.errors import InvalidArgumentError, LeaseLostError, StaleTransitionError
+from engine.errors import (
+    InvalidArgumentError,
+    LeaseLostError,
+    NotFoundError,
+    StaleTransitionError,
+)
 from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus, can_transition
-from engine.store import InterruptAnswer, NewTurn, TurnError, TurnRecord
+from engine.store import InterruptAnswer, NewTurn, SessionRecord, TurnError, TurnRecord
 
-__all__ = ["abort_target", "check_answers", "check_transition", "transition_changes"]
+__all__ = [
+    "abort_target",
+    "check_answers",
+    "check_session",
+    "check_transition",
+    "transition_changes",
+]
+
+
+def check_session(session: SessionRecord, turn: NewTurn) -> None:
+    """A new turn joins a session of its own agent and, when it names an owner, of that
+    owner (another principal's session is reported as unknown, not as forbidden)."""
+    if session.agent != turn.agent:
+        raise InvalidArgumentError(
+            f"Session {turn.session_id} belongs to agent '{session.agent}', not '{turn.agent}'."
+        )
+    if turn.owner is not None and session.owner != turn.owner:
+        raise NotFoundError(f"Session '{turn.session_id}' not found for agent '{turn.agent}'.")
 
 
 def check_answers(turn: NewTurn, answers: Sequence[InterruptAnswer]) -> None:

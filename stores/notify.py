@@ -9,13 +9,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+from typing import Any
 
 import psycopg
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection
 
-__all__ = ["CHANGE_CHANNEL", "WORK_CHANNEL", "Listener", "notify"]
+from engine.relay import ChunkBroker
+
+__all__ = [
+    "CHANGE_CHANNEL",
+    "CHUNK_CHANNEL",
+    "WORK_CHANNEL",
+    "Listener",
+    "chunk_payloads",
+    "notify",
+]
 
 logger = logging.getLogger("turnstile.notify")
 
@@ -23,6 +34,36 @@ logger = logging.getLogger("turnstile.notify")
 WORK_CHANNEL = "turnstile_work"
 #: A turn's status changed (settled, aborting, ...): payload is its id.
 CHANGE_CHANNEL = "turnstile_turn"
+#: A streamed chunk of a turn somebody watches: payload ``{"t": turn id, "c": chunk}``.
+CHUNK_CHANNEL = "turnstile_chunk"
+
+#: NOTIFY payloads must stay under 8,000 bytes; keep a margin for the envelope.
+MAX_PAYLOAD_BYTES = 7_000
+
+
+def chunk_payloads(turn_id: str, chunk: dict[str, Any]) -> list[str]:
+    """``chunk`` as NOTIFY payloads: one, or — for a long text delta — several deltas whose
+    texts concatenate to the original. A large non-text chunk (e.g. a tool request with a big
+    input) cannot be cut and is not relayed; the settled turn still holds it."""
+    whole = json.dumps({"t": turn_id, "c": chunk}, separators=(",", ":"))
+    if len(whole.encode()) <= MAX_PAYLOAD_BYTES:
+        return [whole]
+    body = chunk.get("modelChunk") or {}
+    content = body.get("content") or []
+    if not content or any(set(part) != {"text"} for part in content):
+        logger.warning("chunk of turn %s too large to relay (%d bytes)", turn_id, len(whole))
+        return []
+    text = "".join(str(part["text"]) for part in content)
+    # Characters, not bytes: a quarter of the budget is safe for any UTF-8 text and escapes.
+    step = MAX_PAYLOAD_BYTES // 8
+    pieces = [text[i : i + step] for i in range(0, len(text), step)]
+    return [
+        json.dumps(
+            {"t": turn_id, "c": {"modelChunk": {**body, "content": [{"text": piece}]}}},
+            separators=(",", ":"),
+        )
+        for piece in pieces
+    ]
 
 
 def notify(connection: Connection, channel: str, payload: str) -> None:
@@ -53,7 +94,8 @@ class Listener:
     While it is down, waiters simply time out and re-check: polling is the fallback.
     """
 
-    def __init__(self, url: URL) -> None:
+    def __init__(self, url: URL, chunks: ChunkBroker | None = None) -> None:
+        self._chunks = chunks or ChunkBroker()
         self._dsn = url.set(drivername="postgresql").render_as_string(hide_password=False)
         # Sticky: set by a notification, cleared when a waiter wakes, so a notification that
         # lands between a worker's empty claim and its wait is not lost.
@@ -81,6 +123,7 @@ class Listener:
                 ) as connection:
                     await connection.execute(f"LISTEN {WORK_CHANNEL}")
                     await connection.execute(f"LISTEN {CHANGE_CHANNEL}")
+                    await connection.execute(f"LISTEN {CHUNK_CHANNEL}")
                     self.connected.set()
                     delay = 0.1
                     # Anything sent while we were disconnected is lost: wake every waiter so
@@ -89,6 +132,8 @@ class Listener:
                     async for note in connection.notifies():
                         if note.channel == WORK_CHANNEL:
                             self._work.set()
+                        elif note.channel == CHUNK_CHANNEL:
+                            self._relay(note.payload)
                         else:
                             signal = self._changes.pop(note.payload, None)
                             if signal is not None:
@@ -101,6 +146,21 @@ class Listener:
                 self._fire_all()
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
+
+    def _relay(self, payload: str) -> None:
+        if not self._chunks.has_subscribers:
+            return  # the common case in a worker: nobody here watches any turn
+        try:
+            note = json.loads(payload)
+            self._chunks.deliver(str(note["t"]), dict(note["c"]))
+        except (ValueError, KeyError, TypeError):
+            logger.warning("ignoring a malformed chunk notification")
+
+    async def wait_connected(self, timeout: float) -> None:
+        """Start listening if needed and wait (up to ``timeout``) until LISTEN is active."""
+        self._ensure_started()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.connected.wait(), timeout)
 
     def _fire_all(self) -> None:
         self._work.set()

@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
+from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
@@ -23,10 +24,13 @@ from engine.errors import (
     StaleTransitionError,
 )
 from engine.parts import Message
+from engine.relay import ChunkBroker, ChunkSubscription
 from engine.status import FinishReason, TurnStatus
 from engine.store import (
+    ApprovalQuery,
     InterruptAnswer,
     NewTurn,
+    PendingApproval,
     RoundRecord,
     SessionRecord,
     ToolCallRecord,
@@ -34,14 +38,15 @@ from engine.store import (
     TurnEvent,
     TurnRecord,
 )
-from engine.store_rules import abort_target, check_answers
+from engine.store_rules import abort_target, check_answers, check_session
+from stores import approvals as approval_sql
 from stores import messages as message_sql
 from stores import sessions as session_sql
 from stores import tool_calls as call_sql
 from stores import turns as turn_sql
 from stores import views
 from stores.database import Database, default_url
-from stores.notify import Listener
+from stores.notify import CHUNK_CHANNEL, Listener, chunk_payloads, notify
 
 __all__ = ["SqlSessionStore"]
 
@@ -68,7 +73,8 @@ class SqlSessionStore:
     ) -> None:
         self.db = Database(url or default_url(), pool_size=pool_size)
         self.poll_interval = poll_interval
-        self._listener = Listener(self.db.url) if self.db.is_postgres else None
+        self._chunks = ChunkBroker()
+        self._listener = Listener(self.db.url, self._chunks) if self.db.is_postgres else None
 
     @property
     def url(self) -> URL:
@@ -94,11 +100,7 @@ class SqlSessionStore:
                 session = session_sql.lock_or_create_session(
                     connection, turn.session_id, turn.agent, turn.owner, now
                 )
-                if session.agent != turn.agent:
-                    raise InvalidArgumentError(
-                        f"Session {turn.session_id} belongs to agent '{session.agent}', "
-                        f"not '{turn.agent}'."
-                    )
+                check_session(session, turn)
                 active = turn_sql.active_turn(connection, turn.session_id)
                 if active is not None:
                     raise SessionBusyError(
@@ -317,6 +319,62 @@ class SqlSessionStore:
             await asyncio.sleep(min(timeout, self.poll_interval))
         else:
             await self._listener.wait_for_change(turn_id, timeout)
+
+    async def list_approvals(self, query: ApprovalQuery) -> list[PendingApproval]:
+        """See :meth:`engine.store.SessionStore.list_approvals`."""
+        return await self._read(lambda c: approval_sql.list_approvals(c, query))
+
+    async def record_decision(
+        self, turn_id: str, round: int, ref: str, *, answer: Any, decided_by: str | None
+    ) -> ToolCallRecord:
+        """See :meth:`engine.store.SessionStore.record_decision`."""
+
+        def decide(connection: sa.Connection) -> ToolCallRecord:
+            approval_sql.record_decision(
+                connection, turn_id, round, ref, answer=answer, decided_by=decided_by, now=_now()
+            )
+            decided = [
+                call
+                for call in call_sql.list_calls(connection, turn_id)
+                if (call.round, call.ref) == (round, ref)
+            ]
+            return decided[0]
+
+        return await self._write(decide)
+
+    async def publish_chunk(self, turn_id: str, chunk: dict[str, Any]) -> None:
+        """See :meth:`engine.store.SessionStore.publish_chunk`.
+
+        PostgreSQL: ``NOTIFY`` on ``turnstile_chunk``, so a subscriber in any process gets it
+        (every listening process receives it; only subscribers of the turn keep it). SQLite has
+        no notifications: only subscribers in this process (e.g. ``turnstile serve --workers``)
+        see it.
+        """
+        if self._listener is None:
+            self._chunks.deliver(turn_id, chunk)
+            return
+        payloads = chunk_payloads(turn_id, chunk)
+        if not payloads:
+            return
+
+        def send(connection: sa.Connection) -> None:
+            for payload in payloads:
+                notify(connection, CHUNK_CHANNEL, payload)
+
+        await self._write(send)
+
+    @contextlib.asynccontextmanager
+    async def _subscribe(self, turn_id: str) -> AsyncIterator[ChunkSubscription]:
+        async with self._chunks.subscribe(turn_id) as subscription:
+            if self._listener is not None:
+                # Chunks published before our LISTEN is up would be lost: wait for it (briefly;
+                # with the database down the turn cannot start either).
+                await self._listener.wait_connected(timeout=5.0)
+            yield subscription
+
+    def subscribe_chunks(self, turn_id: str) -> AbstractAsyncContextManager[ChunkSubscription]:
+        """See :meth:`engine.store.SessionStore.subscribe_chunks`."""
+        return self._subscribe(turn_id)
 
     @contextlib.asynccontextmanager
     async def try_cluster_lock(self, name: str) -> AsyncIterator[bool]:

@@ -62,6 +62,7 @@ def _record(row: sa.Row[tuple[object, ...]]) -> ToolCallRecord:
         started_at=utc(m["started_at"]),
         finished_at=utc(m["finished_at"]),
         deadline=utc(m["deadline"]),
+        created_at=utc(m["created_at"]),
     )
 
 
@@ -99,7 +100,10 @@ def answer_calls(connection: Connection, answers: Sequence[InterruptAnswer], now
                 status=ToolCallStatus.ANSWERED.value,
                 answer=answer.answer,
                 decided_by=answer.decided_by,
-                decided_at=now,
+                # An inbox decision recorded earlier keeps its own moment.
+                decided_at=sa.func.coalesce(
+                    tool_calls.c.decided_at, sa.literal(now, tool_calls.c.decided_at.type)
+                ),
             )
         )
         if result.rowcount != 1:

@@ -1,4 +1,4 @@
-"""The ``turnstile`` command line: ``turnstile worker`` and ``turnstile migrate``.
+"""The ``turnstile`` command line: ``turnstile serve``, ``turnstile worker``, ``turnstile migrate``.
 
 Every command takes ``--db URL``; without it the URL comes from ``TURNSTILE_DATABASE_URL``,
 else an SQLite file under ``.turnstile/``. ``turnstile worker --app module:engine`` exports the
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib
 import inspect
 import logging
@@ -71,10 +72,11 @@ def _call(hook: Callable[[str], Any], url: str) -> None:
         asyncio.run(result)
 
 
-def _load_app(spec: str) -> Engine:
+def _load_attr(spec: str, option: str) -> Any:
+    """``module:attribute`` → the attribute (the module imported from the current directory)."""
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
-        raise _UsageError(f"--app must look like 'module:attribute', not {spec!r}.")
+        raise _UsageError(f"{option} must look like 'module:attribute', not {spec!r}.")
     # Console scripts do not put the current directory on sys.path; apps usually live there.
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
@@ -82,23 +84,43 @@ def _load_app(spec: str) -> Engine:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise _UsageError(f"cannot import app module {module_name!r}: {exc}") from exc
-    app = getattr(module, attr, None)
-    if app is None:
+    found = getattr(module, attr, None)
+    if found is None:
         raise _UsageError(f"module {module_name!r} has no attribute {attr!r}.")
+    return found
+
+
+def _load_app(spec: str) -> Engine:
+    app = _load_attr(spec, "--app")
     if not isinstance(app, Engine):
         raise _UsageError(f"{spec} is a {type(app).__name__}, not an engine.Engine.")
     return app
 
 
-def _worker(args: argparse.Namespace, url: str) -> int:
-    os.environ[DATABASE_URL_ENV] = url  # read by the app module at import time
-    app = _load_app(args.app)
+def _check_at_head(url: str) -> None:
     check = _store_hook("ensure_at_head")
     if check is not None:
         try:
             _call(check, url)
         except Exception as exc:
             raise _UsageError(f"refusing to start: {exc}") from exc
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+    )
+    # APScheduler logs every job run at INFO (every few seconds): keep it for --log-level DEBUG.
+    if logging.getLogger().level > logging.DEBUG:
+        logging.getLogger("apscheduler").setLevel(logging.WARNING)
+
+
+def _worker(args: argparse.Namespace, url: str) -> int:
+    os.environ[DATABASE_URL_ENV] = url  # read by the app module at import time
+    app = _load_app(args.app)
+    _check_at_head(url)
     try:
         pool = WorkerPool(
             app,
@@ -109,14 +131,7 @@ def _worker(args: argparse.Namespace, url: str) -> int:
         )
     except ValueError as exc:
         raise _UsageError(str(exc)) from exc
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-    )
-    # APScheduler logs every job run at INFO (every few seconds): keep it for --log-level DEBUG.
-    if logging.getLogger().level > logging.DEBUG:
-        logging.getLogger("apscheduler").setLevel(logging.WARNING)
+    _configure_logging(args.log_level)
     logger.info("worker %s on %s", pool.owner, redact_url(url))
     asyncio.run(_serve(pool))
     return 0
@@ -144,6 +159,59 @@ async def _serve(pool: WorkerPool) -> None:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
         await pool.store.close()
+
+
+def _serve_http(args: argparse.Namespace, url: str) -> int:
+    import uvicorn
+
+    from engine.remote import create_app
+
+    os.environ[DATABASE_URL_ENV] = url  # read by the app module at import time
+    app = _load_app(args.app)
+    if any(agent.store is not None and agent.store.durable for agent in app.agents.values()):
+        _check_at_head(url)
+    auth = _load_attr(args.auth, "--auth") if args.auth else None
+    if auth is not None and not callable(auth):
+        raise _UsageError(f"--auth {args.auth} is not callable (an Authenticator).")
+    pool: WorkerPool | None = None
+    if args.workers > 0:
+        try:
+            pool = WorkerPool(app, concurrency=args.workers)
+        except ValueError as exc:
+            raise _UsageError(str(exc)) from exc
+    _configure_logging(args.log_level)
+    asgi = create_app(
+        app, auth=auth, max_body_bytes=args.max_body_bytes, lifespan=_pool_lifespan(pool)
+    )
+    logger.info(
+        "serving %s on http://%s:%d (%s, %d worker slot(s))",
+        ", ".join(app.agents),
+        args.host,
+        args.port,
+        redact_url(url),
+        args.workers,
+    )
+    uvicorn.run(asgi, host=args.host, port=args.port, log_level=args.log_level.lower())
+    return 0
+
+
+def _pool_lifespan(pool: WorkerPool | None) -> Any:
+    """Run the embedded worker pool for as long as the server runs (``--workers N``)."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Any) -> Any:
+        if pool is None:
+            yield
+            return
+        stop = asyncio.Event()
+        running = asyncio.create_task(pool.run(stop))
+        try:
+            yield
+        finally:
+            stop.set()  # uvicorn stopped taking requests: finish or hand back running turns
+            await running
+
+    return lifespan
 
 
 def _migrate(url: str) -> int:
@@ -182,6 +250,24 @@ def _parser() -> argparse.ArgumentParser:
     )
     worker.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ...")
 
+    serve = commands.add_parser(
+        "serve", help="serve an app's agents over HTTP (Genkit's protocol + approval inbox)"
+    )
+    serve.add_argument("--app", required=True, help="the app's Engine, as module:attribute")
+    serve.add_argument("--db", help=db_help)
+    serve.add_argument("--host", default="127.0.0.1", help="interface to listen on")
+    serve.add_argument("--port", type=int, default=8080, help="port to listen on")
+    serve.add_argument(
+        "--workers", type=int, default=0, help="also run a worker pool with N slots in-process"
+    )
+    serve.add_argument(
+        "--auth", help="an Authenticator as module:attribute (default: no authentication)"
+    )
+    serve.add_argument(
+        "--max-body-bytes", type=int, default=1_000_000, help="larger request bodies get 413"
+    )
+    serve.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ...")
+
     migrate = commands.add_parser("migrate", help="bring the database schema to head")
     migrate.add_argument("--db", help=db_help)
     return parser
@@ -194,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
         url = resolve_db_url(args.db)
         if args.command == "worker":
             return _worker(args, url)
+        if args.command == "serve":
+            return _serve_http(args, url)
         return _migrate(url)
     except _UsageError as exc:
         print(f"turnstile {args.command}: {exc}", file=sys.stderr)

@@ -26,6 +26,7 @@ from typing import Any
 
 from engine import Agent, Engine, SessionStore, StaleTransitionError, TurnStatus
 from engine.executor import execute_claimed
+from engine.response import AgentChunk
 from engine.status import SETTLED_STATUSES, FinishReason
 from engine.store import TurnRecord
 from workers.scheduler import MaintenanceScheduler
@@ -297,11 +298,21 @@ class WorkerPool:
         # Registered so agent.abort() in this process stops the turn at once; an abort from
         # another process arrives through the store (change notification or heartbeat).
         self.engine.local_aborts[turn.id] = signal
+        store = self.store
+
+        async def relay(chunk: AgentChunk) -> None:
+            try:
+                await store.publish_chunk(turn.id, chunk.to_wire())
+            except Exception as exc:  # a lost progress update must not fail the turn
+                logger.warning("turn %s: chunk not relayed (%s)", turn.id, exc)
+
         try:
             settled = await execute_claimed(
                 agent.runner_config(),
                 self.store,
                 turn,
+                # Only a turn somebody streams pays for relaying its chunks.
+                on_chunk=relay if turn.input.relay else None,
                 abort_signal=signal,
                 lease=agent.lease,
                 retry=agent.retry,

@@ -1,0 +1,217 @@
+"""The approval inbox: deciding interrupts one at a time, by people who are not the chat.
+
+Genkit's resume answers every paused call of a turn at once, from the chat's client. A
+long-lived approval workflow has approvers elsewhere — a manager, days later, in another
+process — and a turn may wait on several of them. Each approver records a *decision* on one
+open approval (guarded: an approval is decided once); when the last paused call of the turn
+has its decision, the resume is built from the recorded decisions and enqueued like any
+other, so validation, the one-resume guard and execution are the ordinary ones.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from engine.errors import (
+    ApprovalNotPendingError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+    SessionBusyError,
+    TurnFailedError,
+)
+from engine.parts import RESUMED, Part
+from engine.schemas import SchemaViolation, to_jsonable
+from engine.status import FinishReason, TurnStatus
+from engine.store import (
+    PendingApproval,
+    SessionStore,
+    ToolCallRecord,
+    ToolCallStatus,
+    TurnInput,
+    TurnRecord,
+)
+
+if TYPE_CHECKING:
+    from engine.agent import Agent
+
+__all__ = [
+    "Decision",
+    "DecisionOutcome",
+    "approval_id",
+    "decide",
+    "find_approval",
+    "parse_approval_id",
+]
+
+logger = logging.getLogger("turnstile.inbox")
+
+
+def approval_id(turn_id: str, ref: str) -> str:
+    """The inbox id of one approval: ``<turn id>:<ref>`` (turn ids never hold a colon)."""
+    return f"{turn_id}:{ref}"
+
+
+def parse_approval_id(value: str) -> tuple[str, str]:
+    """``(turn_id, ref)`` of an inbox id; :class:`NotFoundError` when it cannot be one."""
+    turn_id, colon, ref = value.partition(":")
+    if not colon or not turn_id or not ref:
+        raise NotFoundError(f"Approval '{value}' not found.")
+    return turn_id, ref
+
+
+class Decision(BaseModel):
+    """An approver's answer to one interrupt: ``{"respond": output}`` or ``{"restart": true}``.
+
+    ``respond`` is validated against the interrupt's output schema; ``restart`` re-runs the
+    paused tool (for a pure interrupt that asks again), with ``resumed`` as ``ctx.resumed``.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    respond: Any = None
+    restart: bool = False
+    resumed: Any = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Decision:
+        responding = "respond" in self.model_fields_set
+        if responding == self.restart:
+            raise ValueError(
+                "a decision is exactly one of 'respond' (an output) or 'restart': true"
+            )
+        if self.resumed is not None and not self.restart:
+            raise ValueError("'resumed' goes with 'restart'")
+        return self
+
+    def answer(self) -> dict[str, Any]:
+        """The journal's form (``{"respond": output}`` or ``{"restart": metadata}``)."""
+        if self.restart:
+            return {"restart": to_jsonable(self.resumed) if self.resumed is not None else True}
+        return {"respond": to_jsonable(self.respond)}
+
+
+@dataclass
+class DecisionOutcome:
+    """What a decision led to."""
+
+    decided: ToolCallRecord
+    #: The resume turn enqueued (or run) because this was the last missing decision.
+    resume_snapshot_id: str | None = None
+    #: Refs of the turn's paused calls still waiting for a decision.
+    waiting_for: list[str] = field(default_factory=list)
+
+
+async def find_approval(
+    store: SessionStore, turn_id: str, ref: str
+) -> tuple[PendingApproval, bool] | None:
+    """The interrupt ``ref`` of turn ``turn_id`` as an inbox entry, and whether it is still
+    open (undecided, on a paused turn that is its session's latest); ``None`` if no such
+    interrupt was ever journaled."""
+    turn = await store.get_turn(turn_id)
+    if turn is None:
+        return None
+    for call in await store.list_calls(turn_id):
+        if call.ref != ref or call.interrupt is None:
+            continue
+        session = await store.get_session(turn.session_id)
+        entry = PendingApproval(
+            turn_id=turn.id,
+            session_id=turn.session_id,
+            agent=turn.agent,
+            owner=session.owner if session else None,
+            round=call.round,
+            interrupt=call.name,
+            ref=call.ref,
+            input=call.input,
+            metadata=call.interrupt,
+            deadline=call.deadline,
+            created_at=call.created_at or turn.updated_at,
+        )
+        is_open = (
+            call.status is ToolCallStatus.INTERRUPTED
+            and call.decided_at is None
+            and await _paused_and_latest(store, turn)
+        )
+        return entry, is_open
+    return None
+
+
+async def _paused_and_latest(store: SessionStore, turn: TurnRecord) -> bool:
+    if (turn.status, turn.finish_reason) != (TurnStatus.COMPLETED, FinishReason.INTERRUPTED):
+        return False
+    latest = await store.latest_turn(turn.session_id)
+    return latest is not None and latest.id == turn.id
+
+
+async def decide(
+    agent: Agent, approval: PendingApproval, decision: Decision, *, decided_by: str | None
+) -> DecisionOutcome:
+    """Record ``decision`` on ``approval``; enqueue the resume once every call is decided.
+
+    Raises :class:`InvalidArgumentError` (nothing written) when a respond output violates the
+    interrupt's output schema, and :class:`ApprovalNotPendingError` when the approval was
+    decided or answered meanwhile.
+    """
+    store = agent.store
+    if store is None:
+        raise FailedPreconditionError(
+            f"The inbox needs a session store; agent '{agent.name}' uses client-managed state."
+        )
+    answer = decision.answer()
+    tool = agent.tools.get(approval.interrupt)
+    if "respond" in answer and tool is not None:
+        try:
+            tool.output.parse(answer["respond"])
+        except SchemaViolation as exc:
+            raise InvalidArgumentError(
+                f"The decision on '{approval.interrupt}' (ref: {approval.ref}) does not match "
+                f"its output schema: {exc}"
+            ) from exc
+    decided = await store.record_decision(
+        approval.turn_id, approval.round, approval.ref, answer=answer, decided_by=decided_by
+    )
+    logger.info(
+        "approval %s decided by %s",
+        approval_id(approval.turn_id, approval.ref),
+        decided_by or "an anonymous caller",
+    )
+    journal = await store.list_calls(approval.turn_id)
+    paused = [c for c in journal if c.status is ToolCallStatus.INTERRUPTED]
+    waiting = [c.ref for c in paused if c.decided_at is None]
+    if waiting:
+        return DecisionOutcome(decided=decided, waiting_for=waiting)
+    return DecisionOutcome(decided=decided, resume_snapshot_id=await _resume(agent, paused))
+
+
+async def _resume(agent: Agent, decided: list[ToolCallRecord]) -> str | None:
+    """Enqueue the resume built from every recorded decision of one paused turn."""
+    from engine.agent import TurnRequest
+
+    respond: list[Part] = []
+    restart: list[Part] = []
+    for call in decided:
+        answer = call.answer if isinstance(call.answer, dict) else {}
+        if "respond" in answer:
+            respond.append(Part.of_response(call.name, call.ref, answer["respond"]))
+        else:
+            restart.append(
+                Part.of_request(call.name, call.ref, call.input, {RESUMED: answer.get("restart")})
+            )
+    turn_id = decided[0].turn_id
+    request = TurnRequest(
+        input=TurnInput(kind="resume", respond=respond, restart=restart), snapshot_id=turn_id
+    )
+    try:
+        response = await agent.run_turn(request, wait=False)
+    except TurnFailedError as failure:  # an inline agent ran the resume and it failed
+        return failure.snapshot_id
+    except (ApprovalNotPendingError, SessionBusyError) as race:
+        # Two approvers decided the last two calls at once and both enqueue: one wins.
+        logger.info("resume of %s already enqueued by another decision (%s)", turn_id, race)
+        return None
+    return response.snapshot_id

@@ -1,0 +1,134 @@
+"""Who is calling: pluggable authentication, and who may decide which approvals.
+
+An :data:`Authenticator` receives the Starlette request and returns the caller's
+:class:`Principal`, or raises :class:`UnauthenticatedError` (HTTP 401). Sessions belong to the
+principal that created them; another principal's sessions look like they do not exist (404).
+:class:`BearerTokenAuth` ships for the common case; anything else (JWT, mTLS headers set by a
+proxy, a session cookie) is a small async callable.
+
+An :class:`InboxPolicy` decides which open approvals a principal sees and may decide: by
+default, those of its own sessions; :class:`RoleInboxPolicy` lets a role (e.g. ``approver``)
+decide every approval.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from starlette.requests import Request
+
+from engine.errors import AgentError
+from engine.store import PendingApproval
+
+__all__ = [
+    "Authenticator",
+    "BearerTokenAuth",
+    "InboxPolicy",
+    "OwnerInboxPolicy",
+    "PermissionDeniedError",
+    "Principal",
+    "RoleInboxPolicy",
+    "UnauthenticatedError",
+]
+
+
+@dataclass(frozen=True)
+class Principal:
+    """An authenticated caller: ``id`` is what sessions record as their owner."""
+
+    id: str
+    roles: frozenset[str] = field(default_factory=frozenset)
+
+
+class UnauthenticatedError(AgentError):
+    """No or bad credentials (HTTP 401)."""
+
+    default_status = "UNAUTHENTICATED"
+
+
+class PermissionDeniedError(AgentError):
+    """Authenticated, but not allowed to do this (HTTP 403)."""
+
+    default_status = "PERMISSION_DENIED"
+
+
+#: ``async (request) -> Principal``; raises :class:`UnauthenticatedError` to refuse.
+Authenticator = Callable[[Request], Awaitable[Principal]]
+
+
+class BearerTokenAuth:
+    """``Authorization: Bearer <token>`` checked against a fixed table of tokens.
+
+    ``tokens`` maps each token to its principal (or to a principal id). Tokens are compared in
+    constant time so response timing does not leak how much of a guess was right.
+    """
+
+    def __init__(self, tokens: Mapping[str, Principal | str]) -> None:
+        if not tokens:
+            raise ValueError("BearerTokenAuth needs at least one token.")
+        self._tokens = [
+            (token.encode(), who if isinstance(who, Principal) else Principal(id=who))
+            for token, who in tokens.items()
+        ]
+
+    async def __call__(self, request: Request) -> Principal:
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise UnauthenticatedError(
+                "Missing bearer token: send 'Authorization: Bearer <token>'."
+            )
+        offered = token.strip().encode()
+        found: Principal | None = None
+        for known, principal in self._tokens:
+            # No early exit: every token is compared, matching or not.
+            if hmac.compare_digest(known, offered):
+                found = principal
+        if found is None:
+            raise UnauthenticatedError("Invalid bearer token.")
+        return found
+
+
+class InboxPolicy(Protocol):
+    """Which approvals a principal may see and decide."""
+
+    def owner_filter(self, principal: Principal | None) -> str | None:
+        """Restrict listings to sessions of this owner (``None``: no restriction)."""
+        ...
+
+    def can_decide(self, principal: Principal | None, approval: PendingApproval) -> bool:
+        """Whether ``principal`` may see and decide ``approval``."""
+        ...
+
+
+class OwnerInboxPolicy:
+    """The default: a principal sees and decides the approvals of its own sessions.
+
+    Without authentication (``principal is None``) every approval is visible.
+    """
+
+    def owner_filter(self, principal: Principal | None) -> str | None:
+        return principal.id if principal is not None else None
+
+    def can_decide(self, principal: Principal | None, approval: PendingApproval) -> bool:
+        return principal is None or approval.owner == principal.id
+
+
+class RoleInboxPolicy(OwnerInboxPolicy):
+    """Principals holding ``role`` see and decide every approval; others only their own."""
+
+    def __init__(self, role: str = "approver") -> None:
+        self.role = role
+
+    def owner_filter(self, principal: Principal | None) -> str | None:
+        if principal is not None and self.role in principal.roles:
+            return None
+        return super().owner_filter(principal)
+
+    def can_decide(self, principal: Principal | None, approval: PendingApproval) -> bool:
+        if principal is not None and self.role in principal.roles:
+            return True
+        return super().can_decide(principal, approval)

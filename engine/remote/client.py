@@ -1,0 +1,511 @@
+"""A Python client for agents served over Genkit's wire protocol (ours or Genkit's own).
+
+``remote_agent(url)`` returns an agent with the chat API of a local one — ``chat()``,
+``send``/``send_stream``/``resume``/``resume_stream``/``abort``, interrupts with
+``respond``/``restart``, ``get_snapshot``, ``abort``, ``wait`` — built on httpx. Errors come
+back typed: the server names the error class in ``error.details.type`` and the client raises
+the same engine error (by status alone for servers that do not, such as Genkit's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Any
+
+import httpx
+
+from engine import errors
+from engine.chat import END_OF_STREAM, AgentTurn, MessageLike
+from engine.errors import AgentError, InvalidArgumentError, SessionBusyError, TurnFailedError
+from engine.parts import Message, Part
+from engine.response import AgentChunk, AgentInterrupt, AgentResponse
+from engine.snapshots import SessionSnapshot, coerce_message
+from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus
+
+__all__ = ["RemoteAgent", "RemoteChat", "RemoteProtocolError", "remote_agent"]
+
+HeadersLike = Mapping[str, str] | Callable[[], Mapping[str, str]]
+
+#: Error classes a server may name in ``details.type``, and the class per status otherwise.
+_BY_NAME: dict[str, type[AgentError]] = {
+    cls.__name__: cls
+    for cls in (
+        errors.InvalidArgumentError,
+        errors.FailedPreconditionError,
+        errors.NotFoundError,
+        errors.ResumeValidationError,
+        errors.SnapshotNotResumableError,
+        errors.SessionBusyError,
+        errors.ApprovalNotPendingError,
+        errors.InvalidStateError,
+        errors.ToolError,
+    )
+}
+_BY_STATUS: dict[str, type[AgentError]] = {
+    "INVALID_ARGUMENT": errors.InvalidArgumentError,
+    "FAILED_PRECONDITION": errors.FailedPreconditionError,
+    "NOT_FOUND": errors.NotFoundError,
+}
+
+
+class RemoteProtocolError(AgentError):
+    """The server answered something that is not Genkit's protocol (or not at all)."""
+
+    default_status = "UNKNOWN"
+
+
+def _error_from(wire: Mapping[str, Any], snapshot_id: str | None = None) -> AgentError:
+    status = str(wire.get("status") or "UNKNOWN")
+    message = str(wire.get("message") or "")
+    details = wire.get("details")
+    named = details.get("type") if isinstance(details, Mapping) else None
+    cls = _BY_NAME.get(str(named)) or _BY_STATUS.get(status, AgentError)
+    kept = None if named is not None and set(details or {}) == {"type"} else details
+    return cls(message, status=status, details=kept, snapshot_id=snapshot_id)
+
+
+def remote_agent(
+    url: str,
+    *,
+    headers: HeadersLike | None = None,
+    state_management: str | None = None,
+    timeout: float = 300.0,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> RemoteAgent:
+    """An agent served at ``url`` (e.g. ``http://host:8080/api/bankingAgent``).
+
+    ``headers`` are sent with every request (a mapping, or a callable giving one per request,
+    e.g. for a refreshed token). ``state_management`` (``"server"`` or ``"client"``) only
+    presets what the first result would reveal anyway.
+    """
+    if state_management not in (None, "server", "client"):
+        raise ValueError("state_management must be 'server', 'client' or None.")
+    return RemoteAgent(
+        url.rstrip("/"),
+        headers=headers,
+        state_management=state_management,
+        timeout=timeout,
+        transport=transport,
+    )
+
+
+class RemoteAgent:
+    """An agent on a server; create with :func:`remote_agent`."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        headers: HeadersLike | None,
+        state_management: str | None,
+        timeout: float,
+        transport: httpx.AsyncBaseTransport | None,
+    ) -> None:
+        self.url = url
+        self.name = url.rsplit("/", 1)[-1]
+        self.state_management = state_management
+        self._headers = headers
+        self._http = httpx.AsyncClient(timeout=timeout, transport=transport)
+
+    async def aclose(self) -> None:
+        """Close the HTTP connections."""
+        await self._http.aclose()
+
+    async def __aenter__(self) -> RemoteAgent:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.aclose()
+
+    def chat(
+        self,
+        *,
+        session_id: str | None = None,
+        snapshot_id: str | None = None,
+        state: Mapping[str, Any] | None = None,
+    ) -> RemoteChat:
+        """A conversation: new, or reopened by session id, snapshot id or state blob."""
+        return RemoteChat(self, session_id=session_id, snapshot_id=snapshot_id, state=state)
+
+    # -- plain calls -----------------------------------------------------------------------
+
+    def headers(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The headers of one request."""
+        chosen = self._headers() if callable(self._headers) else (self._headers or {})
+        return {"content-type": "application/json", **chosen, **(extra or {})}
+
+    async def _call(self, suffix: str, data: Mapping[str, Any]) -> Any:
+        try:
+            response = await self._http.post(
+                self.url + suffix, json={"data": dict(data)}, headers=self.headers()
+            )
+        except httpx.HTTPError as exc:
+            raise RemoteProtocolError(f"{self.url}{suffix}: {exc}", status="UNAVAILABLE") from exc
+        body = _json_of(response)
+        if response.status_code != 200:
+            raise _error_from(body if isinstance(body, Mapping) else {"message": response.text})
+        if not isinstance(body, Mapping) or "result" not in body:
+            raise RemoteProtocolError(f"{self.url}{suffix}: no result in {response.text[:200]!r}")
+        return body["result"]
+
+    async def get_snapshot(
+        self, *, snapshot_id: str | None = None, session_id: str | None = None
+    ) -> SessionSnapshot | None:
+        """The snapshot with that id, or the session's latest; ``None`` if unknown."""
+        if (snapshot_id is None) == (session_id is None):
+            raise InvalidArgumentError("Give exactly one of snapshot_id and session_id.")
+        selector = {"snapshotId": snapshot_id} if snapshot_id else {"sessionId": session_id}
+        try:
+            result = await self._call("/getSnapshot", selector)
+        except errors.NotFoundError:
+            return None
+        return _snapshot_of(result)
+
+    async def abort(self, snapshot_id: str) -> TurnStatus:
+        """Abort a running turn; returns the resulting status (as the server reports it)."""
+        result = await self._call("/abort", {"snapshotId": snapshot_id})
+        return TurnStatus(result["status"])
+
+    async def wait(
+        self, snapshot_id: str, *, timeout: float | None = None, poll_interval: float = 0.2
+    ) -> AgentResponse:
+        """Poll a (detached) snapshot until it settles; its response, or
+        :class:`TurnFailedError` when it failed."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            snapshot = await self.get_snapshot(snapshot_id=snapshot_id)
+            if snapshot is None:
+                raise errors.NotFoundError(f"Snapshot '{snapshot_id}' not found.")
+            if snapshot.status not in ACTIVE_STATUSES:
+                return _response_of_snapshot(snapshot)
+            if deadline is not None and loop.time() >= deadline:
+                raise TimeoutError(f"Snapshot {snapshot_id} did not settle in {timeout}s.")
+            await asyncio.sleep(poll_interval)
+
+    # -- turns -----------------------------------------------------------------------------
+
+    async def run(
+        self,
+        data: Mapping[str, Any],
+        init: Mapping[str, Any],
+        on_chunk: Callable[[AgentChunk], None] | None,
+    ) -> Mapping[str, Any]:
+        """One turn over the streaming protocol; the ``result`` object."""
+        body = {"data": dict(data), "init": dict(init)}
+        headers = self.headers({"accept": "text/event-stream"})
+        try:
+            async with self._http.stream("POST", self.url, json=body, headers=headers) as reply:
+                if reply.status_code != 200:
+                    text = (await reply.aread()).decode(errors="replace")
+                    parsed = _json_text(text)
+                    raise _error_from(parsed if isinstance(parsed, Mapping) else {"message": text})
+                async for kind, payload in _frames(reply.aiter_text()):
+                    if kind == "message":
+                        if on_chunk is not None and "modelChunk" in payload:
+                            on_chunk(AgentChunk.from_wire(payload))
+                    elif kind == "result":
+                        return dict(payload)
+                    else:
+                        raise _error_from(payload)
+        except httpx.HTTPError as exc:
+            raise RemoteProtocolError(f"{self.url}: {exc}", status="UNAVAILABLE") from exc
+        raise RemoteProtocolError(f"{self.url}: the stream ended without a result.")
+
+
+async def _frames(text: AsyncIterator[str]) -> AsyncIterator[tuple[str, Any]]:
+    buffer = ""
+    async for piece in text:
+        buffer += piece
+        while "\n\n" in buffer:
+            raw, buffer = buffer.split("\n\n", 1)
+            try:
+                payload = json.loads(raw[6:])  # "data: " and "error:" are both 6 characters
+            except json.JSONDecodeError as exc:
+                raise RemoteProtocolError(f"Unreadable stream frame: {raw[:200]!r}") from exc
+            if "message" in payload:
+                yield "message", payload["message"]
+            elif "result" in payload:
+                yield "result", payload["result"]
+            elif "error" in payload:
+                yield "error", payload["error"]
+            else:
+                raise RemoteProtocolError(f"Unknown stream frame: {raw[:200]!r}")
+
+
+def _json_text(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return None
+
+
+def _json_of(response: httpx.Response) -> Any:
+    return _json_text(response.text)
+
+
+def _status_of(finish: FinishReason | None) -> TurnStatus:
+    if finish is FinishReason.FAILED:
+        return TurnStatus.FAILED
+    if finish is FinishReason.ABORTED:
+        return TurnStatus.ABORTED
+    if finish is FinishReason.DETACHED:
+        return TurnStatus.PENDING
+    return TurnStatus.COMPLETED
+
+
+def _snapshot_of(wire: Mapping[str, Any]) -> SessionSnapshot:
+    state = dict(wire.get("state") or {})
+    return SessionSnapshot.model_validate(
+        {
+            "snapshot_id": wire["snapshotId"],
+            "session_id": wire.get("sessionId") or state.get("sessionId"),
+            "parent_id": wire.get("parentId"),
+            "created_at": wire["createdAt"],
+            "updated_at": wire.get("updatedAt") or wire["createdAt"],
+            "status": wire.get("status") or "completed",
+            "finish_reason": wire.get("finishReason"),
+            "error": wire.get("error"),
+            "state": {
+                "session_id": state.get("sessionId") or wire.get("sessionId"),
+                "messages": state.get("messages") or [],
+                "custom": state.get("custom"),
+                "artifacts": state.get("artifacts") or [],
+            },
+        }
+    )
+
+
+def _response_of_snapshot(snapshot: SessionSnapshot) -> AgentResponse:
+    messages = snapshot.state.messages
+    response = AgentResponse(
+        session_id=snapshot.session_id,
+        snapshot_id=snapshot.snapshot_id,
+        status=snapshot.status,
+        finish_reason=snapshot.finish_reason,
+        messages=messages,
+        interrupts=_interrupts(messages[-1] if messages else None),
+    )
+    if snapshot.status is TurnStatus.FAILED:
+        error = snapshot.error or {}
+        failure = TurnFailedError(
+            str(error.get("message") or "The turn failed."),
+            status=str(error.get("status") or "INTERNAL"),
+            details=error.get("details"),
+            snapshot_id=snapshot.snapshot_id,
+            response=response,
+        )
+        response.error = failure
+        raise failure
+    return response
+
+
+def _interrupts(message: Message | None) -> list[AgentInterrupt]:
+    if message is None or message.role != "model":
+        return []
+    return [
+        AgentInterrupt(p)
+        for p in message.content
+        if p.tool_request is not None and (p.metadata or {}).get("interrupt")
+    ]
+
+
+class RemoteChat:
+    """One conversation with a remote agent; the same API as :class:`engine.Chat`.
+
+    Follows Genkit's client: after each turn the chat points at the returned snapshot (or
+    holds the returned state blob) and sends it as ``init`` with the next turn.
+    """
+
+    def __init__(
+        self,
+        agent: RemoteAgent,
+        *,
+        session_id: str | None,
+        snapshot_id: str | None,
+        state: Mapping[str, Any] | None,
+    ) -> None:
+        self.agent = agent
+        self.session_id = session_id
+        self.snapshot_id = snapshot_id
+        self.state: dict[str, Any] | None = dict(state) if state is not None else None
+        if self.state is not None:
+            self.session_id = str(self.state.get("sessionId"))
+        #: The conversation as this client knows it.
+        self.messages: list[Message] = list(_state_messages(self.state))
+        self._pending: str | None = None
+        self._busy = False
+
+    def _init(self) -> dict[str, Any]:
+        if self.snapshot_id is not None:
+            return {"snapshotId": self.snapshot_id}
+        if self.state is not None:
+            return {"state": self.state}
+        return {"sessionId": self.session_id} if self.session_id else {}
+
+    async def send(
+        self,
+        message: MessageLike | None = None,
+        *,
+        resume: Mapping[str, Sequence[Part]] | None = None,
+        wait: bool = True,
+    ) -> AgentResponse:
+        """Send a message (or answer interrupts with ``resume``); ``wait=False`` detaches."""
+        return await self._turn(message, resume, None, wait)
+
+    def send_stream(
+        self,
+        message: MessageLike | None = None,
+        *,
+        resume: Mapping[str, Sequence[Part]] | None = None,
+    ) -> AgentTurn:
+        """Like :meth:`send`, streaming the chunks as the server relays them."""
+        queue: asyncio.Queue[object] = asyncio.Queue()
+
+        async def run() -> AgentResponse:
+            try:
+                return await self._turn(message, resume, queue.put_nowait, True)
+            finally:
+                queue.put_nowait(END_OF_STREAM)
+
+        return AgentTurn(queue, asyncio.create_task(run()))
+
+    async def resume(
+        self, *, respond: Sequence[Part] = (), restart: Sequence[Part] = (), wait: bool = True
+    ) -> AgentResponse:
+        """Answer the paused interrupts."""
+        return await self.send(resume={"respond": respond, "restart": restart}, wait=wait)
+
+    def resume_stream(
+        self, *, respond: Sequence[Part] = (), restart: Sequence[Part] = ()
+    ) -> AgentTurn:
+        """Streaming :meth:`resume`."""
+        return self.send_stream(resume={"respond": respond, "restart": restart})
+
+    @property
+    def pending_snapshot_id(self) -> str | None:
+        """The detached turn this chat started and has not seen settle (``None``: none)."""
+        return self._pending
+
+    async def abort(self) -> TurnStatus | None:
+        """Abort this chat's detached turn (``None`` when there is none to abort)."""
+        if self._pending is None:
+            return None
+        return await self.agent.abort(self._pending)
+
+    async def wait(self, *, timeout: float | None = None) -> AgentResponse:
+        """Wait for this chat's detached turn to settle, and follow it."""
+        if self._pending is None:
+            raise errors.FailedPreconditionError("This chat has no detached turn to wait for.")
+        try:
+            response = await self.agent.wait(self._pending, timeout=timeout)
+        except TurnFailedError as failure:
+            self._pending = None
+            if failure.snapshot_id:
+                self.snapshot_id = failure.snapshot_id
+            raise
+        self._pending = None
+        self._follow_snapshot(response)
+        return response
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _data(
+        self, message: MessageLike | None, resume: Mapping[str, Sequence[Part]] | None, wait: bool
+    ) -> tuple[dict[str, Any], Message | None]:
+        user = coerce_message(message)
+        data: dict[str, Any] = {}
+        if user is not None:
+            data["message"] = user.to_wire()
+        if resume is not None:
+            data["resume"] = {
+                key: [_part(p).to_wire() for p in resume.get(key, ()) or ()]
+                for key in ("respond", "restart")
+                if resume.get(key)
+            }
+        if not wait:
+            data["detach"] = True
+        return data, user
+
+    async def _turn(
+        self,
+        message: MessageLike | None,
+        resume: Mapping[str, Sequence[Part]] | None,
+        sink: Callable[[object], None] | None,
+        wait: bool,
+    ) -> AgentResponse:
+        if self._busy:
+            raise SessionBusyError(
+                "This chat already has a turn in flight; wait for it (or abort it) first.",
+                snapshot_id=self.snapshot_id,
+            )
+        self._busy = True
+        try:
+            data, user = self._data(message, resume, wait)
+            result = await self.agent.run(data, self._init(), sink)
+            return self._follow(result, user)
+        finally:
+            self._busy = False
+
+    def _follow(self, result: Mapping[str, Any], user: Message | None) -> AgentResponse:
+        finish = FinishReason(result["finishReason"]) if result.get("finishReason") else None
+        error_wire = result.get("error")
+        if finish is FinishReason.FAILED and error_wire is not None and "sessionId" not in result:
+            # Refused before the turn started: nothing changed on the server.
+            raise _error_from(error_wire, snapshot_id=result.get("snapshotId"))
+        if result.get("sessionId"):
+            self.session_id = str(result["sessionId"])
+        if result.get("state") is not None:
+            self.state = dict(result["state"])
+            self.messages = list(_state_messages(self.state))
+        else:
+            if user is not None:
+                self.messages.append(user)
+            if result.get("message") is not None:
+                self.messages.append(Message.model_validate(result["message"]))
+        if finish is FinishReason.DETACHED:
+            self._pending = result.get("snapshotId")
+        elif result.get("snapshotId"):
+            self.snapshot_id = str(result["snapshotId"])
+        response = AgentResponse(
+            session_id=str(result.get("sessionId") or self.session_id or ""),
+            snapshot_id=result.get("snapshotId"),
+            status=_status_of(finish),
+            finish_reason=finish,
+            messages=list(self.messages),
+            interrupts=(
+                _interrupts(self.messages[-1] if self.messages else None)
+                if finish is FinishReason.INTERRUPTED
+                else []
+            ),
+            state=self.state if result.get("state") is not None else None,
+        )
+        if finish is FinishReason.FAILED and error_wire is not None:
+            failure = _error_from(error_wire, snapshot_id=result.get("snapshotId"))
+            turn_failed = TurnFailedError(
+                failure.message,
+                status=failure.status,
+                details=failure.details,
+                snapshot_id=result.get("snapshotId"),
+                response=response,
+            )
+            response.error = turn_failed
+            raise turn_failed
+        return response
+
+    def _follow_snapshot(self, response: AgentResponse) -> None:
+        self.session_id = response.session_id
+        self.snapshot_id = response.snapshot_id
+        self.messages = list(response.messages)
+
+
+def _state_messages(state: Mapping[str, Any] | None) -> list[Message]:
+    if not state:
+        return []
+    return [Message.model_validate(m) for m in state.get("messages") or []]
+
+
+def _part(value: Part | Mapping[str, Any]) -> Part:
+    return value if isinstance(value, Part) else Part.model_validate(dict(value))

@@ -1,0 +1,214 @@
+"""HTTP routes of the approval inbox (beyond Genkit): list, show and decide open approvals.
+
+* ``GET /inbox`` — open approvals across sessions, oldest first. Query parameters: ``agent``,
+  ``interrupt``, ``owner``, ``min_age`` (seconds), ``limit`` (1 to 200, default 50), ``cursor``
+  (from the previous page's ``nextCursor``).
+* ``GET /inbox/{id}`` — one approval with its turn's conversation.
+* ``POST /inbox/{id}/decision`` — ``{"respond": output}`` or ``{"restart": true}``; 409 when
+  the approval was decided or answered already. When it was the last undecided call of its
+  turn, the resume is enqueued and its snapshot id returned.
+
+A principal only ever sees what the :class:`~engine.remote.auth.InboxPolicy` lets it decide;
+anything else is a 404, so the inbox does not reveal other principals' approvals.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from pydantic import ValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from engine.engine import Engine
+from engine.errors import AgentError, ApprovalNotPendingError, InvalidArgumentError, NotFoundError
+from engine.inbox import Decision, approval_id, decide, find_approval, parse_approval_id
+from engine.remote.auth import InboxPolicy, Principal
+from engine.remote.wire import error_response, read_json
+from engine.store import ApprovalQuery, PendingApproval, SessionStore
+
+__all__ = ["InboxRoutes"]
+
+MAX_PAGE = 200
+
+
+def _wire(approval: PendingApproval, now: datetime) -> dict[str, Any]:
+    return {
+        "id": approval_id(approval.turn_id, approval.ref),
+        "turnId": approval.turn_id,
+        "sessionId": approval.session_id,
+        "agent": approval.agent,
+        "owner": approval.owner,
+        "interrupt": approval.interrupt,
+        "ref": approval.ref,
+        "input": approval.input,
+        "metadata": approval.metadata,
+        "deadline": approval.deadline.isoformat() if approval.deadline else None,
+        "createdAt": approval.created_at.isoformat(),
+        "ageSeconds": round((now - approval.created_at).total_seconds(), 3),
+    }
+
+
+def _encode_cursor(approval: PendingApproval) -> str:
+    key = [approval.created_at.isoformat(), approval.turn_id, approval.ref]
+    return base64.urlsafe_b64encode(json.dumps(key).encode()).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> tuple[datetime, str, str]:
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        created, turn_id, ref = json.loads(base64.urlsafe_b64decode(padded.encode()))
+        return datetime.fromisoformat(created), str(turn_id), str(ref)
+    except (ValueError, TypeError, binascii.Error, UnicodeDecodeError) as exc:
+        raise InvalidArgumentError("cursor is not one this server handed out.") from exc
+
+
+def _number(request: Request, name: str, default: float, low: float, high: float) -> float:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise InvalidArgumentError(f"{name} must be a number, not {raw!r}.") from None
+    if not low <= value <= high:
+        raise InvalidArgumentError(f"{name} must be between {low:g} and {high:g}.")
+    return value
+
+
+class InboxRoutes:
+    """The inbox endpoints of one app."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        authenticate: Callable[[Request], Awaitable[Principal | None]],
+        policy: InboxPolicy,
+        max_body_bytes: int,
+    ) -> None:
+        self.engine = engine
+        self.authenticate = authenticate
+        self.policy = policy
+        self.max_body_bytes = max_body_bytes
+
+    def routes(self) -> list[Route]:
+        """The Starlette routes (the decision route first: ids may hold slashes)."""
+        return [
+            Route("/inbox", self.list, methods=["GET"]),
+            Route("/inbox/{approval_id:path}/decision", self.decision, methods=["POST"]),
+            Route("/inbox/{approval_id:path}", self.show, methods=["GET"]),
+        ]
+
+    def _stores(self, agent: str | None) -> list[tuple[SessionStore, tuple[str, ...]]]:
+        """Each store of the served agents, with the agents it holds."""
+        grouped: dict[int, tuple[SessionStore, list[str]]] = {}
+        for name, served in self.engine.agents.items():
+            if served.store is None or (agent is not None and name != agent):
+                continue
+            grouped.setdefault(id(served.store), (served.store, []))[1].append(name)
+        return [(store, tuple(names)) for store, names in grouped.values()]
+
+    async def list(self, request: Request) -> Response:
+        try:
+            principal = await self.authenticate(request)
+            params = request.query_params
+            limit = int(_number(request, "limit", 50, 1, MAX_PAGE))
+            min_age = _number(request, "min_age", 0, 0, 10 * 365 * 86400)
+            now = datetime.now(UTC)
+            allowed = self.policy.owner_filter(principal)
+            owner = params.get("owner")
+            if allowed is not None and owner is not None and owner != allowed:
+                return JSONResponse({"items": [], "nextCursor": None})
+            query = ApprovalQuery(
+                interrupt=params.get("interrupt"),
+                owner=owner or allowed,
+                created_before=now - timedelta(seconds=min_age) if min_age else None,
+                after=_decode_cursor(params["cursor"]) if params.get("cursor") else None,
+                limit=limit,
+            )
+            found: list[PendingApproval] = []
+            for store, agents in self._stores(params.get("agent")):
+                page = await store.list_approvals(query.model_copy(update={"agents": agents}))
+                found.extend(a for a in page if self.policy.can_decide(principal, a))
+        except AgentError as error:
+            return error_response(error)
+        found.sort(key=lambda a: (a.created_at, a.turn_id, a.ref))
+        page = found[:limit]
+        more = len(found) > limit or len(page) == limit
+        return JSONResponse(
+            {
+                "items": [_wire(a, now) for a in page],
+                "nextCursor": _encode_cursor(page[-1]) if page and more else None,
+            }
+        )
+
+    async def _visible(
+        self, request: Request, principal: Principal | None
+    ) -> tuple[PendingApproval, bool, SessionStore]:
+        turn_id, ref = parse_approval_id(request.path_params["approval_id"])
+        for store, _agents in self._stores(None):
+            found = await find_approval(store, turn_id, ref)
+            if found is None:
+                continue
+            approval, is_open = found
+            served = approval.agent in self.engine.agents
+            if served and self.policy.can_decide(principal, approval):
+                return approval, is_open, store
+        raise NotFoundError(f"Approval '{request.path_params['approval_id']}' not found.")
+
+    async def show(self, request: Request) -> Response:
+        try:
+            principal = await self.authenticate(request)
+            approval, is_open, store = await self._visible(request, principal)
+            messages = await store.load_conversation(approval.turn_id)
+        except AgentError as error:
+            return error_response(error)
+        item = _wire(approval, datetime.now(UTC))
+        item["open"] = is_open
+        item["messages"] = [m.to_wire() for m in messages]
+        return JSONResponse(item)
+
+    async def decision(self, request: Request) -> Response:
+        try:
+            principal = await self.authenticate(request)
+            raw = await read_json(request, max_bytes=self.max_body_bytes)
+            if not isinstance(raw, dict):
+                raise InvalidArgumentError("A decision is a JSON object.")
+            try:
+                choice = Decision.model_validate(raw)
+            except ValidationError as exc:
+                problems = "; ".join(
+                    f"{'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}"
+                    for e in exc.errors()[:5]
+                )
+                raise InvalidArgumentError(f"Invalid decision: {problems}.") from exc
+            approval, is_open, _store = await self._visible(request, principal)
+            if not is_open:
+                raise ApprovalNotPendingError(
+                    f"Approval '{approval_id(approval.turn_id, approval.ref)}' is no longer "
+                    "pending: it was decided or answered already."
+                )
+            outcome = await decide(
+                self.engine.agents[approval.agent],
+                approval,
+                choice,
+                decided_by=principal.id if principal is not None else None,
+            )
+        except AgentError as error:
+            return error_response(error)
+        decided = outcome.decided
+        return JSONResponse(
+            {
+                "id": approval_id(decided.turn_id, decided.ref),
+                "decidedBy": decided.decided_by,
+                "decidedAt": decided.decided_at.isoformat() if decided.decided_at else None,
+                "resumeSnapshotId": outcome.resume_snapshot_id,
+                "waitingFor": outcome.waiting_for,
+            }
+        )

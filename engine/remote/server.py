@@ -1,0 +1,401 @@
+"""The HTTP server: an engine's agents over Genkit's flow protocol, plus the approval inbox.
+
+Per agent, three routes, exactly as the genuine ``genkit/beta/client`` calls them:
+
+* ``POST /api/<agent>`` — a turn. Streams ``data: {"message": chunk}`` frames then one
+  ``data: {"result": output}`` frame (or one ``error: {"error": ...}`` frame) when the request
+  accepts ``text/event-stream`` or says ``?stream=true``; otherwise ``{"result": output}``.
+* ``POST /api/<agent>/getSnapshot`` — ``{"data": {"snapshotId"} | {"sessionId"}}``.
+* ``POST /api/<agent>/abort`` — ``{"data": {"snapshotId"}}``.
+
+Failures follow Genkit: a request that cannot be read (auth, size, JSON, schema, unknown
+agent) is a 4xx JSON error before any frame; misuse of ``init`` is an error frame; a turn that
+is refused (bad resume, busy session, unknown snapshot) or fails is a *result* with
+``finishReason: "failed"`` and ``error``. Nothing is written for a refused request. A client
+that goes away does not stop its turn: it settles and persists (``abort`` stops a turn).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import BaseRoute, Route
+from starlette.types import Lifespan
+
+from engine.agent import Agent, TurnRequest
+from engine.engine import Engine
+from engine.errors import (
+    AgentError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+    TurnFailedError,
+)
+from engine.remote.auth import Authenticator, InboxPolicy, OwnerInboxPolicy, Principal
+from engine.remote.inbox_routes import InboxRoutes
+from engine.remote.wire import (
+    AbortBody,
+    SnapshotBody,
+    TurnBody,
+    error_response,
+    frame,
+    parse_body,
+    read_json,
+    to_message,
+    to_parts,
+    wants_stream,
+    wire_error,
+)
+from engine.response import AgentChunk, AgentResponse
+from engine.status import FinishReason, TurnStatus
+from engine.store import TurnInput, TurnRecord
+
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "create_app"]
+
+logger = logging.getLogger("turnstile.http")
+
+#: Bodies over this many bytes are refused with 413 (``max_body_bytes=`` changes it).
+DEFAULT_MAX_BODY_BYTES = 1_000_000
+
+
+class _InitMisuse(AgentError):
+    """``init`` does not fit the agent (Genkit throws these: an error frame, not a result)."""
+
+    default_status = "FAILED_PRECONDITION"
+
+
+def create_app(
+    engine: Engine,
+    *,
+    auth: Authenticator | None = None,
+    inbox_policy: InboxPolicy | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    lifespan: Lifespan[Starlette] | None = None,
+) -> Starlette:
+    """An ASGI app serving ``engine``'s agents (run it with uvicorn or ``turnstile serve``).
+
+    ``auth`` authenticates every request (``None``: an open server, for local use only);
+    sessions then belong to the principal that created them. ``inbox_policy`` decides which
+    approvals a principal sees and decides (default: those of its own sessions).
+    """
+    server = _Server(engine, auth, max_body_bytes)
+    inbox = InboxRoutes(
+        engine, server.authenticate, inbox_policy or OwnerInboxPolicy(), max_body_bytes
+    )
+    routes: Sequence[BaseRoute] = [
+        Route("/api/{agent}", server.turn, methods=["POST"]),
+        Route("/api/{agent}/getSnapshot", server.get_snapshot, methods=["POST"]),
+        Route("/api/{agent}/abort", server.abort, methods=["POST"]),
+        *inbox.routes(),
+    ]
+    app = Starlette(routes=list(routes), lifespan=lifespan)
+    app.state.turnstile = server
+    return app
+
+
+class _Server:
+    def __init__(self, engine: Engine, auth: Authenticator | None, max_body_bytes: int) -> None:
+        self.engine = engine
+        self.auth = auth
+        self.max_body_bytes = max_body_bytes
+        # Turns outlive the request that started them (a client may disconnect, a detached
+        # turn runs on): keep a reference so they are not garbage-collected mid-run.
+        self._background: set[asyncio.Task[Any]] = set()
+
+    # -- request plumbing ----------------------------------------------------------------
+
+    async def authenticate(self, request: Request) -> Principal | None:
+        return None if self.auth is None else await self.auth(request)
+
+    def _agent(self, request: Request) -> Agent:
+        name = request.path_params["agent"]
+        agent = self.engine.agents.get(name)
+        if agent is None:
+            raise NotFoundError(f"Agent '{name}' not found.")
+        return agent
+
+    async def _handle(
+        self, request: Request, body_model: type[Any]
+    ) -> tuple[Agent, Any, Principal | None]:
+        principal = await self.authenticate(request)
+        agent = self._agent(request)
+        body = parse_body(body_model, await read_json(request, max_bytes=self.max_body_bytes))
+        return agent, body, principal
+
+    def _keep(self, task: asyncio.Task[Any]) -> None:
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # -- getSnapshot and abort -------------------------------------------------------------
+
+    async def get_snapshot(self, request: Request) -> Response:
+        try:
+            agent, body, principal = await self._handle(request, SnapshotBody)
+            selector = body.data
+            if (selector.snapshotId is None) == (selector.sessionId is None):
+                got = "neither" if selector.snapshotId is None else "both"
+                raise InvalidArgumentError(
+                    "getSnapshot requires exactly one of 'snapshotId' or 'sessionId' "
+                    f"(got {got})."
+                )
+            if agent.store is None:
+                raise FailedPreconditionError(
+                    _NO_STORE.format(what="getSnapshot", agent=agent.name)
+                )
+            snapshot = await agent.get_snapshot(
+                snapshot_id=selector.snapshotId,
+                session_id=selector.sessionId,
+                owner=_owner(principal),
+            )
+            if snapshot is None:
+                which = (
+                    f"Snapshot '{selector.snapshotId}'"
+                    if selector.snapshotId is not None
+                    else f"Session '{selector.sessionId}'"
+                )
+                raise NotFoundError(f"{which} not found for agent '{agent.name}'.")
+        except AgentError as error:
+            return error_response(error)
+        return JSONResponse({"result": snapshot.to_wire()})
+
+    async def abort(self, request: Request) -> Response:
+        try:
+            agent, body, principal = await self._handle(request, AbortBody)
+            if agent.store is None:
+                raise FailedPreconditionError(_NO_STORE.format(what="abort", agent=agent.name))
+            status = await agent.abort(body.data.snapshotId, owner=_owner(principal))
+        except AgentError as error:
+            return error_response(error)
+        result = {"snapshotId": body.data.snapshotId, "status": status.value}
+        return JSONResponse({"result": result})
+
+    # -- turns ---------------------------------------------------------------------------
+
+    async def turn(self, request: Request) -> Response:
+        try:
+            agent, body, principal = await self._handle(request, TurnBody)
+            turn_request, detach = _turn_request(agent, body, principal)
+        except AgentError as error:
+            return error_response(error)
+        events = self._turn_events(agent, turn_request, detach, body.init.state)
+        if wants_stream(request):
+            return StreamingResponse(_frames(events), media_type="text/plain")
+        async for kind, payload in events:
+            if kind == "result":
+                return JSONResponse({"result": payload})
+            if kind == "error":
+                assert isinstance(payload, AgentError)
+                return error_response(payload)
+        raise AssertionError("a turn always ends with a result or an error")  # pragma: no cover
+
+    async def _turn_events(
+        self,
+        agent: Agent,
+        turn_request: TurnRequest | _InitMisuse,
+        detach: bool,
+        echo_state: Any,
+    ) -> AsyncIterator[tuple[str, Any]]:
+        """``("message", chunk)``... then ``("result", output)`` or ``("error", AgentError)``."""
+        if isinstance(turn_request, _InitMisuse):
+            yield "error", turn_request
+            return
+        if detach:
+            yield await self._detached(agent, turn_request)
+            return
+        chunks: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+
+        async def sink(chunk: AgentChunk) -> None:
+            chunks.put_nowait(chunk.to_wire())
+
+        task = asyncio.create_task(agent.run_turn(turn_request, on_chunk=sink))
+        self._keep(task)
+        task.add_done_callback(_log_unexpected)
+        while not task.done():
+            getter = asyncio.ensure_future(chunks.get())
+            try:
+                # Not cancelled when the client goes away: the turn is shielded by
+                # asyncio.wait, and settles on its own.
+                await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                if not getter.done():
+                    getter.cancel()
+            if getter.done() and not getter.cancelled():
+                yield "message", getter.result()
+        while not chunks.empty():
+            yield "message", chunks.get_nowait()
+        try:
+            response = task.result()
+        except TurnFailedError as failure:
+            settled = failure.response if isinstance(failure.response, AgentResponse) else None
+            if settled is None:  # pragma: no cover - run_turn always attaches the response
+                yield "error", failure
+                return
+            response = settled
+        except AgentError as refused:
+            # Refused before a turn existed (bad resume, busy, unknown snapshot): a graceful
+            # failed result, as Genkit answers; the chat keeps its snapshot and can retry.
+            yield "result", _refused(refused, agent, echo_state)
+            return
+        except Exception:
+            yield "error", AgentError("Internal error; see the server log.", status="INTERNAL")
+            return
+        for extra in _closing_chunks(response):
+            yield "message", extra
+        yield "result", response.to_wire()
+
+    async def _detached(self, agent: Agent, turn_request: TurnRequest) -> tuple[str, Any]:
+        """Start the turn and answer at once with its pending snapshot."""
+        if agent.queued:
+            try:
+                response = await agent.run_turn(turn_request, wait=False)
+            except AgentError as refused:
+                return "result", _refused(refused, agent, None)
+            return "result", _detached_output(response.session_id, response.snapshot_id)
+        # An inline agent with a store: the turn runs in this server process, in the
+        # background; abort reaches it through the agent's local abort signal.
+        started: asyncio.Future[TurnRecord] = asyncio.get_running_loop().create_future()
+
+        def on_started(_store: Any, turn: TurnRecord) -> None:
+            if not started.done():
+                started.set_result(turn)
+
+        task = asyncio.create_task(agent.run_turn(turn_request, on_started=on_started))
+        self._keep(task)
+        task.add_done_callback(_log_unexpected)
+        waiting: list[asyncio.Future[Any]] = [started, task]
+        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        if not started.done():
+            started.cancel()
+            try:
+                task.result()
+            except AgentError as refused:
+                return "result", _refused(refused, agent, None)
+            raise AssertionError("run_turn returned before starting")  # pragma: no cover
+        turn = started.result()
+        return "result", _detached_output(turn.session_id, turn.id)
+
+
+_NO_STORE = (
+    "{what} requires a persistent store; agent '{agent}' uses client-managed state (no store)."
+)
+
+
+def _owner(principal: Principal | None) -> str | None:
+    return principal.id if principal is not None else None
+
+
+def _turn_request(
+    agent: Agent, body: TurnBody, principal: Principal | None
+) -> tuple[TurnRequest | _InitMisuse, bool]:
+    """The engine request for a turn body (parts/message errors raise: HTTP 400)."""
+    data, init = body.data, body.init
+    if data.resume is not None:
+        turn_input = TurnInput(
+            kind="resume",
+            message=to_message(data.message) if data.message is not None else None,
+            respond=to_parts(data.resume.respond, "data.resume.respond"),
+            restart=to_parts(data.resume.restart, "data.resume.restart"),
+        )
+    elif data.message is not None:
+        turn_input = TurnInput(kind="message", message=to_message(data.message))
+    else:
+        turn_input = TurnInput(kind="retry")
+    detach = bool(data.detach)
+    if agent.store is None and (init.snapshotId or init.sessionId):
+        which = "snapshotId" if init.snapshotId else "sessionId"
+        return _InitMisuse(
+            f"Cannot use '{which}' with agent '{agent.name}': this agent has no store configured "
+            "(client-managed state). Send 'state' instead."
+        ), detach
+    if agent.store is not None and init.state is not None:
+        return _InitMisuse(
+            f"Cannot send 'state' to agent '{agent.name}': this agent uses a server-managed "
+            "store. Send 'snapshotId' or 'sessionId' instead."
+        ), detach
+    if detach and agent.store is None:
+        return _InitMisuse(
+            f"Cannot detach a turn of agent '{agent.name}': detached turns need a store "
+            "(client-managed state has nowhere to keep a running turn)."
+        ), detach
+    return (
+        TurnRequest(
+            input=turn_input,
+            session_id=init.sessionId,
+            snapshot_id=init.snapshotId,
+            state=init.state,
+            owner=_owner(principal),
+            decided_by=_owner(principal),
+        ),
+        detach,
+    )
+
+
+def _refused(error: AgentError, agent: Agent, echo_state: Any) -> dict[str, Any]:
+    """Genkit's graceful failure for a turn that never started."""
+    output: dict[str, Any] = {"finishReason": FinishReason.FAILED.value, "error": wire_error(error)}
+    if error.snapshot_id is not None and agent.store is not None:
+        output["snapshotId"] = error.snapshot_id
+    if agent.store is None and echo_state is not None:
+        output["state"] = echo_state
+    return output
+
+
+def _detached_output(session_id: str, snapshot_id: str | None) -> dict[str, Any]:
+    output: dict[str, Any] = {"sessionId": session_id, "finishReason": FinishReason.DETACHED.value}
+    if snapshot_id is not None:
+        output["snapshotId"] = snapshot_id
+    return output
+
+
+def _closing_chunks(response: AgentResponse) -> list[dict[str, Any]]:
+    """What Genkit streams after the model's chunks: the paused requests once more (an
+    index-less tool chunk) when the turn is interrupted, then ``turnEnd``."""
+    closing: list[dict[str, Any]] = []
+    if response.finish_reason is FinishReason.INTERRUPTED and response.message is not None:
+        requests = [p.to_wire() for p in response.message.content if p.tool_request is not None]
+        closing.append({"modelChunk": {"role": "tool", "content": requests}})
+    end: dict[str, Any] = {}
+    if response.state is None and response.snapshot_id is not None:
+        end["snapshotId"] = response.snapshot_id
+    if response.finish_reason is not None:
+        end["finishReason"] = response.finish_reason.value
+    elif response.status is TurnStatus.FAILED:
+        end["finishReason"] = FinishReason.FAILED.value
+    closing.append({"turnEnd": end})
+    return closing
+
+
+async def _frames(events: AsyncIterator[tuple[str, Any]]) -> AsyncIterator[bytes]:
+    """Stream frames; always exactly one final ``result`` or ``error`` frame (the genuine
+    client spins forever on a stream that ends without one)."""
+    try:
+        async for kind, payload in events:
+            if kind == "message":
+                yield frame({"message": payload})
+            elif kind == "result":
+                yield frame({"result": payload})
+                return
+            else:
+                assert isinstance(payload, AgentError)
+                # Bare {status, message}: the genuine client prints details as "[object Object]".
+                yield frame({"error": payload.to_wire()}, field="error")
+                return
+    except AgentError as error:
+        yield frame({"error": error.to_wire()}, field="error")
+    except Exception:
+        logger.exception("turn stream failed")
+        yield frame({"error": {"status": "INTERNAL", "message": "Internal error."}}, field="error")
+
+
+def _log_unexpected(task: asyncio.Task[Any]) -> None:
+    if task.cancelled():
+        return
+    error = task.exception()
+    if error is not None and not isinstance(error, AgentError):
+        logger.error("turn task failed", exc_info=error)

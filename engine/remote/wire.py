@@ -1,0 +1,214 @@
+"""Genkit's HTTP wire format: request bodies, stream frames and error responses.
+
+Bodies are read with a size limit, parsed as JSON and validated here, before anything runs:
+a malformed request is a typed :class:`~engine.errors.InvalidArgumentError` naming the
+problem (HTTP 400), never a 500 and never a half-started turn. See ``docs/http.md``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictStr, ValidationError
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse
+
+from engine.errors import AgentError, InvalidArgumentError
+from engine.parts import Message, Part
+
+M = TypeVar("M", bound=BaseModel)
+
+__all__ = [
+    "AbortBody",
+    "BodyTooLargeError",
+    "SnapshotBody",
+    "TurnBody",
+    "error_response",
+    "frame",
+    "http_status",
+    "parse_body",
+    "read_json",
+    "to_message",
+    "to_parts",
+    "wants_stream",
+    "wire_error",
+]
+
+#: Genkit status → HTTP code (Genkit's ``httpStatusCode`` plus the codes it leaves out).
+HTTP_STATUS: dict[str, int] = {
+    "INVALID_ARGUMENT": 400,
+    "FAILED_PRECONDITION": 400,
+    "OUT_OF_RANGE": 400,
+    "UNAUTHENTICATED": 401,
+    "PERMISSION_DENIED": 403,
+    "NOT_FOUND": 404,
+    "ABORTED": 409,
+    "ALREADY_EXISTS": 409,
+    "RESOURCE_EXHAUSTED": 429,
+    "UNIMPLEMENTED": 501,
+    "UNAVAILABLE": 503,
+    "DEADLINE_EXCEEDED": 504,
+}
+
+
+class BodyTooLargeError(InvalidArgumentError):
+    """The request body is over the server's limit (HTTP 413)."""
+
+    default_status = "RESOURCE_EXHAUSTED"
+
+
+def http_status(error: AgentError) -> int:
+    """The HTTP code for ``error`` (500 for statuses that mean a server fault)."""
+    if isinstance(error, BodyTooLargeError):
+        return 413
+    return HTTP_STATUS.get(error.status, 500)
+
+
+def wire_error(error: AgentError) -> dict[str, Any]:
+    """``{"status", "message", "details"}``; ``details.type`` names the error class when the
+    error carries no details of its own, so a Python client can raise the same typed error
+    (Genkit clients just show it)."""
+    wire = error.to_wire()
+    if error.details is None:
+        wire["details"] = {"type": type(error).__name__}
+    return wire
+
+
+def error_response(error: AgentError) -> JSONResponse:
+    """Genkit's non-streaming error body: ``{"status", "message", "details"?}``."""
+    return JSONResponse(wire_error(error), status_code=http_status(error))
+
+
+def frame(payload: dict[str, Any], *, field: str = "data") -> bytes:
+    """One stream frame: ``data: <compact JSON>\\n\\n`` (or ``error: ...`` for errors).
+
+    ASCII-only JSON: the genuine client decodes each network read separately, so a multi-byte
+    character split across two reads would be corrupted; ``\\uXXXX`` escapes cannot split.
+    """
+    body = json.dumps(payload, separators=(",", ":"), ensure_ascii=True)
+    return f"{field}: {body}\n\n".encode("ascii")
+
+
+def wants_stream(request: Request) -> bool:
+    """Streaming as Genkit's express handler decides it: ``Accept`` or ``?stream=true``."""
+    accept = request.headers.get("accept", "")
+    return "text/event-stream" in accept or request.query_params.get("stream") == "true"
+
+
+async def read_json(request: Request, *, max_bytes: int) -> Any:
+    """The request body as JSON, refusing bodies over ``max_bytes`` without reading them all."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise BodyTooLargeError(f"Request body is {declared} bytes; the limit is {max_bytes}.")
+    received = bytearray()
+    try:
+        async for piece in request.stream():
+            received.extend(piece)
+            if len(received) > max_bytes:
+                raise BodyTooLargeError(f"Request body is over the limit of {max_bytes} bytes.")
+    except ClientDisconnect as exc:
+        raise InvalidArgumentError("The client went away before sending the whole body.") from exc
+    if not received:
+        raise InvalidArgumentError("Request body is empty; expected a JSON object.")
+    try:
+        return json.loads(received)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InvalidArgumentError(f"Request body is not valid JSON: {exc}.") from exc
+
+
+def _describe(error: ValidationError) -> str:
+    problems = []
+    for issue in error.errors()[:5]:
+        where = ".".join(str(p) for p in issue["loc"]) or "(root)"
+        problems.append(f"{where}: {issue['msg']}")
+    more = len(error.errors()) - len(problems)
+    return "; ".join(problems) + (f" (and {more} more)" if more > 0 else "")
+
+
+def parse_body(model: type[M], raw: Any) -> M:
+    """Validate a decoded body; a violation is an :class:`InvalidArgumentError` naming it."""
+    if not isinstance(raw, dict):
+        raise InvalidArgumentError(
+            f"Request body must be a JSON object, not {type(raw).__name__}."
+        )
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        raise InvalidArgumentError(f"Request body is invalid: {_describe(exc)}.") from exc
+
+
+class _Open(BaseModel):
+    # Genkit's schemas allow additional properties; so do we, and ignore them.
+    model_config = ConfigDict(extra="ignore")
+
+
+class WireResume(_Open):
+    respond: list[dict[str, Any]] | None = None
+    restart: list[dict[str, Any]] | None = None
+
+
+class WireAgentInput(_Open):
+    message: dict[str, Any] | None = None
+    resume: WireResume | None = None
+    detach: StrictBool | None = None
+
+
+class WireAgentInit(_Open):
+    snapshotId: StrictStr | None = None  # Genkit's field names
+    sessionId: StrictStr | None = None
+    state: dict[str, Any] | None = None
+
+
+class TurnBody(_Open):
+    """``{"data": AgentInput, "init": AgentInit}`` of a turn (``init`` may be left out)."""
+
+    data: WireAgentInput
+    init: WireAgentInit = WireAgentInit()
+
+
+class SnapshotSelector(_Open):
+    snapshotId: StrictStr | None = None
+    sessionId: StrictStr | None = None
+
+
+class SnapshotBody(_Open):
+    """``{"data": {"snapshotId"} | {"sessionId"}}`` of ``getSnapshot``."""
+
+    data: SnapshotSelector
+
+
+class AbortSelector(_Open):
+    snapshotId: StrictStr
+
+
+class AbortBody(_Open):
+    """``{"data": {"snapshotId"}}`` of ``abort``."""
+
+    data: AbortSelector
+
+
+def to_message(raw: dict[str, Any]) -> Message:
+    """A user message from its wire form."""
+    try:
+        message = Message.model_validate(raw)
+    except ValidationError as exc:
+        raise InvalidArgumentError(
+            f"data.message is not a valid message: {_describe(exc)}."
+        ) from exc
+    if message.role != "user":
+        raise InvalidArgumentError(f"data.message must have role 'user', not '{message.role}'.")
+    return message
+
+
+def to_parts(raw: list[dict[str, Any]] | None, where: str) -> list[Part]:
+    """Parts from their wire form (``where`` names the field in errors)."""
+    parts: list[Part] = []
+    for position, item in enumerate(raw or []):
+        try:
+            parts.append(Part.model_validate(item))
+        except ValidationError as exc:
+            raise InvalidArgumentError(
+                f"{where}[{position}] is not a valid part: {_describe(exc)}."
+            ) from exc
+    return parts
