@@ -1,0 +1,143 @@
+"""Real HTTP servers for tests: uvicorn in the test's event loop, or `turnstile serve` processes.
+
+Nothing is mocked: requests go over TCP on 127.0.0.1 to a real uvicorn server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
+from pathlib import Path
+
+import httpx
+import uvicorn
+from starlette.applications import Starlette
+
+__all__ = ["free_port", "serve_in_loop", "serve_process", "worker_process"]
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@contextlib.asynccontextmanager
+async def serve_in_loop(app: Starlette) -> AsyncIterator[str]:
+    """Serve ``app`` with uvicorn in the running loop; yields the base URL."""
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    )
+    task = asyncio.create_task(server.serve())
+    for _ in range(200):
+        if server.started or task.done():
+            break
+        await asyncio.sleep(0.02)
+    if task.done():
+        task.result()  # raises the startup failure
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await task
+
+
+def _env(db_url: str, extra: dict[str, str] | None) -> dict[str, str]:
+    env = dict(os.environ)
+    env["TURNSTILE_DATABASE_URL"] = db_url
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra or {})
+    return env
+
+
+def _turnstile(*args: str) -> list[str]:
+    return [sys.executable, "-m", "workers.cli", *args]
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@contextlib.contextmanager
+def serve_process(
+    db_url: str,
+    *,
+    app: str = "examples.banking:ai",
+    workers: int = 0,
+    args: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    log: Path | None = None,
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """``turnstile serve`` in its own process; yields ``(base_url, process)`` once it answers."""
+    port = free_port()
+    out = open(log, "wb") if log else subprocess.DEVNULL  # noqa: SIM115 - closed below
+    process = subprocess.Popen(
+        _turnstile(
+            "serve", "--app", app, "--db", db_url, "--port", str(port),
+            "--workers", str(workers), "--log-level", "WARNING", *args,
+        ),
+        cwd=ROOT,
+        env=_env(db_url, env),
+        stdout=out,
+        stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"turnstile serve exited with {process.returncode}")
+            try:
+                httpx.post(f"{base}/api/-/getSnapshot", json={}, timeout=1)
+                break
+            except httpx.TransportError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        yield base, process
+    finally:
+        _stop(process)
+        if log:
+            out.close()  # type: ignore[union-attr]
+
+
+@contextlib.contextmanager
+def worker_process(
+    db_url: str,
+    *,
+    app: str = "examples.banking:ai",
+    concurrency: int = 2,
+    env: dict[str, str] | None = None,
+) -> Iterator[subprocess.Popen[bytes]]:
+    """``turnstile worker`` in its own process (stopped with SIGTERM, or killed by the test)."""
+    process = subprocess.Popen(
+        _turnstile(
+            "worker", "--app", app, "--db", db_url, "--concurrency", str(concurrency),
+            "--poll-interval", "0.2", "--log-level", "WARNING",
+        ),
+        cwd=ROOT,
+        env=_env(db_url, env),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        yield process
+    finally:
+        _stop(process)
