@@ -5,6 +5,8 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
+# The genuine Genkit JS client the acceptance tests drive our server with (installed locally).
+JS_STAMP := tests/js/node_modules/.installed-stamp
 
 .PHONY: demo tour test lint typecheck install clean
 
@@ -15,6 +17,10 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+$(JS_STAMP): tests/js/package.json tests/js/package-lock.json
+	cd tests/js && npm ci --no-audit --no-fund --loglevel=error
+	touch $(JS_STAMP)
 
 demo: $(STAMP)
 	$(PY) -m examples.demo
@@ -28,8 +34,8 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-test: lint typecheck
+test: lint typecheck $(JS_STAMP)
 	$(VENV)/bin/pytest
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .turnstile
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .turnstile tests/js/node_modules
