@@ -21,6 +21,7 @@ from engine.chat import END_OF_STREAM, AgentTurn, MessageLike
 from engine.errors import AgentError, InvalidArgumentError, SessionBusyError, TurnFailedError
 from engine.parts import Message, Part
 from engine.response import AgentChunk, AgentInterrupt, AgentResponse
+from engine.schemas import Schema, SchemaSpec
 from engine.snapshots import SessionSnapshot, coerce_message
 from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus
 
@@ -73,12 +74,18 @@ def remote_agent(
     state_management: str | None = None,
     timeout: float = 300.0,
     transport: httpx.AsyncBaseTransport | None = None,
+    interrupt_inputs: Mapping[str, SchemaSpec] | None = None,
+    full_history: bool = True,
 ) -> RemoteAgent:
     """An agent served at ``url`` (e.g. ``http://host:8080/api/bankingAgent``).
 
     ``headers`` are sent with every request (a mapping, or a callable giving one per request,
     e.g. for a refreshed token). ``state_management`` (``"server"`` or ``"client"``) only
-    presets what the first result would reveal anyway.
+    presets what the first result would reveal anyway. ``interrupt_inputs`` maps interrupt
+    names to their input models, so ``interrupt.input`` is typed as with a local agent. With
+    ``full_history`` (the default) a server-managed chat reads the snapshot after each turn,
+    so ``response.messages`` is the whole conversation, tool messages included, as locally
+    (one more request per turn; Genkit's client only appends the final message).
     """
     if state_management not in (None, "server", "client"):
         raise ValueError("state_management must be 'server', 'client' or None.")
@@ -88,6 +95,8 @@ def remote_agent(
         state_management=state_management,
         timeout=timeout,
         transport=transport,
+        interrupt_inputs=interrupt_inputs,
+        full_history=full_history,
     )
 
 
@@ -102,8 +111,12 @@ class RemoteAgent:
         state_management: str | None,
         timeout: float,
         transport: httpx.AsyncBaseTransport | None,
+        interrupt_inputs: Mapping[str, SchemaSpec] | None = None,
+        full_history: bool = True,
     ) -> None:
         self.url = url
+        self.full_history = full_history
+        self.schemas = {name: Schema(spec) for name, spec in (interrupt_inputs or {}).items()}
         self.name = url.rsplit("/", 1)[-1]
         self.state_management = state_management
         self._headers = headers
@@ -180,7 +193,7 @@ class RemoteAgent:
             if snapshot is None:
                 raise errors.NotFoundError(f"Snapshot '{snapshot_id}' not found.")
             if snapshot.status not in ACTIVE_STATUSES:
-                return _response_of_snapshot(snapshot)
+                return _response_of_snapshot(snapshot, self.schemas)
             if deadline is not None and loop.time() >= deadline:
                 raise TimeoutError(f"Snapshot {snapshot_id} did not settle in {timeout}s.")
             await asyncio.sleep(poll_interval)
@@ -204,7 +217,10 @@ class RemoteAgent:
                     raise _error_from(parsed if isinstance(parsed, Mapping) else {"message": text})
                 async for kind, payload in _frames(reply.aiter_text()):
                     if kind == "message":
-                        if on_chunk is not None and "modelChunk" in payload:
+                        body = payload.get("modelChunk")
+                        # Genkit ends a paused turn with an index-less chunk repeating the
+                        # paused requests; the response carries them, a local stream does not.
+                        if on_chunk is not None and body is not None and "index" in body:
                             on_chunk(AgentChunk.from_wire(payload))
                     elif kind == "result":
                         return dict(payload)
@@ -278,7 +294,9 @@ def _snapshot_of(wire: Mapping[str, Any]) -> SessionSnapshot:
     )
 
 
-def _response_of_snapshot(snapshot: SessionSnapshot) -> AgentResponse:
+def _response_of_snapshot(
+    snapshot: SessionSnapshot, schemas: Mapping[str, Schema]
+) -> AgentResponse:
     messages = snapshot.state.messages
     response = AgentResponse(
         session_id=snapshot.session_id,
@@ -286,7 +304,7 @@ def _response_of_snapshot(snapshot: SessionSnapshot) -> AgentResponse:
         status=snapshot.status,
         finish_reason=snapshot.finish_reason,
         messages=messages,
-        interrupts=_interrupts(messages[-1] if messages else None),
+        interrupts=_interrupts(messages[-1] if messages else None, schemas),
     )
     if snapshot.status is TurnStatus.FAILED:
         error = snapshot.error or {}
@@ -302,11 +320,11 @@ def _response_of_snapshot(snapshot: SessionSnapshot) -> AgentResponse:
     return response
 
 
-def _interrupts(message: Message | None) -> list[AgentInterrupt]:
+def _interrupts(message: Message | None, schemas: Mapping[str, Schema]) -> list[AgentInterrupt]:
     if message is None or message.role != "model":
         return []
     return [
-        AgentInterrupt(p)
+        AgentInterrupt(p, schemas.get(p.tool_request.name))
         for p in message.content
         if p.tool_request is not None and (p.metadata or {}).get("interrupt")
     ]
@@ -445,11 +463,26 @@ class RemoteChat:
         try:
             data, user = self._data(message, resume, wait)
             result = await self.agent.run(data, self._init(), sink)
-            return self._follow(result, user)
+            history = None
+            settled = (
+                result.get("snapshotId")
+                and result.get("sessionId")  # refused requests carry none: nothing changed
+                and "state" not in result
+                and result.get("finishReason") != FinishReason.DETACHED.value
+            )
+            if self.agent.full_history and settled:
+                snapshot = await self.agent.get_snapshot(snapshot_id=result["snapshotId"])
+                history = snapshot.state.messages if snapshot is not None else None
+            return self._follow(result, user, history)
         finally:
             self._busy = False
 
-    def _follow(self, result: Mapping[str, Any], user: Message | None) -> AgentResponse:
+    def _follow(
+        self,
+        result: Mapping[str, Any],
+        user: Message | None,
+        history: list[Message] | None = None,
+    ) -> AgentResponse:
         finish = FinishReason(result["finishReason"]) if result.get("finishReason") else None
         error_wire = result.get("error")
         if finish is FinishReason.FAILED and error_wire is not None and "sessionId" not in result:
@@ -460,6 +493,8 @@ class RemoteChat:
         if result.get("state") is not None:
             self.state = dict(result["state"])
             self.messages = list(_state_messages(self.state))
+        elif history is not None:
+            self.messages = list(history)
         else:
             if user is not None:
                 self.messages.append(user)
@@ -476,7 +511,7 @@ class RemoteChat:
             finish_reason=finish,
             messages=list(self.messages),
             interrupts=(
-                _interrupts(self.messages[-1] if self.messages else None)
+                _interrupts(self.messages[-1] if self.messages else None, self.agent.schemas)
                 if finish is FinishReason.INTERRUPTED
                 else []
             ),
