@@ -127,10 +127,15 @@ const scenarios = {
 
   async detach() {
     const chat = banking().chat();
-    const task = await chat.detach('hello from the background');
+    const task = await chat.detach('slow hello from the background');
     const pending = chat.snapshotId;
-    const settled = await task.wait({ intervalMs: 100 });
-    return { pending, taskId: task.snapshotId, status: settled.status, last: settled.state.messages.at(-1) };
+    const statuses = [];
+    let settled;
+    for await (const snap of task.poll({ intervalMs: 100 })) {
+      statuses.push(snap.status);
+      settled = snap;
+    }
+    return { pending, taskId: task.snapshotId, statuses, last: settled.state.messages.at(-1) };
   },
 
   async abort() {
