@@ -20,10 +20,12 @@ from engine.errors import AgentError, NotFoundError, StoreError, ToolError, Tran
 from engine.model import Model, ModelRequest
 from engine.parts import (
     INTERRUPT,
+    MALFORMED_INPUT,
     PENDING_OUTPUT,
     RESOLVED_INTERRUPT,
     RESUMED,
     SOURCE,
+    TOOL_ERROR,
     Message,
     Part,
 )
@@ -78,6 +80,24 @@ def error_of(exc: BaseException) -> TurnError:
         return TurnError(status=exc.status, message=exc.message, details=exc.details)
     status = "UNAVAILABLE" if isinstance(exc, TransientError) else "INTERNAL"
     return TurnError(status=status, message=str(exc) or type(exc).__name__)
+
+
+def _rejection(tool: Tool, part: Part) -> str | None:
+    """Why the model's call of ``tool`` is malformed (non-JSON arguments, input failing the
+    schema), as a message addressed to the model; ``None`` for a well-formed call."""
+    request = part.tool_request
+    assert request is not None
+    malformed = part.meta().get(MALFORMED_INPUT)
+    if malformed is not None:
+        return (
+            f"Tool '{tool.name}' was called with arguments that are not valid JSON "
+            f"({malformed}). Call it again with a JSON object matching its input schema."
+        )
+    try:
+        tool.parse_input(request.input)
+    except ToolError as exc:
+        return f"{exc.message}. Call it again with input matching its input schema."
+    return None
 
 
 @dataclass
@@ -296,8 +316,20 @@ class TurnRunner:
             request = part.tool_request
             assert request is not None and request.ref is not None
             tool = self._tool(request.name)
-            tool.parse_input(request.input)  # reject bad input before any tool runs
             row = calls.get((number, request.ref)) or self._requested(number, part)
+            rejection = _rejection(tool, part)
+            if rejection is not None:
+                # A malformed call goes back to the model as a tool error it can correct
+                # (bounded by max_turns); re-validating on recovery gives the same answer.
+                results[request.ref] = _Result(
+                    output={"error": rejection}, response_meta={TOOL_ERROR: True}
+                )
+                if row.status is not ToolCallStatus.FAILED:
+                    failed = TurnError(status="INVALID_ARGUMENT", message=rejection)
+                    await self._record(
+                        row, status=ToolCallStatus.FAILED, error=failed, finished_at=_now()
+                    )
+                continue
             if row.status is ToolCallStatus.DONE:
                 results[request.ref] = _Result(output=row.output)
             elif row.status is ToolCallStatus.INTERRUPTED:
