@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from engine.errors import AgentError, NotFoundError, StoreError, ToolError, TransientError
-from engine.model import Model, ModelRequest
+from engine.model import Model, ModelRequest, ModelUsage
 from engine.parts import (
     INTERRUPT,
     MALFORMED_INPUT,
@@ -208,11 +208,12 @@ class TurnRunner:
                 # Recovery: the model already answered this round; never ask it again.
                 model_message = record.messages[0]
                 finish = FinishReason.STOP
+                usage = None
             else:
-                model_message, finish = await self._call_model(history)
+                model_message, finish, usage = await self._call_model(history)
             requests = model_message.tool_requests
             if not requests:
-                await self._save(number, [model_message], committed=True)
+                await self._save(number, [model_message], committed=True, usage=usage)
                 return TurnOutcome(TurnStatus.COMPLETED, finish)
             if number > self.config.max_turns:
                 raise AgentError(
@@ -225,6 +226,7 @@ class TurnRunner:
                     [model_message],
                     committed=False,
                     calls=[self._requested(number, p) for p in requests],
+                    usage=usage,
                 )
             results = await self._run_calls(number, requests, calls, restarts={})
             closed = await self._close_round(number, model_message, results)
@@ -235,7 +237,9 @@ class TurnRunner:
 
     # -- model ------------------------------------------------------------------------
 
-    async def _call_model(self, history: list[Message]) -> tuple[Message, FinishReason]:
+    async def _call_model(
+        self, history: list[Message]
+    ) -> tuple[Message, FinishReason, ModelUsage | None]:
         messages = list(history)
         if self.config.system:
             messages.insert(0, Message(role="system", content=[Part.of_text(self.config.system)]))
@@ -258,7 +262,7 @@ class TurnRunner:
             finish = FinishReason(response.finish_reason)
         except ValueError:
             finish = FinishReason.OTHER
-        return message, finish
+        return message, finish, response.usage
 
     def _note_refs(self, message: Message) -> None:
         for part in message.content:
@@ -457,12 +461,14 @@ class TurnRunner:
         *,
         committed: bool,
         calls: list[ToolCallRecord] | None = None,
+        usage: ModelUsage | None = None,
     ) -> None:
         await self.store.save_round(
             self.turn.id,
             lease_token=self.lease,
             round=RoundRecord(round=number, messages=messages, committed=committed),
             calls=calls or [],
+            usage=usage,
         )
 
     # -- resume (round 0) -----------------------------------------------------------

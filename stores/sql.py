@@ -22,6 +22,7 @@ from engine.errors import (
     SessionBusyError,
     StaleTransitionError,
 )
+from engine.model import ModelUsage
 from engine.parts import Message
 from engine.status import FinishReason, TurnStatus
 from engine.store import (
@@ -239,6 +240,7 @@ class SqlSessionStore:
         lease_token: int,
         round: RoundRecord,
         calls: Sequence[ToolCallRecord] = (),
+        usage: ModelUsage | None = None,
     ) -> None:
         """See :meth:`engine.store.SessionStore.save_round`."""
 
@@ -247,6 +249,8 @@ class SqlSessionStore:
             turn_sql.fence(connection, turn_id, lease_token)
             message_sql.save_round(connection, turn_id, round, now)
             call_sql.upsert_calls(connection, turn_id, calls, now)
+            if usage is not None:
+                turn_sql.add_usage(connection, turn_id, usage)
 
         await self._write(save)
 
