@@ -569,13 +569,23 @@ def openai_model(server: FakeOpenAI, **options: Any) -> Any:
     """The real OpenAIChatModel (real SDK) pointed at ``server``, SDK retries off."""
     from engine.models import OpenAIChatModel
 
-    settings: dict[str, Any] = {"api_key": "sk-test", "max_retries": 0, "timeout": 10.0}
-    return OpenAIChatModel("gpt-4o-mini", base_url=f"{server.url}/v1", **{**settings, **options})
+    settings: dict[str, Any] = {
+        "base_url": f"{server.url}/v1",
+        "api_key": "sk-test",
+        "max_retries": 0,
+        "timeout": 10.0,
+    }
+    return OpenAIChatModel("gpt-4o-mini", **{**settings, **options})
 
 
 def anthropic_model(server: FakeAnthropic, **options: Any) -> Any:
     """The real AnthropicModel (real SDK) pointed at ``server``, SDK retries off."""
     from engine.models import AnthropicModel
 
-    settings: dict[str, Any] = {"api_key": "sk-ant-test", "max_retries": 0, "timeout": 10.0}
-    return AnthropicModel("claude-sonnet-4-5", base_url=server.url, **{**settings, **options})
+    settings: dict[str, Any] = {
+        "base_url": server.url,
+        "api_key": "sk-ant-test",
+        "max_retries": 0,
+        "timeout": 10.0,
+    }
+    return AnthropicModel("claude-sonnet-4-5", **{**settings, **options})

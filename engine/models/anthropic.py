@@ -73,7 +73,7 @@ def tool_use_id(ref: str | None) -> str:
 def _import_sdk() -> Any:
     try:
         import anthropic
-    except ImportError as exc:  # pragma: no cover - the dev install always has it
+    except ImportError as exc:
         raise ImportError(
             "AnthropicModel needs the anthropic SDK: pip install 'turnstile[anthropic]'"
         ) from exc
@@ -171,10 +171,14 @@ class AnthropicModel:
             if self.stream and on_chunk is not None:
                 return await self._streamed(params, on_chunk)
             message = await self.client.messages.create(**params)
-            return _response(message)
+            response = _response(message)
         except (self._sdk.AnthropicError, httpx.TransportError) as exc:
-            # httpx errors escape the SDK when the connection breaks in the middle of a stream.
+            # httpx errors escape the SDK when a connection breaks in the middle of a stream.
             raise self._classify(exc) from exc
+        if on_chunk is not None and response.message.content:
+            # Not streamed: the whole answer is one chunk, so stream consumers still see it.
+            await on_chunk([p.model_copy(deep=True) for p in response.message.content])
+        return response
 
     async def _streamed(self, params: dict[str, Any], on_chunk: ChunkSink) -> ModelResponse:
         blocks: dict[int, _Block] = {}

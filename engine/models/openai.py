@@ -58,7 +58,7 @@ _FINISH = {
 def _import_sdk() -> Any:
     try:
         import openai
-    except ImportError as exc:  # pragma: no cover - the dev install always has it
+    except ImportError as exc:
         raise ImportError(
             "OpenAIChatModel needs the openai SDK: pip install 'turnstile[openai]'"
         ) from exc
@@ -161,10 +161,14 @@ class OpenAIChatModel:
             if self.stream and on_chunk is not None:
                 return await self._streamed(params, on_chunk)
             completion = await self.client.chat.completions.create(**params)
-            return _response(completion)
+            response = _response(completion)
         except (self._sdk.OpenAIError, httpx.TransportError) as exc:
-            # httpx errors escape the SDK when the connection breaks in the middle of a stream.
+            # httpx errors escape the SDK when a connection breaks in the middle of a stream.
             raise self._classify(exc) from exc
+        if on_chunk is not None and response.message.content:
+            # Not streamed: the whole answer is one chunk, so stream consumers still see it.
+            await on_chunk([p.model_copy(deep=True) for p in response.message.content])
+        return response
 
     async def _streamed(self, params: dict[str, Any], on_chunk: ChunkSink) -> ModelResponse:
         params["stream"] = True
