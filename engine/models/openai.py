@@ -273,7 +273,6 @@ def _messages(messages: list[Message]) -> list[dict[str, Any]]:
         elif message.role == "user":
             wire.append({"role": "user", "content": _user_content(message)})
         elif message.role == "model":
-            entry: dict[str, Any] = {"role": "assistant", "content": message.text or None}
             calls = [
                 {
                     "id": part.tool_request.ref,
@@ -283,6 +282,11 @@ def _messages(messages: list[Message]) -> list[dict[str, Any]]:
                 for part in message.content
                 if part.tool_request is not None
             ]
+            # content may be null only when the message carries tool calls.
+            entry: dict[str, Any] = {
+                "role": "assistant",
+                "content": message.text or (None if calls else ""),
+            }
             if calls:
                 entry["tool_calls"] = calls
             wire.append(entry)
