@@ -14,11 +14,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 from engine import FinishReason, TurnFailedError, TurnStatus
 from engine.store import ToolCallStatus
 from examples.banking import SYSTEM_PROMPT, BankingApp, build
 from tests.conftest import TEST_STATE_KEYS
+from tests.databases import sql_store
 from tests.fake_providers import (
     Call,
     FakeAnthropic,
@@ -502,3 +504,22 @@ async def test_request_config_and_headers_reach_the_provider(provider: Provider)
     else:
         assert sent.headers["x-api-key"] == "sk-ant-test"
         assert sent.body["max_tokens"] == 4096
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgres"])
+async def test_usage_reported_by_the_provider_is_visible_in_sql(
+    provider: Provider, database: str
+) -> None:
+    """The provider's token counts of a durable turn land in turns.input_tokens/output_tokens."""
+    async with sql_store(database) as store:
+        app = build(
+            model=provider.model(), store=store, state_keys=TEST_STATE_KEYS, execution="inline"
+        )
+        provider.server.script.append(Reply(kind="answer", text="Hello there.", usage=(321, 12)))
+        res = await app.banking_agent.chat().send("hello")
+        with store.db.engine.connect() as connection:
+            row = connection.execute(
+                sa.text("SELECT input_tokens, output_tokens FROM turns WHERE id = :id"),
+                {"id": res.snapshot_id},
+            ).one()
+    assert tuple(row) == (321, 12)
