@@ -31,6 +31,7 @@ from tests.fake_providers import (
     anthropic_model,
     openai_model,
 )
+from workers import WorkerPool
 
 OPENAI_ERRORS: dict[str, tuple[int, dict[str, Any]]] = {
     "rate_limit": (
@@ -523,3 +524,23 @@ async def test_usage_reported_by_the_provider_is_visible_in_sql(
                 {"id": res.snapshot_id},
             ).one()
     assert tuple(row) == (321, 12)
+
+
+async def test_the_worker_pool_retries_a_rate_limited_turn(provider: Provider) -> None:
+    """A turn queued for workers and hit by a 429 is retried by the pool, then pauses."""
+    app = provider.app()
+    agent = app.ai.define_agent(
+        name="queuedBanking",
+        system=SYSTEM_PROMPT,
+        tools=[app.user_approval, app.transfer_money],
+        store=app.banking_agent.store,
+        execution="workers",
+        max_attempts=3,
+    )
+    provider.server.script.append(provider.error("rate_limit"))
+    async with WorkerPool(app.ai, poll_interval=0.05, scheduler=False):
+        res = await agent.chat().send(TRANSFER)
+    assert res.finish_reason is FinishReason.INTERRUPTED
+    assert len(provider.server.requests) == 2
+    turn = await agent.store.get_turn(str(res.snapshot_id))
+    assert turn is not None and turn.attempts == 2
