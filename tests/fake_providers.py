@@ -68,6 +68,8 @@ class Reply:
     arg_chunk: int = 0
     #: Interleave the argument pieces of several calls (index-based assembly must cope).
     interleave: bool = False
+    #: OpenAI only: a refusal message (the ``refusal`` field / delta) instead of content.
+    refusal: str | None = None
     status: int = 200
     body: dict[str, Any] | None = None
     delay: float = 0.0
@@ -307,7 +309,11 @@ class FakeOpenAI(FakeProvider):
         }
 
     def whole(self, reply: Reply, body: dict[str, Any]) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": "assistant", "content": reply.text, "refusal": None}
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": reply.text,
+            "refusal": reply.refusal,
+        }
         if reply.calls:
             message["tool_calls"] = [
                 {
@@ -357,6 +363,8 @@ class FakeOpenAI(FakeProvider):
         yield self._delta(body, {"role": "assistant", "content": "", "refusal": None})
         for piece in self.text_pieces(reply.text or ""):
             yield self._delta(body, {"content": piece})
+        for piece in self.text_pieces(reply.refusal or ""):
+            yield self._delta(body, {"refusal": piece})
         pieces: list[tuple[int, str]] = []
         for index, call in enumerate(reply.calls):
             head = {

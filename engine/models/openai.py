@@ -55,6 +55,13 @@ _FINISH = {
 }
 
 
+def _finish(reason: str | None) -> str:
+    """Our finish reason for the provider's (``unknown`` when it gave none)."""
+    if not reason:
+        return "unknown"
+    return _FINISH.get(reason, "other")
+
+
 def _import_sdk() -> Any:
     try:
         import openai
@@ -177,6 +184,7 @@ class OpenAIChatModel:
         texts: list[str] = []
         calls: dict[int, _PendingCall] = {}
         finish: str | None = None
+        refused = False
         usage: ModelUsage | None = None
         stream = await self.client.chat.completions.create(**params)
         async for chunk in stream:
@@ -189,8 +197,16 @@ class OpenAIChatModel:
                 if delta is not None and delta.content:
                     texts.append(delta.content)
                     await on_chunk([Part.of_text(delta.content)])
+                if delta is not None and getattr(delta, "refusal", None):
+                    # The model declined (OpenAI's refusal channel): show it, end blocked.
+                    refused = True
+                    texts.append(delta.refusal)
+                    await on_chunk([Part.of_text(delta.refusal)])
                 for fragment in (delta.tool_calls if delta is not None else None) or []:
-                    pending = calls.setdefault(fragment.index, _PendingCall())
+                    index = getattr(fragment, "index", None)
+                    if index is None:  # a lax server: a new id starts a call, else continue one
+                        index = len(calls) if fragment.id or not calls else max(calls)
+                    pending = calls.setdefault(index, _PendingCall())
                     if fragment.id:
                         pending.ref = fragment.id
                     function = fragment.function
@@ -213,7 +229,7 @@ class OpenAIChatModel:
         content.extend(requests)
         return ModelResponse(
             message=Message(role="model", content=content),
-            finish_reason=_FINISH.get(finish or "", "other" if finish else "unknown"),
+            finish_reason="blocked" if refused else _finish(finish),
             usage=usage,
         )
 
@@ -316,13 +332,13 @@ def _response(completion: Any) -> ModelResponse:
     """A whole (non-streamed) completion as a :class:`ModelResponse`."""
     choice = completion.choices[0]
     content: list[Part] = []
-    if choice.message.content:
-        content.append(Part.of_text(choice.message.content))
+    refusal = getattr(choice.message, "refusal", None)
+    if choice.message.content or refusal:
+        content.append(Part.of_text(str(choice.message.content or refusal)))
     for call in choice.message.tool_calls or []:
         content.append(request_part(call.function.name, call.id, call.function.arguments))
-    finish = choice.finish_reason
     return ModelResponse(
         message=Message(role="model", content=content),
-        finish_reason=_FINISH.get(finish or "", "other" if finish else "unknown"),
+        finish_reason="blocked" if refusal else _finish(choice.finish_reason),
         usage=_usage(completion.usage) if completion.usage is not None else None,
     )

@@ -544,3 +544,17 @@ async def test_the_worker_pool_retries_a_rate_limited_turn(provider: Provider) -
     assert len(provider.server.requests) == 2
     turn = await agent.store.get_turn(str(res.snapshot_id))
     assert turn is not None and turn.attempts == 2
+
+
+@pytest.mark.parametrize("streamed", [True, False], ids=["stream", "whole"])
+async def test_an_openai_refusal_ends_the_turn_blocked_with_its_text(
+    fake_openai: FakeOpenAI, streamed: bool
+) -> None:
+    """OpenAI's refusal channel (no content, a refusal message) is shown and ends blocked."""
+    model = openai_model(fake_openai, stream=streamed)
+    app = build(model=model, state_keys=TEST_STATE_KEYS)
+    fake_openai.script.append(Reply(kind="answer", refusal="I can't help with that."))
+    res = await app.banking_agent.chat().send("do something bad")
+    await model.aclose()
+    assert res.finish_reason is FinishReason.BLOCKED
+    assert res.text == "I can't help with that."
