@@ -68,6 +68,8 @@ class Reply:
     arg_chunk: int = 0
     #: Interleave the argument pieces of several calls (index-based assembly must cope).
     interleave: bool = False
+    #: OpenAI only: leave ``index`` out of streamed tool-call deltas (as lax servers do).
+    omit_index: bool = False
     #: OpenAI only: a refusal message (the ``refusal`` field / delta) instead of content.
     refusal: str | None = None
     status: int = 200
@@ -373,15 +375,21 @@ class FakeOpenAI(FakeProvider):
                 "type": "function",
                 "function": {"name": call.name, "arguments": ""},
             }
+            if reply.omit_index:  # such servers send each call whole, right after its head
+                del head["index"]
+                head["function"]["arguments"] = call.arguments
+                yield self._delta(body, {"tool_calls": [head]})
+                continue
             yield self._delta(body, {"tool_calls": [head]})
             pieces += [(index, p) for p in self.arg_pieces(reply, call.arguments)]
         if reply.interleave:  # round-robin over the calls: assembly must go by index
             groups = [[p for p in pieces if p[0] == i] for i in range(len(reply.calls))]
             pieces = [p for row in itertools.zip_longest(*groups) for p in row if p is not None]
         for index, piece in pieces:
-            yield self._delta(
-                body, {"tool_calls": [{"index": index, "function": {"arguments": piece}}]}
-            )
+            fragment: dict[str, Any] = {"index": index, "function": {"arguments": piece}}
+            if reply.omit_index:
+                del fragment["index"]
+            yield self._delta(body, {"tool_calls": [fragment]})
         yield self._delta(body, {}, self._finish(reply))
         if (body.get("stream_options") or {}).get("include_usage"):
             yield self._chunk(body, [], usage=self._usage(reply))

@@ -558,3 +558,29 @@ async def test_an_openai_refusal_ends_the_turn_blocked_with_its_text(
     await model.aclose()
     assert res.finish_reason is FinishReason.BLOCKED
     assert res.text == "I can't help with that."
+
+
+async def test_openai_compatible_tool_calls_without_an_index_still_assemble(
+    fake_openai: FakeOpenAI,
+) -> None:
+    """A server that omits tool_calls[].index still yields one request per call, in order."""
+    model = openai_model(fake_openai)
+    app = build(model=model, state_keys=TEST_STATE_KEYS)
+    fake_openai.script.extend(
+        [
+            Reply(
+                kind="answer",
+                calls=[
+                    Call("call_a", "transferMoney", '{"amount": 1, "toAccount": "A"}'),
+                    Call("call_b", "transferMoney", '{"amount": 2, "toAccount": "B"}'),
+                ],
+                omit_index=True,
+            ),
+            Reply(kind="answer", text="ok"),
+        ]
+    )
+    res = await app.banking_agent.chat().send("pay")
+    await model.aclose()
+    assert res.text == "ok"
+    assert sorted((t.amount, t.toAccount) for _, t in app.transfers) == [(1, "A"), (2, "B")]
+    assert [p.tool_request.ref for p in res.messages[1].content] == ["call_a", "call_b"]
