@@ -246,11 +246,13 @@ class SqlSessionStore:
 
         def save(connection: sa.Connection) -> None:
             now = _now()
+            if usage is not None:
+                # First, so the turn row is locked exclusively before the fence's share lock:
+                # upgrading share to exclusive could deadlock with a concurrent heartbeat.
+                turn_sql.add_usage(connection, turn_id, usage)
             turn_sql.fence(connection, turn_id, lease_token)
             message_sql.save_round(connection, turn_id, round, now)
             call_sql.upsert_calls(connection, turn_id, calls, now)
-            if usage is not None:
-                turn_sql.add_usage(connection, turn_id, usage)
 
         await self._write(save)
 

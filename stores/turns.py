@@ -351,7 +351,8 @@ def list_events(connection: Connection, turn_id: str) -> list[TurnEvent]:
 
 
 def add_usage(connection: Connection, turn_id: str, usage: ModelUsage) -> None:
-    """Add one model call's token counts to the turn's totals (inside a fenced write).
+    """Add one model call's token counts to the turn's totals, inside the transaction of a
+    fenced write (whose fence rolls it back if the lease was lost).
 
     Only reported counts are added, so a turn whose model reports nothing keeps NULL.
     """

@@ -7,9 +7,9 @@ from collections.abc import AsyncIterator
 import pytest
 import sqlalchemy as sa
 
-from engine import ScriptedModel
+from engine import LeaseLostError, Message, ScriptedModel
 from engine.model import ChunkSink, ModelRequest, ModelResponse, ModelUsage
-from engine.store import SessionStore
+from engine.store import NewTurn, RoundRecord, SessionStore, TurnInput
 from examples.banking import build
 from stores import InMemorySessionStore, SqlSessionStore
 from tests.conftest import TEST_STATE_KEYS
@@ -89,3 +89,33 @@ async def test_unreported_counts_stay_null(store: SessionStore) -> None:
     res = await app.banking_agent.chat().send("hello")
     turn = await store.get_turn(str(res.snapshot_id))
     assert turn is not None and (turn.input_tokens, turn.output_tokens) == (101, None)
+
+
+async def test_usage_written_under_a_lost_lease_is_not_counted(store: SessionStore) -> None:
+    """save_round's usage is fenced like its messages: a stale lease adds nothing."""
+    hello = Message.user("hi")
+    await store.create_turn(
+        NewTurn(
+            id="t1",
+            session_id="s1",
+            agent="a",
+            input=TurnInput(kind="message", message=hello),
+            initial_messages=[hello],
+        )
+    )
+    claimed = await store.claim_turn("t1", owner="w", lease_seconds=30)
+    answer = RoundRecord(
+        round=1, messages=[Message.model_validate({"role": "model"})], committed=False
+    )
+    await store.save_round(
+        "t1", lease_token=claimed.lease_token, round=answer, usage=ModelUsage(input_tokens=5)
+    )
+    with pytest.raises(LeaseLostError):
+        await store.save_round(
+            "t1",
+            lease_token=claimed.lease_token + 1,
+            round=answer,
+            usage=ModelUsage(input_tokens=100, output_tokens=100),
+        )
+    turn = await store.get_turn("t1")
+    assert turn is not None and (turn.input_tokens, turn.output_tokens) == (5, None)
