@@ -25,6 +25,7 @@ from engine.errors import (
     SessionBusyError,
     StaleTransitionError,
 )
+from engine.model import ModelUsage
 from engine.parts import Message
 from engine.relay import ChunkBroker, ChunkSubscription
 from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus
@@ -54,6 +55,13 @@ __all__ = ["InMemorySessionStore"]
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+def _plus(total: int | None, more: int | None) -> int | None:
+    """A usage total plus one call's count (unreported counts change nothing)."""
+    if more is None:
+        return total
+    return (total or 0) + more
 
 
 class _Signal:
@@ -361,9 +369,17 @@ class InMemorySessionStore:
         lease_token: int,
         round: RoundRecord,
         calls: Sequence[ToolCallRecord] = (),
+        usage: ModelUsage | None = None,
     ) -> None:
         """See :meth:`engine.store.SessionStore.save_round`."""
-        self._fenced(turn_id, lease_token)
+        turn = self._fenced(turn_id, lease_token)
+        if usage is not None:
+            self._turns[turn_id] = turn.model_copy(
+                update={
+                    "input_tokens": _plus(turn.input_tokens, usage.input_tokens),
+                    "output_tokens": _plus(turn.output_tokens, usage.output_tokens),
+                }
+            )
         self._rounds[turn_id][round.round] = RoundRecord(
             round=round.round,
             messages=[m.copy_deep() for m in round.messages],

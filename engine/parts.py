@@ -15,10 +15,12 @@ from pydantic.alias_generators import to_camel
 
 __all__ = [
     "INTERRUPT",
+    "MALFORMED_INPUT",
     "PENDING_OUTPUT",
     "RESOLVED_INTERRUPT",
     "RESUMED",
     "SOURCE",
+    "TOOL_ERROR",
     "Message",
     "Part",
     "Role",
@@ -36,6 +38,14 @@ PENDING_OUTPUT = "pendingOutput"
 RESOLVED_INTERRUPT = "resolvedInterrupt"
 RESUMED = "resumed"
 SOURCE = "source"
+
+# Turnstile's own metadata keys for tool calls a model got wrong (issue 5). A model adapter
+# marks a toolRequest whose arguments were not JSON with MALFORMED_INPUT (the parse error; the
+# raw text is kept as the input), and the runner answers any malformed call with a
+# toolResponse marked TOOL_ERROR whose output is ``{"error": message}``, so the model can
+# correct itself instead of the turn failing.
+MALFORMED_INPUT = "malformedInput"
+TOOL_ERROR = "toolError"
 
 
 class _Wire(BaseModel):

@@ -17,13 +17,15 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from engine.errors import AgentError, NotFoundError, StoreError, ToolError, TransientError
-from engine.model import Model, ModelRequest
+from engine.model import Model, ModelRequest, ModelUsage
 from engine.parts import (
     INTERRUPT,
+    MALFORMED_INPUT,
     PENDING_OUTPUT,
     RESOLVED_INTERRUPT,
     RESUMED,
     SOURCE,
+    TOOL_ERROR,
     Message,
     Part,
 )
@@ -78,6 +80,24 @@ def error_of(exc: BaseException) -> TurnError:
         return TurnError(status=exc.status, message=exc.message, details=exc.details)
     status = "UNAVAILABLE" if isinstance(exc, TransientError) else "INTERNAL"
     return TurnError(status=status, message=str(exc) or type(exc).__name__)
+
+
+def _rejection(tool: Tool, part: Part) -> str | None:
+    """Why the model's call of ``tool`` is malformed (non-JSON arguments, input failing the
+    schema), as a message addressed to the model; ``None`` for a well-formed call."""
+    request = part.tool_request
+    assert request is not None
+    malformed = part.meta().get(MALFORMED_INPUT)
+    if malformed is not None:
+        return (
+            f"Tool '{tool.name}' was called with arguments that are not valid JSON "
+            f"({malformed}). Call it again with a JSON object matching its input schema."
+        )
+    try:
+        tool.parse_input(request.input)
+    except ToolError as exc:
+        return f"{exc.message}. Call it again with input matching its input schema."
+    return None
 
 
 @dataclass
@@ -188,11 +208,12 @@ class TurnRunner:
                 # Recovery: the model already answered this round; never ask it again.
                 model_message = record.messages[0]
                 finish = FinishReason.STOP
+                usage = None
             else:
-                model_message, finish = await self._call_model(history)
+                model_message, finish, usage = await self._call_model(history)
             requests = model_message.tool_requests
             if not requests:
-                await self._save(number, [model_message], committed=True)
+                await self._save(number, [model_message], committed=True, usage=usage)
                 return TurnOutcome(TurnStatus.COMPLETED, finish)
             if number > self.config.max_turns:
                 raise AgentError(
@@ -205,6 +226,7 @@ class TurnRunner:
                     [model_message],
                     committed=False,
                     calls=[self._requested(number, p) for p in requests],
+                    usage=usage,
                 )
             results = await self._run_calls(number, requests, calls, restarts={})
             closed = await self._close_round(number, model_message, results)
@@ -215,7 +237,9 @@ class TurnRunner:
 
     # -- model ------------------------------------------------------------------------
 
-    async def _call_model(self, history: list[Message]) -> tuple[Message, FinishReason]:
+    async def _call_model(
+        self, history: list[Message]
+    ) -> tuple[Message, FinishReason, ModelUsage | None]:
         messages = list(history)
         if self.config.system:
             messages.insert(0, Message(role="system", content=[Part.of_text(self.config.system)]))
@@ -238,7 +262,7 @@ class TurnRunner:
             finish = FinishReason(response.finish_reason)
         except ValueError:
             finish = FinishReason.OTHER
-        return message, finish
+        return message, finish, response.usage
 
     def _note_refs(self, message: Message) -> None:
         for part in message.content:
@@ -296,8 +320,20 @@ class TurnRunner:
             request = part.tool_request
             assert request is not None and request.ref is not None
             tool = self._tool(request.name)
-            tool.parse_input(request.input)  # reject bad input before any tool runs
             row = calls.get((number, request.ref)) or self._requested(number, part)
+            rejection = _rejection(tool, part)
+            if rejection is not None:
+                # A malformed call goes back to the model as a tool error it can correct
+                # (bounded by max_turns); re-validating on recovery gives the same answer.
+                results[request.ref] = _Result(
+                    output={"error": rejection}, response_meta={TOOL_ERROR: True}
+                )
+                if row.status is not ToolCallStatus.FAILED:
+                    failed = TurnError(status="INVALID_ARGUMENT", message=rejection)
+                    await self._record(
+                        row, status=ToolCallStatus.FAILED, error=failed, finished_at=_now()
+                    )
+                continue
             if row.status is ToolCallStatus.DONE:
                 results[request.ref] = _Result(output=row.output)
             elif row.status is ToolCallStatus.INTERRUPTED:
@@ -425,12 +461,14 @@ class TurnRunner:
         *,
         committed: bool,
         calls: list[ToolCallRecord] | None = None,
+        usage: ModelUsage | None = None,
     ) -> None:
         await self.store.save_round(
             self.turn.id,
             lease_token=self.lease,
             round=RoundRecord(round=number, messages=messages, committed=committed),
             calls=calls or [],
+            usage=usage,
         )
 
     # -- resume (round 0) -----------------------------------------------------------

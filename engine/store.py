@@ -26,6 +26,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field
 
+from engine.model import ModelUsage
 from engine.parts import Message, Part
 from engine.relay import ChunkSubscription
 from engine.status import FinishReason, TurnStatus
@@ -121,6 +122,9 @@ class TurnRecord(BaseModel):
     created_at: datetime
     updated_at: datetime
     settled_at: datetime | None = None
+    #: Tokens of all the turn's model calls, summed; ``None`` while no call reported usage.
+    input_tokens: int | None = None
+    output_tokens: int | None = None
 
 
 class RoundRecord(BaseModel):
@@ -329,8 +333,14 @@ class SessionStore(Protocol):
         lease_token: int,
         round: RoundRecord,
         calls: Sequence[ToolCallRecord] = (),
+        usage: ModelUsage | None = None,
     ) -> None:
-        """Replace the messages of one round and upsert journal rows, in one transaction."""
+        """Replace the messages of one round and upsert journal rows, in one transaction.
+
+        ``usage`` (the model call that produced the round, passed only on the save right after
+        that call) is added to the turn's ``input_tokens``/``output_tokens`` in the same
+        transaction; counts the provider did not report leave the totals unchanged.
+        """
         ...
 
     async def record_call(self, turn_id: str, *, lease_token: int, call: ToolCallRecord) -> None:

@@ -4,7 +4,10 @@ Defines ``ai`` (the :class:`~engine.Engine`), the ``userApproval`` interrupt, th
 ``transferMoney`` tool, ``banking_agent`` (with a session store: the module-level app uses the
 durable SQL store, tests build their own with :func:`build`) and
 ``banking_agent_stateless`` (client-managed state), exactly as ``docs/scripted-model.md``
-describes, running on the offline :class:`~engine.ScriptedModel`.
+describes, running on the offline :class:`~engine.ScriptedModel` — unless ``TURNSTILE_MODEL``
+names a real one (``openai:gpt-4o-mini``, ``anthropic:claude-sonnet-4-5``, ``ollama:llama3.1``;
+see ``docs/models.md``): then the module-level app talks to that model, while ``make demo``,
+with the variable unset, stays offline.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from engine import (
     Tool,
     ToolContext,
 )
+from engine.models import model_from_env
 from engine.scripted import transaction_id
 from engine.store import SessionStore
 from stores import InMemorySessionStore, SqlSessionStore, default_url
@@ -187,6 +191,7 @@ def _durable_app() -> BankingApp:
     """The module-level app: durable, on ``TURNSTILE_DATABASE_URL`` (default: an SQLite file
     under ``.turnstile/``), so ``turnstile worker --app examples.banking:ai`` serves it.
 
+    ``TURNSTILE_MODEL`` picks a real model (the scripted one when unset);
     ``TURNSTILE_LEDGER``, ``TURNSTILE_TRANSFER_SECONDS`` and ``TURNSTILE_LEASE_SECONDS`` tune
     it for the demo.
     """
@@ -194,6 +199,7 @@ def _durable_app() -> BankingApp:
     ledger = os.environ.get("TURNSTILE_LEDGER")
     return build(
         store=SqlSessionStore(default_url()),
+        model=model_from_env(),
         state_keys=_example_keys(),
         lease=LeaseSettings(lease_seconds=lease_seconds, heartbeat_interval=lease_seconds / 3),
         ledger=Path(ledger) if ledger else None,

@@ -88,6 +88,17 @@ turns = sa.Table(
     sa.Column("created_at", TIMESTAMP, nullable=False),
     sa.Column("updated_at", TIMESTAMP, nullable=False),
     sa.Column("settled_at", TIMESTAMP),
+    # Token usage summed over the turn's model calls (migration 0002); NULL when unreported.
+    sa.Column(
+        "input_tokens",
+        sa.Integer,
+        comment="Prompt tokens of all model calls of the turn, as the provider reported them.",
+    ),
+    sa.Column(
+        "output_tokens",
+        sa.Integer,
+        comment="Completion tokens of all model calls of the turn, as reported.",
+    ),
     sa.UniqueConstraint("session_id", "seq"),
     # Claiming scans only pending rows, oldest run_after first.
     sa.Index(

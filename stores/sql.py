@@ -23,6 +23,7 @@ from engine.errors import (
     SessionBusyError,
     StaleTransitionError,
 )
+from engine.model import ModelUsage
 from engine.parts import Message
 from engine.relay import ChunkBroker, ChunkSubscription
 from engine.status import FinishReason, TurnStatus
@@ -241,11 +242,16 @@ class SqlSessionStore:
         lease_token: int,
         round: RoundRecord,
         calls: Sequence[ToolCallRecord] = (),
+        usage: ModelUsage | None = None,
     ) -> None:
         """See :meth:`engine.store.SessionStore.save_round`."""
 
         def save(connection: sa.Connection) -> None:
             now = _now()
+            if usage is not None:
+                # First, so the turn row is locked exclusively before the fence's share lock:
+                # upgrading share to exclusive could deadlock with a concurrent heartbeat.
+                turn_sql.add_usage(connection, turn_id, usage)
             turn_sql.fence(connection, turn_id, lease_token)
             message_sql.save_round(connection, turn_id, round, now)
             call_sql.upsert_calls(connection, turn_id, calls, now)

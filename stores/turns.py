@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from engine.errors import LeaseLostError, StaleTransitionError
+from engine.model import ModelUsage
 from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus
 from engine.store import NewTurn, TurnError, TurnEvent, TurnInput, TurnRecord
 from engine.store_rules import check_transition, transition_changes
@@ -24,6 +25,7 @@ from stores.schema import ACTIVE, turn_events, turns
 
 __all__ = [
     "active_turn",
+    "add_usage",
     "claim",
     "claim_statement",
     "fence",
@@ -58,6 +60,8 @@ def record(row: sa.Row[tuple[object, ...]]) -> TurnRecord:
         created_at=utc(m["created_at"]),
         updated_at=utc(m["updated_at"]),
         settled_at=utc(m["settled_at"]),
+        input_tokens=m["input_tokens"],
+        output_tokens=m["output_tokens"],
     )
 
 
@@ -344,3 +348,20 @@ def list_events(connection: Connection, turn_id: str) -> list[TurnEvent]:
         )
         for r in rows
     ]
+
+
+def add_usage(connection: Connection, turn_id: str, usage: ModelUsage) -> None:
+    """Add one model call's token counts to the turn's totals, inside the transaction of a
+    fenced write (whose fence rolls it back if the lease was lost).
+
+    Only reported counts are added, so a turn whose model reports nothing keeps NULL.
+    """
+    values: dict[str, Any] = {}
+    for column, count in (
+        (turns.c.input_tokens, usage.input_tokens),
+        (turns.c.output_tokens, usage.output_tokens),
+    ):
+        if count is not None:
+            values[column.name] = sa.func.coalesce(column, 0) + count
+    if values:
+        connection.execute(sa.update(turns).where(turns.c.id == turn_id).values(values))

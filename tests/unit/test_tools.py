@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from engine import Engine, ToolContext, TurnFailedError
+from engine import Engine, Message, Part, ToolContext, TurnFailedError
+from engine.parts import MALFORMED_INPUT, TOOL_ERROR
 from engine.store import ToolCallStatus
 from stores import InMemorySessionStore
 from tests.support import ListModel, ask, say
@@ -73,16 +74,58 @@ async def test_async_tool_receives_context_with_stable_key() -> None:
 
 
 async def test_json_schema_dicts_are_accepted_and_enforced() -> None:
-    """A JSON-schema dict validates the model's input; a violation fails the turn clearly."""
+    """Input violating a JSON-schema dict goes back to the model as a tool error, and the
+    tool runs only once the model corrects its call."""
     schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
-    ai = engine_with(ask(("count", "r1", {"n": "three"})))
-    tool = ai.define_tool(name="count", input_schema=schema, fn=lambda i: {"n": i["n"]})
-    with pytest.raises(TurnFailedError) as failed:
-        await run(ai, tool)
-    assert failed.value.status == "INVALID_ARGUMENT"
-    assert "Tool 'count' was called with input that does not match its input schema" in str(
-        failed.value.message
+    model = ListModel(
+        [ask(("count", "r1", {"n": "three"})), ask(("count", "r2", {"n": 3})), say("ok")]
     )
+    ai = Engine(model=model, state_keys=KEYS)
+    ran: list[Any] = []
+    tool = ai.define_tool(name="count", input_schema=schema, fn=lambda i: ran.append(i) or i)
+    agent = ai.define_agent(name="a", tools=[tool], store=InMemorySessionStore())
+    res = await agent.chat().send("go")
+    assert res.text == "ok"
+    assert ran == [{"n": 3}]
+    rejected = res.messages[2].content[0]
+    assert rejected.metadata == {TOOL_ERROR: True}
+    assert rejected.tool_response.output["error"].startswith(
+        "Tool 'count' was called with input that does not match its input schema"
+    )
+    assert model.requests[1].messages[-1].content[0] == rejected
+    calls = await agent.store.list_calls(res.snapshot_id)
+    assert [(c.ref, c.status) for c in calls] == [
+        ("r1", ToolCallStatus.FAILED),
+        ("r2", ToolCallStatus.DONE),
+    ]
+    assert calls[0].error.status == "INVALID_ARGUMENT"
+
+
+async def test_malformed_calls_are_bounded_by_max_turns() -> None:
+    """A model that never corrects its call fails the turn at max_turns, not in a loop."""
+    model = ListModel([ask(("count", None, {"n": "x"}))] * 3)
+    ai = Engine(model=model, state_keys=KEYS)
+    tool = ai.define_tool(name="count", input_schema=Point, fn=lambda p: p)
+    agent = ai.define_agent(name="a", tools=[tool], store=InMemorySessionStore(), max_turns=2)
+    with pytest.raises(TurnFailedError) as failed:
+        await agent.chat().send("go")
+    assert failed.value.status == "ABORTED"
+    assert "Exceeded maximum tool call iterations (2)" in failed.value.message
+    assert len(model.requests) == 3
+
+
+async def test_non_json_arguments_marked_by_an_adapter_become_a_tool_error() -> None:
+    """A toolRequest marked malformedInput (raw, unparsable arguments) is answered with an
+    error naming the parse problem; an interrupt called that way does not pause."""
+    bad = Part.of_request("ask", "r1", '{"x": ', {MALFORMED_INPUT: "Expecting value"})
+    model = ListModel([Message(role="model", content=[bad]), say("sorry")])
+    ai = Engine(model=model, state_keys=KEYS)
+    interrupt = ai.define_interrupt(name="ask", input_schema=Point)
+    agent = ai.define_agent(name="a", tools=[interrupt], store=InMemorySessionStore())
+    res = await agent.chat().send("go")
+    assert res.interrupts == [] and res.text == "sorry"
+    output = res.messages[2].content[0].tool_response.output
+    assert "not valid JSON (Expecting value)" in output["error"]
 
 
 async def test_output_violating_the_schema_fails_the_turn() -> None:

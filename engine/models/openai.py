@@ -1,0 +1,344 @@
+"""``OpenAIChatModel``: any OpenAI-compatible Chat Completions endpoint.
+
+OpenAI itself, Azure OpenAI, vLLM, Ollama, LM Studio and the LiteLLM proxy all speak the same
+``POST /chat/completions`` wire format, so one adapter built on the official ``openai`` SDK
+serves them all; only ``base_url``, ``api_key`` and headers differ.
+
+Mapping (Turnstile/Genkit → Chat Completions and back):
+
+* ``system`` → ``{"role": "system"}``; ``user`` → ``{"role": "user"}``;
+* ``model`` → ``{"role": "assistant", "content", "tool_calls": [{id: ref, function: {name,
+  arguments}}]}``; ``tool`` → one ``{"role": "tool", "tool_call_id": ref}`` message per
+  ``toolResponse`` (the output as JSON text);
+* every tool (interrupts included: to the model an interrupt is an ordinary tool) →
+  ``{"type": "function", "function": {name, description, parameters}}``;
+* streamed ``delta.content`` goes to the chunk sink as it arrives; streamed
+  ``delta.tool_calls[i].function.arguments`` fragments are joined per index and become complete
+  ``toolRequest`` parts at the end of the stream (sent to the sink as one chunk);
+* ``finish_reason``: ``stop``/``tool_calls`` → ``stop``, ``length`` → ``length``,
+  ``content_filter`` → ``blocked``; ``usage`` → :class:`~engine.model.ModelUsage`.
+
+The SDK is an optional extra (``pip install turnstile[openai]``) imported when a model is
+constructed, so ``import engine`` works without it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from engine.model import ChunkSink, ModelRequest, ModelResponse, ModelUsage, ToolSpec
+from engine.models.common import (
+    EMPTY_OBJECT_SCHEMA,
+    arguments_text,
+    json_text,
+    provider_config,
+    request_part,
+    tool_description,
+)
+from engine.models.errors import ProviderFailure, classify, provider_message
+from engine.parts import Message, Part
+
+__all__ = ["OpenAIChatModel"]
+
+PROVIDER = "OpenAI"
+
+_FINISH = {
+    "stop": "stop",
+    "tool_calls": "stop",
+    "function_call": "stop",
+    "length": "length",
+    "content_filter": "blocked",
+}
+
+
+def _finish(reason: str | None) -> str:
+    """Our finish reason for the provider's (``unknown`` when it gave none)."""
+    if not reason:
+        return "unknown"
+    return _FINISH.get(reason, "other")
+
+
+def _import_sdk() -> Any:
+    try:
+        import openai
+    except ImportError as exc:
+        raise ImportError(
+            "OpenAIChatModel needs the openai SDK: pip install 'turnstile[openai]'"
+        ) from exc
+    return openai
+
+
+@dataclass
+class _PendingCall:
+    """One tool call being assembled from stream fragments."""
+
+    ref: str | None = None
+    name: str = ""
+    arguments: list[str] = field(default_factory=list)
+
+
+class OpenAIChatModel:
+    """A :class:`~engine.model.Model` on an OpenAI-compatible Chat Completions endpoint.
+
+    ``base_url`` points at the endpoint (default: ``OPENAI_BASE_URL``, else OpenAI);
+    ``api_key`` defaults to ``OPENAI_API_KEY`` (local servers that need none get a
+    placeholder). ``headers`` are sent with every request (Azure's ``api-key``, a proxy's
+    routing header). ``config`` holds default request parameters (``temperature``, ...), which
+    a request's own ``config`` overrides. ``stream=False`` asks for whole responses (for
+    servers without streaming). ``max_retries`` is the SDK's own quick retry before an error
+    reaches the engine, whose retries then back off per turn; ``stream_usage`` asks for the
+    usage chunk of a stream (``stream_options.include_usage``; turn it off for servers that
+    reject the option).
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        config: Mapping[str, Any] | None = None,
+        timeout: float = 120.0,
+        max_retries: int = 2,
+        stream: bool = True,
+        stream_usage: bool = True,
+        client: Any = None,
+    ) -> None:
+        self.model = model
+        self.stream = stream
+        self.stream_usage = stream_usage
+        self.defaults = dict(config or {})
+        self._sdk = _import_sdk()
+        if client is None:
+            import os
+
+            base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
+            api_key = api_key or os.environ.get("OPENAI_API_KEY")
+            if not api_key:
+                if base_url is None:
+                    raise ValueError(
+                        "OpenAIChatModel needs an API key: pass api_key= or set OPENAI_API_KEY."
+                    )
+                # Ollama, vLLM and LM Studio accept any key, but the SDK insists on one.
+                api_key = "not-needed"
+            client = self._sdk.AsyncOpenAI(
+                api_key=api_key,
+                base_url=base_url,
+                default_headers=dict(headers or {}),
+                timeout=timeout,
+                max_retries=max_retries,
+            )
+        # Typed loosely on purpose: the SDK is optional, and its request TypedDicts would add
+        # nothing here that the tests against the wire format do not check.
+        self.client: Any = client
+
+    @property
+    def name(self) -> str:
+        """``openai:<model>``."""
+        return f"openai:{self.model}"
+
+    async def aclose(self) -> None:
+        """Close the HTTP client's connections (call it before the event loop ends)."""
+        await self.client.close()
+
+    # -- request --------------------------------------------------------------------
+
+    def build_request(self, request: ModelRequest) -> dict[str, Any]:
+        """The keyword arguments of ``chat.completions.create`` for ``request``."""
+        params = provider_config(request.config, self.defaults)
+        params["model"] = self.model
+        params["messages"] = _messages(request.messages)
+        if request.tools:
+            params["tools"] = [_tool(spec) for spec in request.tools]
+        return params
+
+    # -- call -----------------------------------------------------------------------
+
+    async def generate(
+        self, request: ModelRequest, on_chunk: ChunkSink | None = None
+    ) -> ModelResponse:
+        """Call the endpoint, streaming text deltas to ``on_chunk``; see the module docs."""
+        params = self.build_request(request)
+        try:
+            if self.stream and on_chunk is not None:
+                return await self._streamed(params, on_chunk)
+            completion = await self.client.chat.completions.create(**params)
+            response = _response(completion)
+        except (self._sdk.OpenAIError, httpx.TransportError) as exc:
+            # httpx errors escape the SDK when a connection breaks in the middle of a stream.
+            raise self._classify(exc) from exc
+        if on_chunk is not None and response.message.content:
+            # Not streamed: the whole answer is one chunk, so stream consumers still see it.
+            await on_chunk([p.model_copy(deep=True) for p in response.message.content])
+        return response
+
+    async def _streamed(self, params: dict[str, Any], on_chunk: ChunkSink) -> ModelResponse:
+        params["stream"] = True
+        if self.stream_usage:
+            params["stream_options"] = {"include_usage": True}
+        texts: list[str] = []
+        calls: dict[int, _PendingCall] = {}
+        finish: str | None = None
+        refused = False
+        usage: ModelUsage | None = None
+        stream = await self.client.chat.completions.create(**params)
+        async for chunk in stream:
+            if getattr(chunk, "usage", None) is not None:
+                usage = _usage(chunk.usage)
+            for choice in chunk.choices or []:
+                if choice.index != 0:  # n > 1 is not requested; ignore stray choices
+                    continue
+                delta = choice.delta
+                if delta is not None and delta.content:
+                    texts.append(delta.content)
+                    await on_chunk([Part.of_text(delta.content)])
+                if delta is not None and getattr(delta, "refusal", None):
+                    # The model declined (OpenAI's refusal channel): show it, end blocked.
+                    refused = True
+                    texts.append(delta.refusal)
+                    await on_chunk([Part.of_text(delta.refusal)])
+                for fragment in (delta.tool_calls if delta is not None else None) or []:
+                    index = getattr(fragment, "index", None)
+                    if index is None:  # a lax server: a new id starts a call, else continue one
+                        index = len(calls) if fragment.id or not calls else max(calls)
+                    pending = calls.setdefault(index, _PendingCall())
+                    if fragment.id:
+                        pending.ref = fragment.id
+                    function = fragment.function
+                    if function is not None:
+                        if function.name:
+                            # Sent whole in the first fragment; some servers repeat it.
+                            pending.name = function.name
+                        if function.arguments:
+                            pending.arguments.append(function.arguments)
+                if choice.finish_reason:
+                    finish = choice.finish_reason
+        content: list[Part] = []
+        if texts:
+            content.append(Part.of_text("".join(texts)))
+        requests = [
+            request_part(c.name, c.ref, "".join(c.arguments)) for _, c in sorted(calls.items())
+        ]
+        if requests:
+            await on_chunk([p.model_copy(deep=True) for p in requests])
+        content.extend(requests)
+        return ModelResponse(
+            message=Message(role="model", content=content),
+            finish_reason="blocked" if refused else _finish(finish),
+            usage=usage,
+        )
+
+    def _classify(self, exc: Exception) -> Exception:
+        sdk = self._sdk
+        fallback = str(exc) or type(exc).__name__
+        if isinstance(exc, sdk.APITimeoutError):
+            return classify(ProviderFailure(PROVIDER, fallback, timeout=True))
+        if isinstance(exc, httpx.TimeoutException):
+            return classify(ProviderFailure(PROVIDER, fallback, timeout=True))
+        if isinstance(exc, sdk.APIConnectionError | httpx.TransportError):
+            return classify(ProviderFailure(PROVIDER, fallback, connection=True))
+        body = getattr(exc, "body", None)
+        message, kind, code = provider_message(body, getattr(exc, "message", fallback))
+        status = exc.status_code if isinstance(exc, sdk.APIStatusError) else None
+        if status is None and isinstance(exc, sdk.APIError):
+            # An error object inside a 200 stream: the server broke off mid-answer.
+            kind = kind or "server_error"
+        return classify(
+            ProviderFailure(PROVIDER, message, http_status=status, error_type=kind, code=code)
+        )
+
+
+# -- mapping helpers ----------------------------------------------------------------------
+
+
+def _tool(spec: ToolSpec) -> dict[str, Any]:
+    return {
+        "type": "function",
+        "function": {
+            "name": spec.name,
+            "description": tool_description(spec),
+            "parameters": spec.input_schema or EMPTY_OBJECT_SCHEMA,
+        },
+    }
+
+
+def _user_content(message: Message) -> str | list[dict[str, Any]]:
+    """Plain text when the message is only text (what every compatible server accepts);
+    content parts when it carries media."""
+    if all(p.media is None for p in message.content):
+        return message.text
+    parts: list[dict[str, Any]] = []
+    for part in message.content:
+        if part.text:
+            parts.append({"type": "text", "text": part.text})
+        elif part.media is not None and part.media.get("url"):
+            parts.append({"type": "image_url", "image_url": {"url": part.media["url"]}})
+    return parts
+
+
+def _messages(messages: list[Message]) -> list[dict[str, Any]]:
+    wire: list[dict[str, Any]] = []
+    for message in messages:
+        if message.role == "system":
+            wire.append({"role": "system", "content": message.text})
+        elif message.role == "user":
+            wire.append({"role": "user", "content": _user_content(message)})
+        elif message.role == "model":
+            calls = [
+                {
+                    "id": part.tool_request.ref,
+                    "type": "function",
+                    "function": {"name": part.tool_request.name, "arguments": arguments_text(part)},
+                }
+                for part in message.content
+                if part.tool_request is not None
+            ]
+            # content may be null only when the message carries tool calls.
+            entry: dict[str, Any] = {
+                "role": "assistant",
+                "content": message.text or (None if calls else ""),
+            }
+            if calls:
+                entry["tool_calls"] = calls
+            wire.append(entry)
+        else:
+            # Chat Completions has one tool message per call, matched by tool_call_id.
+            for part in message.content:
+                response = part.tool_response
+                if response is not None:
+                    wire.append(
+                        {
+                            "role": "tool",
+                            "tool_call_id": response.ref,
+                            "content": json_text(response.output),
+                        }
+                    )
+    return wire
+
+
+def _usage(usage: Any) -> ModelUsage:
+    return ModelUsage(
+        input_tokens=getattr(usage, "prompt_tokens", None),
+        output_tokens=getattr(usage, "completion_tokens", None),
+    )
+
+
+def _response(completion: Any) -> ModelResponse:
+    """A whole (non-streamed) completion as a :class:`ModelResponse`."""
+    choice = completion.choices[0]
+    content: list[Part] = []
+    refusal = getattr(choice.message, "refusal", None)
+    if choice.message.content or refusal:
+        content.append(Part.of_text(str(choice.message.content or refusal)))
+    for call in choice.message.tool_calls or []:
+        content.append(request_part(call.function.name, call.id, call.function.arguments))
+    return ModelResponse(
+        message=Message(role="model", content=content),
+        finish_reason="blocked" if refusal else _finish(choice.finish_reason),
+        usage=_usage(completion.usage) if completion.usage is not None else None,
+    )
