@@ -541,6 +541,31 @@ class InMemorySessionStore:
         """See :meth:`engine.store.SessionStore.wait_for_change`."""
         await self._changes.setdefault(turn_id, _Signal()).wait(timeout)
 
+    async def prune_sessions(self, *, settled_before: datetime, limit: int = 500) -> int:
+        """See :meth:`engine.store.SessionStore.prune_sessions`."""
+        doomed: list[str] = []
+        for session_id, order in self._turn_order.items():
+            session = self._sessions[session_id]
+            ids = order or []
+            in_session = [self._turns[t] for t in ids]
+            if (
+                session.updated_at >= settled_before
+                or any(
+                    t.status in ACTIVE_STATUSES or t.updated_at >= settled_before
+                    for t in in_session
+                )
+                or (ids and self._paused_latest(ids[-1]) is not None)
+            ):
+                continue
+            doomed.append(session_id)
+        doomed.sort(key=lambda s: self._sessions[s].updated_at)
+        for session_id in doomed[:limit]:
+            for turn_id in self._turn_order.pop(session_id):
+                for table in (self._turns, self._rounds, self._calls, self._events):
+                    table.pop(turn_id, None)
+            del self._sessions[session_id]
+        return len(doomed[:limit])
+
     async def publish_chunk(self, turn_id: str, chunk: dict[str, Any]) -> None:
         """See :meth:`engine.store.SessionStore.publish_chunk` (this process only)."""
         self._chunks.deliver(turn_id, chunk)

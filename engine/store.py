@@ -399,6 +399,13 @@ class SessionStore(Protocol):
         """
         ...
 
+    async def prune_sessions(self, *, settled_before: datetime, limit: int = 500) -> int:
+        """Delete up to ``limit`` sessions idle since ``settled_before`` — no running turn, no
+        turn updated since, latest turn not paused at an interrupt (open approvals are kept
+        however old) — with all their turns, messages, journal rows and events. Returns how
+        many sessions were deleted (retention; run repeatedly until it returns 0)."""
+        ...
+
     async def publish_chunk(self, turn_id: str, chunk: dict[str, Any]) -> None:
         """Hand one streamed chunk (wire form) to the turn's subscribers, in any process
         sharing the store. Best effort: a chunk nobody receives is simply gone."""

@@ -42,6 +42,7 @@ from engine.store import (
 from engine.store_rules import abort_target, check_answers, check_session
 from stores import approvals as approval_sql
 from stores import messages as message_sql
+from stores import retention as retention_sql
 from stores import sessions as session_sql
 from stores import tool_calls as call_sql
 from stores import turns as turn_sql
@@ -347,6 +348,12 @@ class SqlSessionStore:
             return decided[0]
 
         return await self._write(decide)
+
+    async def prune_sessions(self, *, settled_before: datetime, limit: int = 500) -> int:
+        """See :meth:`engine.store.SessionStore.prune_sessions`."""
+        return await self._write(
+            lambda c: retention_sql.prune_sessions(c, settled_before=settled_before, limit=limit)
+        )
 
     async def publish_chunk(self, turn_id: str, chunk: dict[str, Any]) -> None:
         """See :meth:`engine.store.SessionStore.publish_chunk`.

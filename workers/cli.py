@@ -128,6 +128,7 @@ def _worker(args: argparse.Namespace, url: str) -> int:
             poll_interval=args.poll_interval,
             shutdown_grace=args.shutdown_grace,
             expiry_interval=args.expiry_interval,
+            retention=args.retention_days * 86400 if args.retention_days else None,
         )
     except ValueError as exc:
         raise _UsageError(str(exc)) from exc
@@ -247,6 +248,12 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         default=5.0,
         help="seconds between checks for expired approvals",
+    )
+    worker.add_argument(
+        "--retention-days",
+        type=float,
+        default=None,
+        help="delete sessions idle this many days (open approvals are kept); default: keep all",
     )
     worker.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ...")
 

@@ -78,6 +78,8 @@ class WorkerPool:
         shutdown_grace: float = 10.0,
         expiry_interval: float = 5.0,
         scheduler: bool = True,
+        retention: float | None = None,
+        retention_interval: float = 300.0,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1.")
@@ -101,7 +103,13 @@ class WorkerPool:
         self.shutdown_grace = shutdown_grace
         self.lease_seconds = max(a.lease.lease_seconds for a in self.agents.values())
         self.scheduler = (
-            MaintenanceScheduler(engine, self.store, expiry_interval=expiry_interval)
+            MaintenanceScheduler(
+                engine,
+                self.store,
+                expiry_interval=expiry_interval,
+                retention=retention,
+                retention_interval=retention_interval,
+            )
             if scheduler
             else None
         )

@@ -6,8 +6,10 @@ so every process schedules the same jobs and the jobs themselves are idempotent 
 A job that should run once per cluster additionally holds the store's cluster lock (an
 advisory lock on PostgreSQL) when the store offers one.
 
-Today's job is the expiry of long-lived approvals (:func:`engine.expiry.expire_approvals`),
-which the store already guards: running it on every worker at once decides each approval once.
+Jobs: the expiry of long-lived approvals (:func:`engine.expiry.expire_approvals`), which the
+store already guards — running it on every worker at once decides each approval once — and,
+when a retention period is set, the pruning of sessions idle for longer than it
+(:meth:`engine.store.SessionStore.prune_sessions`, batched, under its own cluster lock).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import logging
 import math
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
-from datetime import UTC
+from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler  # type: ignore[import-untyped]
@@ -25,26 +27,47 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler  # type: ignore[impo
 from engine import Engine, SessionStore
 from engine.expiry import expire_approvals
 
-__all__ = ["EXPIRY_LOCK", "MaintenanceScheduler"]
+__all__ = ["EXPIRY_LOCK", "RETENTION_LOCK", "MaintenanceScheduler"]
 
 logger = logging.getLogger("turnstile.worker.scheduler")
 
 #: Name of the cluster lock the expiry job takes when the store provides ``try_cluster_lock``.
 EXPIRY_LOCK = "turnstile.expire_approvals"
+#: Name of the cluster lock the retention job takes.
+RETENTION_LOCK = "turnstile.prune_sessions"
+#: Sessions deleted per transaction by the retention job (short transactions, small locks).
+RETENTION_BATCH = 500
 
 ClusterLock = Callable[[str], AbstractAsyncContextManager[bool]]
 
 
 class MaintenanceScheduler:
-    """The worker process's APScheduler: an interval job expiring overdue approvals.
+    """The worker process's APScheduler: an interval job expiring overdue approvals, and one
+    pruning sessions idle for longer than ``retention`` seconds (when given).
 
     ``start()`` must be called from inside the running event loop (APScheduler binds to it);
     ``shutdown(grace)`` stops scheduling and cancels a job still running after ``grace``.
     """
 
-    def __init__(self, engine: Engine, store: SessionStore, *, expiry_interval: float) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        store: SessionStore,
+        *,
+        expiry_interval: float,
+        retention: float | None = None,
+        retention_interval: float = 300.0,
+    ) -> None:
         if expiry_interval <= 0:
             raise ValueError("expiry_interval must be positive.")
+        if retention is not None and retention <= 0:
+            raise ValueError("retention must be positive (seconds), or None to keep everything.")
+        if retention_interval <= 0:
+            raise ValueError("retention_interval must be positive.")
+        self.retention = retention
+        self.retention_interval = retention_interval
+        #: Sessions the retention job deleted in this process.
+        self.pruned_total = 0
         self.engine = engine
         self.store = store
         self.expiry_interval = expiry_interval
@@ -76,6 +99,18 @@ class MaintenanceScheduler:
             misfire_grace_time=max(1, math.ceil(self.expiry_interval)),
             replace_existing=True,
         )
+        if self.retention is not None:
+            self._scheduler.add_job(
+                self.run_retention,
+                "interval",
+                seconds=self.retention_interval,
+                id="prune_sessions",
+                name="prune sessions past retention",
+                coalesce=True,
+                max_instances=1,
+                misfire_grace_time=max(1, math.ceil(self.retention_interval)),
+                replace_existing=True,
+            )
         self._scheduler.start()
 
     async def shutdown(self, grace: float = 5.0) -> None:
@@ -115,6 +150,34 @@ class MaintenanceScheduler:
         created = await expire_approvals(self.engine, self.store)
         if created:
             logger.info("expiry: decided %d overdue approval(s): %s", len(created), created)
+
+
+    async def run_retention(self) -> None:
+        """One run of the retention job: delete idle sessions in batches until none is left;
+        never raises (a failure is logged and retried next interval)."""
+        if self.retention is None:
+            return
+        try:
+            lock = _cluster_lock(self.store)
+            if lock is None:
+                await self._prune()
+                return
+            async with lock(RETENTION_LOCK) as acquired:
+                if acquired:
+                    await self._prune()
+        except Exception:
+            logger.exception("retention job failed; will retry in %.1fs", self.retention_interval)
+
+    async def _prune(self) -> None:
+        assert self.retention is not None
+        cutoff = datetime.now(UTC) - timedelta(seconds=self.retention)
+        while True:
+            deleted = await self.store.prune_sessions(settled_before=cutoff, limit=RETENTION_BATCH)
+            self.pruned_total += deleted
+            if deleted:
+                logger.info("retention: deleted %d session(s) idle since %s", deleted, cutoff)
+            if deleted < RETENTION_BATCH:
+                return
 
 
 def _cluster_lock(store: SessionStore) -> ClusterLock | None:

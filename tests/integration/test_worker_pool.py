@@ -376,3 +376,32 @@ async def test_stop_lets_a_running_expiry_job_finish(caplog: pytest.LogCaptureFi
         await asyncio.wait_for(entered.wait(), 2)
     assert pool.scheduler is not None and pool.scheduler.expiry_runs == 1
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_retention_job_prunes_idle_sessions() -> None:
+    """With retention set, the pool's scheduler deletes sessions idle longer than it (what is
+    kept is the store contract's concern: test_store_inbox_and_retention)."""
+    store = InMemorySessionStore()
+    ai = Engine(model=ScriptedModel(), state_keys=TEST_STATE_KEYS)
+    agent = ai.define_agent(name="queued", tools=[], store=store, execution="workers")
+    async with WorkerPool(
+        ai, poll_interval=0.05, expiry_interval=60, retention=0.2, retention_interval=0.05
+    ) as pool:
+        done = await agent.chat().send("hello")
+        assert await store.get_session(done.session_id) is not None
+        assert pool.scheduler is not None
+        await eventually(lambda: _gone(store, done.session_id), within=5)
+        assert pool.scheduler.pruned_total == 1
+    assert await store.get_turn(done.snapshot_id or "") is None
+
+
+async def _gone(store: InMemorySessionStore, session_id: str) -> bool:
+    return await store.get_session(session_id) is None
+
+
+def test_retention_must_be_positive() -> None:
+    """A zero or negative retention is refused when the pool is built."""
+    ai = Engine(model=ScriptedModel(), state_keys=TEST_STATE_KEYS)
+    ai.define_agent(name="queued", tools=[], store=InMemorySessionStore(), execution="workers")
+    with pytest.raises(ValueError, match="retention must be positive"):
+        WorkerPool(ai, retention=0)

@@ -1,0 +1,62 @@
+"""SQL for retention: deleting sessions that finished long ago, with everything they hold.
+
+A session is prunable when nothing in it moved since the cutoff, no turn of it is running, and
+its latest turn is not paused at an interrupt — an open approval is kept however old it is,
+because long-lived approvals are the point. Deletion is batched and takes the sessions' row
+locks (``SKIP LOCKED``), so it never waits behind, nor races, a turn being created: creating a
+turn locks its session row first.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from engine.status import FinishReason, TurnStatus
+from stores.schema import messages, sessions, tool_calls, turn_events, turns
+
+__all__ = ["prune_sessions"]
+
+
+def prune_sessions(connection: Connection, *, settled_before: datetime, limit: int) -> int:
+    """Delete up to ``limit`` prunable sessions idle since ``settled_before``; how many went."""
+    later = turns.alias("later")
+    recent_or_running = sa.exists().where(
+        turns.c.session_id == sessions.c.id,
+        sa.or_(
+            turns.c.status.in_([TurnStatus.PENDING.value, TurnStatus.ABORTING.value]),
+            turns.c.updated_at >= settled_before,
+        ),
+    )
+    paused_latest = sa.exists().where(
+        turns.c.session_id == sessions.c.id,
+        turns.c.status == TurnStatus.COMPLETED.value,
+        turns.c.finish_reason == FinishReason.INTERRUPTED.value,
+        ~sa.exists().where(later.c.session_id == turns.c.session_id, later.c.seq > turns.c.seq),
+    )
+    candidates = (
+        sa.select(sessions.c.id)
+        .where(sessions.c.updated_at < settled_before, ~recent_or_running, ~paused_latest)
+        .order_by(sessions.c.updated_at)
+        .limit(limit)
+    )
+    if connection.dialect.name == "postgresql":
+        # Lock the chosen sessions: a concurrent create_turn (which locks its session row
+        # first) waits for us instead of adding a turn to a session being deleted; sessions
+        # somebody else holds are skipped until the next run.
+        candidates = candidates.with_for_update(of=sessions, skip_locked=True)
+    ids = [row[0] for row in connection.execute(candidates)]
+    if not ids:
+        return 0
+    doomed = sa.select(turns.c.id).where(turns.c.session_id.in_(ids)).scalar_subquery()
+    # Children first, explicitly: the schema cascades on PostgreSQL and on SQLite with
+    # foreign keys on, but an operator's connection to SQLite may have them off.
+    for child in (messages, tool_calls, turn_events):
+        connection.execute(sa.delete(child).where(child.c.turn_id.in_(doomed)))
+    # One statement for all turns of a session: the parent_id references among them are
+    # checked at the end of the statement, when none is left.
+    connection.execute(sa.delete(turns).where(turns.c.session_id.in_(ids)))
+    connection.execute(sa.delete(sessions).where(sessions.c.id.in_(ids)))
+    return len(ids)
