@@ -61,12 +61,20 @@ def _encode_cursor(approval: PendingApproval) -> str:
 
 
 def _decode_cursor(cursor: str) -> tuple[datetime, str, str]:
+    refused = InvalidArgumentError("cursor is not one this server handed out.")
     try:
         padded = cursor + "=" * (-len(cursor) % 4)
         created, turn_id, ref = json.loads(base64.urlsafe_b64decode(padded.encode()))
-        return datetime.fromisoformat(created), str(turn_id), str(ref)
+        moment = datetime.fromisoformat(created)
     except (ValueError, TypeError, binascii.Error, UnicodeDecodeError) as exc:
-        raise InvalidArgumentError("cursor is not one this server handed out.") from exc
+        raise refused from exc
+    # A forged cursor can be well-formed and still unusable: a moment without an offset cannot
+    # be compared with the stored (aware) ones, and a NUL cannot be sent to PostgreSQL.
+    if moment.tzinfo is None or not isinstance(turn_id, str) or not isinstance(ref, str):
+        raise refused
+    if "\x00" in turn_id or "\x00" in ref:
+        raise refused
+    return moment, turn_id, ref
 
 
 def _number(request: Request, name: str, default: float, low: float, high: float) -> float:
