@@ -60,7 +60,8 @@ def approval_id(turn_id: str, ref: str) -> str:
 def parse_approval_id(value: str) -> tuple[str, str]:
     """``(turn_id, ref)`` of an inbox id; :class:`NotFoundError` when it cannot be one."""
     turn_id, colon, ref = value.partition(":")
-    if not colon or not turn_id or not ref:
+    # No stored id holds a NUL, and PostgreSQL refuses one in a query parameter (a 500).
+    if not colon or not turn_id or not ref or "\x00" in value:
         raise NotFoundError(f"Approval '{value}' not found.")
     return turn_id, ref
 

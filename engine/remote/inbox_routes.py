@@ -30,7 +30,7 @@ from engine.engine import Engine
 from engine.errors import AgentError, ApprovalNotPendingError, InvalidArgumentError, NotFoundError
 from engine.inbox import Decision, approval_id, decide, find_approval, parse_approval_id
 from engine.remote.auth import InboxPolicy, Principal
-from engine.remote.wire import error_response, read_json
+from engine.remote.wire import check_text, error_response, read_json
 from engine.store import ApprovalQuery, PendingApproval, SessionStore
 
 __all__ = ["InboxRoutes"]
@@ -126,6 +126,8 @@ class InboxRoutes:
         try:
             principal = await self.authenticate(request)
             params = request.query_params
+            for name, value in params.multi_items():
+                check_text(value, f"Query parameter {name!r}")
             limit = int(_number(request, "limit", 50, 1, MAX_PAGE))
             min_age = _number(request, "min_age", 0, 0, 10 * 365 * 86400)
             now = datetime.now(UTC)
