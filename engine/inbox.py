@@ -15,7 +15,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, StrictBool, ValidationError, model_validator
 
 from engine.errors import (
     ApprovalNotPendingError,
@@ -76,7 +76,8 @@ class Decision(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     respond: Any = None
-    restart: bool = False
+    # Strict, like the wire's other flags: "yes" or 1 is a mistake to report, not a restart.
+    restart: StrictBool = False
     resumed: Any = None
 
     @model_validator(mode="after")

@@ -310,6 +310,8 @@ async def test_a_tampered_or_foreign_state_blob_is_refused(served: Served) -> No
         (b"[]", "JSON object"),
         (b'{"respond": {"approved": true}, "restart": true}', "exactly one"),
         (b'{"restart": "sure"}', "restart"),
+        (b'{"restart": "yes"}', "restart"),
+        (b'{"restart": 1}', "restart"),
     ],
 )
 async def test_a_malformed_decision_is_a_400_and_decides_nothing(
