@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+import os
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import httpx
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from examples.banking import build
 from tests.http_fixtures import Served, serve_banking
@@ -355,3 +359,165 @@ async def test_a_nul_in_an_inbox_path_or_query_is_refused_not_a_500(served: Serv
         reply = await served.http.get(f"{served.url}/inbox", params={name: "x\u0000y"})
         assert_refused(reply, 400, status="INVALID_ARGUMENT", naming=name)
     assert served.row_counts() == before
+
+
+# -- fuzzing -------------------------------------------------------------------------------
+
+NASTY_TEXT = st.sampled_from(
+    ["", "\u0000", "\ud800", "a\udfffb", "NaN", "user", "model", "userApproval", "approval-1"]
+)
+TEXT = st.text(max_size=20) | NASTY_TEXT
+JSON_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | TEXT,
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(TEXT, children, max_size=4),
+    max_leaves=12,
+)
+
+
+def _shaped(keys: dict[str, st.SearchStrategy[Any]]) -> st.SearchStrategy[dict[str, Any]]:
+    """Objects with the right keys (some left out) holding values of any shape."""
+    return st.fixed_dictionaries({}, optional=keys)
+
+
+PARTS = st.lists(
+    _shaped({"text": JSON_VALUES, "toolRequest": JSON_VALUES, "toolResponse": JSON_VALUES})
+    | JSON_VALUES,
+    max_size=3,
+)
+MESSAGES = _shaped({"role": st.sampled_from(["user", "model", "tool"]) | TEXT, "content": PARTS})
+TURN_BODIES = _shaped(
+    {
+        "data": _shaped(
+            {
+                "message": MESSAGES | JSON_VALUES,
+                "resume": _shaped({"respond": PARTS, "restart": PARTS}) | JSON_VALUES,
+                "detach": JSON_VALUES,
+            }
+        )
+        | JSON_VALUES,
+        "init": _shaped({"snapshotId": JSON_VALUES, "sessionId": JSON_VALUES, "state": JSON_VALUES})
+        | JSON_VALUES,
+    }
+)
+DECISIONS = _shaped({"respond": JSON_VALUES, "restart": JSON_VALUES, "resumed": JSON_VALUES})
+
+
+def _encoded(value: Any) -> bytes:
+    # ensure_ascii keeps lone surrogates as \ud800 escapes, as a hostile client would send them.
+    return json.dumps(value).encode()
+
+
+# Well-formed requests carrying hostile values, so some get past validation to the store.
+TEXT_MESSAGES = st.fixed_dictionaries(
+    {
+        "role": st.just("user"),
+        "content": st.lists(st.fixed_dictionaries({"text": TEXT}), min_size=1, max_size=2),
+    }
+)
+NEAR_VALID_TURNS = st.fixed_dictionaries(
+    {
+        "data": st.fixed_dictionaries({"message": TEXT_MESSAGES | MESSAGES}),
+        "init": _shaped({"sessionId": TEXT, "snapshotId": TEXT}),
+    }
+)
+NEAR_VALID_SELECTORS = st.fixed_dictionaries(
+    {"data": _shaped({"snapshotId": TEXT, "sessionId": TEXT})}
+)
+NEAR_VALID_DECISIONS = st.fixed_dictionaries(
+    {"respond": _shaped({"approved": st.booleans() | TEXT, "feedback": TEXT})}
+) | st.fixed_dictionaries({"restart": JSON_VALUES, "resumed": JSON_VALUES})
+ANY_BODY = (
+    TURN_BODIES.map(_encoded)
+    | DECISIONS.map(_encoded)
+    | JSON_VALUES.map(_encoded)
+    | st.binary(max_size=64)
+    | st.just(b"")
+)
+PATH_TEXT = st.text(alphabet="abcxyz0123456789-_.:%/", max_size=16)
+QUERY = st.dictionaries(
+    st.sampled_from(["limit", "cursor", "min_age", "agent", "owner", "interrupt", "stream"]),
+    TEXT.filter(lambda t: "\ud800" not in t and "\udfff" not in t),
+    max_size=3,
+)
+
+
+@st.composite
+def requests(draw: st.DrawFn, approval: str) -> tuple[str, str, dict[str, str], bytes]:
+    """(method, path, query, body): mostly a real route with a body shaped for it, sometimes
+    anything anywhere."""
+    routes: list[tuple[str, str, st.SearchStrategy[Any]]] = [
+        ("POST", TURN, NEAR_VALID_TURNS | TURN_BODIES),
+        ("POST", "/api/bankingAgentStateless", NEAR_VALID_TURNS | TURN_BODIES),
+        ("POST", f"{TURN}/getSnapshot", NEAR_VALID_SELECTORS),
+        ("POST", f"{TURN}/abort", NEAR_VALID_SELECTORS),
+        ("GET", "/inbox", st.just(None)),
+        ("GET", f"/inbox/{approval}", st.just(None)),
+        ("POST", f"/inbox/{approval}/decision", NEAR_VALID_DECISIONS | DECISIONS),
+    ]
+    method, path, shaped = draw(st.sampled_from(routes))
+    body = draw(shaped.map(lambda v: b"" if v is None else _encoded(v)) | ANY_BODY)
+    if draw(st.integers(0, 9)) == 0:  # anywhere, with any method
+        method = draw(st.sampled_from(["POST", "GET", "PUT", "DELETE"]))
+        path = draw(
+            PATH_TEXT.map(lambda p: f"/inbox/{p}/decision")
+            | PATH_TEXT.map(lambda p: f"/api/{p}")
+            | PATH_TEXT.map(lambda p: f"/{p}")
+        )
+    return method, path, draw(QUERY), body
+
+
+#: 150 keeps the suite quick; FUZZ_EXAMPLES=3000 makes a longer hunt (about 40 s).
+FUZZ_EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "150"))
+
+
+def _fuzz(base: str, approval: str, counts: Callable[[], dict[str, int]]) -> int:
+    """Run the hypothesis examples (in a thread: the server lives in the test's loop)."""
+    seen = {"n": 0}
+    with httpx.Client(base_url=base, timeout=30) as client:
+
+        @settings(
+            max_examples=FUZZ_EXAMPLES,
+            deadline=None,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )
+        @given(case=requests(approval))
+        def check(case: tuple[str, str, dict[str, str], bytes]) -> None:
+            method, path, query, body = case
+            before = counts()
+            reply = client.request(
+                method,
+                path,
+                params=query,
+                content=body,
+                headers={"content-type": "application/json"},
+            )
+            seen["n"] += 1
+            assert reply.status_code < 500, (case, reply.status_code, reply.text)
+            if reply.status_code >= 400:
+                error = reply.json()
+                assert isinstance(error, dict), (case, reply.text)
+                assert isinstance(error.get("status"), str), (case, reply.text)
+                assert isinstance(error.get("message"), str) and error["message"], case
+                assert counts() == before, (case, reply.text)
+
+        check()
+    return seen["n"]
+
+
+@pytest.mark.timeout(600)
+async def test_fuzzed_requests_never_fail_the_server_nor_write_when_refused(
+    served: Served,
+) -> None:
+    """Random methods, paths, queries and bodies (random JSON, right keys with wrong shapes,
+    random bytes) never get a 5xx; every 4xx is {status, message} JSON and writes no row."""
+    page = (await served.http.get(f"{served.url}/inbox")).json()
+    approval = page["items"][0]["id"]
+
+    sent = await asyncio.to_thread(_fuzz, served.url, approval, served.row_counts)
+
+    assert sent >= FUZZ_EXAMPLES
