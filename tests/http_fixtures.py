@@ -130,11 +130,13 @@ async def serve_banking(
     auth: Authenticator | None = None,
     inbox_policy: InboxPolicy | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    execution: str = "inline",
 ) -> AsyncIterator[Served]:
     """The banking app on a ``memory`` or ``postgres`` store, served by uvicorn in this loop.
 
-    On PostgreSQL the turns run inline in the server process (no worker pool), so a resume
-    enqueued by an inbox decision runs and settles before the decision answers.
+    By default turns run inline in the server process (no worker pool), so a resume enqueued
+    by an inbox decision runs and settles before the decision answers; with
+    ``execution="workers"`` they are queued for a worker pool the test runs.
     """
     async with contextlib.AsyncExitStack() as stack:
         store: SessionStore
@@ -142,14 +144,14 @@ async def serve_banking(
             store = InMemorySessionStore()
         else:
             store = await stack.enter_async_context(sql_store(kind))
-        app = build(store=store, state_keys=TEST_STATE_KEYS, execution="inline")
+        app = build(store=store, state_keys=TEST_STATE_KEYS, execution=execution)
         # A second agent on the same store, so the inbox's agent filter has something to drop.
         app.ai.define_agent(
             name=AUDIT_AGENT,
             system=SYSTEM_PROMPT,
             tools=[app.user_approval, app.transfer_money],
             store=store,
-            execution="inline",
+            execution=execution,
         )
         served_app = create_app(
             app.ai, auth=auth, inbox_policy=inbox_policy, max_body_bytes=max_body_bytes

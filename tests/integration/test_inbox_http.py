@@ -18,6 +18,7 @@ import pytest
 from engine.remote.auth import RoleInboxPolicy
 from engine.store import ToolCallStatus
 from tests.http_fixtures import AUDIT_AGENT, Served, bearer, serve_banking, token_auth
+from workers import WorkerPool
 
 CAROL = "tok-carol"  # the approver
 
@@ -440,3 +441,43 @@ async def test_concurrent_decisions_on_both_approvals_of_a_turn_resume_it_once(
     assert sorted(t.toAccount for _key, t in served.app.transfers) == ["a", "b"]
     resumed = await served.snapshot(resumes.pop(), token="tok-alice")
     assert resumed["finishReason"] == "stop"
+
+
+async def test_with_a_worker_pool_a_decision_enqueues_the_resume_and_answers_at_once() -> None:
+    """Queued execution: the last decision answers with the pending resume; a worker runs it."""
+    async with (
+        serve_banking(
+            "postgres",
+            auth=token_auth(),
+            inbox_policy=RoleInboxPolicy("approver"),
+            execution="workers",
+        ) as served,
+        WorkerPool(served.app.ai, served.store, poll_interval=0.05, scheduler=False),
+    ):
+        single = await pause(served, "transfer $40 to carol", "tok-alice")
+        pair = await pause(served, "transfer $10 to a and $20 to b", "tok-bob")
+
+        replies = await asyncio.gather(
+            served.decide(f"{single}:approval-1", {"respond": {"approved": True}}, token=CAROL),
+            served.decide(f"{pair}:approval-1", {"respond": {"approved": True}}, token=CAROL),
+            served.decide(f"{pair}:approval-2", {"respond": {"approved": True}}, token="tok-bob"),
+        )
+
+        assert [r.status_code for r in replies] == [200, 200, 200], [r.text for r in replies]
+        resumes = [r.json()["resumeSnapshotId"] for r in replies]
+        assert resumes[0] is not None
+        assert len({resumes[1], resumes[2]} - {None}) == 1  # the pair resumes once
+        for resume_id, text in (
+            (resumes[0], "Done. Transaction txn-40-carol."),
+            (resumes[1] or resumes[2], "txn-20-b"),
+        ):
+            assert resume_id is not None
+            for _ in range(200):
+                token = "tok-alice" if resume_id == resumes[0] else "tok-bob"
+                snapshot = await served.snapshot(resume_id, token=token)
+                if snapshot["status"] != "pending":
+                    break
+                await asyncio.sleep(0.05)
+            assert snapshot["status"] == "completed", snapshot
+            assert text in last_text(snapshot)
+    assert sorted(t.toAccount for _key, t in served.app.transfers) == ["a", "b", "carol"]
