@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from engine.remote.auth import RoleInboxPolicy
-from engine.store import ToolCallStatus
+from engine.remote.auth import OwnerInboxPolicy, Principal, RoleInboxPolicy
+from engine.store import PendingApproval, ToolCallStatus
 from tests.http_fixtures import AUDIT_AGENT, Served, bearer, serve_banking, token_auth
 from workers import WorkerPool
 
@@ -131,6 +131,8 @@ async def test_pages_with_limit_and_cursor_have_no_duplicates_and_no_gaps(served
                 params["cursor"] = cursor
             page = await served.inbox(token=CAROL, **params)
             assert len(page["items"]) <= limit
+            # A cursor promises more: following one never lands on an empty page.
+            assert page["items"], f"limit={limit}: empty page after a cursor"
             walked.extend(ids(page))
             cursor = page["nextCursor"]
             if cursor is None:
@@ -481,3 +483,44 @@ async def test_with_a_worker_pool_a_decision_enqueues_the_resume_and_answers_at_
             assert snapshot["status"] == "completed", snapshot
             assert text in last_text(snapshot)
     assert sorted(t.toAccount for _key, t in served.app.transfers) == ["a", "b", "carol"]
+
+
+class AuditorsPolicy(OwnerInboxPolicy):
+    """A permission hook narrower than any owner: everyone sees only auditAgent's approvals."""
+
+    def owner_filter(self, principal: Principal | None) -> str | None:
+        return None
+
+    def can_decide(self, principal: Principal | None, approval: PendingApproval) -> bool:
+        return approval.agent == AUDIT_AGENT
+
+
+@pytest.mark.parametrize("kind", ["memory", "postgres"])
+async def test_paging_under_a_permission_hook_has_no_gaps_and_no_empty_tail(kind: str) -> None:
+    """Approvals the hook hides do not end the walk early, and the last page has no cursor."""
+    async with serve_banking(kind, auth=token_auth(), inbox_policy=AuditorsPolicy()) as served:
+        for n in range(3):
+            await pause(served, f"transfer ${n + 1} to hidden{n}", "tok-alice")
+        audited = [
+            await pause(served, f"transfer ${n + 1} to seen{n}", "tok-bob", agent=AUDIT_AGENT)
+            for n in range(3)
+        ]
+        walked: list[str] = []
+        pages = 0
+        cursor: str | None = None
+        while pages < 20:
+            params: dict[str, Any] = {"limit": 1 if pages % 2 else 2}
+            if cursor is not None:
+                params["cursor"] = cursor
+            page = await served.inbox(token="tok-alice", **params)
+            pages += 1
+            walked.extend(ids(page))
+            cursor = page["nextCursor"]
+            if cursor is None:
+                assert page["items"] or pages == 1, "an empty last page: the cursor promised more"
+                break
+        assert walked == [f"{turn}:approval-1" for turn in audited]
+        # One page large enough for every row: all the visible ones, and no cursor.
+        full = await served.inbox(token="tok-alice", limit=200)
+        assert ids(full) == walked
+        assert full["nextCursor"] is None
