@@ -88,6 +88,14 @@ async def test_each_filter_narrows_the_listing(served: Served) -> None:
     everything = await served.inbox(token=CAROL)
     assert ids(everything) == [f"{old}:approval-1", f"{audit}:approval-1", f"{bobs}:approval-1"]
 
+    # Ages only grow: a threshold just under the oldest one's age keeps it and (taken well
+    # within the second between the two) drops the younger ones.
+    ages = [item["ageSeconds"] for item in everything["items"]]
+    assert ages[0] - ages[1] >= 0.9
+    aged = await served.inbox(token=CAROL, min_age=ages[0] - 0.3)
+    assert ids(aged) == [f"{old}:approval-1"]
+    assert ids(await served.inbox(token=CAROL, min_age=3600)) == []
+
     by_agent = await served.inbox(token=CAROL, agent=AUDIT_AGENT)
     assert ids(by_agent) == [f"{audit}:approval-1"]
     assert ids(await served.inbox(token=CAROL, agent="bankingAgent")) == [
@@ -104,14 +112,6 @@ async def test_each_filter_narrows_the_listing(served: Served) -> None:
         f"{audit}:approval-1",
         f"{bobs}:approval-1",
     ]
-
-    # Ages only grow: a threshold just under the oldest one's age keeps it and (taken well
-    # within the second between the two) drops the younger ones.
-    ages = [item["ageSeconds"] for item in everything["items"]]
-    assert ages[0] - ages[1] >= 0.9
-    aged = await served.inbox(token=CAROL, min_age=ages[0] - 0.3)
-    assert ids(aged) == [f"{old}:approval-1"]
-    assert ids(await served.inbox(token=CAROL, min_age=3600)) == []
 
 
 async def test_pages_with_limit_and_cursor_have_no_duplicates_and_no_gaps(served: Served) -> None:
