@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 import pytest
 
 from engine.errors import NotFoundError
@@ -301,4 +300,3 @@ async def test_an_open_server_without_auth_still_serves_everyone() -> None:
         assert reply.status_code == 200, reply.text
         assert reply.json()["decidedBy"] is None
     assert len(served.app.transfers) == 1
-    assert isinstance(served.http, httpx.AsyncClient)

@@ -157,6 +157,16 @@ def _cursor(value: Any) -> str:
         _cursor(["2026-01-01T00:00:00", "turn", "ref"]),
         _cursor(["2026-01-01T00:00:00+00:00", "turn\u0000", "ref"]),
     ],
+    ids=[
+        "garbage",
+        "percent signs",
+        "an object",
+        "two fields",
+        "numbers",
+        "not a date",
+        "naive timestamp",
+        "NUL in turn id",
+    ],
 )
 async def test_a_malformed_cursor_is_a_400(served: Served, cursor: str) -> None:
     """A cursor the server did not hand out is refused with 400 and a JSON error."""
