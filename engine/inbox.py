@@ -10,11 +10,12 @@ other, so validation, the one-resume guard and execution are the ordinary ones.
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, StrictBool, ValidationError, model_validator
 
 from engine.errors import (
     ApprovalNotPendingError,
@@ -25,7 +26,7 @@ from engine.errors import (
     TurnFailedError,
 )
 from engine.parts import RESUMED, Part
-from engine.schemas import SchemaViolation, to_jsonable
+from engine.schemas import Schema, SchemaViolation, to_jsonable
 from engine.status import FinishReason, TurnStatus
 from engine.store import (
     PendingApproval,
@@ -59,7 +60,8 @@ def approval_id(turn_id: str, ref: str) -> str:
 def parse_approval_id(value: str) -> tuple[str, str]:
     """``(turn_id, ref)`` of an inbox id; :class:`NotFoundError` when it cannot be one."""
     turn_id, colon, ref = value.partition(":")
-    if not colon or not turn_id or not ref:
+    # No stored id holds a NUL, and PostgreSQL refuses one in a query parameter (a 500).
+    if not colon or not turn_id or not ref or "\x00" in value:
         raise NotFoundError(f"Approval '{value}' not found.")
     return turn_id, ref
 
@@ -74,7 +76,8 @@ class Decision(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     respond: Any = None
-    restart: bool = False
+    # Strict, like the wire's other flags: "yes" or 1 is a mistake to report, not a restart.
+    restart: StrictBool = False
     resumed: Any = None
 
     @model_validator(mode="after")
@@ -166,7 +169,7 @@ async def decide(
     tool = agent.tools.get(approval.interrupt)
     if "respond" in answer and tool is not None:
         try:
-            tool.output.parse(answer["respond"])
+            _check_output(tool.output, answer["respond"])
         except SchemaViolation as exc:
             raise InvalidArgumentError(
                 f"The decision on '{approval.interrupt}' (ref: {approval.ref}) does not match "
@@ -186,6 +189,26 @@ async def decide(
     if waiting:
         return DecisionOutcome(decided=decided, waiting_for=waiting)
     return DecisionOutcome(decided=decided, resume_snapshot_id=await _resume(agent, paused))
+
+
+def _check_output(schema: Schema, output: Any) -> None:
+    """Validate an approver's output as the JSON it is: strictly.
+
+    ``Schema.parse`` validates pydantic schemas in lax (Python) mode, which coerces ``"yes"``
+    or ``1`` to ``True``; the decision is stored and shown to the model verbatim, so a
+    coerced value would reach the model as the string the JSON schema forbids.
+    """
+    schema.parse(output)
+    spec = schema.spec
+    if isinstance(spec, type) and issubclass(spec, BaseModel):
+        try:
+            spec.model_validate_json(json.dumps(output), strict=True)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}"
+                for err in exc.errors()
+            )
+            raise SchemaViolation(problems) from exc
 
 
 async def _resume(agent: Agent, decided: list[ToolCallRecord]) -> str | None:

@@ -30,7 +30,7 @@ from engine.engine import Engine
 from engine.errors import AgentError, ApprovalNotPendingError, InvalidArgumentError, NotFoundError
 from engine.inbox import Decision, approval_id, decide, find_approval, parse_approval_id
 from engine.remote.auth import InboxPolicy, Principal
-from engine.remote.wire import error_response, read_json
+from engine.remote.wire import check_text, error_response, read_json
 from engine.store import ApprovalQuery, PendingApproval, SessionStore
 
 __all__ = ["InboxRoutes"]
@@ -55,18 +55,31 @@ def _wire(approval: PendingApproval, now: datetime) -> dict[str, Any]:
     }
 
 
+def _key(approval: PendingApproval) -> tuple[datetime, str, str]:
+    """The inbox's order: oldest first, then by turn and ref (the cursor holds this key)."""
+    return approval.created_at, approval.turn_id, approval.ref
+
+
 def _encode_cursor(approval: PendingApproval) -> str:
     key = [approval.created_at.isoformat(), approval.turn_id, approval.ref]
     return base64.urlsafe_b64encode(json.dumps(key).encode()).decode().rstrip("=")
 
 
 def _decode_cursor(cursor: str) -> tuple[datetime, str, str]:
+    refused = InvalidArgumentError("cursor is not one this server handed out.")
     try:
         padded = cursor + "=" * (-len(cursor) % 4)
         created, turn_id, ref = json.loads(base64.urlsafe_b64decode(padded.encode()))
-        return datetime.fromisoformat(created), str(turn_id), str(ref)
+        moment = datetime.fromisoformat(created)
     except (ValueError, TypeError, binascii.Error, UnicodeDecodeError) as exc:
-        raise InvalidArgumentError("cursor is not one this server handed out.") from exc
+        raise refused from exc
+    # A forged cursor can be well-formed and still unusable: a moment without an offset cannot
+    # be compared with the stored (aware) ones, and a NUL cannot be sent to PostgreSQL.
+    if moment.tzinfo is None or not isinstance(turn_id, str) or not isinstance(ref, str):
+        raise refused
+    if "\x00" in turn_id or "\x00" in ref:
+        raise refused
+    return moment, turn_id, ref
 
 
 def _number(request: Request, name: str, default: float, low: float, high: float) -> float:
@@ -118,6 +131,8 @@ class InboxRoutes:
         try:
             principal = await self.authenticate(request)
             params = request.query_params
+            for name, value in params.multi_items():
+                check_text(value, f"Query parameter {name!r}")
             limit = int(_number(request, "limit", 50, 1, MAX_PAGE))
             min_age = _number(request, "min_age", 0, 0, 10 * 365 * 86400)
             now = datetime.now(UTC)
@@ -132,19 +147,38 @@ class InboxRoutes:
                 after=_decode_cursor(params["cursor"]) if params.get("cursor") else None,
                 limit=limit,
             )
-            found: list[PendingApproval] = []
+            examined: list[PendingApproval] = []
+            # Each store is asked for one row more than a page, to know whether it has more.
+            # Rows past the smallest last key of a store that has more are not known to be
+            # complete (that store may hold rows before them): this page stops there.
+            horizon: tuple[datetime, str, str] | None = None
             for store, agents in self._stores(params.get("agent")):
-                page = await store.list_approvals(query.model_copy(update={"agents": agents}))
-                found.extend(a for a in page if self.policy.can_decide(principal, a))
+                rows = await store.list_approvals(
+                    query.model_copy(update={"agents": agents, "limit": limit + 1})
+                )
+                if len(rows) > limit:
+                    last = _key(rows[-1])
+                    horizon = last if horizon is None else min(horizon, last)
+                examined.extend(rows)
         except AgentError as error:
             return error_response(error)
-        found.sort(key=lambda a: (a.created_at, a.turn_id, a.ref))
-        page = found[:limit]
-        more = len(found) > limit or len(page) == limit
+        examined.sort(key=_key)
+        known = [a for a in examined if horizon is None or _key(a) <= horizon]
+        page: list[PendingApproval] = []
+        seen = 0
+        for approval in known:
+            if len(page) == limit:
+                break
+            seen += 1
+            # The permission hook may hide rows the store returned: they are skipped, not
+            # counted, and the cursor moves past them so the next page does not stop short.
+            if self.policy.can_decide(principal, approval):
+                page.append(approval)
+        more = seen < len(known) or horizon is not None
         return JSONResponse(
             {
                 "items": [_wire(a, now) for a in page],
-                "nextCursor": _encode_cursor(page[-1]) if page and more else None,
+                "nextCursor": _encode_cursor(known[seen - 1]) if more and seen else None,
             }
         )
 

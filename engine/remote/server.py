@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
@@ -94,9 +95,37 @@ def create_app(
         Route("/api/{agent}/abort", server.abort, methods=["POST"]),
         *inbox.routes(),
     ]
-    app = Starlette(routes=list(routes), lifespan=lifespan)
+    app = Starlette(
+        routes=list(routes),
+        lifespan=lifespan,
+        exception_handlers={HTTPException: _http_error, Exception: _internal_error},
+    )
     app.state.turnstile = server
     return app
+
+
+#: Starlette's own refusals (no such route, wrong method) in Genkit's status vocabulary.
+_ROUTING_STATUS = {404: "NOT_FOUND", 405: "INVALID_ARGUMENT"}
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """Routing errors as the JSON ``{status, message}`` every other error is (not plain text)."""
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 405:
+        message = f"Method {request.method} is not allowed on {request.url.path}."
+    elif exc.status_code == 404:
+        message = f"No route serves {request.url.path}."
+    else:
+        message = str(exc.detail)
+    status = _ROUTING_STATUS.get(exc.status_code, "INVALID_ARGUMENT")
+    return JSONResponse(
+        {"status": status, "message": message}, status_code=exc.status_code, headers=exc.headers
+    )
+
+
+async def _internal_error(_request: Request, exc: Exception) -> Response:
+    """A bug is still a 500, but a JSON one; Starlette logs the traceback."""
+    return JSONResponse({"status": "INTERNAL", "message": "Internal error."}, status_code=500)
 
 
 class _Server:

@@ -20,10 +20,13 @@ from engine.parts import Message, Part
 M = TypeVar("M", bound=BaseModel)
 
 __all__ = [
+    "MAX_JSON_DEPTH",
     "AbortBody",
     "BodyTooLargeError",
     "SnapshotBody",
     "TurnBody",
+    "check_storable",
+    "check_text",
     "error_response",
     "frame",
     "http_status",
@@ -112,9 +115,59 @@ async def read_json(request: Request, *, max_bytes: int) -> Any:
     if not received:
         raise InvalidArgumentError("Request body is empty; expected a JSON object.")
     try:
-        return json.loads(received)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        value = json.loads(received, parse_constant=_no_constant)
+    except RecursionError:
+        raise InvalidArgumentError(_TOO_DEEP) from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, NaN, a 5000-digit number
         raise InvalidArgumentError(f"Request body is not valid JSON: {exc}.") from exc
+    check_storable(value)
+    return value
+
+
+#: Deeper bodies are refused: the engine walks values recursively (schemas, to_jsonable), and
+#: a body nested to the interpreter's limit would fail there with a 500 instead of here.
+MAX_JSON_DEPTH = 64
+_TOO_DEEP = f"Request body is not valid JSON: nested deeper than {MAX_JSON_DEPTH} levels."
+
+
+def _no_constant(name: str) -> Any:
+    # json accepts NaN and Infinity; JSON (and PostgreSQL's jsonb) does not.
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def check_text(text: str, where: str = "Request body") -> None:
+    """Refuse a string PostgreSQL cannot store (so it is a 400, not a failed insert: a 500)."""
+    if "\x00" in text:
+        raise InvalidArgumentError(
+            f"{where} holds a NUL character (\\u0000), which cannot be stored."
+        )
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgumentError(
+            f"{where} holds a lone surrogate character (an unpaired \\ud800-\\udfff "
+            "escape), which is not valid Unicode."
+        ) from None
+
+
+def check_storable(value: Any) -> None:
+    """Every string of a decoded body (keys too) storable, and the nesting bounded.
+
+    Iterative, so a deep value cannot exhaust the stack while being checked.
+    """
+    pending: list[tuple[Any, int]] = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise InvalidArgumentError(_TOO_DEEP)
+        if isinstance(item, str):
+            check_text(item)
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                check_text(key)
+                pending.append((child, depth + 1))
+        elif isinstance(item, list):
+            pending.extend((child, depth + 1) for child in item)
 
 
 def _describe(error: ValidationError) -> str:
@@ -190,6 +243,9 @@ class AbortBody(_Open):
 
 def to_message(raw: dict[str, Any]) -> Message:
     """A user message from its wire form."""
+    if "content" not in raw:
+        # Genkit's MessageSchema requires content; an empty default would run a blank turn.
+        raise InvalidArgumentError("data.message is not a valid message: content: Field required.")
     try:
         message = Message.model_validate(raw)
     except ValidationError as exc:
