@@ -10,12 +10,11 @@ other, so validation, the one-resume guard and execution are the ordinary ones.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, StrictBool, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, StrictBool, model_validator
 
 from engine.errors import (
     ApprovalNotPendingError,
@@ -26,7 +25,7 @@ from engine.errors import (
     TurnFailedError,
 )
 from engine.parts import RESUMED, Part
-from engine.schemas import Schema, SchemaViolation, to_jsonable
+from engine.schemas import SchemaViolation, to_jsonable
 from engine.status import FinishReason, TurnStatus
 from engine.store import (
     PendingApproval,
@@ -169,7 +168,7 @@ async def decide(
     tool = agent.tools.get(approval.interrupt)
     if "respond" in answer and tool is not None:
         try:
-            _check_output(tool.output, answer["respond"])
+            tool.output.check_json(answer["respond"])
         except SchemaViolation as exc:
             raise InvalidArgumentError(
                 f"The decision on '{approval.interrupt}' (ref: {approval.ref}) does not match "
@@ -189,26 +188,6 @@ async def decide(
     if waiting:
         return DecisionOutcome(decided=decided, waiting_for=waiting)
     return DecisionOutcome(decided=decided, resume_snapshot_id=await _resume(agent, paused))
-
-
-def _check_output(schema: Schema, output: Any) -> None:
-    """Validate an approver's output as the JSON it is: strictly.
-
-    ``Schema.parse`` validates pydantic schemas in lax (Python) mode, which coerces ``"yes"``
-    or ``1`` to ``True``; the decision is stored and shown to the model verbatim, so a
-    coerced value would reach the model as the string the JSON schema forbids.
-    """
-    schema.parse(output)
-    spec = schema.spec
-    if isinstance(spec, type) and issubclass(spec, BaseModel):
-        try:
-            spec.model_validate_json(json.dumps(output), strict=True)
-        except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}"
-                for err in exc.errors()
-            )
-            raise SchemaViolation(problems) from exc
 
 
 async def _resume(agent: Agent, decided: list[ToolCallRecord]) -> str | None:

@@ -119,7 +119,7 @@ def plan_resume(
         output = to_jsonable(response.output)
         if tool is not None:
             try:
-                tool.output.parse(output)
+                tool.output.check_json(output)
             except SchemaViolation as exc:
                 raise ResumeValidationError(
                     f"resume.respond for tool '{response.name}'{_ref_text(response.ref)} has an "

@@ -7,6 +7,7 @@ JSON value is accepted).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import jsonschema
@@ -85,6 +86,26 @@ class Schema:
                 for err in exc.errors()
             )
             raise SchemaViolation(problems) from exc
+
+    def check_json(self, value: Any) -> None:
+        """Validate JSON data *as the JSON it is*: strictly, with no coercion.
+
+        :meth:`parse` validates pydantic schemas in lax mode, turning ``"yes"`` or ``1`` into
+        ``True``. An interrupt's answer is stored and shown to the model verbatim, so a value
+        that only passes by coercion would reach the model as what the schema forbids: answers
+        are checked here instead.
+        """
+        self.parse(value)
+        spec = self.spec
+        if isinstance(spec, type) and issubclass(spec, BaseModel):
+            try:
+                spec.model_validate_json(json.dumps(to_jsonable(value)), strict=True)
+            except ValidationError as exc:
+                problems = "; ".join(
+                    f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}"
+                    for err in exc.errors()
+                )
+                raise SchemaViolation(problems) from exc
 
     def dump(self, value: Any) -> Any:
         """Validate and return plain JSON data (what is stored and sent on the wire)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -79,6 +80,13 @@ CASES = {
     ),
     "output violating the schema": (
         lambda res: {"respond": [i.respond({"approved": "yes please"}) for i in res.interrupts]},
+        ResumeValidationError,
+        "resume.respond for tool 'userApproval' (ref: approval-1) has an output that does not "
+        "match the tool's output schema",
+    ),
+    "output valid only by coercion": (
+        # "yes" would pass pydantic's lax mode as True, but the model sees the answer verbatim.
+        lambda res: {"respond": [i.respond({"approved": "yes"}) for i in res.interrupts]},
         ResumeValidationError,
         "resume.respond for tool 'userApproval' (ref: approval-1) has an output that does not "
         "match the tool's output schema",
@@ -162,7 +170,8 @@ async def test_an_interrupt_is_answered_only_once(app: BankingApp) -> None:
 
 def _satisfies_schema(output: Any) -> bool:
     try:
-        ApprovalDecision.model_validate(output)
+        # Strictly, as JSON: an answer is passed to the model verbatim, so "yes" is not True.
+        ApprovalDecision.model_validate_json(json.dumps(output), strict=True)
     except ValidationError:
         return False
     return True
