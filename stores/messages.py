@@ -16,11 +16,25 @@ from stores.schema import messages, turns
 __all__ = ["conversation", "load_rounds", "save_round"]
 
 
-def save_round(connection: Connection, turn_id: str, round_: RoundRecord, now: datetime) -> None:
-    """Replace the messages of one round (a round is rewritten when it closes)."""
-    connection.execute(
-        sa.delete(messages).where(messages.c.turn_id == turn_id, messages.c.round == round_.round)
-    )
+def save_round(
+    connection: Connection,
+    turn_id: str,
+    round_: RoundRecord,
+    now: datetime,
+    *,
+    replace: bool = True,
+) -> None:
+    """Replace the messages of one round (a round is rewritten when it closes).
+
+    ``replace=False`` skips deleting earlier rows, for a round that cannot have any yet (the
+    round 0 of a turn being created).
+    """
+    if replace:
+        connection.execute(
+            sa.delete(messages).where(
+                messages.c.turn_id == turn_id, messages.c.round == round_.round
+            )
+        )
     if round_.messages:
         connection.execute(
             sa.insert(messages),

@@ -8,7 +8,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from engine.store import SessionRecord
-from stores.database import upsert, utc
+from stores.database import utc
 from stores.schema import sessions
 
 __all__ = ["get_session", "lock_or_create_session"]
@@ -33,47 +33,39 @@ def get_session(connection: Connection, session_id: str) -> SessionRecord | None
 
 def lock_or_create_session(
     connection: Connection, session_id: str, agent: str, owner: str | None, now: datetime
-) -> SessionRecord:
-    """Create the session if new, then lock its row for the rest of the transaction.
+) -> str:
+    """Create the session if new, else record activity on it; return its agent.
 
-    The row lock serialises turn creation per session (the "one running turn" check and the
-    ``seq`` numbering), so two concurrent sends cannot both pass the check.
+    One statement: ``INSERT … ON CONFLICT DO UPDATE`` both creates the row and, for an
+    existing session, takes its row lock (as ``FOR UPDATE`` would) and sets ``updated_at``.
+    The lock serialises turn creation per session (the "one running turn" check and the
+    ``seq`` numbering) until this transaction ends, so two concurrent sends cannot both pass
+    the check. A refused turn rolls the whole transaction back, ``updated_at`` included.
     """
-    if connection.dialect.name == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert
-
+    return str(
         connection.execute(
-            insert(sessions)
-            .values(id=session_id, agent=agent, owner=owner, created_at=now, updated_at=now)
-            .on_conflict_do_nothing(index_elements=["id"])
-        )
-    else:
-        exists = connection.execute(
-            sa.select(sessions.c.id).where(sessions.c.id == session_id)
-        ).first()
-        if exists is None:
-            upsert(
-                connection,
-                sessions,
-                [
-                    {
-                        "id": session_id,
-                        "agent": agent,
-                        "owner": owner,
-                        "created_at": now,
-                        "updated_at": now,
-                    },
-                ],
-                ["id"],
-            )
-    row = connection.execute(
-        sa.select(sessions).where(sessions.c.id == session_id).with_for_update()
-    ).one()
-    return _record(row)
-
-
-def touch_session(connection: Connection, session_id: str, now: datetime) -> None:
-    """Record activity on the session."""
-    connection.execute(
-        sa.update(sessions).where(sessions.c.id == session_id).values(updated_at=now)
+            _LOCK_OR_CREATE[connection.dialect.name],
+            {
+                "id": session_id,
+                "agent": agent,
+                "owner": owner,
+                "created_at": now,
+                "updated_at": now,
+            },
+        ).scalar_one()
     )
+
+
+def _lock_or_create_statement(dialect: str) -> sa.Insert:
+    if dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert  # type: ignore[assignment]
+    base = insert(sessions)
+    return base.on_conflict_do_update(
+        index_elements=["id"], set_={"updated_at": base.excluded.updated_at}
+    ).returning(sessions.c.agent)
+
+
+#: Built once per dialect (cached compiled form; the values are bound parameters).
+_LOCK_OR_CREATE = {name: _lock_or_create_statement(name) for name in ("postgresql", "sqlite")}

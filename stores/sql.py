@@ -89,24 +89,24 @@ class SqlSessionStore:
         def create() -> TurnRecord:
             now = _now()
             with self.db.transaction() as connection:
-                if turn_sql.get_turn(connection, turn.id) is not None:
-                    raise InvalidArgumentError(f"Turn {turn.id} already exists.")
-                session = session_sql.lock_or_create_session(
+                agent = session_sql.lock_or_create_session(
                     connection, turn.session_id, turn.agent, turn.owner, now
                 )
-                if session.agent != turn.agent:
+                if agent != turn.agent:
                     raise InvalidArgumentError(
-                        f"Session {turn.session_id} belongs to agent '{session.agent}', "
-                        f"not '{turn.agent}'."
+                        f"Session {turn.session_id} belongs to agent '{agent}', not '{turn.agent}'."
                     )
                 active = turn_sql.active_turn(connection, turn.session_id)
                 if active is not None:
+                    active_id, active_status = active
                     raise SessionBusyError(
-                        f"Session {turn.session_id} already has a running turn ({active.id}, "
-                        f"{active.status.value}); wait for it to settle or abort it.",
-                        snapshot_id=active.id,
+                        f"Session {turn.session_id} already has a running turn ({active_id}, "
+                        f"{active_status.value}); wait for it to settle or abort it.",
+                        snapshot_id=active_id,
                     )
                 call_sql.answer_calls(connection, answers, now)
+                # A duplicate id fails on the primary key (mapped below), rolling back the
+                # session row too: no separate existence check (one round trip less).
                 created = turn_sql.insert_turn(connection, turn, now)
                 if turn.initial_messages:
                     message_sql.save_round(
@@ -114,8 +114,8 @@ class SqlSessionStore:
                         turn.id,
                         RoundRecord(round=0, messages=turn.initial_messages, committed=True),
                         now,
+                        replace=False,
                     )
-                session_sql.touch_session(connection, turn.session_id, now)
                 return created
 
         try:
@@ -126,6 +126,8 @@ class SqlSessionStore:
                 raise SessionBusyError(
                     f"Session {turn.session_id} already has a running turn."
                 ) from exc
+            if "pk_turns" in str(exc) or "UNIQUE constraint failed: turns.id" in str(exc):
+                raise InvalidArgumentError(f"Turn {turn.id} already exists.") from exc
             raise
 
     async def get_session(self, session_id: str) -> SessionRecord | None:

@@ -61,9 +61,13 @@ def record(row: sa.Row[tuple[object, ...]]) -> TurnRecord:
     )
 
 
+#: Built once: the most frequent read (waiters, status checks) skips statement construction.
+_BY_ID = sa.select(turns).where(turns.c.id == sa.bindparam("turn_id"))
+
+
 def get_turn(connection: Connection, turn_id: str) -> TurnRecord | None:
     """The turn, or ``None``."""
-    row = connection.execute(sa.select(turns).where(turns.c.id == turn_id)).first()
+    row = connection.execute(_BY_ID, {"turn_id": turn_id}).first()
     return record(row) if row else None
 
 
@@ -78,12 +82,15 @@ def latest_turn(connection: Connection, session_id: str) -> TurnRecord | None:
     return record(row) if row else None
 
 
-def active_turn(connection: Connection, session_id: str) -> TurnRecord | None:
-    """The session's pending or aborting turn, if any."""
+def active_turn(connection: Connection, session_id: str) -> tuple[str, TurnStatus] | None:
+    """The id and status of the session's pending or aborting turn, if any (only what the
+    "session busy" error names: no full record is built)."""
     row = connection.execute(
-        sa.select(turns).where(turns.c.session_id == session_id, turns.c.status.in_(ACTIVE))
+        sa.select(turns.c.id, turns.c.status).where(
+            turns.c.session_id == session_id, turns.c.status.in_(ACTIVE)
+        )
     ).first()
-    return record(row) if row else None
+    return (row[0], TurnStatus(row[1])) if row else None
 
 
 def _event(
@@ -108,12 +115,13 @@ def _event(
 
 
 def insert_turn(connection: Connection, turn: NewTurn, now: datetime) -> TurnRecord:
-    """Insert a pending turn with the next ``seq`` of its session (the session row is locked)."""
-    seq = connection.execute(
-        sa.select(sa.func.coalesce(sa.func.max(turns.c.seq), 0) + 1).where(
-            turns.c.session_id == turn.session_id
-        )
-    ).scalar_one()
+    """Insert a pending turn with the next ``seq`` of its session (the session row is locked,
+    so the ``max(seq) + 1`` computed inside the INSERT cannot race another creator)."""
+    seq = (
+        sa.select(sa.func.coalesce(sa.func.max(turns.c.seq), 0) + 1)
+        .where(turns.c.session_id == turn.session_id)
+        .scalar_subquery()
+    )
     values: dict[str, Any] = {
         "id": turn.id,
         "session_id": turn.session_id,
@@ -236,25 +244,31 @@ def claim(
     return sorted((record(r) for r in rows), key=lambda t: (t.run_after, t.id))
 
 
-def fence(connection: Connection, turn_id: str, lease_token: int) -> TurnRecord:
+def fence(connection: Connection, turn_id: str, lease_token: int) -> None:
     """Check (and share-lock) that ``lease_token`` still holds the running turn.
 
     The share lock makes a competing claim wait until this write commits, so a write can
     never land after the turn changed hands.
     """
-    row = connection.execute(
-        sa.select(turns).where(turns.c.id == turn_id).with_for_update(read=True)
-    ).first()
+    # Only the two columns the check needs: a fence runs before every journal write, and
+    # building a full record (re-validating the turn's input) would cost more than the read.
+    row = connection.execute(_FENCE, {"turn_id": turn_id}).first()
     if row is None:
         raise StaleTransitionError(turn_id, f"Turn {turn_id} does not exist.")
-    current = record(row)
-    if current.lease_token != lease_token or current.status not in ACTIVE_STATUSES:
+    status, token = TurnStatus(row[0]), row[1]
+    if token != lease_token or status not in ACTIVE_STATUSES:
         raise LeaseLostError(
             turn_id,
             f"Lease {lease_token} on turn {turn_id} is no longer valid "
-            f"(token {current.lease_token}, status {current.status.value}).",
+            f"(token {token}, status {status.value}).",
         )
-    return current
+
+
+_FENCE = (
+    sa.select(turns.c.status, turns.c.lease_token)
+    .where(turns.c.id == sa.bindparam("turn_id"))
+    .with_for_update(read=True)
+)
 
 
 def renew(
