@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
 import sqlalchemy as sa
@@ -189,22 +189,38 @@ class SqlSessionStore:
         error: TurnError | None = None,
         run_after: datetime | None = None,
         note: str | None = None,
+        round: RoundRecord | None = None,
+        calls: Sequence[ToolCallRecord] = (),
     ) -> TurnRecord:
         """See :meth:`engine.store.SessionStore.transition`."""
-        return await self._write(
-            lambda c: turn_sql.transition(
-                c,
+        if (round is not None or calls) and lease_token is None:
+            raise ValueError("Saving a round with a transition needs the lease token.")
+
+        def move(connection: sa.Connection) -> TurnRecord:
+            saved_at = _now()
+            # The round is stamped just before the transition, as if saved by save_round
+            # first: a turn's timeline keeps ending with its settling transition.
+            now = max(_now(), saved_at + timedelta(microseconds=1))
+            # The transition locks the turn's row and checks the lease token first, so the
+            # round below is written only by the lease holder, as save_round's fence ensures.
+            moved = turn_sql.transition(
+                connection,
                 turn_id,
                 expected=expected,
                 new=new,
                 lease_token=lease_token,
-                now=_now(),
+                now=now,
                 finish_reason=finish_reason,
                 error=error,
                 run_after=run_after,
                 note=note,
             )
-        )
+            if round is not None:
+                message_sql.save_round(connection, turn_id, round, saved_at)
+            call_sql.upsert_calls(connection, turn_id, calls, saved_at)
+            return moved
+
+        return await self._write(move)
 
     async def request_abort(self, turn_id: str) -> TurnStatus:
         """See :meth:`engine.store.SessionStore.request_abort`."""
