@@ -8,7 +8,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from engine.store import SessionRecord
-from stores.database import utc
+from stores.database import upsert_statement, utc
 from stores.schema import sessions
 
 __all__ = ["get_session", "lock_or_create_session"]
@@ -44,7 +44,7 @@ def lock_or_create_session(
     """
     return str(
         connection.execute(
-            _LOCK_OR_CREATE[connection.dialect.name],
+            _LOCK_OR_CREATE,
             {
                 "id": session_id,
                 "agent": agent,
@@ -56,16 +56,5 @@ def lock_or_create_session(
     )
 
 
-def _lock_or_create_statement(dialect: str) -> sa.Insert:
-    if dialect == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert
-    else:
-        from sqlalchemy.dialects.sqlite import insert  # type: ignore[assignment]
-    base = insert(sessions)
-    return base.on_conflict_do_update(
-        index_elements=["id"], set_={"updated_at": base.excluded.updated_at}
-    ).returning(sessions.c.agent)
-
-
-#: Built once per dialect (cached compiled form; the values are bound parameters).
-_LOCK_OR_CREATE = {name: _lock_or_create_statement(name) for name in ("postgresql", "sqlite")}
+#: Built once (a text statement: SQLAlchemy cannot cache its ON CONFLICT constructs).
+_LOCK_OR_CREATE = upsert_statement(sessions, ["id"], update=["updated_at"], returning="agent")

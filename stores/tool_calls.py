@@ -12,7 +12,7 @@ from sqlalchemy.engine import Connection
 from engine.errors import ApprovalNotPendingError
 from engine.status import FinishReason, TurnStatus
 from engine.store import InterruptAnswer, ToolCallRecord, ToolCallStatus, TurnError
-from stores.database import upsert, utc
+from stores.database import upsert_statement, utc
 from stores.schema import tool_calls, turns
 
 __all__ = ["answer_calls", "list_calls", "list_expired", "upsert_calls"]
@@ -69,9 +69,12 @@ def upsert_calls(
     connection: Connection, turn_id: str, calls: Sequence[ToolCallRecord], now: datetime
 ) -> None:
     """Insert or update journal rows keyed by ``(turn_id, round, ref)``."""
-    rows = [_row(turn_id, call, now) for call in calls]
-    # created_at keeps the first write's time: it is what an approval's age is measured from.
-    upsert(connection, tool_calls, rows, ["turn_id", "round", "ref"], keep=("created_at",))
+    if calls:
+        connection.execute(_UPSERT, [_row(turn_id, call, now) for call in calls])
+
+
+# created_at keeps the first write's time: it is what an approval's age is measured from.
+_UPSERT = upsert_statement(tool_calls, ["turn_id", "round", "ref"], keep=("created_at",))
 
 
 def list_calls(connection: Connection, turn_id: str) -> list[ToolCallRecord]:
