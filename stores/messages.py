@@ -30,11 +30,7 @@ def save_round(
     round 0 of a turn being created).
     """
     if replace:
-        connection.execute(
-            sa.delete(messages).where(
-                messages.c.turn_id == turn_id, messages.c.round == round_.round
-            )
-        )
+        connection.execute(_DELETE_ROUND, {"turn_id": turn_id, "round": round_.round})
     if round_.messages:
         connection.execute(
             sa.insert(messages),
@@ -64,11 +60,7 @@ def _message(row: sa.Row[tuple[object, ...]]) -> Message:
 
 def load_rounds(connection: Connection, turn_id: str) -> list[RoundRecord]:
     """Every round of the turn, committed or not, in order."""
-    rows = connection.execute(
-        sa.select(messages)
-        .where(messages.c.turn_id == turn_id)
-        .order_by(messages.c.round, messages.c.position)
-    ).all()
+    rows = connection.execute(_ROUNDS, {"turn_id": turn_id}).all()
     grouped: dict[int, list[sa.Row[tuple[object, ...]]]] = defaultdict(list)
     for row in rows:
         grouped[row._mapping["round"]].append(row)
@@ -89,11 +81,7 @@ def conversation(connection: Connection, chain: Sequence[tuple[str, int]]) -> li
     first ``history_length`` messages of its parent's conversation, then adds its own.
     """
     ids = [turn_id for turn_id, _ in chain]
-    rows = connection.execute(
-        sa.select(messages)
-        .where(messages.c.turn_id.in_(ids), messages.c.committed.is_(True))
-        .order_by(messages.c.round, messages.c.position)
-    ).all()
+    rows = connection.execute(_COMMITTED, {"ids": ids}).all()
     own: dict[str, list[Message]] = defaultdict(list)
     for row in rows:
         own[row._mapping["turn_id"]].append(_message(row))
@@ -101,6 +89,25 @@ def conversation(connection: Connection, chain: Sequence[tuple[str, int]]) -> li
     for turn_id, history_length in chain:
         result = result[:history_length] + own[turn_id]
     return result
+
+
+# Built once, with bound parameters (statement construction costs more CPU than the query).
+_DELETE_ROUND = sa.delete(messages).where(
+    messages.c.turn_id == sa.bindparam("turn_id"), messages.c.round == sa.bindparam("round")
+)
+_ROUNDS = (
+    sa.select(messages)
+    .where(messages.c.turn_id == sa.bindparam("turn_id"))
+    .order_by(messages.c.round, messages.c.position)
+)
+_COMMITTED = (
+    sa.select(messages)
+    .where(
+        messages.c.turn_id.in_(sa.bindparam("ids", expanding=True)),
+        messages.c.committed.is_(True),
+    )
+    .order_by(messages.c.round, messages.c.position)
+)
 
 
 def _chain_statement() -> sa.Select[tuple[str, int]]:

@@ -28,7 +28,10 @@ CHANGE_CHANNEL = "turnstile_turn"
 def notify(connection: Connection, channel: str, payload: str) -> None:
     """Queue a notification in the current transaction (no-op on SQLite)."""
     if connection.dialect.name == "postgresql":
-        connection.execute(sa.text("SELECT pg_notify(:c, :p)"), {"c": channel, "p": payload})
+        connection.execute(_NOTIFY, {"c": channel, "p": payload})
+
+
+_NOTIFY = sa.text("SELECT pg_notify(:c, :p)")
 
 
 class _Signal:

@@ -79,7 +79,7 @@ _UPSERT = upsert_statement(tool_calls, ["turn_id", "round", "ref"], keep=("creat
 
 def list_calls(connection: Connection, turn_id: str) -> list[ToolCallRecord]:
     """The turn's journal, by round then ref (ref in plain code-point order)."""
-    rows = connection.execute(sa.select(tool_calls).where(tool_calls.c.turn_id == turn_id)).all()
+    rows = connection.execute(_BY_TURN, {"turn_id": turn_id}).all()
     return sorted((_record(r) for r in rows), key=lambda c: (c.round, c.ref))
 
 
@@ -91,19 +91,15 @@ def answer_calls(connection: Connection, answers: Sequence[InterruptAnswer], now
     """
     for answer in answers:
         result = connection.execute(
-            sa.update(tool_calls)
-            .where(
-                tool_calls.c.turn_id == answer.turn_id,
-                tool_calls.c.round == answer.round,
-                tool_calls.c.ref == answer.ref,
-                tool_calls.c.status == ToolCallStatus.INTERRUPTED.value,
-            )
-            .values(
-                status=ToolCallStatus.ANSWERED.value,
-                answer=answer.answer,
-                decided_by=answer.decided_by,
-                decided_at=now,
-            )
+            _ANSWER,
+            {
+                "a_turn_id": answer.turn_id,
+                "a_round": answer.round,
+                "a_ref": answer.ref,
+                "answer": answer.answer,
+                "decided_by": answer.decided_by,
+                "decided_at": now,
+            },
         )
         if result.rowcount != 1:
             current = connection.execute(
@@ -118,6 +114,21 @@ def answer_calls(connection: Connection, answers: Sequence[InterruptAnswer], now
                 f"Interrupt '{answer.ref}' of snapshot {answer.turn_id} is not pending "
                 f"(it is {state}); it may have been answered already."
             )
+
+
+# Built once (statement construction costs more CPU than these queries). The guard on
+# status 'interrupted' is what makes an approval decidable once (see answer_calls).
+_BY_TURN = sa.select(tool_calls).where(tool_calls.c.turn_id == sa.bindparam("turn_id"))
+_ANSWER = (
+    sa.update(tool_calls)
+    .where(
+        tool_calls.c.turn_id == sa.bindparam("a_turn_id"),
+        tool_calls.c.round == sa.bindparam("a_round"),
+        tool_calls.c.ref == sa.bindparam("a_ref"),
+        tool_calls.c.status == ToolCallStatus.INTERRUPTED.value,
+    )
+    .values(status=ToolCallStatus.ANSWERED.value)
+)
 
 
 def list_expired(

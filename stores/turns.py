@@ -20,7 +20,7 @@ from engine.store import NewTurn, TurnError, TurnEvent, TurnInput, TurnRecord
 from engine.store_rules import check_transition, transition_changes
 from stores.database import utc
 from stores.notify import CHANGE_CHANNEL, WORK_CHANNEL, notify
-from stores.schema import ACTIVE, turn_events, turns
+from stores.schema import ACTIVE, TIMESTAMP, turn_events, turns
 
 __all__ = [
     "active_turn",
@@ -85,12 +85,13 @@ def latest_turn(connection: Connection, session_id: str) -> TurnRecord | None:
 def active_turn(connection: Connection, session_id: str) -> tuple[str, TurnStatus] | None:
     """The id and status of the session's pending or aborting turn, if any (only what the
     "session busy" error names: no full record is built)."""
-    row = connection.execute(
-        sa.select(turns.c.id, turns.c.status).where(
-            turns.c.session_id == session_id, turns.c.status.in_(ACTIVE)
-        )
-    ).first()
+    row = connection.execute(_ACTIVE, {"session_id": session_id}).first()
     return (row[0], TurnStatus(row[1])) if row else None
+
+
+_ACTIVE = sa.select(turns.c.id, turns.c.status).where(
+    turns.c.session_id == sa.bindparam("session_id"), turns.c.status.in_(ACTIVE)
+)
 
 
 def _event(
@@ -103,29 +104,29 @@ def _event(
     note: str | None,
 ) -> None:
     connection.execute(
-        sa.insert(turn_events).values(
-            turn_id=turn_id,
-            from_status=old.value if old else None,
-            to_status=new.value,
-            attempt=attempt,
-            note=note,
-            at=now,
-        )
+        _INSERT_EVENT,
+        {
+            "turn_id": turn_id,
+            "from_status": old.value if old else None,
+            "to_status": new.value,
+            "attempt": attempt,
+            "note": note,
+            "at": now,
+        },
     )
+
+
+# Hot statements are built once, with bound parameters: building a statement (and its
+# cache key, which walks every value) per call cost more CPU than the database spent on it.
+_INSERT_EVENT = sa.insert(turn_events)
 
 
 def insert_turn(connection: Connection, turn: NewTurn, now: datetime) -> TurnRecord:
     """Insert a pending turn with the next ``seq`` of its session (the session row is locked,
     so the ``max(seq) + 1`` computed inside the INSERT cannot race another creator)."""
-    seq = (
-        sa.select(sa.func.coalesce(sa.func.max(turns.c.seq), 0) + 1)
-        .where(turns.c.session_id == turn.session_id)
-        .scalar_subquery()
-    )
     values: dict[str, Any] = {
         "id": turn.id,
         "session_id": turn.session_id,
-        "seq": seq,
         "agent": turn.agent,
         "parent_id": turn.parent_id,
         "status": TurnStatus.PENDING.value,
@@ -138,13 +139,35 @@ def insert_turn(connection: Connection, turn: NewTurn, now: datetime) -> TurnRec
         "created_at": now,
         "updated_at": now,
     }
-    row = connection.execute(sa.insert(turns).values(values).returning(turns)).one()
+    row = connection.execute(_INSERT_TURN, values).one()
     _event(connection, turn.id, None, TurnStatus.PENDING, 0, now, None)
     notify(connection, WORK_CHANNEL, turn.id)
     return record(row)
 
 
-def _claimable(now: datetime) -> sa.ColumnElement[bool]:
+def _insert_turn_statement() -> sa.TextualSelect:
+    # Text, because the seq subquery must read the session_id parameter of the row being
+    # inserted, which a Core insert() cannot bind twice; typed parameters and result
+    # columns keep the JSON and timestamp processing of the table's types.
+    unset = ("seq", "finish_reason", "error", "lease_owner", "lease_expires_at", "settled_at")
+    columns = [c.name for c in turns.columns if c.name not in unset]
+    sql = (
+        f"INSERT INTO turns (seq, {', '.join(columns)}) VALUES ("
+        "(SELECT coalesce(max(seq), 0) + 1 FROM turns WHERE session_id = :session_id), "
+        f"{', '.join(':' + c for c in columns)}) "
+        f"RETURNING {', '.join(c.name for c in turns.columns)}"
+    )
+    return (
+        sa.text(sql)
+        .bindparams(*(sa.bindparam(c, type_=turns.c[c].type) for c in columns))
+        .columns(*turns.columns)
+    )
+
+
+_INSERT_TURN = _insert_turn_statement()
+
+
+def _claimable(now: datetime | sa.BindParameter[datetime]) -> sa.ColumnElement[bool]:
     return sa.and_(
         turns.c.status == TurnStatus.PENDING.value,
         turns.c.run_after <= now,
@@ -211,16 +234,7 @@ def claim(
     First settles ``aborting`` turns whose worker died (lease expired): nobody else would,
     and their session would stay busy forever. Recovery stays part of claiming.
     """
-    abandoned = (
-        connection.execute(
-            sa.select(turns.c.id)
-            .where(turns.c.status == TurnStatus.ABORTING.value, turns.c.lease_expires_at < now)
-            .limit(limit)
-            .with_for_update(skip_locked=True)
-        )
-        .scalars()
-        .all()
-    )
+    abandoned = connection.execute(_ABANDONED, {"now": now, "limit": limit}).scalars().all()
     for abandoned_id in abandoned:
         transition(
             connection,
@@ -232,16 +246,64 @@ def claim(
             finish_reason=FinishReason.ABORTED,
             note="settled by a claim: its worker stopped while aborting",
         )
-    statement = claim_statement(
-        owner=owner,
-        lease_seconds=lease_seconds,
-        now=now,
-        limit=limit,
-        agents=agents,
-        turn_id=turn_id,
-    )
-    rows = connection.execute(statement).all()
+    params: dict[str, Any] = {
+        "now": now,
+        "expires": now + timedelta(seconds=lease_seconds),
+        "owner": owner,
+        "limit": limit,
+    }
+    if agents is not None:
+        params["agents"] = list(agents)
+    if turn_id is not None:
+        params["turn_id"] = turn_id
+    rows = connection.execute(_CLAIMS[agents is not None, turn_id is not None], params).all()
     return sorted((record(r) for r in rows), key=lambda t: (t.run_after, t.id))
+
+
+_ABANDONED = (
+    sa.select(turns.c.id)
+    .where(
+        turns.c.status == TurnStatus.ABORTING.value,
+        turns.c.lease_expires_at < sa.bindparam("now", type_=TIMESTAMP),
+    )
+    .limit(sa.bindparam("limit", type_=sa.Integer))
+    .with_for_update(skip_locked=True)
+)
+
+
+def _bound_claim(*, agents: bool, turn_id: bool) -> sa.Update:
+    """:func:`claim_statement` with bound parameters (``now``, ``expires``, ``owner``,
+    ``limit``, and ``agents``/``turn_id`` when used), built once per shape."""
+    now = sa.bindparam("now", type_=TIMESTAMP)
+    candidates = sa.select(turns.c.id).where(_claimable(now))
+    if turn_id:
+        candidates = candidates.where(turns.c.id == sa.bindparam("turn_id"))
+    if agents:
+        candidates = candidates.where(turns.c.agent.in_(sa.bindparam("agents", expanding=True)))
+    candidates = (
+        candidates.order_by(turns.c.run_after, turns.c.id)
+        .limit(sa.bindparam("limit", type_=sa.Integer))
+        .with_for_update(skip_locked=True)
+    )
+    return (
+        sa.update(turns)
+        .where(turns.c.id.in_(candidates.scalar_subquery()))
+        .values(
+            lease_owner=sa.bindparam("owner"),
+            lease_expires_at=sa.bindparam("expires", type_=TIMESTAMP),
+            lease_token=turns.c.lease_token + 1,
+            attempts=turns.c.attempts + 1,
+            updated_at=now,
+        )
+        .returning(turns)
+    )
+
+
+_CLAIMS = {
+    (agents, turn_id): _bound_claim(agents=agents, turn_id=turn_id)
+    for agents in (False, True)
+    for turn_id in (False, True)
+}
 
 
 def fence(connection: Connection, turn_id: str, lease_token: int) -> None:
@@ -306,9 +368,7 @@ def transition(
 ) -> TurnRecord:
     """The one guarded status change (see :meth:`engine.store.SessionStore.transition`)."""
     # The row lock makes the check and the guarded UPDATE below one atomic step.
-    row = connection.execute(
-        sa.select(turns).where(turns.c.id == turn_id).with_for_update()
-    ).first()
+    row = connection.execute(_LOCK_BY_ID, {"turn_id": turn_id}).first()
     current = check_transition(
         record(row) if row else None,
         turn_id,
@@ -338,6 +398,9 @@ def transition(
     if new is TurnStatus.PENDING:
         notify(connection, WORK_CHANNEL, turn_id)
     return record(moved)
+
+
+_LOCK_BY_ID = _BY_ID.with_for_update()
 
 
 def list_events(connection: Connection, turn_id: str) -> list[TurnEvent]:
