@@ -289,10 +289,10 @@ class SqlSessionStore:
         """See :meth:`engine.store.SessionStore.load_conversation`."""
 
         def load(connection: sa.Connection) -> list[Message]:
-            chain = message_sql.chain_of(connection, turn_id)
-            if not chain:
+            conversation = message_sql.load_conversation(connection, turn_id)
+            if conversation is None:
                 raise NotFoundError(f"Snapshot {turn_id} not found.")
-            return message_sql.conversation(connection, chain)
+            return conversation
 
         return await self._read(load)
 
