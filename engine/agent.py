@@ -8,6 +8,7 @@ verified state blob, so every mode shares one runner and one set of rules.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import uuid
@@ -294,20 +295,27 @@ class Agent:
         error, writing nothing, when the request is invalid; raises
         :class:`TurnFailedError` when the turn fails.
         """
-        started = await self._start(request)
-        if on_started is not None:
-            on_started(started.store, started.turn)
-        if self.queued:
-            if not wait:
-                return AgentResponse(
-                    session_id=started.turn.session_id,
-                    snapshot_id=started.turn.id,
-                    status=TurnStatus.PENDING,
-                    finish_reason=None,
-                    messages=[],
+        listening: list[asyncio.Future[None]] = []
+        try:
+            started = await self._start(request, listen=listening if self.queued and wait else None)
+            if on_started is not None:
+                on_started(started.store, started.turn)
+            if self.queued:
+                if not wait:
+                    return AgentResponse(
+                        session_id=started.turn.session_id,
+                        snapshot_id=started.turn.id,
+                        status=TurnStatus.PENDING,
+                        finish_reason=None,
+                        messages=[],
+                    )
+                settled = await self.wait_settled(
+                    started.store, started.turn.id, listening=listening[0]
                 )
-            settled = await self.wait_settled(started.store, started.turn.id)
-            return await self.respond_for(started.store, settled)
+                return await self.respond_for(started.store, settled)
+        finally:
+            for waiter in listening:
+                waiter.cancel()
         signal = asyncio.Event()
         self._local_aborts[started.turn.id] = signal
         try:
@@ -337,15 +345,25 @@ class Agent:
         return self.execution == "workers"
 
     async def wait_settled(
-        self, store: SessionStore, turn_id: str, timeout: float | None = None
+        self,
+        store: SessionStore,
+        turn_id: str,
+        timeout: float | None = None,
+        *,
+        listening: asyncio.Future[None] | None = None,
     ) -> TurnRecord:
         """Wait until a turn settles (any process may be running it) and return it.
 
         Woken by the store's change notifications, re-checking every ``poll_interval``
         seconds in case one was missed. Raises :class:`TimeoutError` after ``timeout``.
+        ``listening``: a wait for the turn's change notification registered before the turn
+        was created (nothing can have been missed): awaited first, without a read.
         """
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
+        if listening is not None:
+            with contextlib.suppress(TimeoutError):  # past the deadline: raised below
+                await asyncio.wait_for(listening, timeout)
         while True:
             wait_for = self.poll_interval
             if deadline is not None:
@@ -485,7 +503,9 @@ class Agent:
             finish_reason=FinishReason.INTERRUPTED if paused else FinishReason.STOP,
         )
 
-    async def _start(self, request: TurnRequest) -> _Started:
+    async def _start(
+        self, request: TurnRequest, *, listen: list[asyncio.Future[None]] | None = None
+    ) -> _Started:
         store, base, session_id = await self._base(request)
         turn_input = request.input
         conversation = await store.load_conversation(base.id) if base else []
@@ -568,6 +588,10 @@ class Agent:
             initial_messages=[turn_input.message] if turn_input.message is not None else [],
             max_attempts=self.retry.max_attempts,
         )
+        if listen is not None:
+            # Wait for the turn's change notification from before it exists: nothing can be
+            # missed, so wait_settled's first check needs no read.
+            listen.append(asyncio.ensure_future(store.wait_for_change(new.id, self.poll_interval)))
         turn = await store.create_turn(new, answers=answers)
         logger.info(
             "turn %s (%s) created in session %s for agent %s",
