@@ -508,22 +508,30 @@ class Agent:
     ) -> _Started:
         store, base, session_id = await self._base(request)
         turn_input = request.input
-        conversation = await store.load_conversation(base.id) if base else []
-        last = conversation[-1] if conversation else None
-        answers: list[InterruptAnswer] = []
         if base is not None and base.status in ACTIVE_STATUSES:
             raise SnapshotNotResumableError(
                 f"Snapshot {base.id} is still {base.status.value}: wait for it to settle or "
                 "abort it before continuing the session.",
                 snapshot_id=base.id,
             )
+        conversation: list[Message] = []
+        journal: list[ToolCallRecord] = []
+        if base is not None and turn_input.kind in ("resume", "expire"):
+            # Independent reads, side by side: a resume waits for both before it is queued.
+            conversation, journal = await asyncio.gather(
+                store.load_conversation(base.id), store.list_calls(base.id)
+            )
+        elif base is not None:
+            conversation = await store.load_conversation(base.id)
+        last = conversation[-1] if conversation else None
+        answers: list[InterruptAnswer] = []
         if turn_input.kind == "resume":
             if turn_input.message is not None or base is None:
                 raise FailedPreconditionError(NOT_RESUMABLE_MESSAGE)
             plan = plan_resume(
                 snapshot_id=base.id,
                 last_message=last,
-                journal=await store.list_calls(base.id),
+                journal=journal,
                 respond=turn_input.respond,
                 restart=turn_input.restart,
                 tools=self.tools,
@@ -550,7 +558,7 @@ class Agent:
                     decided_by=request.decided_by,
                     answer={"expired": True},
                 )
-                for row in await store.list_calls(base.id)
+                for row in journal
                 if row.status is ToolCallStatus.INTERRUPTED
             ]
             history_length = len(conversation) - 1

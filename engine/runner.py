@@ -80,6 +80,10 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
+async def _nothing() -> list[Message]:
+    return []
+
+
 def error_of(exc: BaseException) -> TurnError:
     """The ``{status, message}`` recorded for an exception (never the raw exception)."""
     if isinstance(exc, AgentError):
@@ -160,12 +164,15 @@ class TurnRunner:
 
     async def _run(self) -> TurnOutcome:
         turn = self.turn
-        parent_conversation: list[Message] = []
-        if turn.parent_id is not None:
-            parent_conversation = await self.store.load_conversation(turn.parent_id)
+        # Independent reads, side by side (latency from claim to the first model call).
+        parent_conversation, saved_rounds, saved_calls = await asyncio.gather(
+            self.store.load_conversation(turn.parent_id) if turn.parent_id else _nothing(),
+            self.store.load_rounds(turn.id),
+            self.store.list_calls(turn.id),
+        )
         history = parent_conversation[: turn.history_length]
-        rounds = {r.round: r for r in await self.store.load_rounds(turn.id)}
-        calls = {(c.round, c.ref): c for c in await self.store.list_calls(turn.id)}
+        rounds = {r.round: r for r in saved_rounds}
+        calls = {(c.round, c.ref): c for c in saved_calls}
         for message in parent_conversation:
             self._note_refs(message)
         for saved in rounds.values():
