@@ -382,15 +382,17 @@ def transition(
     values: dict[str, Any] = {
         key: value.value if isinstance(value, StrEnum) else value for key, value in changes.items()
     }
-    if "error" in values:
-        error_value = values["error"]
-        values["error"] = error_value.model_dump(mode="json") if error_value else sa.null()
-    guard = [turns.c.id == turn_id, turns.c.status == current.status.value]
+    # A cleared error is SQL NULL (the statement sets it), not a JSON null parameter.
+    clear_error = "error" in values and values["error"] is None
+    if clear_error:
+        del values["error"]
+    elif "error" in values:
+        values["error"] = values["error"].model_dump(mode="json")
+    guard: dict[str, Any] = {"m_id": turn_id, "m_status": current.status.value}
     if lease_token is not None:
-        guard.append(turns.c.lease_token == lease_token)
-    moved = connection.execute(
-        sa.update(turns).where(*guard).values(values).returning(turns)
-    ).first()
+        guard["m_token"] = lease_token
+    statement = _MOVES[lease_token is not None, clear_error]
+    moved = connection.execute(statement, {**guard, **values}).first()
     if moved is None:  # cannot happen under the row lock; kept as the guard's contract
         raise StaleTransitionError(turn_id, f"Turn {turn_id} changed concurrently.")
     _event(connection, turn_id, current.status, new, current.attempts, now, note)
@@ -401,6 +403,24 @@ def transition(
 
 
 _LOCK_BY_ID = _BY_ID.with_for_update()
+
+
+def _move_statement(*, fenced: bool, clear_error: bool) -> sa.Update:
+    """The guarded UPDATE of :func:`transition`, built once per shape: the changed columns
+    come as parameters (the SET clause follows their names), the guard as ``m_id``,
+    ``m_status`` and, when fenced, ``m_token``."""
+    guard = [turns.c.id == sa.bindparam("m_id"), turns.c.status == sa.bindparam("m_status")]
+    if fenced:
+        guard.append(turns.c.lease_token == sa.bindparam("m_token"))
+    statement = sa.update(turns).where(*guard).returning(turns)
+    return statement.values(error=sa.null()) if clear_error else statement
+
+
+_MOVES = {
+    (fenced, clear): _move_statement(fenced=fenced, clear_error=clear)
+    for fenced in (False, True)
+    for clear in (False, True)
+}
 
 
 def list_events(connection: Connection, turn_id: str) -> list[TurnEvent]:
