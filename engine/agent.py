@@ -29,7 +29,7 @@ from engine.errors import (
 from engine.executor import LeaseSettings, RetryPolicy, run_inline
 from engine.memory_store import InMemorySessionStore
 from engine.model import Model
-from engine.parts import Message, Part
+from engine.parts import Message
 from engine.response import AgentResponse, interrupts_of
 from engine.resume import NOT_RESUMABLE_MESSAGE, paused_calls, plan_resume
 from engine.runner import ChunkCallback, RunnerConfig
@@ -506,23 +506,39 @@ class Agent:
     async def _start(
         self, request: TurnRequest, *, listen: list[asyncio.Future[None]] | None = None
     ) -> _Started:
-        store, base, session_id = await self._base(request)
         turn_input = request.input
-        if base is not None and base.status in ACTIVE_STATUSES:
-            raise SnapshotNotResumableError(
-                f"Snapshot {base.id} is still {base.status.value}: wait for it to settle or "
-                "abort it before continuing the session.",
-                snapshot_id=base.id,
+        answering = turn_input.kind in ("resume", "expire")
+        # A resume waits for the paused snapshot, its conversation and its journal before it
+        # is queued: independent reads, run side by side. Read before the snapshot is known
+        # to be this agent's, their results are used only once it is (else discarded).
+        early = None
+        if answering and self.store is not None and request.snapshot_id is not None:
+            early = asyncio.gather(
+                self.store.load_conversation(request.snapshot_id),
+                self.store.list_calls(request.snapshot_id),
             )
-        conversation: list[Message] = []
-        journal: list[ToolCallRecord] = []
-        if base is not None and turn_input.kind in ("resume", "expire"):
-            # Independent reads, side by side: a resume waits for both before it is queued.
-            conversation, journal = await asyncio.gather(
-                store.load_conversation(base.id), store.list_calls(base.id)
-            )
-        elif base is not None:
-            conversation = await store.load_conversation(base.id)
+        try:
+            store, base, session_id = await self._base(request)
+            if base is not None and base.status in ACTIVE_STATUSES:
+                raise SnapshotNotResumableError(
+                    f"Snapshot {base.id} is still {base.status.value}: wait for it to settle "
+                    "or abort it before continuing the session.",
+                    snapshot_id=base.id,
+                )
+            conversation: list[Message] = []
+            journal: list[ToolCallRecord] = []
+            if early is not None and base is not None and base.id == request.snapshot_id:
+                conversation, journal = await early
+            elif base is not None and answering:
+                conversation, journal = await asyncio.gather(
+                    store.load_conversation(base.id), store.list_calls(base.id)
+                )
+            elif base is not None:
+                conversation = await store.load_conversation(base.id)
+        finally:
+            if early is not None:  # unused when a check failed: stop it, consume its error
+                early.cancel()
+                early.add_done_callback(lambda f: f.cancelled() or f.exception())
         last = conversation[-1] if conversation else None
         answers: list[InterruptAnswer] = []
         if turn_input.kind == "resume":
@@ -609,27 +625,3 @@ class Agent:
             self.name,
         )
         return _Started(store=store, turn=turn)
-
-
-def coerce_message(
-    message: str | Message | Sequence[Part] | Mapping[str, Any] | None,
-) -> Message | None:
-    """Accept the shapes callers naturally pass as a user message."""
-    if message is None:
-        return None
-    if isinstance(message, str):
-        return Message.user(message)
-    if isinstance(message, Message):
-        if message.role != "user":
-            raise InvalidArgumentError(
-                f"A sent message must have role 'user', not '{message.role}'."
-            )
-        return message
-    if isinstance(message, Mapping):
-        try:
-            parsed = Message.model_validate(dict(message))
-        except ValueError as exc:
-            raise InvalidArgumentError(f"Malformed message: {exc}") from exc
-        return coerce_message(parsed)
-    parts = [p if isinstance(p, Part) else Part.model_validate(p) for p in message]
-    return Message(role="user", content=parts)

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator, Generator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from engine.errors import SessionBusyError, TurnFailedError
+from engine.errors import InvalidArgumentError, SessionBusyError, TurnFailedError
 from engine.parts import Message, Part
 from engine.response import AgentChunk, AgentResponse
 from engine.status import TurnStatus
@@ -151,8 +151,6 @@ class Chat:
     def _input(
         self, message: MessageLike | None, resume: Mapping[str, Sequence[Part]] | None
     ) -> TurnInput:
-        from engine.agent import coerce_message
-
         user = coerce_message(message)
         if resume is not None:
             respond = [_as_part(p) for p in resume.get("respond", ()) or ()]
@@ -213,3 +211,27 @@ class Chat:
 
 def _as_part(value: Part | Mapping[str, Any]) -> Part:
     return value if isinstance(value, Part) else Part.model_validate(dict(value))
+
+
+def coerce_message(
+    message: MessageLike | None,
+) -> Message | None:
+    """Accept the shapes callers naturally pass as a user message."""
+    if message is None:
+        return None
+    if isinstance(message, str):
+        return Message.user(message)
+    if isinstance(message, Message):
+        if message.role != "user":
+            raise InvalidArgumentError(
+                f"A sent message must have role 'user', not '{message.role}'."
+            )
+        return message
+    if isinstance(message, Mapping):
+        try:
+            parsed = Message.model_validate(dict(message))
+        except ValueError as exc:
+            raise InvalidArgumentError(f"Malformed message: {exc}") from exc
+        return coerce_message(parsed)
+    parts = [p if isinstance(p, Part) else Part.model_validate(p) for p in message]
+    return Message(role="user", content=parts)
