@@ -192,16 +192,6 @@ def _claimable(now: datetime | sa.BindParameter[datetime]) -> sa.ColumnElement[b
     )
 
 
-def _lease_values(owner: str, lease_seconds: float, now: datetime) -> dict[str, Any]:
-    return {
-        "lease_owner": owner,
-        "lease_expires_at": now + timedelta(seconds=lease_seconds),
-        "lease_token": turns.c.lease_token + 1,
-        "attempts": turns.c.attempts + 1,
-        "updated_at": now,
-    }
-
-
 def claim_statement(
     *,
     owner: str,
@@ -216,24 +206,32 @@ def claim_statement(
     ``FOR UPDATE SKIP LOCKED`` lets concurrent workers each take different rows without
     waiting on one another; a turn whose lease expired (its worker died) is claimable again
     through the same query — recovery is part of claiming. On SQLite the transaction's
-    ``BEGIN IMMEDIATE`` serialises claimers instead.
+    ``BEGIN IMMEDIATE`` serialises claimers instead. This is the statement :func:`claim`
+    runs, with these values bound (for callers that compile it, e.g. to EXPLAIN it).
     """
-    candidates = sa.select(turns.c.id).where(_claimable(now))
-    if turn_id is not None:
-        candidates = candidates.where(turns.c.id == turn_id)
+    values = _claim_params(owner, lease_seconds, now, limit, agents, turn_id)
+    return _claim_update(agents=agents is not None, turn_id=turn_id is not None, values=values)
+
+
+def _claim_params(
+    owner: str,
+    lease_seconds: float,
+    now: datetime,
+    limit: int,
+    agents: Collection[str] | None,
+    turn_id: str | None,
+) -> dict[str, Any]:
+    params: dict[str, Any] = {
+        "now": now,
+        "expires": now + timedelta(seconds=lease_seconds),
+        "owner": owner,
+        "limit": limit,
+    }
     if agents is not None:
-        candidates = candidates.where(turns.c.agent.in_(list(agents)))
-    candidates = (
-        candidates.order_by(turns.c.run_after, turns.c.id)
-        .limit(limit)
-        .with_for_update(skip_locked=True)
-    )
-    return (
-        sa.update(turns)
-        .where(turns.c.id.in_(candidates.scalar_subquery()))
-        .values(_lease_values(owner, lease_seconds, now))
-        .returning(turns)
-    )
+        params["agents"] = list(agents)
+    if turn_id is not None:
+        params["turn_id"] = turn_id
+    return params
 
 
 def claim(
@@ -263,16 +261,7 @@ def claim(
             finish_reason=FinishReason.ABORTED,
             note="settled by a claim: its worker stopped while aborting",
         )
-    params: dict[str, Any] = {
-        "now": now,
-        "expires": now + timedelta(seconds=lease_seconds),
-        "owner": owner,
-        "limit": limit,
-    }
-    if agents is not None:
-        params["agents"] = list(agents)
-    if turn_id is not None:
-        params["turn_id"] = turn_id
+    params = _claim_params(owner, lease_seconds, now, limit, agents, turn_id)
     rows = connection.execute(_CLAIMS[agents is not None, turn_id is not None], params).all()
     return sorted((record(r) for r in rows), key=lambda t: (t.run_after, t.id))
 
@@ -288,26 +277,35 @@ _ABANDONED = (
 )
 
 
-def _bound_claim(*, agents: bool, turn_id: bool) -> sa.Update:
-    """:func:`claim_statement` with bound parameters (``now``, ``expires``, ``owner``,
-    ``limit``, and ``agents``/``turn_id`` when used), built once per shape."""
-    now = sa.bindparam("now", type_=TIMESTAMP)
+def _claim_update(
+    *, agents: bool, turn_id: bool, values: dict[str, Any] | None = None
+) -> sa.Update:
+    """The claim (see :func:`claim_statement`) with bound parameters ``now``, ``expires``,
+    ``owner``, ``limit``, and ``agents``/``turn_id`` when used — carrying ``values`` when
+    given, else left for the execution to supply (the cached form :func:`claim` runs)."""
+
+    def param(name: str, **kwargs: Any) -> sa.BindParameter[Any]:
+        if values is None:
+            return sa.bindparam(name, **kwargs)
+        return sa.bindparam(name, values[name], **kwargs)
+
+    now = param("now", type_=TIMESTAMP)
     candidates = sa.select(turns.c.id).where(_claimable(now))
     if turn_id:
-        candidates = candidates.where(turns.c.id == sa.bindparam("turn_id"))
+        candidates = candidates.where(turns.c.id == param("turn_id"))
     if agents:
-        candidates = candidates.where(turns.c.agent.in_(sa.bindparam("agents", expanding=True)))
+        candidates = candidates.where(turns.c.agent.in_(param("agents", expanding=True)))
     candidates = (
         candidates.order_by(turns.c.run_after, turns.c.id)
-        .limit(sa.bindparam("limit", type_=sa.Integer))
+        .limit(param("limit", type_=sa.Integer))
         .with_for_update(skip_locked=True)
     )
     return (
         sa.update(turns)
         .where(turns.c.id.in_(candidates.scalar_subquery()))
         .values(
-            lease_owner=sa.bindparam("owner"),
-            lease_expires_at=sa.bindparam("expires", type_=TIMESTAMP),
+            lease_owner=param("owner"),
+            lease_expires_at=param("expires", type_=TIMESTAMP),
             lease_token=turns.c.lease_token + 1,
             attempts=turns.c.attempts + 1,
             updated_at=now,
@@ -317,7 +315,7 @@ def _bound_claim(*, agents: bool, turn_id: bool) -> sa.Update:
 
 
 _CLAIMS = {
-    (agents, turn_id): _bound_claim(agents=agents, turn_id=turn_id)
+    (agents, turn_id): _claim_update(agents=agents, turn_id=turn_id)
     for agents in (False, True)
     for turn_id in (False, True)
 }
