@@ -506,39 +506,25 @@ class Agent:
     async def _start(
         self, request: TurnRequest, *, listen: list[asyncio.Future[None]] | None = None
     ) -> _Started:
+        store, base, session_id = await self._base(request)
         turn_input = request.input
-        answering = turn_input.kind in ("resume", "expire")
-        # A resume waits for the paused snapshot, its conversation and its journal before it
-        # is queued: independent reads, run side by side. Read before the snapshot is known
-        # to be this agent's, their results are used only once it is (else discarded).
-        early = None
-        if answering and self.store is not None and request.snapshot_id is not None:
-            early = asyncio.gather(
-                self.store.load_conversation(request.snapshot_id),
-                self.store.list_calls(request.snapshot_id),
+        if base is not None and base.status in ACTIVE_STATUSES:
+            raise SnapshotNotResumableError(
+                f"Snapshot {base.id} is still {base.status.value}: wait for it to settle or "
+                "abort it before continuing the session.",
+                snapshot_id=base.id,
             )
-        try:
-            store, base, session_id = await self._base(request)
-            if base is not None and base.status in ACTIVE_STATUSES:
-                raise SnapshotNotResumableError(
-                    f"Snapshot {base.id} is still {base.status.value}: wait for it to settle "
-                    "or abort it before continuing the session.",
-                    snapshot_id=base.id,
-                )
-            conversation: list[Message] = []
-            journal: list[ToolCallRecord] = []
-            if early is not None and base is not None and base.id == request.snapshot_id:
-                conversation, journal = await early
-            elif base is not None and answering:
-                conversation, journal = await asyncio.gather(
-                    store.load_conversation(base.id), store.list_calls(base.id)
-                )
-            elif base is not None:
-                conversation = await store.load_conversation(base.id)
-        finally:
-            if early is not None:  # unused when a check failed: stop it, consume its error
-                early.cancel()
-                early.add_done_callback(lambda f: f.cancelled() or f.exception())
+        conversation: list[Message] = []
+        journal: list[ToolCallRecord] = []
+        if base is not None and turn_input.kind in ("resume", "expire"):
+            # Independent reads, side by side: a resume waits for both before it is queued.
+            # Both start after the snapshot was seen settled, so both see its last round
+            # and journal rows (written by the settling transaction).
+            conversation, journal = await asyncio.gather(
+                store.load_conversation(base.id), store.list_calls(base.id)
+            )
+        elif base is not None:
+            conversation = await store.load_conversation(base.id)
         last = conversation[-1] if conversation else None
         answers: list[InterruptAnswer] = []
         if turn_input.kind == "resume":
