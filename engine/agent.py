@@ -32,7 +32,7 @@ from engine.resume import NOT_RESUMABLE_MESSAGE, paused_calls, plan_resume
 from engine.runner import ChunkCallback, RunnerConfig
 from engine.schemas import Schema
 from engine.signing import StateSigner, canonical_json
-from engine.snapshots import SessionSnapshot, SessionState
+from engine.snapshots import SessionSnapshot, SessionState, restore_client_state
 from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus
 from engine.store import (
     InterruptAnswer,
@@ -271,20 +271,27 @@ class Agent:
         """
         if self.queued and on_chunk is not None and wait:
             return await self._run_relayed(request, on_chunk, on_started)
-        started = await self._start(request)
-        if on_started is not None:
-            on_started(started.store, started.turn)
-        if self.queued:
-            if not wait:
-                return AgentResponse(
-                    session_id=started.turn.session_id,
-                    snapshot_id=started.turn.id,
-                    status=TurnStatus.PENDING,
-                    finish_reason=None,
-                    messages=[],
+        listening: list[asyncio.Future[None]] = []
+        try:
+            started = await self._start(request, listen=listening if self.queued and wait else None)
+            if on_started is not None:
+                on_started(started.store, started.turn)
+            if self.queued:
+                if not wait:
+                    return AgentResponse(
+                        session_id=started.turn.session_id,
+                        snapshot_id=started.turn.id,
+                        status=TurnStatus.PENDING,
+                        finish_reason=None,
+                        messages=[],
+                    )
+                settled = await self.wait_settled(
+                    started.store, started.turn.id, listening=listening[0]
                 )
-            settled = await self.wait_settled(started.store, started.turn.id)
-            return await self.respond_for(started.store, settled)
+                return await self.respond_for(started.store, settled)
+        finally:
+            for waiter in listening:
+                waiter.cancel()
         signal = asyncio.Event()
         self._local_aborts[started.turn.id] = signal
         try:
@@ -346,15 +353,25 @@ class Agent:
         return self.execution == "workers"
 
     async def wait_settled(
-        self, store: SessionStore, turn_id: str, timeout: float | None = None
+        self,
+        store: SessionStore,
+        turn_id: str,
+        timeout: float | None = None,
+        *,
+        listening: asyncio.Future[None] | None = None,
     ) -> TurnRecord:
         """Wait until a turn settles (any process may be running it) and return it.
 
         Woken by the store's change notifications, re-checking every ``poll_interval``
         seconds in case one was missed. Raises :class:`TimeoutError` after ``timeout``.
+        ``listening``: a wait for the turn's change notification registered before the turn
+        was created (nothing can have been missed): awaited first, without a read.
         """
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
+        if listening is not None:
+            with contextlib.suppress(TimeoutError):  # past the deadline: raised below
+                await asyncio.wait_for(listening, timeout)
         while True:
             wait_for = self.poll_interval
             if deadline is not None:
@@ -430,7 +447,9 @@ class Agent:
                 return scratch, None, str(uuid.uuid4())
             verified = self.signer.verify(request.state, agent=self.name)
             signature = str(request.state.get("signature"))
-            restored = await self._restore(scratch, verified, signature)
+            restored = await restore_client_state(
+                scratch, verified, signature, agent=self.name, owner=self._owner
+            )
             return scratch, restored, str(verified["sessionId"])
         if request.snapshot_id is not None:
             base = await self._own_turn(self.store, request.snapshot_id, request.owner)
@@ -452,72 +471,37 @@ class Agent:
             return self.store, latest, request.session_id
         return self.store, None, str(uuid.uuid4())
 
-    async def _restore(
-        self, scratch: SessionStore, state: Mapping[str, Any], signature: str
-    ) -> TurnRecord:
-        """Rebuild a settled snapshot from a verified blob in the scratch store."""
-        try:
-            messages = [Message.model_validate(m) for m in state.get("messages") or []]
-        except ValueError as exc:
-            raise InvalidArgumentError(f"Client state holds a malformed message: {exc}") from exc
-        # Derived from the signature, so replaying one blob yields the same idempotency keys.
-        digest = hashlib.sha256(signature.encode()).hexdigest()[:24]
-        turn_id = f"client-{digest}"
-        await scratch.create_turn(
-            NewTurn(
-                id=turn_id,
-                session_id=str(state["sessionId"]),
-                agent=self.name,
-                input=TurnInput(kind="restore"),
-                initial_messages=messages,
-            )
-        )
-        claimed = await scratch.claim_turn(turn_id, owner=self._owner, lease_seconds=60)
-        paused = paused_calls(messages[-1] if messages else None)
-        for part in paused:
-            assert part.tool_request is not None
-            ref = str(part.tool_request.ref)
-            await scratch.record_call(
-                turn_id,
-                lease_token=claimed.lease_token,
-                call=ToolCallRecord(
-                    turn_id=turn_id,
-                    round=0,
-                    ref=ref,
-                    name=part.tool_request.name,
-                    input=part.tool_request.input,
-                    status=ToolCallStatus.INTERRUPTED,
-                    interrupt=(part.metadata or {}).get("interrupt"),
-                    idempotency_key=f"{turn_id}:{ref}",
-                ),
-            )
-        return await scratch.transition(
-            turn_id,
-            expected={TurnStatus.PENDING},
-            new=TurnStatus.COMPLETED,
-            lease_token=claimed.lease_token,
-            finish_reason=FinishReason.INTERRUPTED if paused else FinishReason.STOP,
-        )
-
-    async def _start(self, request: TurnRequest) -> _Started:
+    async def _start(
+        self, request: TurnRequest, *, listen: list[asyncio.Future[None]] | None = None
+    ) -> _Started:
         store, base, session_id = await self._base(request)
         turn_input = request.input
-        conversation = await store.load_conversation(base.id) if base else []
-        last = conversation[-1] if conversation else None
-        answers: list[InterruptAnswer] = []
         if base is not None and base.status in ACTIVE_STATUSES:
             raise SnapshotNotResumableError(
                 f"Snapshot {base.id} is still {base.status.value}: wait for it to settle or "
                 "abort it before continuing the session.",
                 snapshot_id=base.id,
             )
+        conversation: list[Message] = []
+        journal: list[ToolCallRecord] = []
+        if base is not None and turn_input.kind in ("resume", "expire"):
+            # Independent reads, side by side: a resume waits for both before it is queued.
+            # Both start after the snapshot was seen settled, so both see its last round
+            # and journal rows (written by the settling transaction).
+            conversation, journal = await asyncio.gather(
+                store.load_conversation(base.id), store.list_calls(base.id)
+            )
+        elif base is not None:
+            conversation = await store.load_conversation(base.id)
+        last = conversation[-1] if conversation else None
+        answers: list[InterruptAnswer] = []
         if turn_input.kind == "resume":
             if turn_input.message is not None or base is None:
                 raise FailedPreconditionError(NOT_RESUMABLE_MESSAGE)
             plan = plan_resume(
                 snapshot_id=base.id,
                 last_message=last,
-                journal=await store.list_calls(base.id),
+                journal=journal,
                 respond=turn_input.respond,
                 restart=turn_input.restart,
                 tools=self.tools,
@@ -550,7 +534,7 @@ class Agent:
                     decided_by=request.decided_by,
                     answer={"expired": True},
                 )
-                for row in await store.list_calls(base.id)
+                for row in journal
                 if row.status is ToolCallStatus.INTERRUPTED
             ]
             history_length = len(conversation) - 1
@@ -591,6 +575,10 @@ class Agent:
             max_attempts=self.retry.max_attempts,
             owner=request.owner,
         )
+        if listen is not None:
+            # Wait for the turn's change notification from before it exists: nothing can be
+            # missed, so wait_settled's first check needs no read.
+            listen.append(asyncio.ensure_future(store.wait_for_change(new.id, self.poll_interval)))
         turn = await store.create_turn(new, answers=answers)
         logger.info(
             "turn %s (%s) created in session %s for agent %s",

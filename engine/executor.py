@@ -178,6 +178,8 @@ async def execute_claimed(
                 run_after=datetime.now(UTC) + timedelta(seconds=delay),
                 note=f"retry after attempt {turn.attempts}",
             )
+        # The turn's last round (if the runner left it to us) is written by the same fenced
+        # transaction that settles the turn: one commit instead of two.
         return await store.transition(
             turn.id,
             expected=ACTIVE_STATUSES,
@@ -185,6 +187,8 @@ async def execute_claimed(
             lease_token=turn.lease_token,
             finish_reason=outcome.finish_reason,
             error=outcome.error,
+            round=outcome.last_round,
+            calls=outcome.last_calls,
         )
     except StaleTransitionError:
         # Someone else moved the turn (abort of an unleased retry, a newer lease): report

@@ -298,6 +298,8 @@ class InMemorySessionStore:
         error: TurnError | None = None,
         run_after: datetime | None = None,
         note: str | None = None,
+        round: RoundRecord | None = None,
+        calls: Sequence[ToolCallRecord] = (),
     ) -> TurnRecord:
         """See :meth:`engine.store.SessionStore.transition`."""
         turn = check_transition(
@@ -307,6 +309,11 @@ class InMemorySessionStore:
             new=new,
             lease_token=lease_token,
         )
+        if round is not None or calls:
+            if lease_token is None:
+                raise ValueError("Saving a round with a transition needs the lease token.")
+            # Nothing awaits between the check above and these writes: atomic in this loop.
+            self._save(turn_id, round, calls)
         return self._move(turn, new, finish_reason, error, run_after, note, _now())
 
     def _move(
@@ -380,11 +387,17 @@ class InMemorySessionStore:
                     "output_tokens": _plus(turn.output_tokens, usage.output_tokens),
                 }
             )
-        self._rounds[turn_id][round.round] = RoundRecord(
-            round=round.round,
-            messages=[m.copy_deep() for m in round.messages],
-            committed=round.committed,
-        )
+        self._save(turn_id, round, calls)
+
+    def _save(
+        self, turn_id: str, round: RoundRecord | None, calls: Sequence[ToolCallRecord]
+    ) -> None:
+        if round is not None:
+            self._rounds[turn_id][round.round] = RoundRecord(
+                round=round.round,
+                messages=[m.copy_deep() for m in round.messages],
+                committed=round.committed,
+            )
         for call in calls:
             self._upsert_call(turn_id, call)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,7 +11,7 @@ from engine.parts import INTERRUPT, RESUMED, Message, Part, text_of
 from engine.schemas import Schema, SchemaViolation, to_jsonable
 from engine.status import FinishReason, TurnStatus
 
-__all__ = ["AgentChunk", "AgentInterrupt", "AgentResponse"]
+__all__ = ["AgentChunk", "AgentInterrupt", "AgentResponse", "ChunkEmitter"]
 
 
 @dataclass(frozen=True)
@@ -143,3 +143,20 @@ def interrupts_of(message: Message | None, schemas: Mapping[str, Schema]) -> lis
         for p in message.content
         if p.tool_request is not None and (p.metadata or {}).get(INTERRUPT)
     ]
+
+
+class ChunkEmitter:
+    """Numbers a turn's streamed chunks: ``index`` moves on whenever the role changes."""
+
+    def __init__(self, sink: Callable[[AgentChunk], Awaitable[None]] | None) -> None:
+        self._sink = sink
+        self._role: str | None = None
+        self._index = -1
+
+    async def emit(self, role: str, content: list[Part]) -> None:
+        if self._sink is None:
+            return
+        if role != self._role:
+            self._role = role
+            self._index += 1
+        await self._sink(AgentChunk(role=role, index=self._index, content=content))

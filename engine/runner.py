@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -20,7 +20,6 @@ from engine.errors import AgentError, NotFoundError, StoreError, ToolError, Tran
 from engine.model import Model, ModelRequest, ModelUsage
 from engine.parts import (
     INTERRUPT,
-    MALFORMED_INPUT,
     PENDING_OUTPUT,
     RESOLVED_INTERRUPT,
     RESUMED,
@@ -29,7 +28,7 @@ from engine.parts import (
     Message,
     Part,
 )
-from engine.response import AgentChunk
+from engine.response import AgentChunk, ChunkEmitter
 from engine.resume import paused_calls, plan_resume, strip_pending
 from engine.status import FinishReason, TurnStatus
 from engine.store import (
@@ -40,7 +39,7 @@ from engine.store import (
     TurnError,
     TurnRecord,
 )
-from engine.tools import Tool, ToolContext, ToolInterrupt
+from engine.tools import Tool, ToolContext, ToolInterrupt, malformed_call_reason
 
 __all__ = ["ChunkCallback", "RunnerConfig", "TurnOutcome", "TurnRunner", "error_of"]
 
@@ -62,16 +61,28 @@ class RunnerConfig:
 
 @dataclass(frozen=True)
 class TurnOutcome:
-    """How the turn's work ended (the executor turns it into a status transition)."""
+    """How the turn's work ended (the executor turns it into a status transition).
+
+    ``last_round`` and ``last_calls``: the turn's final round and journal rows, not yet
+    written — the executor saves them with the settling transition, in one transaction (a
+    turn that completes writes its last round and settles with one commit). Only a
+    ``completed`` outcome carries them.
+    """
 
     status: TurnStatus
     finish_reason: FinishReason
     error: TurnError | None = None
     transient: bool = False
+    last_round: RoundRecord | None = None
+    last_calls: tuple[ToolCallRecord, ...] = ()
 
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+async def _nothing() -> list[Message]:
+    return []
 
 
 def error_of(exc: BaseException) -> TurnError:
@@ -82,50 +93,22 @@ def error_of(exc: BaseException) -> TurnError:
     return TurnError(status=status, message=str(exc) or type(exc).__name__)
 
 
-def _rejection(tool: Tool, part: Part) -> str | None:
-    """Why the model's call of ``tool`` is malformed (non-JSON arguments, input failing the
-    schema), as a message addressed to the model; ``None`` for a well-formed call."""
-    request = part.tool_request
-    assert request is not None
-    malformed = part.meta().get(MALFORMED_INPUT)
-    if malformed is not None:
-        return (
-            f"Tool '{tool.name}' was called with arguments that are not valid JSON "
-            f"({malformed}). Call it again with a JSON object matching its input schema."
-        )
-    try:
-        tool.parse_input(request.input)
-    except ToolError as exc:
-        return f"{exc.message}. Call it again with input matching its input schema."
-    return None
-
-
 @dataclass
 class _Result:
-    """One call's result within a round: an output, or a pause with metadata."""
+    """One call's result within a round: an output, or a pause with metadata.
+
+    ``journal`` is the call's final journal row when its write was deferred to the round's
+    close (see :meth:`TurnRunner._run_calls`).
+    """
 
     output: Any = None
     interrupt: Any = None
     response_meta: dict[str, Any] | None = None
+    journal: ToolCallRecord | None = None
 
     @property
     def paused(self) -> bool:
         return self.interrupt is not None
-
-
-class _Emitter:
-    def __init__(self, sink: ChunkCallback | None) -> None:
-        self._sink = sink
-        self._role: str | None = None
-        self._index = -1
-
-    async def emit(self, role: str, content: list[Part]) -> None:
-        if self._sink is None:
-            return
-        if role != self._role:
-            self._role = role
-            self._index += 1
-        await self._sink(AgentChunk(role=role, index=self._index, content=content))
 
 
 class TurnRunner:
@@ -142,8 +125,10 @@ class TurnRunner:
         self.store = store
         self.turn = turn
         self.lease = turn.lease_token
-        self._emitter = _Emitter(on_chunk)
+        self._emitter = ChunkEmitter(on_chunk)
         self._used_refs: set[str] = set()
+        #: Calls this attempt journaled ``running`` when it opened their round.
+        self._started: set[tuple[int, str]] = set()
 
     async def run(self) -> TurnOutcome:
         """Run (or continue) the turn; returns its outcome, raises only on cancellation."""
@@ -165,12 +150,15 @@ class TurnRunner:
 
     async def _run(self) -> TurnOutcome:
         turn = self.turn
-        parent_conversation: list[Message] = []
-        if turn.parent_id is not None:
-            parent_conversation = await self.store.load_conversation(turn.parent_id)
+        # Independent reads, side by side (latency from claim to the first model call).
+        parent_conversation, saved_rounds, saved_calls = await asyncio.gather(
+            self.store.load_conversation(turn.parent_id) if turn.parent_id else _nothing(),
+            self.store.load_rounds(turn.id),
+            self.store.list_calls(turn.id),
+        )
         history = parent_conversation[: turn.history_length]
-        rounds = {r.round: r for r in await self.store.load_rounds(turn.id)}
-        calls = {(c.round, c.ref): c for c in await self.store.list_calls(turn.id)}
+        rounds = {r.round: r for r in saved_rounds}
+        calls = {(c.round, c.ref): c for c in saved_calls}
         for message in parent_conversation:
             self._note_refs(message)
         for saved in rounds.values():
@@ -183,10 +171,11 @@ class TurnRunner:
             done = rounds.get(0)
             if done is None or not done.committed:
                 paused = parent_conversation[turn.history_length]
-                outcome = await self._resume_round(paused, calls)
-                if outcome is not None:
-                    return outcome
-                rounds = {r.round: r for r in await self.store.load_rounds(turn.id)}
+                resumed = await self._resume_round(paused, calls)
+                if isinstance(resumed, TurnOutcome):
+                    return resumed
+                # Exactly what _resume_round just committed: no need to read it back.
+                rounds[0] = RoundRecord(round=0, messages=resumed, committed=True)
             elif paused_calls(done.messages[-1]):
                 return TurnOutcome(TurnStatus.COMPLETED, FinishReason.INTERRUPTED)
         if 0 in rounds and rounds[0].committed:
@@ -213,25 +202,32 @@ class TurnRunner:
                 model_message, finish, usage = await self._call_model(history)
             requests = model_message.tool_requests
             if not requests:
-                await self._save(number, [model_message], committed=True, usage=usage)
-                return TurnOutcome(TurnStatus.COMPLETED, finish)
+                if usage is not None:
+                    # Usage rides on save_round; the settling transition carries none, so a
+                    # model that reports usage costs this one write (the scripted one does not).
+                    await self._save(number, [model_message], committed=True, usage=usage)
+                    return TurnOutcome(TurnStatus.COMPLETED, finish)
+                # Saved by the executor with the settling transition (one commit).
+                return TurnOutcome(
+                    TurnStatus.COMPLETED,
+                    finish,
+                    last_round=RoundRecord(round=number, messages=[model_message], committed=True),
+                )
             if number > self.config.max_turns:
                 raise AgentError(
                     f"Exceeded maximum tool call iterations ({self.config.max_turns})",
                     status="ABORTED",
                 )
             if record is None:
+                opened = [self._opening(number, p) for p in requests]
                 await self._save(
-                    number,
-                    [model_message],
-                    committed=False,
-                    calls=[self._requested(number, p) for p in requests],
-                    usage=usage,
+                    number, [model_message], committed=False, calls=opened, usage=usage
                 )
+                calls = {**calls, **{(number, row.ref): row for row in opened}}
             results = await self._run_calls(number, requests, calls, restarts={})
             closed = await self._close_round(number, model_message, results)
-            if closed is None:
-                return TurnOutcome(TurnStatus.COMPLETED, FinishReason.INTERRUPTED)
+            if isinstance(closed, TurnOutcome):
+                return closed
             history.extend(closed)
             number += 1
 
@@ -300,6 +296,19 @@ class TurnRunner:
             idempotency_key=self._key(request.ref),
         )
 
+    def _opening(self, number: int, part: Part) -> ToolCallRecord:
+        """The journal row written when a round opens: ``running`` already for an idempotent
+        tool (it starts right after this write, and after a crash ``requested`` and
+        ``running`` lead to the same re-run under the same key, so a separate "started" write
+        buys nothing); ``requested`` for a non-idempotent one, whose ``running`` row must mean
+        that it really started (recovery asks a human then)."""
+        row = self._requested(number, part)
+        tool = self._tool(row.name)
+        if not tool.idempotent or malformed_call_reason(tool, part) is not None:
+            return row  # a malformed call never starts: it is answered with a tool error
+        self._started.add((number, row.ref))
+        return row.model_copy(update={"status": ToolCallStatus.RUNNING, "started_at": _now()})
+
     def _tool(self, name: str) -> Tool:
         tool = self.config.tools.get(name)
         if tool is None:
@@ -313,7 +322,14 @@ class TurnRunner:
         calls: Mapping[tuple[int, str], ToolCallRecord],
         restarts: Mapping[str, Any],
     ) -> dict[str, _Result]:
-        """Run the round's calls concurrently, reusing whatever the journal already holds."""
+        """Run the round's calls concurrently, reusing whatever the journal already holds.
+
+        When one call is left to run, its final journal row (done or interrupted) is not
+        written on its own: the round's close follows at once and writes it in the same
+        transaction. The window in which a crash loses that row is the same as before (after
+        the tool returned, before the write), so recovery is unchanged. With several calls a
+        finished one is written at once, so a crash while a sibling runs never repeats it.
+        """
         results: dict[str, _Result] = {}
         pending: list[tuple[Part, ToolCallRecord]] = []
         for part in requests:
@@ -321,7 +337,7 @@ class TurnRunner:
             assert request is not None and request.ref is not None
             tool = self._tool(request.name)
             row = calls.get((number, request.ref)) or self._requested(number, part)
-            rejection = _rejection(tool, part)
+            rejection = malformed_call_reason(tool, part)
             if rejection is not None:
                 # A malformed call goes back to the model as a tool error it can correct
                 # (bounded by max_turns); re-validating on recovery gives the same answer.
@@ -353,8 +369,9 @@ class TurnRunner:
                 results[request.ref] = _Result(interrupt=meta)
             else:
                 pending.append((part, row))
+        defer = len(pending) == 1
         outcomes = await asyncio.gather(
-            *(self._execute(row, restarts.get(row.ref)) for _, row in pending),
+            *(self._execute(row, restarts.get(row.ref), defer=defer) for _, row in pending),
             return_exceptions=True,
         )
         failure: BaseException | None = None
@@ -374,11 +391,14 @@ class TurnRunner:
         await self.store.record_call(self.turn.id, lease_token=self.lease, call=updated)
         return updated
 
-    async def _execute(self, row: ToolCallRecord, resumed: Any) -> _Result:
+    async def _execute(self, row: ToolCallRecord, resumed: Any, *, defer: bool) -> _Result:
         tool = self._tool(row.name)
-        row = await self._record(
-            row, status=ToolCallStatus.RUNNING, started_at=_now(), resumed=resumed
-        )
+        if (row.round, row.ref) in self._started and row.status is ToolCallStatus.RUNNING:
+            pass  # journaled running when its round opened (see _opening)
+        else:
+            row = await self._record(
+                row, status=ToolCallStatus.RUNNING, started_at=_now(), resumed=resumed
+            )
         ctx = ToolContext(
             name=row.name,
             ref=row.ref,
@@ -392,13 +412,17 @@ class TurnRunner:
         except ToolInterrupt as pause:
             finished = _now()
             timeout = getattr(tool, "timeout", None)
-            await self._record(
-                row,
-                status=ToolCallStatus.INTERRUPTED,
-                interrupt=pause.metadata,
-                finished_at=finished,
-                deadline=finished + timedelta(seconds=timeout) if timeout else None,
+            paused = row.model_copy(
+                update={
+                    "status": ToolCallStatus.INTERRUPTED,
+                    "interrupt": pause.metadata,
+                    "finished_at": finished,
+                    "deadline": finished + timedelta(seconds=timeout) if timeout else None,
+                }
             )
+            if defer:
+                return _Result(interrupt=pause.metadata, journal=paused)
+            await self.store.record_call(self.turn.id, lease_token=self.lease, call=paused)
             return _Result(interrupt=pause.metadata)
         except asyncio.CancelledError:
             raise
@@ -412,14 +436,27 @@ class TurnRunner:
             if isinstance(exc, TransientError):
                 raise
             raise ToolError(error.message, status=error.status) from exc
-        await self._record(row, status=ToolCallStatus.DONE, output=output, finished_at=_now())
+        done = row.model_copy(
+            update={"status": ToolCallStatus.DONE, "output": output, "finished_at": _now()}
+        )
+        if defer:
+            return _Result(output=output, journal=done)
+        await self.store.record_call(self.turn.id, lease_token=self.lease, call=done)
         return _Result(output=output)
 
     async def _close_round(
-        self, number: int, model_message: Message, results: Mapping[str, _Result]
-    ) -> list[Message] | None:
-        """Commit the round: ``[model, tool]`` when every call finished (returned), or the
-        model message annotated with ``interrupt``/``pendingOutput`` when any paused (None)."""
+        self,
+        number: int,
+        model_message: Message,
+        results: Mapping[str, _Result],
+        calls: Sequence[ToolCallRecord] = (),
+    ) -> list[Message] | TurnOutcome:
+        """Commit the round: ``[model, tool]`` when every call finished (returned), or — when
+        any paused — the outcome ``completed/interrupted`` carrying the model message
+        annotated with ``interrupt``/``pendingOutput``, which the executor saves with the
+        settling transition. ``calls`` and the deferred rows of ``results`` are written with
+        the round."""
+        rows = [*calls, *(r.journal for r in results.values() if r.journal is not None)]
         if any(r.paused for r in results.values()):
             annotated = model_message.model_copy(deep=True)
             for part in annotated.content:
@@ -436,8 +473,12 @@ class TurnRunner:
                 else:
                     meta[PENDING_OUTPUT] = result.output
                 part.metadata = meta
-            await self._save(number, [annotated], committed=True)
-            return None
+            return TurnOutcome(
+                TurnStatus.COMPLETED,
+                FinishReason.INTERRUPTED,
+                last_round=RoundRecord(round=number, messages=[annotated], committed=True),
+                last_calls=tuple(rows),
+            )
         responses: list[Part] = []
         for part in model_message.content:
             request = part.tool_request
@@ -450,7 +491,7 @@ class TurnRunner:
         tool_message = Message(role="tool", content=responses)
         if number == 0:
             tool_message.metadata = {RESUMED: True}
-        await self._save(number, [model_message, tool_message], committed=True)
+        await self._save(number, [model_message, tool_message], committed=True, calls=rows)
         await self._emitter.emit("tool", responses)
         return [model_message, tool_message]
 
@@ -460,7 +501,7 @@ class TurnRunner:
         messages: list[Message],
         *,
         committed: bool,
-        calls: list[ToolCallRecord] | None = None,
+        calls: Sequence[ToolCallRecord] | None = None,
         usage: ModelUsage | None = None,
     ) -> None:
         await self.store.save_round(
@@ -475,9 +516,10 @@ class TurnRunner:
 
     async def _resume_round(
         self, paused: Message, calls: Mapping[tuple[int, str], ToolCallRecord]
-    ) -> TurnOutcome | None:
+    ) -> list[Message] | TurnOutcome:
         """Answer the parent's paused message: replay kept outputs, take responds, run
-        restarts. Returns an outcome when a restarted call paused again."""
+        restarts. Returns round 0's committed messages, or an outcome when a restarted call
+        paused again."""
         assert self.turn.parent_id is not None
         parent_calls = await self.store.list_calls(self.turn.parent_id)
         plan = plan_resume(
@@ -545,10 +587,11 @@ class TurnRunner:
                 rows.append(row.model_copy(update={"answer": {"restart": value}}))
         existing = {key: c for key, c in calls.items() if key[0] == 0}
         fresh = [r for r in rows if (0, r.ref) not in existing]
+        if not to_run:
+            # Nothing to run (every call answered by respond or kept output): round 0 is
+            # written closed at once, with its journal rows, in one transaction.
+            return await self._close_round(0, amended, results, calls=fresh)
         await self._save(0, [amended], committed=False, calls=fresh)
         calls_now = {**{(0, r.ref): r for r in rows}, **existing}
         results.update(await self._run_calls(0, to_run, calls_now, restarts))
-        closed = await self._close_round(0, amended, results)
-        if closed is None:
-            return TurnOutcome(TurnStatus.COMPLETED, FinishReason.INTERRUPTED)
-        return None
+        return await self._close_round(0, amended, results)

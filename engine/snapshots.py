@@ -1,7 +1,9 @@
-"""Snapshots as callers see them, and the user-message shapes a send accepts."""
+"""Snapshots as callers see them, the user-message shapes a send accepts, and the rebuild of
+a snapshot from a client-managed state blob."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -10,9 +12,18 @@ from pydantic import BaseModel, Field
 
 from engine.errors import InvalidArgumentError
 from engine.parts import Message, Part
+from engine.resume import paused_calls
 from engine.status import FinishReason, TurnStatus
+from engine.store import (
+    NewTurn,
+    SessionStore,
+    ToolCallRecord,
+    ToolCallStatus,
+    TurnInput,
+    TurnRecord,
+)
 
-__all__ = ["SessionSnapshot", "SessionState", "coerce_message"]
+__all__ = ["SessionSnapshot", "SessionState", "coerce_message", "restore_client_state"]
 
 
 class SessionState(BaseModel):
@@ -89,3 +100,57 @@ def coerce_message(
         return coerce_message(parsed)
     parts = [p if isinstance(p, Part) else Part.model_validate(p) for p in message]
     return Message(role="user", content=parts)
+
+
+async def restore_client_state(
+    scratch: SessionStore,
+    state: Mapping[str, Any],
+    signature: str,
+    *,
+    agent: str,
+    owner: str,
+) -> TurnRecord:
+    """Rebuild the settled snapshot a verified client-managed state blob describes, in a
+    scratch store, so a client-managed turn runs on the same runner as a stored one."""
+    try:
+        messages = [Message.model_validate(m) for m in state.get("messages") or []]
+    except ValueError as exc:
+        raise InvalidArgumentError(f"Client state holds a malformed message: {exc}") from exc
+    # Derived from the signature, so replaying one blob yields the same idempotency keys.
+    digest = hashlib.sha256(signature.encode()).hexdigest()[:24]
+    turn_id = f"client-{digest}"
+    await scratch.create_turn(
+        NewTurn(
+            id=turn_id,
+            session_id=str(state["sessionId"]),
+            agent=agent,
+            input=TurnInput(kind="restore"),
+            initial_messages=messages,
+        )
+    )
+    claimed = await scratch.claim_turn(turn_id, owner=owner, lease_seconds=60)
+    paused = paused_calls(messages[-1] if messages else None)
+    for part in paused:
+        assert part.tool_request is not None
+        ref = str(part.tool_request.ref)
+        await scratch.record_call(
+            turn_id,
+            lease_token=claimed.lease_token,
+            call=ToolCallRecord(
+                turn_id=turn_id,
+                round=0,
+                ref=ref,
+                name=part.tool_request.name,
+                input=part.tool_request.input,
+                status=ToolCallStatus.INTERRUPTED,
+                interrupt=(part.metadata or {}).get("interrupt"),
+                idempotency_key=f"{turn_id}:{ref}",
+            ),
+        )
+    return await scratch.transition(
+        turn_id,
+        expected={TurnStatus.PENDING},
+        new=TurnStatus.COMPLETED,
+        lease_token=claimed.lease_token,
+        finish_reason=FinishReason.INTERRUPTED if paused else FinishReason.STOP,
+    )

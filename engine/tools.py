@@ -15,9 +15,17 @@ from typing import Any, NoReturn
 
 from engine.errors import ToolError
 from engine.model import ToolSpec
+from engine.parts import MALFORMED_INPUT, Part
 from engine.schemas import Schema, SchemaSpec, SchemaViolation
 
-__all__ = ["InterruptTool", "Tool", "ToolContext", "ToolFn", "ToolInterrupt"]
+__all__ = [
+    "InterruptTool",
+    "Tool",
+    "ToolContext",
+    "ToolFn",
+    "ToolInterrupt",
+    "malformed_call_reason",
+]
 
 ToolFn = Callable[..., Any] | Callable[..., Awaitable[Any]]
 
@@ -182,3 +190,21 @@ class InterruptTool(Tool):
         """Validate the input, then pause: an interrupt never executes."""
         self.parse_input(raw_input)
         raise ToolInterrupt(self.metadata if self.metadata is not None else True)
+
+
+def malformed_call_reason(tool: Tool, part: Part) -> str | None:
+    """Why the model's call of ``tool`` is malformed (non-JSON arguments, input failing the
+    schema), as a message addressed to the model; ``None`` for a well-formed call."""
+    request = part.tool_request
+    assert request is not None
+    malformed = part.meta().get(MALFORMED_INPUT)
+    if malformed is not None:
+        return (
+            f"Tool '{tool.name}' was called with arguments that are not valid JSON "
+            f"({malformed}). Call it again with a JSON object matching its input schema."
+        )
+    try:
+        tool.parse_input(request.input)
+    except ToolError as exc:
+        return f"{exc.message}. Call it again with input matching its input schema."
+    return None

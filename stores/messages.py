@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
 from datetime import datetime
 
 import sqlalchemy as sa
@@ -13,14 +12,24 @@ from engine.parts import Message
 from engine.store import RoundRecord
 from stores.schema import messages, turns
 
-__all__ = ["conversation", "load_rounds", "save_round"]
+__all__ = ["load_conversation", "load_rounds", "save_round"]
 
 
-def save_round(connection: Connection, turn_id: str, round_: RoundRecord, now: datetime) -> None:
-    """Replace the messages of one round (a round is rewritten when it closes)."""
-    connection.execute(
-        sa.delete(messages).where(messages.c.turn_id == turn_id, messages.c.round == round_.round)
-    )
+def save_round(
+    connection: Connection,
+    turn_id: str,
+    round_: RoundRecord,
+    now: datetime,
+    *,
+    replace: bool = True,
+) -> None:
+    """Replace the messages of one round (a round is rewritten when it closes).
+
+    ``replace=False`` skips deleting earlier rows, for a round that cannot have any yet (the
+    round 0 of a turn being created).
+    """
+    if replace:
+        connection.execute(_DELETE_ROUND, {"turn_id": turn_id, "round": round_.round})
     if round_.messages:
         connection.execute(
             sa.insert(messages),
@@ -50,11 +59,7 @@ def _message(row: sa.Row[tuple[object, ...]]) -> Message:
 
 def load_rounds(connection: Connection, turn_id: str) -> list[RoundRecord]:
     """Every round of the turn, committed or not, in order."""
-    rows = connection.execute(
-        sa.select(messages)
-        .where(messages.c.turn_id == turn_id)
-        .order_by(messages.c.round, messages.c.position)
-    ).all()
+    rows = connection.execute(_ROUNDS, {"turn_id": turn_id}).all()
     grouped: dict[int, list[sa.Row[tuple[object, ...]]]] = defaultdict(list)
     for row in rows:
         grouped[row._mapping["round"]].append(row)
@@ -68,28 +73,40 @@ def load_rounds(connection: Connection, turn_id: str) -> list[RoundRecord]:
     ]
 
 
-def conversation(connection: Connection, chain: Sequence[tuple[str, int]]) -> list[Message]:
-    """Assemble a conversation from a root-first chain of ``(turn id, history_length)``.
+def load_conversation(connection: Connection, turn_id: str) -> list[Message] | None:
+    """The turn's conversation as of its committed rounds, or ``None`` for an unknown turn.
 
-    One query loads the committed messages of every turn of the chain; each turn keeps the
-    first ``history_length`` messages of its parent's conversation, then adds its own.
+    One statement: the ancestry (the turn and its parents, by a recursive CTE) joined with
+    the committed messages of each. Walking root first, each turn keeps the first
+    ``history_length`` messages of its parent's conversation, then adds its own.
     """
-    ids = [turn_id for turn_id, _ in chain]
-    rows = connection.execute(
-        sa.select(messages)
-        .where(messages.c.turn_id.in_(ids), messages.c.committed.is_(True))
-        .order_by(messages.c.round, messages.c.position)
-    ).all()
-    own: dict[str, list[Message]] = defaultdict(list)
-    for row in rows:
-        own[row._mapping["turn_id"]].append(_message(row))
+    rows = connection.execute(_CONVERSATION, {"turn_id": turn_id}).all()
+    if not rows:
+        return None
     result: list[Message] = []
-    for turn_id, history_length in chain:
-        result = result[:history_length] + own[turn_id]
+    current: str | None = None
+    for row in rows:
+        m = row._mapping
+        if m["chain_id"] != current:  # the next turn of the chain (rows come root first)
+            current = m["chain_id"]
+            result = result[: m["history_length"]]
+        if m["role"] is not None:  # None: a turn without committed messages (outer join)
+            result.append(_message(row))
     return result
 
 
-def _chain_statement() -> sa.Select[tuple[str, int]]:
+# Built once, with bound parameters (statement construction costs more CPU than the query).
+_DELETE_ROUND = sa.delete(messages).where(
+    messages.c.turn_id == sa.bindparam("turn_id"), messages.c.round == sa.bindparam("round")
+)
+_ROUNDS = (
+    sa.select(messages)
+    .where(messages.c.turn_id == sa.bindparam("turn_id"))
+    .order_by(messages.c.round, messages.c.position)
+)
+
+
+def _ancestry() -> sa.CTE:
     ancestry = (
         sa.select(
             turns.c.id, turns.c.parent_id, turns.c.history_length, sa.literal(0).label("depth")
@@ -98,19 +115,32 @@ def _chain_statement() -> sa.Select[tuple[str, int]]:
         .cte("ancestry", recursive=True)
     )
     parent = turns.alias("parent")
-    ancestry = ancestry.union_all(
+    return ancestry.union_all(
         sa.select(
             parent.c.id, parent.c.parent_id, parent.c.history_length, ancestry.c.depth + 1
         ).where(parent.c.id == ancestry.c.parent_id)
     )
-    return sa.select(ancestry.c.id, ancestry.c.history_length).order_by(ancestry.c.depth.desc())
+
+
+def _conversation_statement() -> sa.Select[tuple[object, ...]]:
+    ancestry = _ancestry()
+    return (
+        sa.select(
+            ancestry.c.id.label("chain_id"),
+            ancestry.c.history_length,
+            messages.c.role,
+            messages.c.content,
+            messages.c.metadata,
+        )
+        .select_from(
+            ancestry.outerjoin(
+                messages,
+                sa.and_(messages.c.turn_id == ancestry.c.id, messages.c.committed.is_(True)),
+            )
+        )
+        .order_by(ancestry.c.depth.desc(), messages.c.round, messages.c.position)
+    )
 
 
 #: Built once (the recursive CTE is costly to construct); the turn id is a bound parameter.
-_CHAIN = _chain_statement()
-
-
-def chain_of(connection: Connection, turn_id: str) -> list[tuple[str, int]]:
-    """The turn and its ancestors, root first, as ``(id, history_length)``."""
-    rows = connection.execute(_CHAIN, {"turn_id": turn_id}).all()
-    return [(r[0], r[1]) for r in rows]
+_CONVERSATION = _conversation_statement()

@@ -69,7 +69,10 @@ def chunk_payloads(turn_id: str, chunk: dict[str, Any]) -> list[str]:
 def notify(connection: Connection, channel: str, payload: str) -> None:
     """Queue a notification in the current transaction (no-op on SQLite)."""
     if connection.dialect.name == "postgresql":
-        connection.execute(sa.text("SELECT pg_notify(:c, :p)"), {"c": channel, "p": payload})
+        connection.execute(_NOTIFY, {"c": channel, "p": payload})
+
+
+_NOTIFY = sa.text("SELECT pg_notify(:c, :p)")
 
 
 class _Signal:

@@ -8,7 +8,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from engine.store import SessionRecord
-from stores.database import upsert, utc
+from stores.database import upsert_statement, utc
 from stores.schema import sessions
 
 __all__ = ["get_session", "lock_or_create_session"]
@@ -33,47 +33,28 @@ def get_session(connection: Connection, session_id: str) -> SessionRecord | None
 
 def lock_or_create_session(
     connection: Connection, session_id: str, agent: str, owner: str | None, now: datetime
-) -> SessionRecord:
-    """Create the session if new, then lock its row for the rest of the transaction.
+) -> str:
+    """Create the session if new, else record activity on it; return its agent.
 
-    The row lock serialises turn creation per session (the "one running turn" check and the
-    ``seq`` numbering), so two concurrent sends cannot both pass the check.
+    One statement: ``INSERT … ON CONFLICT DO UPDATE`` both creates the row and, for an
+    existing session, takes its row lock (as ``FOR UPDATE`` would) and sets ``updated_at``.
+    The lock serialises turn creation per session (the "one running turn" check and the
+    ``seq`` numbering) until this transaction ends, so two concurrent sends cannot both pass
+    the check. A refused turn rolls the whole transaction back, ``updated_at`` included.
     """
-    if connection.dialect.name == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert
-
+    return str(
         connection.execute(
-            insert(sessions)
-            .values(id=session_id, agent=agent, owner=owner, created_at=now, updated_at=now)
-            .on_conflict_do_nothing(index_elements=["id"])
-        )
-    else:
-        exists = connection.execute(
-            sa.select(sessions.c.id).where(sessions.c.id == session_id)
-        ).first()
-        if exists is None:
-            upsert(
-                connection,
-                sessions,
-                [
-                    {
-                        "id": session_id,
-                        "agent": agent,
-                        "owner": owner,
-                        "created_at": now,
-                        "updated_at": now,
-                    },
-                ],
-                ["id"],
-            )
-    row = connection.execute(
-        sa.select(sessions).where(sessions.c.id == session_id).with_for_update()
-    ).one()
-    return _record(row)
-
-
-def touch_session(connection: Connection, session_id: str, now: datetime) -> None:
-    """Record activity on the session."""
-    connection.execute(
-        sa.update(sessions).where(sessions.c.id == session_id).values(updated_at=now)
+            _LOCK_OR_CREATE,
+            {
+                "id": session_id,
+                "agent": agent,
+                "owner": owner,
+                "created_at": now,
+                "updated_at": now,
+            },
+        ).scalar_one()
     )
+
+
+#: Built once (a text statement: SQLAlchemy cannot cache its ON CONFLICT constructs).
+_LOCK_OR_CREATE = upsert_statement(sessions, ["id"], update=["updated_at"], returning="agent")

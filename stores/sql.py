@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from contextlib import AbstractAsyncContextManager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
@@ -97,20 +97,29 @@ class SqlSessionStore:
         def create() -> TurnRecord:
             now = _now()
             with self.db.transaction() as connection:
-                if turn_sql.get_turn(connection, turn.id) is not None:
-                    raise InvalidArgumentError(f"Turn {turn.id} already exists.")
-                session = session_sql.lock_or_create_session(
+                agent = session_sql.lock_or_create_session(
                     connection, turn.session_id, turn.agent, turn.owner, now
                 )
-                check_session(session, turn)
+                if agent != turn.agent:
+                    raise InvalidArgumentError(
+                        f"Session {turn.session_id} belongs to agent '{agent}', not '{turn.agent}'."
+                    )
+                if turn.owner is not None:
+                    # Only a caller acting for a principal pays this read (HTTP with auth).
+                    session = session_sql.get_session(connection, turn.session_id)
+                    assert session is not None  # created or locked just above
+                    check_session(session, turn)
                 active = turn_sql.active_turn(connection, turn.session_id)
                 if active is not None:
+                    active_id, active_status = active
                     raise SessionBusyError(
-                        f"Session {turn.session_id} already has a running turn ({active.id}, "
-                        f"{active.status.value}); wait for it to settle or abort it.",
-                        snapshot_id=active.id,
+                        f"Session {turn.session_id} already has a running turn ({active_id}, "
+                        f"{active_status.value}); wait for it to settle or abort it.",
+                        snapshot_id=active_id,
                     )
                 call_sql.answer_calls(connection, answers, now)
+                # A duplicate id fails on the primary key (mapped below), rolling back the
+                # session row too: no separate existence check (one round trip less).
                 created = turn_sql.insert_turn(connection, turn, now)
                 if turn.initial_messages:
                     message_sql.save_round(
@@ -118,8 +127,8 @@ class SqlSessionStore:
                         turn.id,
                         RoundRecord(round=0, messages=turn.initial_messages, committed=True),
                         now,
+                        replace=False,
                     )
-                session_sql.touch_session(connection, turn.session_id, now)
                 return created
 
         try:
@@ -130,6 +139,8 @@ class SqlSessionStore:
                 raise SessionBusyError(
                     f"Session {turn.session_id} already has a running turn."
                 ) from exc
+            if "pk_turns" in str(exc) or "UNIQUE constraint failed: turns.id" in str(exc):
+                raise InvalidArgumentError(f"Turn {turn.id} already exists.") from exc
             raise
 
     async def get_session(self, session_id: str) -> SessionRecord | None:
@@ -191,22 +202,38 @@ class SqlSessionStore:
         error: TurnError | None = None,
         run_after: datetime | None = None,
         note: str | None = None,
+        round: RoundRecord | None = None,
+        calls: Sequence[ToolCallRecord] = (),
     ) -> TurnRecord:
         """See :meth:`engine.store.SessionStore.transition`."""
-        return await self._write(
-            lambda c: turn_sql.transition(
-                c,
+        if (round is not None or calls) and lease_token is None:
+            raise ValueError("Saving a round with a transition needs the lease token.")
+
+        def move(connection: sa.Connection) -> TurnRecord:
+            saved_at = _now()
+            # The round is stamped just before the transition, as if saved by save_round
+            # first: a turn's timeline keeps ending with its settling transition.
+            now = max(_now(), saved_at + timedelta(microseconds=1))
+            # The transition locks the turn's row and checks the lease token first, so the
+            # round below is written only by the lease holder, as save_round's fence ensures.
+            moved = turn_sql.transition(
+                connection,
                 turn_id,
                 expected=expected,
                 new=new,
                 lease_token=lease_token,
-                now=_now(),
+                now=now,
                 finish_reason=finish_reason,
                 error=error,
                 run_after=run_after,
                 note=note,
             )
-        )
+            if round is not None:
+                message_sql.save_round(connection, turn_id, round, saved_at)
+            call_sql.upsert_calls(connection, turn_id, calls, saved_at)
+            return moved
+
+        return await self._write(move)
 
     async def request_abort(self, turn_id: str) -> TurnStatus:
         """See :meth:`engine.store.SessionStore.request_abort`."""
@@ -280,10 +307,10 @@ class SqlSessionStore:
         """See :meth:`engine.store.SessionStore.load_conversation`."""
 
         def load(connection: sa.Connection) -> list[Message]:
-            chain = message_sql.chain_of(connection, turn_id)
-            if not chain:
+            conversation = message_sql.load_conversation(connection, turn_id)
+            if conversation is None:
                 raise NotFoundError(f"Snapshot {turn_id} not found.")
-            return message_sql.conversation(connection, chain)
+            return conversation
 
         return await self._read(load)
 

@@ -12,7 +12,7 @@ from sqlalchemy.engine import Connection
 from engine.errors import ApprovalNotPendingError
 from engine.status import FinishReason, TurnStatus
 from engine.store import InterruptAnswer, ToolCallRecord, ToolCallStatus, TurnError
-from stores.database import upsert, utc
+from stores.database import upsert_statement, utc
 from stores.schema import tool_calls, turns
 
 __all__ = ["answer_calls", "list_calls", "list_expired", "upsert_calls"]
@@ -70,14 +70,17 @@ def upsert_calls(
     connection: Connection, turn_id: str, calls: Sequence[ToolCallRecord], now: datetime
 ) -> None:
     """Insert or update journal rows keyed by ``(turn_id, round, ref)``."""
-    rows = [_row(turn_id, call, now) for call in calls]
-    # created_at keeps the first write's time: it is what an approval's age is measured from.
-    upsert(connection, tool_calls, rows, ["turn_id", "round", "ref"], keep=("created_at",))
+    if calls:
+        connection.execute(_UPSERT, [_row(turn_id, call, now) for call in calls])
+
+
+# created_at keeps the first write's time: it is what an approval's age is measured from.
+_UPSERT = upsert_statement(tool_calls, ["turn_id", "round", "ref"], keep=("created_at",))
 
 
 def list_calls(connection: Connection, turn_id: str) -> list[ToolCallRecord]:
     """The turn's journal, by round then ref (ref in plain code-point order)."""
-    rows = connection.execute(sa.select(tool_calls).where(tool_calls.c.turn_id == turn_id)).all()
+    rows = connection.execute(_BY_TURN, {"turn_id": turn_id}).all()
     return sorted((_record(r) for r in rows), key=lambda c: (c.round, c.ref))
 
 
@@ -89,22 +92,15 @@ def answer_calls(connection: Connection, answers: Sequence[InterruptAnswer], now
     """
     for answer in answers:
         result = connection.execute(
-            sa.update(tool_calls)
-            .where(
-                tool_calls.c.turn_id == answer.turn_id,
-                tool_calls.c.round == answer.round,
-                tool_calls.c.ref == answer.ref,
-                tool_calls.c.status == ToolCallStatus.INTERRUPTED.value,
-            )
-            .values(
-                status=ToolCallStatus.ANSWERED.value,
-                answer=answer.answer,
-                decided_by=answer.decided_by,
-                # An inbox decision recorded earlier keeps its own moment.
-                decided_at=sa.func.coalesce(
-                    tool_calls.c.decided_at, sa.literal(now, tool_calls.c.decided_at.type)
-                ),
-            )
+            _ANSWER,
+            {
+                "a_turn_id": answer.turn_id,
+                "a_round": answer.round,
+                "a_ref": answer.ref,
+                "answer": answer.answer,
+                "decided_by": answer.decided_by,
+                "a_decided_at": now,
+            },
         )
         if result.rowcount != 1:
             current = connection.execute(
@@ -119,6 +115,28 @@ def answer_calls(connection: Connection, answers: Sequence[InterruptAnswer], now
                 f"Interrupt '{answer.ref}' of snapshot {answer.turn_id} is not pending "
                 f"(it is {state}); it may have been answered already."
             )
+
+
+# Built once (statement construction costs more CPU than these queries). The guard on
+# status 'interrupted' is what makes an approval decidable once (see answer_calls).
+_BY_TURN = sa.select(tool_calls).where(tool_calls.c.turn_id == sa.bindparam("turn_id"))
+_ANSWER = (
+    sa.update(tool_calls)
+    .where(
+        tool_calls.c.turn_id == sa.bindparam("a_turn_id"),
+        tool_calls.c.round == sa.bindparam("a_round"),
+        tool_calls.c.ref == sa.bindparam("a_ref"),
+        tool_calls.c.status == ToolCallStatus.INTERRUPTED.value,
+    )
+    .values(
+        status=ToolCallStatus.ANSWERED.value,
+        # An inbox decision recorded earlier keeps its own moment.
+        decided_at=sa.func.coalesce(
+            tool_calls.c.decided_at,
+            sa.bindparam("a_decided_at", type_=tool_calls.c.decided_at.type),
+        ),
+    )
+)
 
 
 def list_expired(

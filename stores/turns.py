@@ -20,8 +20,8 @@ from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus
 from engine.store import NewTurn, TurnError, TurnEvent, TurnInput, TurnRecord
 from engine.store_rules import check_transition, transition_changes
 from stores.database import utc
-from stores.notify import CHANGE_CHANNEL, WORK_CHANNEL, notify
-from stores.schema import ACTIVE, turn_events, turns
+from stores.notify import CHANGE_CHANNEL, WORK_CHANNEL
+from stores.schema import ACTIVE, TIMESTAMP, turn_events, turns
 
 __all__ = [
     "active_turn",
@@ -65,9 +65,13 @@ def record(row: sa.Row[tuple[object, ...]]) -> TurnRecord:
     )
 
 
+#: Built once: the most frequent read (waiters, status checks) skips statement construction.
+_BY_ID = sa.select(turns).where(turns.c.id == sa.bindparam("turn_id"))
+
+
 def get_turn(connection: Connection, turn_id: str) -> TurnRecord | None:
     """The turn, or ``None``."""
-    row = connection.execute(sa.select(turns).where(turns.c.id == turn_id)).first()
+    row = connection.execute(_BY_ID, {"turn_id": turn_id}).first()
     return record(row) if row else None
 
 
@@ -82,12 +86,16 @@ def latest_turn(connection: Connection, session_id: str) -> TurnRecord | None:
     return record(row) if row else None
 
 
-def active_turn(connection: Connection, session_id: str) -> TurnRecord | None:
-    """The session's pending or aborting turn, if any."""
-    row = connection.execute(
-        sa.select(turns).where(turns.c.session_id == session_id, turns.c.status.in_(ACTIVE))
-    ).first()
-    return record(row) if row else None
+def active_turn(connection: Connection, session_id: str) -> tuple[str, TurnStatus] | None:
+    """The id and status of the session's pending or aborting turn, if any (only what the
+    "session busy" error names: no full record is built)."""
+    row = connection.execute(_ACTIVE, {"session_id": session_id}).first()
+    return (row[0], TurnStatus(row[1])) if row else None
+
+
+_ACTIVE = sa.select(turns.c.id, turns.c.status).where(
+    turns.c.session_id == sa.bindparam("session_id"), turns.c.status.in_(ACTIVE)
+)
 
 
 def _event(
@@ -98,30 +106,49 @@ def _event(
     attempt: int,
     now: datetime,
     note: str | None,
+    notify: tuple[str, ...] = (),
 ) -> None:
+    """Record a transition in ``turn_events`` and send the ``notify`` channels its turn id.
+
+    On PostgreSQL the notifications ride on the INSERT (``RETURNING pg_notify(…)``): one
+    round trip less per transition. Like any NOTIFY they are delivered only if the
+    transaction commits. SQLite has no notifications (its waiters poll).
+    """
+    postgres = connection.dialect.name == "postgresql"
     connection.execute(
-        sa.insert(turn_events).values(
-            turn_id=turn_id,
-            from_status=old.value if old else None,
-            to_status=new.value,
-            attempt=attempt,
-            note=note,
-            at=now,
-        )
+        _INSERT_EVENT_NOTIFY[len(notify)] if postgres and notify else _INSERT_EVENT,
+        {
+            **{f"channel_{i}": channel for i, channel in enumerate(notify)},
+            "turn_id": turn_id,
+            "from_status": old.value if old else None,
+            "to_status": new.value,
+            "attempt": attempt,
+            "note": note,
+            "at": now,
+        },
     )
 
 
-def insert_turn(connection: Connection, turn: NewTurn, now: datetime) -> TurnRecord:
-    """Insert a pending turn with the next ``seq`` of its session (the session row is locked)."""
-    seq = connection.execute(
-        sa.select(sa.func.coalesce(sa.func.max(turns.c.seq), 0) + 1).where(
-            turns.c.session_id == turn.session_id
+# Hot statements are built once, with bound parameters: building a statement (and its
+# cache key, which walks every value) per call cost more CPU than the database spent on it.
+_INSERT_EVENT = sa.insert(turn_events)
+_INSERT_EVENT_NOTIFY = {
+    count: _INSERT_EVENT.returning(
+        *(
+            sa.func.pg_notify(sa.bindparam(f"channel_{i}", type_=sa.Text), turn_events.c.turn_id)
+            for i in range(count)
         )
-    ).scalar_one()
+    )
+    for count in (1, 2)
+}
+
+
+def insert_turn(connection: Connection, turn: NewTurn, now: datetime) -> TurnRecord:
+    """Insert a pending turn with the next ``seq`` of its session (the session row is locked,
+    so the ``max(seq) + 1`` computed inside the INSERT cannot race another creator)."""
     values: dict[str, Any] = {
         "id": turn.id,
         "session_id": turn.session_id,
-        "seq": seq,
         "agent": turn.agent,
         "parent_id": turn.parent_id,
         "status": TurnStatus.PENDING.value,
@@ -134,28 +161,48 @@ def insert_turn(connection: Connection, turn: NewTurn, now: datetime) -> TurnRec
         "created_at": now,
         "updated_at": now,
     }
-    row = connection.execute(sa.insert(turns).values(values).returning(turns)).one()
-    _event(connection, turn.id, None, TurnStatus.PENDING, 0, now, None)
-    notify(connection, WORK_CHANNEL, turn.id)
+    row = connection.execute(_INSERT_TURN, values).one()
+    _event(connection, turn.id, None, TurnStatus.PENDING, 0, now, None, notify=(WORK_CHANNEL,))
     return record(row)
 
 
-def _claimable(now: datetime) -> sa.ColumnElement[bool]:
+def _insert_turn_statement() -> sa.TextualSelect:
+    # Text, because the seq subquery must read the session_id parameter of the row being
+    # inserted, which a Core insert() cannot bind twice; typed parameters and result
+    # columns keep the JSON and timestamp processing of the table's types.
+    unset = (
+        "seq",
+        "finish_reason",
+        "error",
+        "lease_owner",
+        "lease_expires_at",
+        "settled_at",
+        "input_tokens",
+        "output_tokens",
+    )
+    columns = [c.name for c in turns.columns if c.name not in unset]
+    sql = (
+        f"INSERT INTO turns (seq, {', '.join(columns)}) VALUES ("
+        "(SELECT coalesce(max(seq), 0) + 1 FROM turns WHERE session_id = :session_id), "
+        f"{', '.join(':' + c for c in columns)}) "
+        f"RETURNING {', '.join(c.name for c in turns.columns)}"
+    )
+    return (
+        sa.text(sql)
+        .bindparams(*(sa.bindparam(c, type_=turns.c[c].type) for c in columns))
+        .columns(*turns.columns)
+    )
+
+
+_INSERT_TURN = _insert_turn_statement()
+
+
+def _claimable(now: datetime | sa.BindParameter[datetime]) -> sa.ColumnElement[bool]:
     return sa.and_(
         turns.c.status == TurnStatus.PENDING.value,
         turns.c.run_after <= now,
         sa.or_(turns.c.lease_expires_at.is_(None), turns.c.lease_expires_at < now),
     )
-
-
-def _lease_values(owner: str, lease_seconds: float, now: datetime) -> dict[str, Any]:
-    return {
-        "lease_owner": owner,
-        "lease_expires_at": now + timedelta(seconds=lease_seconds),
-        "lease_token": turns.c.lease_token + 1,
-        "attempts": turns.c.attempts + 1,
-        "updated_at": now,
-    }
 
 
 def claim_statement(
@@ -172,24 +219,32 @@ def claim_statement(
     ``FOR UPDATE SKIP LOCKED`` lets concurrent workers each take different rows without
     waiting on one another; a turn whose lease expired (its worker died) is claimable again
     through the same query — recovery is part of claiming. On SQLite the transaction's
-    ``BEGIN IMMEDIATE`` serialises claimers instead.
+    ``BEGIN IMMEDIATE`` serialises claimers instead. This is the statement :func:`claim`
+    runs, with these values bound (for callers that compile it, e.g. to EXPLAIN it).
     """
-    candidates = sa.select(turns.c.id).where(_claimable(now))
-    if turn_id is not None:
-        candidates = candidates.where(turns.c.id == turn_id)
+    values = _claim_params(owner, lease_seconds, now, limit, agents, turn_id)
+    return _claim_update(agents=agents is not None, turn_id=turn_id is not None, values=values)
+
+
+def _claim_params(
+    owner: str,
+    lease_seconds: float,
+    now: datetime,
+    limit: int,
+    agents: Collection[str] | None,
+    turn_id: str | None,
+) -> dict[str, Any]:
+    params: dict[str, Any] = {
+        "now": now,
+        "expires": now + timedelta(seconds=lease_seconds),
+        "owner": owner,
+        "limit": limit,
+    }
     if agents is not None:
-        candidates = candidates.where(turns.c.agent.in_(list(agents)))
-    candidates = (
-        candidates.order_by(turns.c.run_after, turns.c.id)
-        .limit(limit)
-        .with_for_update(skip_locked=True)
-    )
-    return (
-        sa.update(turns)
-        .where(turns.c.id.in_(candidates.scalar_subquery()))
-        .values(_lease_values(owner, lease_seconds, now))
-        .returning(turns)
-    )
+        params["agents"] = list(agents)
+    if turn_id is not None:
+        params["turn_id"] = turn_id
+    return params
 
 
 def claim(
@@ -207,16 +262,7 @@ def claim(
     First settles ``aborting`` turns whose worker died (lease expired): nobody else would,
     and their session would stay busy forever. Recovery stays part of claiming.
     """
-    abandoned = (
-        connection.execute(
-            sa.select(turns.c.id)
-            .where(turns.c.status == TurnStatus.ABORTING.value, turns.c.lease_expires_at < now)
-            .limit(limit)
-            .with_for_update(skip_locked=True)
-        )
-        .scalars()
-        .all()
-    )
+    abandoned = connection.execute(_ABANDONED, {"now": now, "limit": limit}).scalars().all()
     for abandoned_id in abandoned:
         transition(
             connection,
@@ -228,37 +274,91 @@ def claim(
             finish_reason=FinishReason.ABORTED,
             note="settled by a claim: its worker stopped while aborting",
         )
-    statement = claim_statement(
-        owner=owner,
-        lease_seconds=lease_seconds,
-        now=now,
-        limit=limit,
-        agents=agents,
-        turn_id=turn_id,
-    )
-    rows = connection.execute(statement).all()
+    params = _claim_params(owner, lease_seconds, now, limit, agents, turn_id)
+    rows = connection.execute(_CLAIMS[agents is not None, turn_id is not None], params).all()
     return sorted((record(r) for r in rows), key=lambda t: (t.run_after, t.id))
 
 
-def fence(connection: Connection, turn_id: str, lease_token: int) -> TurnRecord:
+_ABANDONED = (
+    sa.select(turns.c.id)
+    .where(
+        turns.c.status == TurnStatus.ABORTING.value,
+        turns.c.lease_expires_at < sa.bindparam("now", type_=TIMESTAMP),
+    )
+    .limit(sa.bindparam("limit", type_=sa.Integer))
+    .with_for_update(skip_locked=True)
+)
+
+
+def _claim_update(
+    *, agents: bool, turn_id: bool, values: dict[str, Any] | None = None
+) -> sa.Update:
+    """The claim (see :func:`claim_statement`) with bound parameters ``now``, ``expires``,
+    ``owner``, ``limit``, and ``agents``/``turn_id`` when used — carrying ``values`` when
+    given, else left for the execution to supply (the cached form :func:`claim` runs)."""
+
+    def param(name: str, **kwargs: Any) -> sa.BindParameter[Any]:
+        if values is None:
+            return sa.bindparam(name, **kwargs)
+        return sa.bindparam(name, values[name], **kwargs)
+
+    now = param("now", type_=TIMESTAMP)
+    candidates = sa.select(turns.c.id).where(_claimable(now))
+    if turn_id:
+        candidates = candidates.where(turns.c.id == param("turn_id"))
+    if agents:
+        candidates = candidates.where(turns.c.agent.in_(param("agents", expanding=True)))
+    candidates = (
+        candidates.order_by(turns.c.run_after, turns.c.id)
+        .limit(param("limit", type_=sa.Integer))
+        .with_for_update(skip_locked=True)
+    )
+    return (
+        sa.update(turns)
+        .where(turns.c.id.in_(candidates.scalar_subquery()))
+        .values(
+            lease_owner=param("owner"),
+            lease_expires_at=param("expires", type_=TIMESTAMP),
+            lease_token=turns.c.lease_token + 1,
+            attempts=turns.c.attempts + 1,
+            updated_at=now,
+        )
+        .returning(turns)
+    )
+
+
+_CLAIMS = {
+    (agents, turn_id): _claim_update(agents=agents, turn_id=turn_id)
+    for agents in (False, True)
+    for turn_id in (False, True)
+}
+
+
+def fence(connection: Connection, turn_id: str, lease_token: int) -> None:
     """Check (and share-lock) that ``lease_token`` still holds the running turn.
 
     The share lock makes a competing claim wait until this write commits, so a write can
     never land after the turn changed hands.
     """
-    row = connection.execute(
-        sa.select(turns).where(turns.c.id == turn_id).with_for_update(read=True)
-    ).first()
+    # Only the two columns the check needs: a fence runs before every journal write, and
+    # building a full record (re-validating the turn's input) would cost more than the read.
+    row = connection.execute(_FENCE, {"turn_id": turn_id}).first()
     if row is None:
         raise StaleTransitionError(turn_id, f"Turn {turn_id} does not exist.")
-    current = record(row)
-    if current.lease_token != lease_token or current.status not in ACTIVE_STATUSES:
+    status, token = TurnStatus(row[0]), row[1]
+    if token != lease_token or status not in ACTIVE_STATUSES:
         raise LeaseLostError(
             turn_id,
             f"Lease {lease_token} on turn {turn_id} is no longer valid "
-            f"(token {current.lease_token}, status {current.status.value}).",
+            f"(token {token}, status {status.value}).",
         )
-    return current
+
+
+_FENCE = (
+    sa.select(turns.c.status, turns.c.lease_token)
+    .where(turns.c.id == sa.bindparam("turn_id"))
+    .with_for_update(read=True)
+)
 
 
 def renew(
@@ -296,9 +396,7 @@ def transition(
 ) -> TurnRecord:
     """The one guarded status change (see :meth:`engine.store.SessionStore.transition`)."""
     # The row lock makes the check and the guarded UPDATE below one atomic step.
-    row = connection.execute(
-        sa.select(turns).where(turns.c.id == turn_id).with_for_update()
-    ).first()
+    row = connection.execute(_LOCK_BY_ID, {"turn_id": turn_id}).first()
     current = check_transition(
         record(row) if row else None,
         turn_id,
@@ -312,22 +410,43 @@ def transition(
     values: dict[str, Any] = {
         key: value.value if isinstance(value, StrEnum) else value for key, value in changes.items()
     }
-    if "error" in values:
-        error_value = values["error"]
-        values["error"] = error_value.model_dump(mode="json") if error_value else sa.null()
-    guard = [turns.c.id == turn_id, turns.c.status == current.status.value]
+    # A cleared error is SQL NULL (the statement sets it), not a JSON null parameter.
+    clear_error = "error" in values and values["error"] is None
+    if clear_error:
+        del values["error"]
+    elif "error" in values:
+        values["error"] = values["error"].model_dump(mode="json")
+    guard: dict[str, Any] = {"m_id": turn_id, "m_status": current.status.value}
     if lease_token is not None:
-        guard.append(turns.c.lease_token == lease_token)
-    moved = connection.execute(
-        sa.update(turns).where(*guard).values(values).returning(turns)
-    ).first()
+        guard["m_token"] = lease_token
+    statement = _MOVES[lease_token is not None, clear_error]
+    moved = connection.execute(statement, {**guard, **values}).first()
     if moved is None:  # cannot happen under the row lock; kept as the guard's contract
         raise StaleTransitionError(turn_id, f"Turn {turn_id} changed concurrently.")
-    _event(connection, turn_id, current.status, new, current.attempts, now, note)
-    notify(connection, CHANGE_CHANNEL, turn_id)
-    if new is TurnStatus.PENDING:
-        notify(connection, WORK_CHANNEL, turn_id)
+    channels = (CHANGE_CHANNEL, WORK_CHANNEL) if new is TurnStatus.PENDING else (CHANGE_CHANNEL,)
+    _event(connection, turn_id, current.status, new, current.attempts, now, note, channels)
     return record(moved)
+
+
+_LOCK_BY_ID = _BY_ID.with_for_update()
+
+
+def _move_statement(*, fenced: bool, clear_error: bool) -> sa.Update:
+    """The guarded UPDATE of :func:`transition`, built once per shape: the changed columns
+    come as parameters (the SET clause follows their names), the guard as ``m_id``,
+    ``m_status`` and, when fenced, ``m_token``."""
+    guard = [turns.c.id == sa.bindparam("m_id"), turns.c.status == sa.bindparam("m_status")]
+    if fenced:
+        guard.append(turns.c.lease_token == sa.bindparam("m_token"))
+    statement = sa.update(turns).where(*guard).returning(turns)
+    return statement.values(error=sa.null()) if clear_error else statement
+
+
+_MOVES = {
+    (fenced, clear): _move_statement(fenced=fenced, clear_error=clear)
+    for fenced in (False, True)
+    for clear in (False, True)
+}
 
 
 def list_events(connection: Connection, turn_id: str) -> list[TurnEvent]:

@@ -253,8 +253,12 @@ class WorkerPool:
                 self._start(turn)
             if len(claimed) == free:
                 continue  # every slot taken: maybe more is queued; the loop re-checks
-            # Fewer than asked: the queue is empty for us, so sleep until a hint.
-            await self._wait_for(slot=True, work=True)
+            # Fewer than asked: the queue is empty for us, so sleep until a hint. A slot
+            # freeing meanwhile does not wake us: it adds no work (a claim then would find
+            # nothing — a wasted transaction after every turn), and anything queued since
+            # the claim sent a work notification, or is found by the poll (retries whose
+            # run_after is later, expired leases). Only a full pool waits for a slot.
+            await self._wait_for(slot=False, work=True)
 
     async def _wait_for(self, *, slot: bool, work: bool = False) -> None:
         """Return on stop, a freed slot (if ``slot``), or a work hint / poll timeout."""

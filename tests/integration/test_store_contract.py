@@ -975,6 +975,60 @@ async def test_save_round_upserts_round_and_calls(store: SessionStore) -> None:
     ]
 
 
+async def test_transition_saves_the_last_round_and_calls_with_the_settle(
+    store: SessionStore,
+) -> None:
+    """transition(round=, calls=) writes the round and the journal rows as save_round does,
+    in the transaction that settles the turn."""
+    token = (await turn_in(store, PENDING)).lease_token
+    await store.save_round(
+        "t1",
+        lease_token=token,
+        round=RoundRecord(round=1, messages=[asks("r1")], committed=False),
+        calls=[tool_call("t1", 1, "r1", ToolCallStatus.RUNNING)],
+    )
+    paused = tool_call("t1", 1, "r1", ToolCallStatus.INTERRUPTED, interrupt={"why": "ok?"})
+
+    settled = await store.transition(
+        "t1",
+        expected={PENDING},
+        new=COMPLETED,
+        lease_token=token,
+        finish_reason=FinishReason.INTERRUPTED,
+        round=RoundRecord(round=1, messages=[asks("r1")], committed=True),
+        calls=[paused],
+    )
+
+    assert (settled.status, settled.finish_reason) == (COMPLETED, FinishReason.INTERRUPTED)
+    rounds = await store.load_rounds("t1")
+    assert [(r.round, r.committed) for r in rounds] == [(0, True), (1, True)]
+    assert wire(await store.load_conversation("t1"))[-1] == asks("r1").to_wire()
+    (row,) = await store.list_calls("t1")
+    assert row.model_copy(update={"created_at": None}) == paused
+
+
+async def test_refused_transition_saves_no_round(store: SessionStore) -> None:
+    """A transition refused for a stale lease writes neither its round nor its calls."""
+    await store.create_turn(new_turn("t1"))
+    first = await claim(store, "t1", owner="w1", lease_seconds=SHORT_LEASE)
+    await asyncio.sleep(SHORT_LEASE * 3)
+    await claim(store, "t1", owner="w2")
+
+    with pytest.raises(LeaseLostError):
+        await store.transition(
+            "t1",
+            expected={PENDING},
+            new=COMPLETED,
+            lease_token=first.lease_token,
+            finish_reason=FinishReason.STOP,
+            round=RoundRecord(round=1, messages=[model_says("late")], committed=True),
+            calls=[tool_call("t1", 1, "r1")],
+        )
+
+    assert [r.round for r in await store.load_rounds("t1")] == [0]
+    assert await store.list_calls("t1") == []
+
+
 async def test_record_call_upserts_one_row(store: SessionStore) -> None:
     """record_call inserts a journal row and later calls for the same (round, ref) replace it."""
     token = (await turn_in(store, PENDING)).lease_token
