@@ -56,6 +56,7 @@ from bench.common import (
     wait_until_idle,
 )
 from bench.report import Latencies, Result, report
+from stores.notify import LISTEN_STATEMENT
 
 Workflow = Callable[[int, int], Awaitable[Sample]]
 Phases = tuple[list[Sample], list[Sample], list[str], float]
@@ -136,7 +137,7 @@ def _start_workers(
             argv = ["workers.cli", "worker", "--app", "bench.app:ai", "--db", url]
             argv += ["--concurrency", str(slots)]
         children.start([sys.executable, "-m", *argv], env=env, log=logs / f"w{number}.log")
-    ready = floor.READY_QUERY if impl == "floor" else "LISTEN turnstile_turn"
+    ready = floor.READY_QUERY if impl == "floor" else LISTEN_STATEMENT
     deadline = time.monotonic() + 60
     while count_backends(name, ready) < processes:
         children.check()

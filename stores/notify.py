@@ -22,6 +22,7 @@ from engine.relay import ChunkBroker
 __all__ = [
     "CHANGE_CHANNEL",
     "CHUNK_CHANNEL",
+    "LISTEN_STATEMENT",
     "WORK_CHANNEL",
     "Listener",
     "chunk_payloads",
@@ -36,6 +37,10 @@ WORK_CHANNEL = "turnstile_work"
 CHANGE_CHANNEL = "turnstile_turn"
 #: A streamed chunk of a turn somebody watches: payload ``{"t": turn id, "c": chunk}``.
 CHUNK_CHANNEL = "turnstile_chunk"
+
+#: What the listener runs once connected (also how an operator or a benchmark can tell, in
+#: ``pg_stat_activity.query``, that a process is listening).
+LISTEN_STATEMENT = f"LISTEN {WORK_CHANNEL}; LISTEN {CHANGE_CHANNEL}; LISTEN {CHUNK_CHANNEL}"
 
 #: NOTIFY payloads must stay under 8,000 bytes; keep a margin for the envelope.
 MAX_PAYLOAD_BYTES = 7_000
@@ -124,9 +129,7 @@ class Listener:
                 async with await psycopg.AsyncConnection.connect(
                     self._dsn, autocommit=True
                 ) as connection:
-                    await connection.execute(f"LISTEN {WORK_CHANNEL}")
-                    await connection.execute(f"LISTEN {CHANGE_CHANNEL}")
-                    await connection.execute(f"LISTEN {CHUNK_CHANNEL}")
+                    await connection.execute(LISTEN_STATEMENT)  # one round trip for all
                     self.connected.set()
                     delay = 0.1
                     # Anything sent while we were disconnected is lost: wake every waiter so
