@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Generator, Mapping, Sequence
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from engine.errors import SessionBusyError, TurnFailedError
@@ -16,9 +17,10 @@ from engine.store import SessionStore, TurnInput, TurnRecord
 if TYPE_CHECKING:
     from engine.agent import Agent
 
-__all__ = ["END_OF_STREAM", "AgentTurn", "Chat", "MessageLike"]
+__all__ = ["END_OF_STREAM", "AgentTurn", "Chat", "ChatAPI", "MessageLike"]
 
 MessageLike = str | Message | Sequence[Part] | Mapping[str, Any]
+ChunkSink = Callable[[AgentChunk], Awaitable[None]]
 
 #: Put on an :class:`AgentTurn`'s queue after the last chunk.
 END_OF_STREAM = object()
@@ -60,7 +62,94 @@ class AgentTurn:
         return self._task.__await__()
 
 
-class Chat:
+class ChatAPI(ABC):
+    """What every chat offers — a local :class:`Chat` and a remote one alike: ``send`` and
+    ``resume``, their streaming forms, one turn at a time. Subclasses run one turn in
+    :meth:`_turn`."""
+
+    snapshot_id: str | None = None
+    _busy = False
+
+    # -- sending --------------------------------------------------------------------------
+
+    async def send(
+        self,
+        message: MessageLike | None = None,
+        *,
+        resume: Mapping[str, Sequence[Part]] | None = None,
+        wait: bool = True,
+    ) -> AgentResponse:
+        """Send a user message (or, with ``resume``, answer the paused interrupts).
+
+        ``send()`` with neither retries from the current snapshot (a failed or aborted turn
+        holds the conversation up to its last completed round). With ``wait=False`` (agents
+        whose turns run in workers) the call returns the ``pending`` snapshot at once;
+        ``agent.wait(snapshot_id)`` later returns its settled response.
+        """
+        return await self._guarded(message, resume, None, wait)
+
+    def send_stream(
+        self,
+        message: MessageLike | None = None,
+        *,
+        resume: Mapping[str, Sequence[Part]] | None = None,
+    ) -> AgentTurn:
+        """Like :meth:`send`, streaming the model's chunks as they are produced."""
+        queue: asyncio.Queue[object] = asyncio.Queue()
+
+        async def sink(chunk: AgentChunk) -> None:
+            queue.put_nowait(chunk)
+
+        async def run() -> AgentResponse:
+            try:
+                return await self._guarded(message, resume, sink, True)
+            finally:
+                queue.put_nowait(END_OF_STREAM)
+
+        return AgentTurn(queue, asyncio.create_task(run()))
+
+    async def resume(
+        self, *, respond: Sequence[Part] = (), restart: Sequence[Part] = (), wait: bool = True
+    ) -> AgentResponse:
+        """Answer the paused interrupts: sugar for ``send(resume={...})``."""
+        return await self.send(resume={"respond": respond, "restart": restart}, wait=wait)
+
+    def resume_stream(
+        self, *, respond: Sequence[Part] = (), restart: Sequence[Part] = ()
+    ) -> AgentTurn:
+        """Streaming :meth:`resume`."""
+        return self.send_stream(resume={"respond": respond, "restart": restart})
+
+    async def _guarded(
+        self,
+        message: MessageLike | None,
+        resume: Mapping[str, Sequence[Part]] | None,
+        sink: ChunkSink | None,
+        wait: bool,
+    ) -> AgentResponse:
+        if self._busy:
+            raise SessionBusyError(
+                "This chat already has a turn in flight; wait for it (or abort it) first.",
+                snapshot_id=self.snapshot_id,
+            )
+        self._busy = True
+        try:
+            return await self._turn(message, resume, sink, wait)
+        finally:
+            self._busy = False
+
+    @abstractmethod
+    async def _turn(
+        self,
+        message: MessageLike | None,
+        resume: Mapping[str, Sequence[Part]] | None,
+        sink: ChunkSink | None,
+        wait: bool,
+    ) -> AgentResponse:
+        """Run one turn (the busy guard is already held)."""
+
+
+class Chat(ChatAPI):
     """One conversation with an agent.
 
     The chat follows the session: after each turn it points at the new snapshot (or, with
@@ -84,57 +173,6 @@ class Chat:
         if self.state is not None:
             self.session_id = str(self.state.get("sessionId"))
         self._running: tuple[SessionStore, TurnRecord] | None = None
-        self._busy = False
-
-    # -- sending --------------------------------------------------------------------------
-
-    async def send(
-        self,
-        message: MessageLike | None = None,
-        *,
-        resume: Mapping[str, Sequence[Part]] | None = None,
-        wait: bool = True,
-    ) -> AgentResponse:
-        """Send a user message (or, with ``resume``, answer the paused interrupts).
-
-        ``send()`` with neither retries from the current snapshot (a failed or aborted turn
-        holds the conversation up to its last completed round). With ``wait=False`` (agents
-        whose turns run in workers) the call returns the ``pending`` snapshot at once;
-        ``agent.wait(snapshot_id)`` later returns its settled response.
-        """
-        return await self._turn(message, resume, None, wait)
-
-    def send_stream(
-        self,
-        message: MessageLike | None = None,
-        *,
-        resume: Mapping[str, Sequence[Part]] | None = None,
-    ) -> AgentTurn:
-        """Like :meth:`send`, streaming the model's chunks as they are produced."""
-        queue: asyncio.Queue[object] = asyncio.Queue()
-
-        async def sink(chunk: AgentChunk) -> None:
-            queue.put_nowait(chunk)
-
-        async def run() -> AgentResponse:
-            try:
-                return await self._turn(message, resume, sink)
-            finally:
-                queue.put_nowait(END_OF_STREAM)
-
-        return AgentTurn(queue, asyncio.create_task(run()))
-
-    async def resume(
-        self, *, respond: Sequence[Part] = (), restart: Sequence[Part] = (), wait: bool = True
-    ) -> AgentResponse:
-        """Answer the paused interrupts: sugar for ``send(resume={...})``."""
-        return await self.send(resume={"respond": respond, "restart": restart}, wait=wait)
-
-    def resume_stream(
-        self, *, respond: Sequence[Part] = (), restart: Sequence[Part] = ()
-    ) -> AgentTurn:
-        """Streaming :meth:`resume`."""
-        return self.send_stream(resume={"respond": respond, "restart": restart})
 
     @property
     def pending_snapshot_id(self) -> str | None:
@@ -166,17 +204,11 @@ class Chat:
         self,
         message: MessageLike | None,
         resume: Mapping[str, Sequence[Part]] | None,
-        sink: Any,
-        wait: bool = True,
+        sink: ChunkSink | None,
+        wait: bool,
     ) -> AgentResponse:
         from engine.agent import TurnRequest
 
-        if self._busy:
-            raise SessionBusyError(
-                "This chat already has a turn in flight; wait for it (or abort it) first.",
-                snapshot_id=self.snapshot_id,
-            )
-        self._busy = True
         try:
             request = TurnRequest(
                 input=self._input(message, resume),
@@ -201,7 +233,6 @@ class Chat:
             return response
         finally:
             self._running = None
-            self._busy = False
 
     def _follow(self, response: AgentResponse) -> None:
         self.session_id = response.session_id

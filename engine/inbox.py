@@ -121,19 +121,7 @@ async def find_approval(
         if call.ref != ref or call.interrupt is None:
             continue
         session = await store.get_session(turn.session_id)
-        entry = PendingApproval(
-            turn_id=turn.id,
-            session_id=turn.session_id,
-            agent=turn.agent,
-            owner=session.owner if session else None,
-            round=call.round,
-            interrupt=call.name,
-            ref=call.ref,
-            input=call.input,
-            metadata=call.interrupt,
-            deadline=call.deadline,
-            created_at=call.created_at or turn.updated_at,
-        )
+        entry = PendingApproval.of(turn, call, session.owner if session else None)
         is_open = (
             call.status is ToolCallStatus.INTERRUPTED
             and call.decided_at is None

@@ -492,19 +492,7 @@ class InMemorySessionStore:
             for call in self._calls[turn.id].values():
                 if call.status is not ToolCallStatus.INTERRUPTED or call.decided_at is not None:
                     continue
-                entry = PendingApproval(
-                    turn_id=turn.id,
-                    session_id=turn.session_id,
-                    agent=turn.agent,
-                    owner=session.owner,
-                    round=call.round,
-                    interrupt=call.name,
-                    ref=call.ref,
-                    input=call.input,
-                    metadata=call.interrupt,
-                    deadline=call.deadline,
-                    created_at=call.created_at or turn.updated_at,
-                )
+                entry = PendingApproval.of(turn, call, session.owner)
                 if (
                     (query.agents is None or entry.agent in query.agents)
                     and (query.interrupt is None or entry.interrupt == query.interrupt)

@@ -213,6 +213,24 @@ class PendingApproval(BaseModel):
     deadline: datetime | None = None
     created_at: datetime
 
+    @classmethod
+    def of(cls, turn: TurnRecord, call: ToolCallRecord, owner: str | None) -> PendingApproval:
+        """The inbox entry for the paused ``call`` of ``turn`` (a session owned by ``owner``)."""
+        return cls(
+            turn_id=turn.id,
+            session_id=turn.session_id,
+            agent=turn.agent,
+            owner=owner,
+            round=call.round,
+            interrupt=call.name,
+            ref=call.ref,
+            input=call.input,
+            metadata=call.interrupt,
+            deadline=call.deadline,
+            # A store that keeps no journal time reports the moment the turn paused.
+            created_at=call.created_at or turn.updated_at,
+        )
+
 
 class ApprovalQuery(BaseModel):
     """Filters and keyset page of :meth:`SessionStore.list_approvals` (oldest first)."""

@@ -16,9 +16,10 @@ from sqlalchemy.engine import Connection
 
 from engine.errors import ApprovalNotPendingError
 from engine.status import FinishReason, TurnStatus
-from engine.store import ApprovalQuery, PendingApproval, ToolCallStatus
+from engine.store import ApprovalQuery, PendingApproval, ToolCallRecord, ToolCallStatus
 from stores.database import utc
 from stores.schema import sessions, tool_calls, turns
+from stores.tool_calls import record_of
 
 __all__ = ["list_approvals", "record_decision"]
 
@@ -106,8 +107,9 @@ def record_decision(
     answer: Any,
     decided_by: str | None,
     now: datetime,
-) -> None:
-    """Fill in the decision on one open approval; zero rows matched → the typed conflict.
+) -> ToolCallRecord:
+    """Fill in the decision on one open approval and return its row; zero rows matched → the
+    typed conflict.
 
     One guarded UPDATE: of two approvers deciding the same call at once, the second matches
     nothing (the first set ``decided_at``) and gets :class:`ApprovalNotPendingError`.
@@ -125,9 +127,11 @@ def record_decision(
             sa.exists(open_turn),
         )
         .values(answer=answer, decided_by=decided_by, decided_at=now)
+        .returning(*tool_calls.columns)
     )
-    if result.rowcount == 1:
-        return
+    decided = result.first()
+    if decided is not None:
+        return record_of(decided)
     current = connection.execute(
         sa.select(c.status, c.decided_by, c.decided_at).where(
             c.turn_id == turn_id, c.round == round, c.ref == ref

@@ -363,18 +363,11 @@ class SqlSessionStore:
     ) -> ToolCallRecord:
         """See :meth:`engine.store.SessionStore.record_decision`."""
 
-        def decide(connection: sa.Connection) -> ToolCallRecord:
-            approval_sql.record_decision(
-                connection, turn_id, round, ref, answer=answer, decided_by=decided_by, now=_now()
+        return await self._write(
+            lambda c: approval_sql.record_decision(
+                c, turn_id, round, ref, answer=answer, decided_by=decided_by, now=_now()
             )
-            decided = [
-                call
-                for call in call_sql.list_calls(connection, turn_id)
-                if (call.round, call.ref) == (round, ref)
-            ]
-            return decided[0]
-
-        return await self._write(decide)
+        )
 
     async def prune_sessions(self, *, settled_before: datetime, limit: int = 500) -> int:
         """See :meth:`engine.store.SessionStore.prune_sessions`."""

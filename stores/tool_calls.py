@@ -15,7 +15,7 @@ from engine.store import InterruptAnswer, ToolCallRecord, ToolCallStatus, TurnEr
 from stores.database import upsert_statement, utc
 from stores.schema import tool_calls, turns
 
-__all__ = ["answer_calls", "list_calls", "list_expired", "upsert_calls"]
+__all__ = ["answer_calls", "list_calls", "list_expired", "record_of", "upsert_calls"]
 
 
 def _row(turn_id: str, call: ToolCallRecord, now: datetime) -> dict[str, Any]:
@@ -42,7 +42,8 @@ def _row(turn_id: str, call: ToolCallRecord, now: datetime) -> dict[str, Any]:
     }
 
 
-def _record(row: sa.Row[tuple[object, ...]]) -> ToolCallRecord:
+def record_of(row: sa.Row[tuple[object, ...]]) -> ToolCallRecord:
+    """The journal record of a ``tool_calls`` row."""
     m = row._mapping
     return ToolCallRecord(
         turn_id=m["turn_id"],
@@ -81,7 +82,7 @@ _UPSERT = upsert_statement(tool_calls, ["turn_id", "round", "ref"], keep=("creat
 def list_calls(connection: Connection, turn_id: str) -> list[ToolCallRecord]:
     """The turn's journal, by round then ref (ref in plain code-point order)."""
     rows = connection.execute(_BY_TURN, {"turn_id": turn_id}).all()
-    return sorted((_record(r) for r in rows), key=lambda c: (c.round, c.ref))
+    return sorted((record_of(r) for r in rows), key=lambda c: (c.round, c.ref))
 
 
 def answer_calls(connection: Connection, answers: Sequence[InterruptAnswer], now: datetime) -> None:
@@ -160,4 +161,4 @@ def list_expired(
         .order_by(tool_calls.c.deadline, tool_calls.c.turn_id, tool_calls.c.ref)
         .limit(limit)
     ).all()
-    return [_record(r) for r in rows]
+    return [record_of(r) for r in rows]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
@@ -86,32 +86,27 @@ class MaintenanceScheduler:
     def start(self) -> None:
         """Schedule the jobs and start the scheduler on the running event loop."""
         asyncio.get_running_loop()  # fail early and clearly outside a loop
+        self._every(self.expiry_interval, self.run_expiry, "expire_approvals", "expire approvals")
+        if self.retention is not None:
+            self._every(self.retention_interval, self.run_retention, "prune_sessions", "retention")
+        self._scheduler.start()
+
+    def _every(
+        self, seconds: float, job: Callable[[], Awaitable[None]], job_id: str, name: str
+    ) -> None:
         self._scheduler.add_job(
-            self.run_expiry,
+            job,
             "interval",
-            seconds=self.expiry_interval,
-            id="expire_approvals",
-            name="expire overdue approvals",
+            seconds=seconds,
+            id=job_id,
+            name=name,
             # One run at a time, and runs missed while the loop was busy collapse into one:
-            # the job catches up on everything overdue anyway.
+            # each job catches up on everything due anyway.
             coalesce=True,
             max_instances=1,
-            misfire_grace_time=max(1, math.ceil(self.expiry_interval)),
+            misfire_grace_time=max(1, math.ceil(seconds)),
             replace_existing=True,
         )
-        if self.retention is not None:
-            self._scheduler.add_job(
-                self.run_retention,
-                "interval",
-                seconds=self.retention_interval,
-                id="prune_sessions",
-                name="prune sessions past retention",
-                coalesce=True,
-                max_instances=1,
-                misfire_grace_time=max(1, math.ceil(self.retention_interval)),
-                replace_existing=True,
-            )
-        self._scheduler.start()
 
     async def shutdown(self, grace: float = 5.0) -> None:
         """Stop scheduling, give a job still running up to ``grace`` seconds, then cancel
@@ -131,42 +126,40 @@ class MaintenanceScheduler:
     async def run_expiry(self) -> None:
         """One run of the expiry job; never raises (a failure is logged and retried next
         interval, because the database may be restarting)."""
-        self._current = asyncio.current_task()
+        if await self._run_locked(EXPIRY_LOCK, self._expire, self.expiry_interval):
+            self.expiry_runs += 1
+
+    async def run_retention(self) -> None:
+        """One run of the retention job: delete idle sessions in batches until none is left;
+        never raises (a failure is logged and retried next interval)."""
+        if self.retention is not None:
+            await self._run_locked(RETENTION_LOCK, self._prune, self.retention_interval)
+
+    async def _run_locked(
+        self, lock_name: str, work: Callable[[], Awaitable[None]], interval: float
+    ) -> bool:
+        """Run ``work`` under the store's cluster lock ``lock_name`` (if it offers one);
+        ``False`` when another worker holds the lock or the run failed (logged)."""
+        self._current = asyncio.current_task()  # what shutdown() gives its grace to
         try:
             lock = _cluster_lock(self.store)
             if lock is None:
-                await self._expire()
-            else:
-                async with lock(EXPIRY_LOCK) as acquired:
-                    if not acquired:
-                        logger.debug("expiry: another worker holds %s; skipping", EXPIRY_LOCK)
-                        return
-                    await self._expire()
-            self.expiry_runs += 1
+                await work()
+                return True
+            async with lock(lock_name) as acquired:
+                if not acquired:
+                    logger.debug("%s: another worker holds the lock; skipping", lock_name)
+                    return False
+                await work()
+                return True
         except Exception:
-            logger.exception("expiry job failed; will retry in %.1fs", self.expiry_interval)
+            logger.exception("%s failed; will retry in %.1fs", lock_name, interval)
+            return False
 
     async def _expire(self) -> None:
         created = await expire_approvals(self.engine, self.store)
         if created:
             logger.info("expiry: decided %d overdue approval(s): %s", len(created), created)
-
-
-    async def run_retention(self) -> None:
-        """One run of the retention job: delete idle sessions in batches until none is left;
-        never raises (a failure is logged and retried next interval)."""
-        if self.retention is None:
-            return
-        try:
-            lock = _cluster_lock(self.store)
-            if lock is None:
-                await self._prune()
-                return
-            async with lock(RETENTION_LOCK) as acquired:
-                if acquired:
-                    await self._prune()
-        except Exception:
-            logger.exception("retention job failed; will retry in %.1fs", self.retention_interval)
 
     async def _prune(self) -> None:
         assert self.retention is not None

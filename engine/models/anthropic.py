@@ -37,6 +37,8 @@ from engine.model import ChunkSink, ModelRequest, ModelResponse, ModelUsage, Too
 from engine.models.common import (
     EMPTY_OBJECT_SCHEMA,
     GENKIT_CONFIG_KEYS,
+    ProviderModel,
+    import_sdk,
     is_tool_error,
     json_text,
     provider_config,
@@ -70,16 +72,6 @@ def tool_use_id(ref: str | None) -> str:
     return _ID_UNSAFE.sub("_", ref or "") or "call"
 
 
-def _import_sdk() -> Any:
-    try:
-        import anthropic
-    except ImportError as exc:
-        raise ImportError(
-            "AnthropicModel needs the anthropic SDK: pip install 'turnstile[anthropic]'"
-        ) from exc
-    return anthropic
-
-
 @dataclass
 class _Block:
     """One content block being assembled from stream events."""
@@ -92,7 +84,7 @@ class _Block:
     start_input: Any = None
 
 
-class AnthropicModel:
+class AnthropicModel(ProviderModel):
     """A :class:`~engine.model.Model` on the Anthropic Messages API.
 
     ``api_key`` defaults to ``ANTHROPIC_API_KEY``, ``base_url`` to ``ANTHROPIC_BASE_URL`` (or
@@ -101,6 +93,9 @@ class AnthropicModel:
     request's own ``config`` overrides. ``stream=False`` asks for whole responses.
     ``max_retries`` is the SDK's own quick retry before an error reaches the engine.
     """
+
+    provider = "anthropic"
+    sdk_error = "AnthropicError"
 
     def __init__(
         self,
@@ -118,7 +113,7 @@ class AnthropicModel:
         self.model = model
         self.stream = stream
         self.defaults = {"max_tokens": DEFAULT_MAX_TOKENS, **(config or {})}
-        self._sdk = _import_sdk()
+        self._sdk = import_sdk("anthropic", "AnthropicModel")
         if client is None:
             import os
 
@@ -134,17 +129,7 @@ class AnthropicModel:
                 timeout=timeout,
                 max_retries=max_retries,
             )
-        # Typed loosely on purpose: the SDK is optional (see OpenAIChatModel).
-        self.client: Any = client
-
-    @property
-    def name(self) -> str:
-        """``anthropic:<model>``."""
-        return f"anthropic:{self.model}"
-
-    async def aclose(self) -> None:
-        """Close the HTTP client's connections (call it before the event loop ends)."""
-        await self.client.close()
+        self.client = client
 
     # -- request --------------------------------------------------------------------
 
@@ -162,23 +147,8 @@ class AnthropicModel:
 
     # -- call -----------------------------------------------------------------------
 
-    async def generate(
-        self, request: ModelRequest, on_chunk: ChunkSink | None = None
-    ) -> ModelResponse:
-        """Call the API, streaming text deltas to ``on_chunk``; see the module docs."""
-        params = self.build_request(request)
-        try:
-            if self.stream and on_chunk is not None:
-                return await self._streamed(params, on_chunk)
-            message = await self.client.messages.create(**params)
-            response = _response(message)
-        except (self._sdk.AnthropicError, httpx.TransportError) as exc:
-            # httpx errors escape the SDK when a connection breaks in the middle of a stream.
-            raise self._classify(exc) from exc
-        if on_chunk is not None and response.message.content:
-            # Not streamed: the whole answer is one chunk, so stream consumers still see it.
-            await on_chunk([p.model_copy(deep=True) for p in response.message.content])
-        return response
+    async def _whole(self, params: dict[str, Any]) -> ModelResponse:
+        return _response(await self.client.messages.create(**params))
 
     async def _streamed(self, params: dict[str, Any], on_chunk: ChunkSink) -> ModelResponse:
         blocks: dict[int, _Block] = {}

@@ -1,18 +1,25 @@
-"""Pieces both provider adapters share: tool arguments, tool descriptions, request config."""
+"""Pieces both provider adapters share: the call itself (:class:`ProviderModel`), loading the
+optional SDK, tool arguments, tool descriptions, request config."""
 
 from __future__ import annotations
 
+import importlib
 import json
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
-from engine.model import ToolSpec
+import httpx
+
+from engine.model import ChunkSink, ModelRequest, ModelResponse, ToolSpec
 from engine.parts import MALFORMED_INPUT, TOOL_ERROR, Part
 
 __all__ = [
     "EMPTY_OBJECT_SCHEMA",
     "GENKIT_CONFIG_KEYS",
+    "ProviderModel",
     "arguments_text",
+    "import_sdk",
     "is_tool_error",
     "json_text",
     "provider_config",
@@ -97,3 +104,72 @@ def provider_config(
     for key, value in config.items():
         merged[names.get(key, key)] = value
     return merged
+
+
+def import_sdk(module: str, adapter: str) -> Any:
+    """The provider SDK ``module``, or an ImportError naming the extra that installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ImportError(
+            f"{adapter} needs the {module} SDK: pip install 'turnstile[{module}]'"
+        ) from exc
+
+
+class ProviderModel(ABC):
+    """One model call on a provider SDK, the same for every provider: build the request,
+    stream (or not), and classify the SDK's errors into transient and permanent ones."""
+
+    #: ``<provider>`` in :attr:`name`, and the SDK module (and extra) that provides it.
+    provider: ClassVar[str]
+    #: The SDK's base exception class, by name within its module.
+    sdk_error: ClassVar[str]
+
+    model: str
+    stream: bool
+    # Typed loosely on purpose: the SDK is optional, and its request TypedDicts would add
+    # nothing here that the tests against the wire format do not check.
+    client: Any
+    _sdk: Any
+
+    @property
+    def name(self) -> str:
+        """``<provider>:<model>``."""
+        return f"{self.provider}:{self.model}"
+
+    async def aclose(self) -> None:
+        """Close the HTTP client's connections (call it before the event loop ends)."""
+        await self.client.close()
+
+    async def generate(
+        self, request: ModelRequest, on_chunk: ChunkSink | None = None
+    ) -> ModelResponse:
+        """Call the provider, streaming text deltas to ``on_chunk``; see the module docs."""
+        params = self.build_request(request)
+        try:
+            if self.stream and on_chunk is not None:
+                return await self._streamed(params, on_chunk)
+            response = await self._whole(params)
+        except (getattr(self._sdk, self.sdk_error), httpx.TransportError) as exc:
+            # httpx errors escape the SDK when a connection breaks in the middle of a stream.
+            raise self._classify(exc) from exc
+        if on_chunk is not None and response.message.content:
+            # Not streamed: the whole answer is one chunk, so stream consumers still see it.
+            await on_chunk([p.model_copy(deep=True) for p in response.message.content])
+        return response
+
+    @abstractmethod
+    def build_request(self, request: ModelRequest) -> dict[str, Any]:
+        """The keyword arguments of the SDK's create call for ``request``."""
+
+    @abstractmethod
+    async def _whole(self, params: dict[str, Any]) -> ModelResponse:
+        """One non-streamed call."""
+
+    @abstractmethod
+    async def _streamed(self, params: dict[str, Any], on_chunk: ChunkSink) -> ModelResponse:
+        """One streamed call, text deltas to ``on_chunk`` as they arrive."""
+
+    @abstractmethod
+    def _classify(self, exc: Exception) -> Exception:
+        """The engine error for an SDK or transport error."""

@@ -33,7 +33,9 @@ import httpx
 from engine.model import ChunkSink, ModelRequest, ModelResponse, ModelUsage, ToolSpec
 from engine.models.common import (
     EMPTY_OBJECT_SCHEMA,
+    ProviderModel,
     arguments_text,
+    import_sdk,
     json_text,
     provider_config,
     request_part,
@@ -62,16 +64,6 @@ def _finish(reason: str | None) -> str:
     return _FINISH.get(reason, "other")
 
 
-def _import_sdk() -> Any:
-    try:
-        import openai
-    except ImportError as exc:
-        raise ImportError(
-            "OpenAIChatModel needs the openai SDK: pip install 'turnstile[openai]'"
-        ) from exc
-    return openai
-
-
 @dataclass
 class _PendingCall:
     """One tool call being assembled from stream fragments."""
@@ -81,7 +73,7 @@ class _PendingCall:
     arguments: list[str] = field(default_factory=list)
 
 
-class OpenAIChatModel:
+class OpenAIChatModel(ProviderModel):
     """A :class:`~engine.model.Model` on an OpenAI-compatible Chat Completions endpoint.
 
     ``base_url`` points at the endpoint (default: ``OPENAI_BASE_URL``, else OpenAI);
@@ -94,6 +86,9 @@ class OpenAIChatModel:
     usage chunk of a stream (``stream_options.include_usage``; turn it off for servers that
     reject the option).
     """
+
+    provider = "openai"
+    sdk_error = "OpenAIError"
 
     def __init__(
         self,
@@ -113,7 +108,7 @@ class OpenAIChatModel:
         self.stream = stream
         self.stream_usage = stream_usage
         self.defaults = dict(config or {})
-        self._sdk = _import_sdk()
+        self._sdk = import_sdk("openai", "OpenAIChatModel")
         if client is None:
             import os
 
@@ -133,18 +128,7 @@ class OpenAIChatModel:
                 timeout=timeout,
                 max_retries=max_retries,
             )
-        # Typed loosely on purpose: the SDK is optional, and its request TypedDicts would add
-        # nothing here that the tests against the wire format do not check.
-        self.client: Any = client
-
-    @property
-    def name(self) -> str:
-        """``openai:<model>``."""
-        return f"openai:{self.model}"
-
-    async def aclose(self) -> None:
-        """Close the HTTP client's connections (call it before the event loop ends)."""
-        await self.client.close()
+        self.client = client
 
     # -- request --------------------------------------------------------------------
 
@@ -159,23 +143,8 @@ class OpenAIChatModel:
 
     # -- call -----------------------------------------------------------------------
 
-    async def generate(
-        self, request: ModelRequest, on_chunk: ChunkSink | None = None
-    ) -> ModelResponse:
-        """Call the endpoint, streaming text deltas to ``on_chunk``; see the module docs."""
-        params = self.build_request(request)
-        try:
-            if self.stream and on_chunk is not None:
-                return await self._streamed(params, on_chunk)
-            completion = await self.client.chat.completions.create(**params)
-            response = _response(completion)
-        except (self._sdk.OpenAIError, httpx.TransportError) as exc:
-            # httpx errors escape the SDK when a connection breaks in the middle of a stream.
-            raise self._classify(exc) from exc
-        if on_chunk is not None and response.message.content:
-            # Not streamed: the whole answer is one chunk, so stream consumers still see it.
-            await on_chunk([p.model_copy(deep=True) for p in response.message.content])
-        return response
+    async def _whole(self, params: dict[str, Any]) -> ModelResponse:
+        return _response(await self.client.chat.completions.create(**params))
 
     async def _streamed(self, params: dict[str, Any], on_chunk: ChunkSink) -> ModelResponse:
         params["stream"] = True

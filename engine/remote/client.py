@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 
 from engine import errors
-from engine.chat import END_OF_STREAM, AgentTurn, MessageLike
-from engine.errors import AgentError, InvalidArgumentError, SessionBusyError, TurnFailedError
+from engine.chat import ChatAPI, ChunkSink, MessageLike
+from engine.errors import AgentError, InvalidArgumentError, TurnFailedError
 from engine.parts import Message, Part
 from engine.response import AgentChunk, AgentInterrupt, AgentResponse
 from engine.schemas import Schema, SchemaSpec
@@ -204,7 +204,7 @@ class RemoteAgent:
         self,
         data: Mapping[str, Any],
         init: Mapping[str, Any],
-        on_chunk: Callable[[AgentChunk], None] | None,
+        on_chunk: ChunkSink | None,
     ) -> Mapping[str, Any]:
         """One turn over the streaming protocol; the ``result`` object."""
         body = {"data": dict(data), "init": dict(init)}
@@ -221,7 +221,7 @@ class RemoteAgent:
                         # Genkit ends a paused turn with an index-less chunk repeating the
                         # paused requests; the response carries them, a local stream does not.
                         if on_chunk is not None and body is not None and "index" in body:
-                            on_chunk(AgentChunk.from_wire(payload))
+                            await on_chunk(AgentChunk.from_wire(payload))
                     elif kind == "result":
                         return dict(payload)
                     else:
@@ -330,7 +330,7 @@ def _interrupts(message: Message | None, schemas: Mapping[str, Schema]) -> list[
     ]
 
 
-class RemoteChat:
+class RemoteChat(ChatAPI):
     """One conversation with a remote agent; the same API as :class:`engine.Chat`.
 
     Follows Genkit's client: after each turn the chat points at the returned snapshot (or
@@ -354,7 +354,6 @@ class RemoteChat:
         #: The conversation as this client knows it.
         self.messages: list[Message] = list(_state_messages(self.state))
         self._pending: str | None = None
-        self._busy = False
 
     def _init(self) -> dict[str, Any]:
         if self.snapshot_id is not None:
@@ -362,45 +361,6 @@ class RemoteChat:
         if self.state is not None:
             return {"state": self.state}
         return {"sessionId": self.session_id} if self.session_id else {}
-
-    async def send(
-        self,
-        message: MessageLike | None = None,
-        *,
-        resume: Mapping[str, Sequence[Part]] | None = None,
-        wait: bool = True,
-    ) -> AgentResponse:
-        """Send a message (or answer interrupts with ``resume``); ``wait=False`` detaches."""
-        return await self._turn(message, resume, None, wait)
-
-    def send_stream(
-        self,
-        message: MessageLike | None = None,
-        *,
-        resume: Mapping[str, Sequence[Part]] | None = None,
-    ) -> AgentTurn:
-        """Like :meth:`send`, streaming the chunks as the server relays them."""
-        queue: asyncio.Queue[object] = asyncio.Queue()
-
-        async def run() -> AgentResponse:
-            try:
-                return await self._turn(message, resume, queue.put_nowait, True)
-            finally:
-                queue.put_nowait(END_OF_STREAM)
-
-        return AgentTurn(queue, asyncio.create_task(run()))
-
-    async def resume(
-        self, *, respond: Sequence[Part] = (), restart: Sequence[Part] = (), wait: bool = True
-    ) -> AgentResponse:
-        """Answer the paused interrupts."""
-        return await self.send(resume={"respond": respond, "restart": restart}, wait=wait)
-
-    def resume_stream(
-        self, *, respond: Sequence[Part] = (), restart: Sequence[Part] = ()
-    ) -> AgentTurn:
-        """Streaming :meth:`resume`."""
-        return self.send_stream(resume={"respond": respond, "restart": restart})
 
     @property
     def pending_snapshot_id(self) -> str | None:
@@ -451,31 +411,22 @@ class RemoteChat:
         self,
         message: MessageLike | None,
         resume: Mapping[str, Sequence[Part]] | None,
-        sink: Callable[[object], None] | None,
+        sink: ChunkSink | None,
         wait: bool,
     ) -> AgentResponse:
-        if self._busy:
-            raise SessionBusyError(
-                "This chat already has a turn in flight; wait for it (or abort it) first.",
-                snapshot_id=self.snapshot_id,
-            )
-        self._busy = True
-        try:
-            data, user = self._data(message, resume, wait)
-            result = await self.agent.run(data, self._init(), sink)
-            history = None
-            settled = (
-                result.get("snapshotId")
-                and result.get("sessionId")  # refused requests carry none: nothing changed
-                and "state" not in result
-                and result.get("finishReason") != FinishReason.DETACHED.value
-            )
-            if self.agent.full_history and settled:
-                snapshot = await self.agent.get_snapshot(snapshot_id=result["snapshotId"])
-                history = snapshot.state.messages if snapshot is not None else None
-            return self._follow(result, user, history)
-        finally:
-            self._busy = False
+        data, user = self._data(message, resume, wait)
+        result = await self.agent.run(data, self._init(), sink)
+        history = None
+        settled = (
+            result.get("snapshotId")
+            and result.get("sessionId")  # refused requests carry none: nothing changed
+            and "state" not in result
+            and result.get("finishReason") != FinishReason.DETACHED.value
+        )
+        if self.agent.full_history and settled:
+            snapshot = await self.agent.get_snapshot(snapshot_id=result["snapshotId"])
+            history = snapshot.state.messages if snapshot is not None else None
+        return self._follow(result, user, history)
 
     def _follow(
         self,

@@ -22,6 +22,7 @@ from engine.remote import create_app
 from engine.remote.client import RemoteAgent, remote_agent
 from examples.banking import ApprovalRequest, BankingApp, build
 from stores import InMemorySessionStore
+from tests.behaviour_suite import *  # noqa: F403 - the suite, collected again here
 from tests.conftest import TEST_STATE_KEYS
 from tests.databases import sql_store
 from tests.http_support import serve_in_loop
@@ -29,31 +30,6 @@ from tests.unit.test_client_state import (  # noqa: F401
     test_state_blob_alone_carries_the_session_through_an_approval,
     test_state_from_chat_follows_each_turn,
     test_wire_round_trip_of_blob_and_respond_still_resumes,
-)
-from tests.unit.test_interrupts import (  # noqa: F401 - collected again through HTTP
-    test_a_second_transfer_in_the_same_session_gets_a_fresh_ref,
-    test_denial_cancels_and_runs_nothing,
-    test_finished_sibling_output_is_kept_and_replayed_not_rerun,
-    test_respond_answers_without_running_the_interrupt,
-    test_send_pauses_at_the_approval_interrupt,
-    test_several_interrupts_answered_in_one_resume,
-)
-from tests.unit.test_resume_validation import (  # noqa: F401
-    test_an_interrupt_is_answered_only_once,
-    test_invalid_resume_is_rejected_and_writes_nothing,
-    test_new_message_while_paused_is_rejected,
-    test_resume_of_a_snapshot_that_is_not_paused_is_rejected,
-    test_resume_with_a_new_message_is_rejected,
-)
-from tests.unit.test_streaming import (  # noqa: F401
-    test_send_stream_yields_word_chunks_then_the_response,
-    test_stream_of_a_stateless_agent_carries_state_in_the_response,
-    test_tool_request_streams_as_one_chunk,
-)
-from tests.unit.test_turn_lifecycle import (  # noqa: F401
-    test_abort_of_a_settled_snapshot_is_a_no_op,
-    test_get_snapshot_by_session_returns_the_latest,
-    test_reopened_session_continues_the_conversation,
 )
 from workers import WorkerPool
 
