@@ -145,6 +145,22 @@ class Database:
             with self.read_engine.connect() as connection:
                 yield connection
 
+    @contextmanager
+    def statement(self) -> Iterator[Connection]:
+        """A connection for one writing statement that is atomic on its own.
+
+        On PostgreSQL, an autocommit connection: the statement is its own transaction, one
+        round trip where ``BEGIN`` … ``COMMIT`` costs three. Only for a single statement
+        (several would not be atomic together). On SQLite, a short transaction, whose
+        ``BEGIN IMMEDIATE`` is also what serialises writers there.
+        """
+        if self.read_engine is self.engine:
+            with self.transaction() as connection:
+                yield connection
+        else:
+            with self.read_engine.connect() as connection:
+                yield connection
+
     async def run(self, operation: Callable[[], T], *, retries: int = 3) -> T:
         """Run a blocking store operation in a thread, wrapping driver errors.
 

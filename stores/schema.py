@@ -36,8 +36,9 @@ metadata = sa.MetaData(
     }
 )
 
-#: JSONB on PostgreSQL (queryable with ->, ->>, @>), JSON text on SQLite.
-JSON = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
+#: JSONB on PostgreSQL (queryable with ->, ->>, @>), JSON text on SQLite. Python's None is
+#: stored as SQL NULL (``IS NULL`` finds it), not as the JSON value ``null``.
+JSON = sa.JSON(none_as_null=True).with_variant(postgresql.JSONB(none_as_null=True), "postgresql")
 TIMESTAMP = sa.DateTime(timezone=True)
 
 turn_status = sa.Enum(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime, timedelta
@@ -39,18 +40,21 @@ from engine.store import (
     TurnEvent,
     TurnRecord,
 )
-from engine.store_rules import abort_target, check_answers, check_session
+from engine.store_rules import abort_target, check_answers
 from stores import approvals as approval_sql
 from stores import messages as message_sql
 from stores import retention as retention_sql
 from stores import sessions as session_sql
 from stores import tool_calls as call_sql
+from stores import turn_creation as creation_sql
 from stores import turns as turn_sql
 from stores import views
 from stores.database import Database, default_url
 from stores.notify import CHUNK_CHANNEL, Listener, chunk_payloads, notify
 
 __all__ = ["SqlSessionStore"]
+
+logger = logging.getLogger("turnstile.store")
 
 T = TypeVar("T")
 
@@ -96,40 +100,22 @@ class SqlSessionStore:
 
         def create() -> TurnRecord:
             now = _now()
+            if self.db.is_postgres:
+                try:
+                    with self.db.statement() as connection:
+                        created = creation_sql.create_turn_in_one_statement(
+                            connection, turn, answers, now
+                        )
+                    if created is not None:
+                        return created
+                except sa.exc.DBAPIError as exc:
+                    if exc.connection_invalidated:
+                        raise  # Database.run retries on a fresh connection
+                    # A constraint refused it (nothing was written): the transaction below
+                    # raises the precise error, or succeeds if the conflict is gone.
+                    logger.debug("turn %s: one-statement creation refused (%s)", turn.id, exc)
             with self.db.transaction() as connection:
-                agent = session_sql.lock_or_create_session(
-                    connection, turn.session_id, turn.agent, turn.owner, now
-                )
-                if agent != turn.agent:
-                    raise InvalidArgumentError(
-                        f"Session {turn.session_id} belongs to agent '{agent}', not '{turn.agent}'."
-                    )
-                if turn.owner is not None:
-                    # Only a caller acting for a principal pays this read (HTTP with auth).
-                    session = session_sql.get_session(connection, turn.session_id)
-                    assert session is not None  # created or locked just above
-                    check_session(session, turn)
-                active = turn_sql.active_turn(connection, turn.session_id)
-                if active is not None:
-                    active_id, active_status = active
-                    raise SessionBusyError(
-                        f"Session {turn.session_id} already has a running turn ({active_id}, "
-                        f"{active_status.value}); wait for it to settle or abort it.",
-                        snapshot_id=active_id,
-                    )
-                call_sql.answer_calls(connection, answers, now)
-                # A duplicate id fails on the primary key (mapped below), rolling back the
-                # session row too: no separate existence check (one round trip less).
-                created = turn_sql.insert_turn(connection, turn, now)
-                if turn.initial_messages:
-                    message_sql.save_round(
-                        connection,
-                        turn.id,
-                        RoundRecord(round=0, messages=turn.initial_messages, committed=True),
-                        now,
-                        replace=False,
-                    )
-                return created
+                return creation_sql.create_turn(connection, turn, answers, now)
 
         try:
             return await self.db.run(create)
@@ -157,10 +143,8 @@ class SqlSessionStore:
 
     async def claim_turn(self, turn_id: str, *, owner: str, lease_seconds: float) -> TurnRecord:
         """See :meth:`engine.store.SessionStore.claim_turn`."""
-        claimed = await self._write(
-            lambda c: turn_sql.claim(
-                c, owner=owner, lease_seconds=lease_seconds, now=_now(), limit=1, turn_id=turn_id
-            )
+        claimed = await self._claim(
+            owner=owner, lease_seconds=lease_seconds, limit=1, turn_id=turn_id
         )
         if not claimed:
             raise StaleTransitionError(turn_id, f"Turn {turn_id} is not claimable.")
@@ -177,11 +161,47 @@ class SqlSessionStore:
         """See :meth:`engine.store.SessionStore.claim_next`."""
         if limit < 1:
             raise ValueError("limit must be at least 1.")
-        return await self._write(
-            lambda c: turn_sql.claim(
-                c, owner=owner, lease_seconds=lease_seconds, now=_now(), limit=limit, agents=agents
+        return await self._claim(
+            owner=owner, lease_seconds=lease_seconds, limit=limit, agents=agents
+        )
+
+    async def _claim(
+        self,
+        *,
+        owner: str,
+        lease_seconds: float,
+        limit: int,
+        agents: Collection[str] | None = None,
+        turn_id: str | None = None,
+    ) -> list[TurnRecord]:
+        if not self.db.is_postgres:
+            return await self._write(
+                lambda c: turn_sql.claim(
+                    c,
+                    owner=owner,
+                    lease_seconds=lease_seconds,
+                    now=_now(),
+                    limit=limit,
+                    agents=agents,
+                    turn_id=turn_id,
+                )
+            )
+        # PostgreSQL: one autocommit statement (the claim is on every turn's pickup path);
+        # the rare recovery of an abandoned abort follows in its own transaction.
+        claimed, abandoned = await self._statement(
+            lambda c: turn_sql.claim_checking_abandoned(
+                c,
+                owner=owner,
+                lease_seconds=lease_seconds,
+                now=_now(),
+                limit=limit,
+                agents=agents,
+                turn_id=turn_id,
             )
         )
+        if abandoned:
+            await self._write(lambda c: turn_sql.settle_abandoned(c, _now(), limit))
+        return claimed
 
     async def renew_lease(
         self, turn_id: str, *, lease_token: int, lease_seconds: float
@@ -449,6 +469,13 @@ class SqlSessionStore:
         def run() -> T:
             with self.db.reading() as connection:
                 return query(connection)
+
+        return await self.db.run(run)
+
+    async def _statement(self, change: Callable[[sa.Connection], T]) -> T:
+        def run() -> T:
+            with self.db.statement() as connection:
+                return change(connection)
 
         return await self.db.run(run)
 

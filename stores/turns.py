@@ -27,6 +27,7 @@ __all__ = [
     "active_turn",
     "add_usage",
     "claim",
+    "claim_checking_abandoned",
     "claim_statement",
     "fence",
     "get_turn",
@@ -34,6 +35,7 @@ __all__ = [
     "latest_turn",
     "list_events",
     "renew",
+    "settle_abandoned",
     "transition",
 ]
 
@@ -257,11 +259,49 @@ def claim(
     agents: Collection[str] | None = None,
     turn_id: str | None = None,
 ) -> list[TurnRecord]:
-    """Lease up to ``limit`` claimable turns (see :func:`claim_statement`).
+    """Lease up to ``limit`` claimable turns (see :func:`claim_statement`), in a transaction.
 
     First settles ``aborting`` turns whose worker died (lease expired): nobody else would,
-    and their session would stay busy forever. Recovery stays part of claiming.
+    and their session would stay busy forever. Recovery stays part of claiming. (The
+    SQLite path; PostgreSQL uses :func:`claim_checking_abandoned`.)
     """
+    settle_abandoned(connection, now, limit)
+    params = _claim_params(owner, lease_seconds, now, limit, agents, turn_id)
+    rows = connection.execute(_CLAIMS[agents is not None, turn_id is not None], params).all()
+    return sorted((record(r) for r in rows), key=lambda t: (t.run_after, t.id))
+
+
+def claim_checking_abandoned(
+    connection: Connection,
+    *,
+    owner: str,
+    lease_seconds: float,
+    now: datetime,
+    limit: int,
+    agents: Collection[str] | None = None,
+    turn_id: str | None = None,
+) -> tuple[list[TurnRecord], bool]:
+    """The claim as one statement on an autocommit connection (PostgreSQL): the leased
+    turns, and whether an ``aborting`` turn whose worker died is waiting to be settled by
+    :func:`settle_abandoned` (rare; the caller runs it in its own transaction).
+
+    One round trip instead of four (``BEGIN``, the recovery read, the claim, ``COMMIT``):
+    the claim sits on the path from a resume to its pickup. The UPDATE is atomic on its
+    own; ``SKIP LOCKED`` still keeps concurrent claimers apart.
+    """
+    params = _claim_params(owner, lease_seconds, now, limit, agents, turn_id)
+    rows = connection.execute(_CHECKED_CLAIMS[agents is not None, turn_id is not None], params)
+    claimed: list[TurnRecord] = []
+    abandoned = False
+    for row in rows:
+        abandoned = abandoned or bool(row._mapping["abandoned"])
+        if row._mapping["id"] is not None:  # the one row of an empty claim has no turn
+            claimed.append(record(row))
+    return sorted(claimed, key=lambda t: (t.run_after, t.id)), abandoned
+
+
+def settle_abandoned(connection: Connection, now: datetime, limit: int) -> None:
+    """Settle ``aborted`` the ``aborting`` turns whose lease expired (their worker died)."""
     abandoned = connection.execute(_ABANDONED, {"now": now, "limit": limit}).scalars().all()
     for abandoned_id in abandoned:
         transition(
@@ -274,9 +314,6 @@ def claim(
             finish_reason=FinishReason.ABORTED,
             note="settled by a claim: its worker stopped while aborting",
         )
-    params = _claim_params(owner, lease_seconds, now, limit, agents, turn_id)
-    rows = connection.execute(_CLAIMS[agents is not None, turn_id is not None], params).all()
-    return sorted((record(r) for r in rows), key=lambda t: (t.run_after, t.id))
 
 
 _ABANDONED = (
@@ -329,6 +366,30 @@ def _claim_update(
 
 _CLAIMS = {
     (agents, turn_id): _claim_update(agents=agents, turn_id=turn_id)
+    for agents in (False, True)
+    for turn_id in (False, True)
+}
+
+
+def _checked_claim(*, agents: bool, turn_id: bool) -> sa.Select[Any]:
+    """The claim as a data-modifying CTE, left-joined to one row so that an empty claim
+    still answers the recovery question (``abandoned``: an index probe on the partial
+    index ``ix_turns_aborting``)."""
+    claimed = _claim_update(agents=agents, turn_id=turn_id).cte("claimed")
+    abandoned = (
+        sa.exists()
+        .where(
+            turns.c.status == TurnStatus.ABORTING.value,
+            turns.c.lease_expires_at < sa.bindparam("now", type_=TIMESTAMP),
+        )
+        .label("abandoned")
+    )
+    one = sa.select(sa.literal(1).label("one")).subquery("one")
+    return sa.select(*claimed.c, abandoned).select_from(one.outerjoin(claimed, sa.true()))
+
+
+_CHECKED_CLAIMS = {
+    (agents, turn_id): _checked_claim(agents=agents, turn_id=turn_id)
     for agents in (False, True)
     for turn_id in (False, True)
 }
