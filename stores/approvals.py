@@ -3,7 +3,8 @@
 An approval is *open* while its journal row is ``interrupted`` and undecided on a turn that is
 paused (``completed``/``interrupted``) and still its session's latest. A decision fills
 ``answer``/``decided_by``/``decided_at`` and leaves the row ``interrupted``: the resume built
-from the decisions marks it ``answered``, guarded as every resume is.
+from the decisions marks it ``answered``, guarded as every resume is. The open approvals are
+the rows of ``approval_queue``, which triggers keep exact (migration 0003, docs/schema.md).
 """
 
 from __future__ import annotations
@@ -15,69 +16,51 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from engine.errors import ApprovalNotPendingError
-from engine.status import FinishReason, TurnStatus
 from engine.store import ApprovalQuery, PendingApproval, ToolCallRecord, ToolCallStatus
 from stores.database import utc
-from stores.schema import sessions, tool_calls, turns
+from stores.schema import approval_queue, sessions, tool_calls
 from stores.tool_calls import record_of
 
 __all__ = ["list_approvals", "record_decision"]
 
 
-def _paused_and_latest() -> list[sa.ColumnElement[bool]]:
-    """Conditions on ``turns``: paused at interrupts, and no later turn in its session."""
-    later = turns.alias("later")
-    return [
-        turns.c.status == TurnStatus.COMPLETED.value,
-        turns.c.finish_reason == FinishReason.INTERRUPTED.value,
-        ~sa.exists().where(later.c.session_id == turns.c.session_id, later.c.seq > turns.c.seq),
-    ]
-
-
 def list_approvals(connection: Connection, query: ApprovalQuery) -> list[PendingApproval]:
     """Open approvals in ``(created_at, turn_id, ref)`` order, filtered and keyset-paged.
 
-    Starts from the partial index ``ix_tool_calls_open`` (interrupted rows by created_at), so
-    a page costs a few index probes however many settled turns the table holds.
+    Reads ``approval_queue`` (exactly the open approvals, kept by triggers) along its
+    ``(created_at, turn_id, ref)`` index, joining ``sessions`` only for the owner: a page
+    costs a few index probes however many turns the tables hold.
     """
-    c = tool_calls.c
-    conditions: list[sa.ColumnElement[bool]] = [
-        c.status == ToolCallStatus.INTERRUPTED.value,
-        c.decided_at.is_(None),
-        *_paused_and_latest(),
-    ]
+    q = approval_queue.c
+    conditions: list[sa.ColumnElement[bool]] = [q.decided_at.is_(None)]
     if query.agents is not None:
-        conditions.append(turns.c.agent.in_(query.agents))
+        conditions.append(q.agent.in_(query.agents))
     if query.interrupt is not None:
-        conditions.append(c.name == query.interrupt)
+        conditions.append(q.name == query.interrupt)
     if query.owner is not None:
         conditions.append(sessions.c.owner == query.owner)
     if query.created_before is not None:
-        conditions.append(c.created_at <= query.created_before)
+        conditions.append(q.created_at <= query.created_before)
     if query.after is not None:
         created, turn_id, ref = query.after
-        conditions.append(sa.tuple_(c.created_at, c.turn_id, c.ref) > (created, turn_id, ref))
+        conditions.append(sa.tuple_(q.created_at, q.turn_id, q.ref) > (created, turn_id, ref))
     rows = connection.execute(
         sa.select(
-            c.turn_id,
-            turns.c.session_id,
-            turns.c.agent,
+            q.turn_id,
+            q.session_id,
+            q.agent,
             sessions.c.owner,
-            c.round,
-            c.name,
-            c.ref,
-            c.input,
-            c.interrupt,
-            c.deadline,
-            c.created_at,
+            q.round,
+            q.name,
+            q.ref,
+            q.input,
+            q.interrupt,
+            q.deadline,
+            q.created_at,
         )
-        .select_from(
-            tool_calls.join(turns, turns.c.id == c.turn_id).join(
-                sessions, sessions.c.id == turns.c.session_id
-            )
-        )
+        .select_from(approval_queue.join(sessions, sessions.c.id == q.session_id))
         .where(*conditions)
-        .order_by(c.created_at, c.turn_id, c.ref)
+        .order_by(q.created_at, q.turn_id, q.ref)
         .limit(query.limit)
     ).all()
     return [
@@ -115,7 +98,9 @@ def record_decision(
     nothing (the first set ``decided_at``) and gets :class:`ApprovalNotPendingError`.
     """
     c = tool_calls.c
-    open_turn = sa.select(turns.c.id).where(turns.c.id == turn_id, *_paused_and_latest())
+    q = approval_queue.c
+    # Open = in the queue: interrupted, on a paused turn that is its session's latest.
+    is_open = sa.exists().where(q.turn_id == turn_id, q.round == round, q.ref == ref)
     result = connection.execute(
         sa.update(tool_calls)
         .where(
@@ -124,7 +109,7 @@ def record_decision(
             c.ref == ref,
             c.status == ToolCallStatus.INTERRUPTED.value,
             c.decided_at.is_(None),
-            sa.exists(open_turn),
+            is_open,
         )
         .values(answer=answer, decided_by=decided_by, decided_at=now)
         .returning(*tool_calls.columns)

@@ -2,8 +2,9 @@
 
 Names are part of the public contract (operators and their scripts rely on them): tables
 ``sessions``, ``turns``, ``messages``, ``tool_calls``, ``turn_events``; the PostgreSQL ENUM
-``turn_status`` mirrors :class:`engine.status.TurnStatus`. Views are created by the migrations
-(``migrations/versions``) and documented in ``docs/schema.md``.
+``turn_status`` mirrors :class:`engine.status.TurnStatus`. Views, and the triggers that keep
+``approval_queue`` exact, are created by the migrations (``migrations/versions``; triggers are
+not part of this metadata) and documented in ``docs/schema.md``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ __all__ = [
     "ACTIVE",
     "JSON",
     "TIMESTAMP",
+    "approval_queue",
     "messages",
     "metadata",
     "sessions",
@@ -191,4 +193,38 @@ turn_events = sa.Table(
     sa.Column("at", TIMESTAMP, nullable=False),
     sa.Index("ix_turn_events_turn_id", "turn_id", "id"),
     comment="Every status transition of every turn (the audit trail).",
+)
+
+approval_queue = sa.Table(
+    "approval_queue",
+    metadata,
+    sa.Column("turn_id", sa.Text, primary_key=True),
+    sa.Column("round", sa.Integer, primary_key=True),
+    sa.Column("ref", sa.Text, primary_key=True),
+    sa.Column("session_id", sa.Text, nullable=False, comment="The turn's session (copied)."),
+    sa.Column("agent", sa.Text, nullable=False, comment="The turn's agent (copied)."),
+    sa.Column("name", sa.Text, nullable=False, comment="The interrupt's name."),
+    sa.Column("input", JSON, comment="What the approver sees."),
+    sa.Column("interrupt", JSON, comment="The interrupt's metadata."),
+    sa.Column("deadline", TIMESTAMP),
+    sa.Column(
+        "decided_at",
+        TIMESTAMP,
+        comment="Set by an inbox decision (the inbox hides decided entries).",
+    ),
+    sa.Column("created_at", TIMESTAMP, nullable=False, comment="When the call was journaled."),
+    # Retention (and any delete of a journal row) takes the entry with it.
+    sa.ForeignKeyConstraint(
+        ["turn_id", "round", "ref"],
+        [tool_calls.c.turn_id, tool_calls.c.round, tool_calls.c.ref],
+        ondelete="CASCADE",
+    ),
+    # The view's order and the inbox's keyset pages.
+    sa.Index("ix_approval_queue_created_at", "created_at", "turn_id", "ref"),
+    # A new turn deletes its session's older entries (the supersede trigger).
+    sa.Index("ix_approval_queue_session_id", "session_id"),
+    comment=(
+        "The open approvals (the rows of the view open_approvals), kept by triggers on "
+        "tool_calls and turns."
+    ),
 )
