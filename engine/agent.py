@@ -28,7 +28,7 @@ from engine.memory_store import InMemorySessionStore
 from engine.model import Model
 from engine.parts import Message
 from engine.response import AgentChunk, AgentResponse, interrupts_of
-from engine.resume import NOT_RESUMABLE_MESSAGE, paused_calls, plan_resume
+from engine.resume import NOT_RESUMABLE_MESSAGE, expiry_decisions, paused_calls, plan_resume
 from engine.runner import ChunkCallback, RunnerConfig
 from engine.schemas import Schema
 from engine.signing import StateSigner, canonical_json
@@ -38,8 +38,8 @@ from engine.store import (
     InterruptAnswer,
     NewTurn,
     SessionStore,
+    StoredSnapshot,
     ToolCallRecord,
-    ToolCallStatus,
     TurnInput,
     TurnRecord,
 )
@@ -175,7 +175,12 @@ class Agent:
     async def _own_turn(
         self, store: SessionStore, snapshot_id: str, owner: str | None = None
     ) -> TurnRecord:
-        turn = await store.get_turn(snapshot_id)
+        return await self._check_own(store, snapshot_id, await store.get_turn(snapshot_id), owner)
+
+    async def _check_own(
+        self, store: SessionStore, snapshot_id: str, turn: TurnRecord | None, owner: str | None
+    ) -> TurnRecord:
+        """``turn`` if it is this agent's and ``owner`` may see it; else "not found"."""
         if (
             turn is None
             or turn.agent != self.name
@@ -439,26 +444,34 @@ class Agent:
             raise failure
         return response
 
-    async def _base(self, request: TurnRequest) -> tuple[SessionStore, TurnRecord | None, str]:
-        """The store, the snapshot the turn continues from (if any) and the session id."""
+    async def _base(
+        self, request: TurnRequest
+    ) -> tuple[SessionStore, TurnRecord | None, str, StoredSnapshot | None]:
+        """The store, the snapshot the turn continues from (if any), the session id, and —
+        when the snapshot was named by id — its conversation and journal, read with it."""
         if self.store is None:
             scratch = InMemorySessionStore()
             if request.state is None:
-                return scratch, None, str(uuid.uuid4())
+                return scratch, None, str(uuid.uuid4()), None
             verified = self.signer.verify(request.state, agent=self.name)
             signature = str(request.state.get("signature"))
             restored = await restore_client_state(
                 scratch, verified, signature, agent=self.name, owner=self._owner
             )
-            return scratch, restored, str(verified["sessionId"])
+            return scratch, restored, str(verified["sessionId"]), None
         if request.snapshot_id is not None:
-            base = await self._own_turn(self.store, request.snapshot_id, request.owner)
+            # One read for the snapshot and what continuing it needs (one round trip on
+            # PostgreSQL): a resume reads nothing else before it is queued.
+            stored = await self.store.read_snapshot(request.snapshot_id)
+            base = await self._check_own(
+                self.store, request.snapshot_id, stored.turn if stored else None, request.owner
+            )
             if request.session_id is not None and request.session_id != base.session_id:
                 raise InvalidArgumentError(
                     f"Snapshot {base.id} does not belong to session {request.session_id} "
                     f"(it belongs to {base.session_id})."
                 )
-            return self.store, base, base.session_id
+            return self.store, base, base.session_id, stored
         if request.session_id is not None:
             latest = await self.store.latest_turn(request.session_id)
             if latest is not None and (
@@ -468,13 +481,13 @@ class Agent:
                 raise NotFoundError(
                     f"Session '{request.session_id}' not found for agent '{self.name}'."
                 )
-            return self.store, latest, request.session_id
-        return self.store, None, str(uuid.uuid4())
+            return self.store, latest, request.session_id, None
+        return self.store, None, str(uuid.uuid4()), None
 
     async def _start(
         self, request: TurnRequest, *, listen: list[asyncio.Future[None]] | None = None
     ) -> _Started:
-        store, base, session_id = await self._base(request)
+        store, base, session_id, stored = await self._base(request)
         turn_input = request.input
         if base is not None and base.status in ACTIVE_STATUSES:
             raise SnapshotNotResumableError(
@@ -484,10 +497,13 @@ class Agent:
             )
         conversation: list[Message] = []
         journal: list[ToolCallRecord] = []
-        if base is not None and turn_input.kind in ("resume", "expire"):
-            # Independent reads, side by side: a resume waits for both before it is queued.
-            # Both start after the snapshot was seen settled, so both see its last round
-            # and journal rows (written by the settling transaction).
+        if stored is not None:
+            # Read with the snapshot, at one moment: a snapshot seen settled comes with its
+            # last round and journal rows (written by the settling transaction).
+            conversation, journal = stored.conversation, stored.journal
+        elif base is not None and turn_input.kind in ("resume", "expire"):
+            # Independent reads, side by side; both start after the snapshot was seen
+            # settled, so both see what its settling transaction wrote.
             conversation, journal = await asyncio.gather(
                 store.load_conversation(base.id), store.list_calls(base.id)
             )
@@ -506,37 +522,12 @@ class Agent:
                 restart=turn_input.restart,
                 tools=self.tools,
             )
-            answers = []
-            for row in plan.journal:
-                answer = {plan.answers[row.ref][0]: plan.answers[row.ref][1]}
-                # An answer decided earlier in the inbox keeps the name of who decided it.
-                decider = request.decided_by
-                if row.decided_at is not None and row.answer == answer:
-                    decider = row.decided_by
-                answers.append(
-                    InterruptAnswer(
-                        turn_id=base.id,
-                        round=row.round,
-                        ref=row.ref,
-                        decided_by=decider,
-                        answer=answer,
-                    )
-                )
+            answers = plan.decisions(base.id, request.decided_by)
             history_length = len(conversation) - 1
         elif turn_input.kind == "expire":
             if base is None or not paused_calls(last):
                 raise FailedPreconditionError(NOT_RESUMABLE_MESSAGE)
-            answers = [
-                InterruptAnswer(
-                    turn_id=base.id,
-                    round=row.round,
-                    ref=row.ref,
-                    decided_by=request.decided_by,
-                    answer={"expired": True},
-                )
-                for row in journal
-                if row.status is ToolCallStatus.INTERRUPTED
-            ]
+            answers = expiry_decisions(base.id, journal, request.decided_by)
             history_length = len(conversation) - 1
         else:
             pending = paused_calls(last)
@@ -558,9 +549,10 @@ class Agent:
             # Client-managed: the same blob answered the same way yields the same turn id and
             # hence the same idempotency keys, so a replayed resume cannot repeat an effect
             # through a tool that honours its key (see docs/decisions.md).
-            replay = base.id + canonical_json(
-                turn_input.model_dump(mode="json", exclude={"relay"})
-            ).decode()
+            replay = (
+                base.id
+                + canonical_json(turn_input.model_dump(mode="json", exclude={"relay"})).decode()
+            )
             turn_id = "client-" + hashlib.sha256(replay.encode()).hexdigest()[:24]
         else:
             turn_id = request.turn_id or str(uuid.uuid4())

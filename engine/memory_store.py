@@ -36,6 +36,7 @@ from engine.store import (
     PendingApproval,
     RoundRecord,
     SessionRecord,
+    StoredSnapshot,
     ToolCallRecord,
     ToolCallStatus,
     TurnError,
@@ -423,6 +424,18 @@ class InMemorySessionStore:
         """See :meth:`engine.store.SessionStore.list_calls`."""
         calls = self._calls.get(turn_id, {})
         return [calls[key].model_copy(deep=True) for key in sorted(calls)]
+
+    async def read_snapshot(self, turn_id: str) -> StoredSnapshot | None:
+        """See :meth:`engine.store.SessionStore.read_snapshot`."""
+        turn = self._turns.get(turn_id)
+        if turn is None:
+            return None
+        # No await in between reaches another task: the three reads see one moment.
+        return StoredSnapshot(
+            turn=turn.model_copy(deep=True),
+            conversation=await self.load_conversation(turn_id),
+            journal=await self.list_calls(turn_id),
+        )
 
     async def load_conversation(self, turn_id: str) -> list[Message]:
         """See :meth:`engine.store.SessionStore.load_conversation`."""

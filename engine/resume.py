@@ -18,12 +18,13 @@ from engine.errors import (
 )
 from engine.parts import INTERRUPT, PENDING_OUTPUT, RESUMED, Message, Part
 from engine.schemas import SchemaViolation, to_jsonable
-from engine.store import ToolCallRecord, ToolCallStatus
+from engine.store import InterruptAnswer, ToolCallRecord, ToolCallStatus
 from engine.tools import Tool
 
 __all__ = [
     "NOT_RESUMABLE_MESSAGE",
     "ResumePlan",
+    "expiry_decisions",
     "paused_calls",
     "plan_resume",
 ]
@@ -61,6 +62,43 @@ class ResumePlan:
 
     answers: Mapping[str, tuple[str, Any]]
     journal: Sequence[ToolCallRecord]
+
+    def decisions(self, snapshot_id: str, decided_by: str | None) -> list[InterruptAnswer]:
+        """The answers to record with the resuming turn, one per paused call. An answer the
+        inbox recorded earlier, unchanged, keeps the name of who decided it."""
+        decisions = []
+        for row in self.journal:
+            answer = {self.answers[row.ref][0]: self.answers[row.ref][1]}
+            decider = decided_by
+            if row.decided_at is not None and row.answer == answer:
+                decider = row.decided_by
+            decisions.append(
+                InterruptAnswer(
+                    turn_id=snapshot_id,
+                    round=row.round,
+                    ref=row.ref,
+                    decided_by=decider,
+                    answer=answer,
+                )
+            )
+        return decisions
+
+
+def expiry_decisions(
+    snapshot_id: str, journal: Sequence[ToolCallRecord], decided_by: str | None
+) -> list[InterruptAnswer]:
+    """The answers that close every still-paused call of a snapshot as expired."""
+    return [
+        InterruptAnswer(
+            turn_id=snapshot_id,
+            round=row.round,
+            ref=row.ref,
+            decided_by=decided_by,
+            answer={"expired": True},
+        )
+        for row in journal
+        if row.status is ToolCallStatus.INTERRUPTED
+    ]
 
 
 def plan_resume(

@@ -39,6 +39,7 @@ __all__ = [
     "RoundRecord",
     "SessionRecord",
     "SessionStore",
+    "StoredSnapshot",
     "ToolCallRecord",
     "ToolCallStatus",
     "TurnError",
@@ -174,6 +175,17 @@ class ToolCallRecord(BaseModel):
     deadline: datetime | None = None
     #: When the call was first journaled (set by the store; an approval's age counts from it).
     created_at: datetime | None = None
+
+
+class StoredSnapshot(BaseModel):
+    """A turn with its conversation and journal, as one read saw them (see
+    :meth:`SessionStore.read_snapshot`)."""
+
+    turn: TurnRecord
+    #: The conversation as of the turn's committed rounds.
+    conversation: list[Message]
+    #: The turn's journal, ordered by round then ref.
+    journal: list[ToolCallRecord]
 
 
 class InterruptAnswer(BaseModel):
@@ -382,6 +394,12 @@ class SessionStore(Protocol):
 
     async def load_conversation(self, turn_id: str) -> list[Message]:
         """The turn's conversation as of its committed rounds (its snapshot state)."""
+        ...
+
+    async def read_snapshot(self, turn_id: str) -> StoredSnapshot | None:
+        """The turn, its conversation and its journal, read at one moment (``None`` for an
+        unknown turn): a turn seen settled comes with everything its settle wrote. What a
+        resume reads before it is queued, in one round trip where the store can."""
         ...
 
     async def list_events(self, turn_id: str) -> list[TurnEvent]:

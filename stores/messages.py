@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from datetime import datetime
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -12,7 +14,7 @@ from engine.parts import Message
 from engine.store import RoundRecord
 from stores.schema import messages, turns
 
-__all__ = ["load_conversation", "load_rounds", "save_round"]
+__all__ = ["assemble_conversation", "load_conversation", "load_rounds", "save_round"]
 
 
 def save_round(
@@ -77,21 +79,33 @@ def load_conversation(connection: Connection, turn_id: str) -> list[Message] | N
     """The turn's conversation as of its committed rounds, or ``None`` for an unknown turn.
 
     One statement: the ancestry (the turn and its parents, by a recursive CTE) joined with
-    the committed messages of each. Walking root first, each turn keeps the first
-    ``history_length`` messages of its parent's conversation, then adds its own.
+    the committed messages of each (see :func:`assemble_conversation`).
     """
     rows = connection.execute(_CONVERSATION, {"turn_id": turn_id}).all()
     if not rows:
         return None
+    return assemble_conversation(
+        (m["chain_id"], m["history_length"], m["role"], m["content"], m["metadata"])
+        for m in (row._mapping for row in rows)
+    )
+
+
+def assemble_conversation(rows: Iterable[Sequence[Any]]) -> list[Message]:
+    """A conversation from its ancestry's rows ``(turn id, history_length, role, content,
+    metadata)``, root first, each turn's messages in order (``role`` None: a turn without
+    committed messages). Walking root first, each turn keeps the first ``history_length``
+    messages of its parent's conversation, then adds its own."""
     result: list[Message] = []
     current: str | None = None
-    for row in rows:
-        m = row._mapping
-        if m["chain_id"] != current:  # the next turn of the chain (rows come root first)
-            current = m["chain_id"]
-            result = result[: m["history_length"]]
-        if m["role"] is not None:  # None: a turn without committed messages (outer join)
-            result.append(_message(row))
+    for chain_id, history_length, role, content, metadata in rows:
+        if chain_id != current:  # the next turn of the chain
+            current = chain_id
+            result = result[:history_length]
+        if role is not None:
+            wire: dict[str, object] = {"role": role, "content": content}
+            if metadata is not None:
+                wire["metadata"] = metadata
+            result.append(Message.model_validate(wire))
     return result
 
 

@@ -35,6 +35,7 @@ from engine.store import (
     PendingApproval,
     RoundRecord,
     SessionRecord,
+    StoredSnapshot,
     ToolCallRecord,
     TurnError,
     TurnEvent,
@@ -45,6 +46,7 @@ from stores import approvals as approval_sql
 from stores import messages as message_sql
 from stores import retention as retention_sql
 from stores import sessions as session_sql
+from stores import snapshots as snapshot_sql
 from stores import tool_calls as call_sql
 from stores import turn_creation as creation_sql
 from stores import turns as turn_sql
@@ -333,6 +335,10 @@ class SqlSessionStore:
             return conversation
 
         return await self._read(load)
+
+    async def read_snapshot(self, turn_id: str) -> StoredSnapshot | None:
+        """See :meth:`engine.store.SessionStore.read_snapshot`."""
+        return await self._read(lambda c: snapshot_sql.read_snapshot(c, turn_id))
 
     async def list_events(self, turn_id: str) -> list[TurnEvent]:
         """See :meth:`engine.store.SessionStore.list_events`."""

@@ -170,8 +170,7 @@ class _Server:
             if (selector.snapshotId is None) == (selector.sessionId is None):
                 got = "neither" if selector.snapshotId is None else "both"
                 raise InvalidArgumentError(
-                    "getSnapshot requires exactly one of 'snapshotId' or 'sessionId' "
-                    f"(got {got})."
+                    f"getSnapshot requires exactly one of 'snapshotId' or 'sessionId' (got {got})."
                 )
             if agent.store is None:
                 raise FailedPreconditionError(

@@ -182,9 +182,7 @@ def _describe(error: ValidationError) -> str:
 def parse_body(model: type[M], raw: Any) -> M:
     """Validate a decoded body; a violation is an :class:`InvalidArgumentError` naming it."""
     if not isinstance(raw, dict):
-        raise InvalidArgumentError(
-            f"Request body must be a JSON object, not {type(raw).__name__}."
-        )
+        raise InvalidArgumentError(f"Request body must be a JSON object, not {type(raw).__name__}.")
     try:
         return model.model_validate(raw)
     except ValidationError as exc:

@@ -1181,6 +1181,36 @@ async def test_load_conversation_of_unknown_turn_raises_not_found(store: Session
         await store.load_conversation("nope")
 
 
+async def test_read_snapshot_is_the_turn_with_its_conversation_and_journal(
+    store: SessionStore,
+) -> None:
+    """read_snapshot returns what get_turn, load_conversation and list_calls return, together,
+    for a resumed turn whose conversation spans its parent; None for an unknown turn."""
+    paused = await paused_turn(store, "root", interrupted=("r2", "r1"))
+    await store.create_turn(
+        new_turn("child", kind="resume", parent_id="root", history_length=1),
+        answers=[answer("root", "r1"), answer("root", "r2")],
+    )
+    token = (await claim(store, "child")).lease_token
+    await settle(store, "child", COMPLETED, token)
+
+    for turn_id in ("root", "child"):
+        stored = await store.read_snapshot(turn_id)
+        assert stored is not None
+        assert stored.turn == await store.get_turn(turn_id)
+        assert wire(stored.conversation) == wire(await store.load_conversation(turn_id))
+        assert stored.journal == await store.list_calls(turn_id)
+    root = await store.read_snapshot("root")
+    assert root is not None and root.turn.status is paused.status
+    assert [(c.ref, c.status) for c in root.journal] == [
+        ("done", ToolCallStatus.DONE),
+        ("r1", ToolCallStatus.ANSWERED),
+        ("r2", ToolCallStatus.ANSWERED),
+    ]
+    assert all(c.created_at is not None and c.created_at.tzinfo for c in root.journal)
+    assert await store.read_snapshot("nope") is None
+
+
 # -- copies ------------------------------------------------------------------------------
 
 
