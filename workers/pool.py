@@ -38,6 +38,15 @@ logger = logging.getLogger("turnstile.worker")
 #: Longest pause between claim attempts while the store keeps failing (e.g. DB restarting).
 MAX_CLAIM_BACKOFF = 5.0
 
+#: How long a pool whose last hinted claim came back empty waits before answering the next
+#: hint. A work notification wakes every pool of every process at once; only one claim wins
+#: it. Pools that keep losing step back by this much, so the one that last won claims
+#: without competing for the CPU with the others' empty claims (on a two-core machine with
+#: four worker processes, that competition was ~1.5 ms of every pickup). A pool that wins
+#: a claim answers at once again, so a busy pool's work still goes to whoever is free, at
+#: most this much later.
+WAKE_STAGGER = 0.002
+
 
 def default_owner() -> str:
     """``host:pid:random``: unique per pool, readable in ``lease_owner`` by an operator."""
@@ -119,6 +128,9 @@ class WorkerPool:
         self.settled_total = 0
         #: Turns handed back ``pending`` at shutdown (their runs were cancelled).
         self.handed_back_total = 0
+        #: The pause before answering a work notification: :data:`WAKE_STAGGER` after a
+        #: hinted claim found nothing (another pool won it), 0 after one found work.
+        self.wake_stagger = 0.0
         self._tasks: dict[asyncio.Task[None], TurnRecord] = {}
         self._stop = asyncio.Event()
         self._force = asyncio.Event()
@@ -222,6 +234,7 @@ class WorkerPool:
 
     async def _claim_loop(self) -> None:
         failures = 0
+        hinted = False  # this claim answers a work notification
         while not self._stop.is_set():
             # Cleared before counting free slots, so a turn finishing after the count is
             # not missed: its done-callback sets the event and the wait below returns.
@@ -231,6 +244,7 @@ class WorkerPool:
                 # No claim while full: a claimed turn we cannot start at once would sit
                 # leased and idle while another worker could be running it.
                 await self._wait_for(slot=True)
+                hinted = False
                 continue
             try:
                 claimed = await self.store.claim_next(
@@ -251,23 +265,33 @@ class WorkerPool:
             failures = 0
             for turn in claimed:
                 self._start(turn)
+            if hinted:
+                self.wake_stagger = 0.0 if claimed else WAKE_STAGGER
             if len(claimed) == free:
+                hinted = False
                 continue  # every slot taken: maybe more is queued; the loop re-checks
             # Fewer than asked: the queue is empty for us, so sleep until a hint. A slot
             # freeing meanwhile does not wake us: it adds no work (a claim then would find
             # nothing — a wasted transaction after every turn), and anything queued since
             # the claim sent a work notification, or is found by the poll (retries whose
             # run_after is later, expired leases). Only a full pool waits for a slot.
-            await self._wait_for(slot=False, work=True)
+            hinted = await self._wait_for(slot=False, work=True)
+            if hinted and self.wake_stagger:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), self.wake_stagger)
 
-    async def _wait_for(self, *, slot: bool, work: bool = False) -> None:
-        """Return on stop, a freed slot (if ``slot``), or a work hint / poll timeout."""
+    async def _wait_for(self, *, slot: bool, work: bool = False) -> bool:
+        """Return on stop, a freed slot (if ``slot``), or a work hint / poll timeout; whether
+        it was a work hint (woken before the poll interval ran out)."""
+        started = asyncio.get_running_loop().time()
         waiters: list[asyncio.Task[Any]] = [asyncio.create_task(self._stop.wait())]
         if slot:
             waiters.append(asyncio.create_task(self._slot_freed.wait()))
+        work_waiter = None
         if work:
             # wait_for_work is only a hint (NOTIFY may be missed); its timeout is the poll.
-            waiters.append(asyncio.create_task(self.store.wait_for_work(self.poll_interval)))
+            work_waiter = asyncio.create_task(self.store.wait_for_work(self.poll_interval))
+            waiters.append(work_waiter)
         try:
             done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
             for finished in done:
@@ -275,6 +299,9 @@ class WorkerPool:
                     logger.warning("waiting for work failed", exc_info=finished.exception())
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._stop.wait(), self.poll_interval)
+                    return False
+            elapsed = asyncio.get_running_loop().time() - started
+            return work_waiter in done and elapsed < self.poll_interval * 0.9
         finally:
             for waiter in waiters:
                 waiter.cancel()

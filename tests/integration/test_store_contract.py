@@ -410,6 +410,38 @@ async def test_create_turn_with_stale_answer_writes_nothing(
     assert await latest_id(store) == "t2"
 
 
+async def test_concurrent_resumes_of_one_snapshot_create_one_turn(store: SessionStore) -> None:
+    """Ten resumes of one paused snapshot at once: one turn is created with its answers, every
+    other attempt gets a typed conflict and writes nothing (no second turn, no answer of its)."""
+    await paused_turn(store, "p1", interrupted=("r1", "r2"))
+
+    async def resume(number: int) -> str:
+        await store.create_turn(
+            new_turn(f"t{number}", kind="resume", parent_id="p1"),
+            answers=[answer("p1", "r1", number, f"u{number}"), answer("p1", "r2", number)],
+        )
+        return f"t{number}"
+
+    outcomes = await asyncio.gather(*(resume(n) for n in range(10)), return_exceptions=True)
+
+    winners = [o for o in outcomes if isinstance(o, str)]
+    assert len(winners) == 1, outcomes
+    assert all(
+        isinstance(o, ApprovalNotPendingError | SessionBusyError)
+        for o in outcomes
+        if o not in winners
+    ), outcomes
+    number = int(winners[0][1:])
+    rows = await calls_by_ref(store, "p1")
+    assert {ref: (rows[ref].status, rows[ref].answer) for ref in ("r1", "r2")} == {
+        "r1": (ToolCallStatus.ANSWERED, {"respond": number}),
+        "r2": (ToolCallStatus.ANSWERED, {"respond": number}),
+    }
+    assert rows["r1"].decided_by == f"u{number}"
+    assert [await store.get_turn(f"t{n}") is not None for n in range(10)].count(True) == 1
+    assert await latest_id(store) == winners[0]
+
+
 async def test_stale_answer_in_new_session_creates_no_session(store: SessionStore) -> None:
     """A create_turn refused for a foreign answer does not create its new session either."""
     with pytest.raises(InvalidArgumentError):
