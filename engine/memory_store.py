@@ -330,7 +330,12 @@ class InMemorySessionStore:
         """Apply a checked transition and record its event."""
         turn_id = turn.id
         update = transition_changes(
-            turn, new, now=now, finish_reason=finish_reason, error=error, run_after=run_after
+            turn.lease_token,
+            new,
+            now=now,
+            finish_reason=finish_reason,
+            error=error,
+            run_after=run_after,
         )
         moved = turn.model_copy(update=update)
         self._turns[turn_id] = moved

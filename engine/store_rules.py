@@ -78,7 +78,7 @@ def check_transition(
 
 
 def transition_changes(
-    current: TurnRecord,
+    lease_token: int,
     new: TurnStatus,
     *,
     now: datetime,
@@ -86,12 +86,13 @@ def transition_changes(
     error: TurnError | None = None,
     run_after: datetime | None = None,
 ) -> dict[str, Any]:
-    """The fields a checked transition sets, as ``TurnRecord`` field names and values."""
+    """The fields a checked transition sets, as ``TurnRecord`` field names and values, for a
+    turn whose current lease token is ``lease_token``."""
     changes: dict[str, Any] = {"status": new, "updated_at": now}
     if new is not TurnStatus.ABORTING:
         # Settling, or handing the turn back for a retry, releases the lease; the token moves
         # on so the releasing worker can write nothing more.
-        changes.update(lease_owner=None, lease_expires_at=None, lease_token=current.lease_token + 1)
+        changes.update(lease_owner=None, lease_expires_at=None, lease_token=lease_token + 1)
     if new is TurnStatus.PENDING:
         changes["run_after"] = run_after or now
     if finish_reason is not None:

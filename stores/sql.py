@@ -43,6 +43,7 @@ from engine.store import (
 )
 from engine.store_rules import abort_target, check_answers
 from stores import approvals as approval_sql
+from stores import fenced as fenced_sql
 from stores import messages as message_sql
 from stores import retention as retention_sql
 from stores import sessions as session_sql
@@ -255,6 +256,36 @@ class SqlSessionStore:
             call_sql.upsert_calls(connection, turn_id, calls, saved_at)
             return moved
 
+        def move_in_one_statement() -> TurnRecord | None:
+            assert lease_token is not None
+            saved_at = _now()
+            with self.db.statement() as connection:
+                return fenced_sql.transition_fenced(
+                    connection,
+                    turn_id,
+                    expected=expected,
+                    new=new,
+                    lease_token=lease_token,
+                    now=max(_now(), saved_at + timedelta(microseconds=1)),
+                    saved_at=saved_at,
+                    finish_reason=finish_reason,
+                    error=error,
+                    run_after=run_after,
+                    note=note,
+                    round=round,
+                    calls=calls,
+                )
+
+        if (
+            self.db.is_postgres
+            and lease_token is not None
+            and fenced_sql.transition_applies(expected, new)
+        ):
+            # The lease holder's transitions (every settle) as one round trip; refused
+            # (nothing written), the transaction below raises the precise error.
+            moved = await self.db.run(move_in_one_statement)
+            if moved is not None:
+                return moved
         return await self._write(move)
 
     async def request_abort(self, turn_id: str) -> TurnStatus:
@@ -306,7 +337,7 @@ class SqlSessionStore:
             message_sql.save_round(connection, turn_id, round, now)
             call_sql.upsert_calls(connection, turn_id, calls, now)
 
-        await self._write(save)
+        await self._save_fenced(turn_id, lease_token, save, round=round, calls=calls, usage=usage)
 
     async def record_call(self, turn_id: str, *, lease_token: int, call: ToolCallRecord) -> None:
         """See :meth:`engine.store.SessionStore.record_call`."""
@@ -315,7 +346,38 @@ class SqlSessionStore:
             turn_sql.fence(connection, turn_id, lease_token)
             call_sql.upsert_calls(connection, turn_id, [call], _now())
 
-        await self._write(write)
+        await self._save_fenced(turn_id, lease_token, write, round=None, calls=[call], usage=None)
+
+    async def _save_fenced(
+        self,
+        turn_id: str,
+        lease_token: int,
+        reference: Callable[[sa.Connection], None],
+        *,
+        round: RoundRecord | None,
+        calls: Sequence[ToolCallRecord],
+        usage: ModelUsage | None,
+    ) -> None:
+        """A lease holder's journal write: on PostgreSQL one statement (one round trip);
+        when its fence refuses (nothing written) or on SQLite, the ``reference`` transaction,
+        which raises the precise error."""
+        if self.db.is_postgres:
+
+            def save_in_one_statement() -> bool:
+                with self.db.statement() as connection:
+                    return fenced_sql.save_fenced(
+                        connection,
+                        turn_id,
+                        lease_token,
+                        round=round,
+                        calls=calls,
+                        usage=usage,
+                        now=_now(),
+                    )
+
+            if await self.db.run(save_in_one_statement):
+                return
+        await self._write(reference)
 
     async def load_rounds(self, turn_id: str) -> list[RoundRecord]:
         """See :meth:`engine.store.SessionStore.load_rounds`."""

@@ -466,7 +466,12 @@ def transition(
         lease_token=lease_token,
     )
     changes = transition_changes(
-        current, new, now=now, finish_reason=finish_reason, error=error, run_after=run_after
+        current.lease_token,
+        new,
+        now=now,
+        finish_reason=finish_reason,
+        error=error,
+        run_after=run_after,
     )
     values: dict[str, Any] = {
         key: value.value if isinstance(value, StrEnum) else value for key, value in changes.items()

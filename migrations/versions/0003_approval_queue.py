@@ -96,7 +96,11 @@ _ENTRY_OF_CALL = f"""
           AND t.status = 'completed' AND t.finish_reason = 'interrupted'
           AND NOT EXISTS (
               SELECT 1 FROM turns later
-              WHERE later.session_id = t.session_id AND later.seq > t.seq);"""
+              WHERE later.session_id = t.session_id AND later.seq > t.seq)
+        -- The turn's trigger may have added it already: when one statement settles the turn
+        -- and writes its calls (the store's one-statement settle), both triggers fire at its
+        -- end and both see the call interrupted on a paused turn.
+        ON CONFLICT DO NOTHING;"""
 
 _ENTRIES_OF_TURN = f"""
         INSERT INTO approval_queue ({COLUMNS})

@@ -1,0 +1,294 @@
+"""One-statement forms of the lease holder's writes, for PostgreSQL.
+
+A worker writes a turn's progress many times: a round opened or closed with its journal rows,
+a tool call's outcome, the settling transition with the last round. The reference forms
+(:func:`stores.turns.transition`, :func:`stores.turns.fence` with the message and journal
+writes) are transactions of four to eight round trips. Here the same writes are one data-
+modifying statement on an autocommit connection, one round trip: a fence CTE locks the turn's
+row only if the caller's lease token still holds it, and every write joins that CTE, so a
+caller who lost its lease writes nothing at all. Then (``False`` / ``None``) the store runs the
+reference form, which raises the precise error.
+
+The rules are the reference forms' own: the same lock modes (``FOR SHARE`` for a journal
+write, so a competing claim waits until it commits; ``FOR NO KEY UPDATE`` when token usage is
+added to the row; ``FOR UPDATE`` for a transition), the same values (``transition_changes``
+decides what a transition sets), the same ``turn_events`` row and notifications.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection, Sequence
+from datetime import datetime
+from enum import StrEnum
+from functools import cache
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from engine.model import ModelUsage
+from engine.status import FinishReason, TurnStatus, can_transition
+from engine.store import RoundRecord, ToolCallRecord, TurnError, TurnRecord
+from engine.store_rules import transition_changes
+from stores import turns as turn_sql
+from stores.notify import CHANGE_CHANNEL, WORK_CHANNEL
+from stores.schema import ACTIVE, TIMESTAMP, turns
+
+__all__ = ["save_fenced", "transition_applies", "transition_fenced"]
+
+_ACTIVE_SQL = ", ".join(f"'{status}'" for status in ACTIVE)
+
+#: jsonb_to_recordset's column list for journal rows: the ``tool_calls`` columns a store
+#: write sets (``turn_id`` comes from the fence, ``created_at`` is the write's time).
+_CALL_FIELDS = (
+    "round integer, ref text, name text, input jsonb, status text, output jsonb, "
+    "interrupt jsonb, error jsonb, idempotency_key text, resumed jsonb, answer jsonb, "
+    "decided_by text, decided_at timestamptz, started_at timestamptz, "
+    "finished_at timestamptz, deadline timestamptz"
+)
+_CALL_UPDATED = (
+    "name",
+    "input",
+    "status",
+    "output",
+    "interrupt",
+    "error",
+    "idempotency_key",
+    "resumed",
+    "answer",
+    "decided_by",
+    "decided_at",
+    "started_at",
+    "finished_at",
+    "deadline",
+)
+
+
+def _writes(source: str, *, round: bool, calls: bool) -> str:
+    """The CTEs writing a round's messages and journal rows, each joined to ``source`` (the
+    fence: zero rows when the lease is lost, and then nothing is written)."""
+    parts = []
+    if round:
+        # Upsert then trim, rather than delete then insert: in one statement the two
+        # touch disjoint rows, so neither depends on seeing the other's effect.
+        parts.append(
+            f"""
+saved AS (
+    INSERT INTO messages (turn_id, round, position, role, content, metadata, committed,
+                          created_at)
+    SELECT {source}.id, :round, m.position, m.role, m.content, m.metadata, :committed,
+           :saved_at
+    FROM {source}, jsonb_to_recordset(CAST(:messages AS jsonb))
+                       AS m(position integer, role text, content jsonb, metadata jsonb)
+    ON CONFLICT (turn_id, round, position) DO UPDATE
+    SET role = excluded.role, content = excluded.content, metadata = excluded.metadata,
+        committed = excluded.committed, created_at = excluded.created_at),
+trimmed AS (
+    DELETE FROM messages
+    WHERE turn_id = :turn_id AND round = :round AND position >= :message_count
+      AND EXISTS (SELECT 1 FROM {source})),"""
+        )
+    if calls:
+        updated = ", ".join(f"{column} = excluded.{column}" for column in _CALL_UPDATED)
+        parts.append(
+            f"""
+journal AS (
+    INSERT INTO tool_calls (turn_id, round, ref, name, input, status, output, interrupt,
+                            error, idempotency_key, resumed, answer, decided_by, decided_at,
+                            started_at, finished_at, deadline, created_at)
+    SELECT {source}.id, c.round, c.ref, c.name, c.input, CAST(c.status AS tool_call_status),
+           c.output, c.interrupt, c.error, c.idempotency_key, c.resumed, c.answer,
+           c.decided_by, c.decided_at, c.started_at, c.finished_at, c.deadline, :saved_at
+    FROM {source}, jsonb_to_recordset(CAST(:calls AS jsonb)) AS c({_CALL_FIELDS})
+    -- created_at keeps the first write's time: an approval's age is measured from it.
+    ON CONFLICT (turn_id, round, ref) DO UPDATE SET {updated}),"""
+        )
+    return "".join(parts)
+
+
+def _write_params(
+    turn_id: str, round: RoundRecord | None, calls: Sequence[ToolCallRecord], saved_at: datetime
+) -> dict[str, Any]:
+    params: dict[str, Any] = {"turn_id": turn_id, "saved_at": saved_at}
+    if round is not None:
+        params.update(
+            round=round.round,
+            committed=round.committed,
+            message_count=len(round.messages),
+            messages=json.dumps(
+                [
+                    {
+                        "position": position,
+                        "role": message.role,
+                        "content": [part.to_wire() for part in message.content],
+                        "metadata": message.metadata,
+                    }
+                    for position, message in enumerate(round.messages)
+                ]
+            ),
+        )
+    if calls:
+        params["calls"] = json.dumps(
+            [call.model_dump(mode="json", exclude={"turn_id", "created_at"}) for call in calls]
+        )
+    return params
+
+
+def _typed(sql: str) -> sa.TextClause:
+    """The statement with its timestamp parameters typed (UTC, as every column we write)."""
+    names = [name for name in ("saved_at", "now") if f":{name}" in sql]
+    return sa.text(sql).bindparams(*(sa.bindparam(name, type_=TIMESTAMP) for name in names))
+
+
+# -- journal writes: save_round and record_call ------------------------------------------
+
+
+def save_fenced(
+    connection: Connection,
+    turn_id: str,
+    lease_token: int,
+    *,
+    round: RoundRecord | None,
+    calls: Sequence[ToolCallRecord],
+    usage: ModelUsage | None,
+    now: datetime,
+) -> bool:
+    """Write a round and/or journal rows (and add token usage) if ``lease_token`` holds the
+    running turn; whether it did (``False``: nothing was written)."""
+    counted = usage is not None and (
+        usage.input_tokens is not None or usage.output_tokens is not None
+    )
+    params = _write_params(turn_id, round, calls, now)
+    params["lease_token"] = lease_token
+    if counted:
+        assert usage is not None
+        params["input_tokens"] = usage.input_tokens
+        params["output_tokens"] = usage.output_tokens
+    statement = _save_statement(round=round is not None, calls=bool(calls), usage=counted)
+    return bool(connection.execute(statement, params).scalar_one())
+
+
+@cache
+def _save_statement(*, round: bool, calls: bool, usage: bool) -> sa.TextClause:
+    # Adding usage updates the row: lock it for that from the start (a share lock upgraded
+    # later could deadlock with a heartbeat queued behind it), as the reference form does.
+    lock = "FOR NO KEY UPDATE" if usage else "FOR SHARE"
+    usage_cte = (
+        """
+usage AS (
+    UPDATE turns
+    SET input_tokens = CASE WHEN CAST(:input_tokens AS integer) IS NULL THEN input_tokens
+                            ELSE coalesce(input_tokens, 0) + :input_tokens END,
+        output_tokens = CASE WHEN CAST(:output_tokens AS integer) IS NULL THEN output_tokens
+                             ELSE coalesce(output_tokens, 0) + :output_tokens END
+    FROM fence WHERE turns.id = fence.id),"""
+        if usage
+        else ""
+    )
+    sql = f"""
+WITH fence AS (
+    SELECT id FROM turns
+    WHERE id = :turn_id AND lease_token = :lease_token AND status IN ({_ACTIVE_SQL})
+    {lock}),{usage_cte}{_writes("fence", round=round, calls=calls)}
+done AS (SELECT 1)
+SELECT count(*) FROM fence
+"""
+    return _typed(sql)
+
+
+# -- transitions ---------------------------------------------------------------------------
+
+
+def transition_applies(expected: Collection[TurnStatus], new: TurnStatus) -> bool:
+    """Whether :func:`transition_fenced` can do this transition: ``new`` is allowed from
+    every expected status (otherwise the reference form decides, by the actual status)."""
+    return bool(expected) and all(can_transition(status, new) for status in expected)
+
+
+def transition_fenced(
+    connection: Connection,
+    turn_id: str,
+    *,
+    expected: Collection[TurnStatus],
+    new: TurnStatus,
+    lease_token: int,
+    now: datetime,
+    saved_at: datetime,
+    finish_reason: FinishReason | None = None,
+    error: TurnError | None = None,
+    run_after: datetime | None = None,
+    note: str | None = None,
+    round: RoundRecord | None = None,
+    calls: Sequence[ToolCallRecord] = (),
+) -> TurnRecord | None:
+    """The lease holder's guarded transition, with the round and journal rows it settles
+    with, as one statement; the moved turn, or ``None`` (nothing written) when the turn is
+    not in an expected status under ``lease_token``."""
+    changes = transition_changes(
+        lease_token, new, now=now, finish_reason=finish_reason, error=error, run_after=run_after
+    )
+    params = _write_params(turn_id, round, calls, saved_at)
+    params.update(lease_token=lease_token, now=now, note=note)
+    for key, value in changes.items():
+        if isinstance(value, StrEnum):
+            value = value.value
+        elif isinstance(value, TurnError):
+            value = json.dumps(value.model_dump(mode="json"))
+        params[f"set_{key}"] = value
+    notify = (CHANGE_CHANNEL, WORK_CHANNEL) if new is TurnStatus.PENDING else (CHANGE_CHANNEL,)
+    statement = _transition_statement(
+        expected=tuple(sorted(status.value for status in expected)),
+        columns=tuple(sorted(changes)),
+        notify=notify,
+        round=round is not None,
+        calls=bool(calls),
+    )
+    row = connection.execute(statement, params).first()
+    return turn_sql.record(row) if row is not None else None
+
+
+# How each column a transition sets is written (see transition_changes).
+_SET = {
+    "status": "CAST(:set_status AS turn_status)",
+    "error": "CAST(:set_error AS jsonb)",
+    "updated_at": "CAST(:set_updated_at AS timestamptz)",
+    "settled_at": "CAST(:set_settled_at AS timestamptz)",
+    "run_after": "CAST(:set_run_after AS timestamptz)",
+    "lease_expires_at": "CAST(:set_lease_expires_at AS timestamptz)",
+}
+
+
+@cache
+def _transition_statement(
+    *,
+    expected: tuple[str, ...],
+    columns: tuple[str, ...],
+    notify: tuple[str, ...],
+    round: bool,
+    calls: bool,
+) -> sa.TextualSelect:
+    sets = ", ".join(f"{column} = {_SET.get(column, ':set_' + column)}" for column in columns)
+    statuses = ", ".join(f"'{status}'" for status in expected)
+    notifications = ", ".join(f"pg_notify('{channel}', turn_id)" for channel in notify)
+    # `current` locks the row (FOR UPDATE, as the reference form's first read) and keeps
+    # the status and attempt the transition leaves, for its turn_events row.
+    sql = f"""
+WITH current AS (
+    SELECT id, status, attempts FROM turns
+    WHERE id = :turn_id AND lease_token = :lease_token AND status IN ({statuses})
+    FOR UPDATE),
+moved AS (
+    UPDATE turns SET {sets}
+    FROM current WHERE turns.id = current.id
+    RETURNING turns.*, current.status AS from_status, current.attempts AS from_attempt),
+event AS (
+    INSERT INTO turn_events (turn_id, from_status, to_status, attempt, note, at)
+    SELECT id, from_status, status, from_attempt, :note, :now FROM moved
+    RETURNING {notifications}),{_writes("moved", round=round, calls=calls)}
+done AS (SELECT 1)
+SELECT {", ".join("moved." + column.name for column in turns.columns)},
+       (SELECT count(*) FROM event) AS events
+FROM moved
+"""
+    return _typed(sql).columns(*turns.columns, sa.column("events", sa.Integer))
