@@ -302,7 +302,7 @@ class Agent:
         try:
             # Shielded: a caller that stops waiting does not stop the turn (it settles and
             # persists, as a durable turn must); abort is the way to stop it.
-            settled = await asyncio.shield(
+            finished = await asyncio.shield(
                 run_inline(
                     self.runner_config(),
                     started.store,
@@ -316,7 +316,7 @@ class Agent:
             )
         finally:
             self._local_aborts.pop(started.turn.id, None)
-        return await self.respond_for(started.store, settled)
+        return await self.respond_for(started.store, finished)
 
     async def _run_relayed(
         self, request: TurnRequest, on_chunk: ChunkCallback, on_started: Any
@@ -364,8 +364,9 @@ class Agent:
         timeout: float | None = None,
         *,
         listening: asyncio.Future[None] | None = None,
-    ) -> TurnRecord:
-        """Wait until a turn settles (any process may be running it) and return it.
+    ) -> StoredSnapshot:
+        """Wait until a turn settles (any process may be running it) and return it, with
+        its conversation and journal (read together, in one round trip where the store can).
 
         Woken by the store's change notifications, re-checking every ``poll_interval``
         seconds in case one was missed. Raises :class:`TimeoutError` after ``timeout``.
@@ -388,11 +389,11 @@ class Agent:
             # must still wake us (the waiter registers as soon as the read yields).
             waiter = asyncio.ensure_future(store.wait_for_change(turn_id, wait_for))
             try:
-                turn = await store.get_turn(turn_id)
-                if turn is None:
+                stored = await store.read_snapshot(turn_id)
+                if stored is None:
                     raise NotFoundError(f"Snapshot '{turn_id}' not found for agent '{self.name}'.")
-                if turn.status not in ACTIVE_STATUSES:
-                    return turn
+                if stored.turn.status not in ACTIVE_STATUSES:
+                    return stored
                 await waiter
             finally:
                 waiter.cancel()
@@ -407,9 +408,15 @@ class Agent:
         settled = await self.wait_settled(store, snapshot_id, timeout)
         return await self.respond_for(store, settled)
 
-    async def respond_for(self, store: SessionStore, turn: TurnRecord) -> AgentResponse:
-        """The response for a settled turn (raises :class:`TurnFailedError` if it failed)."""
-        messages = await store.load_conversation(turn.id)
+    async def respond_for(
+        self, store: SessionStore, settled: TurnRecord | StoredSnapshot
+    ) -> AgentResponse:
+        """The response for a settled turn (raises :class:`TurnFailedError` if it failed);
+        its conversation is read unless ``settled`` came with it."""
+        if isinstance(settled, StoredSnapshot):
+            turn, messages = settled.turn, settled.conversation
+        else:
+            turn, messages = settled, await store.load_conversation(settled.id)
         state = None
         snapshot_id: str | None = turn.id
         if self.store is None:

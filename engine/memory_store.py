@@ -28,6 +28,7 @@ from engine.errors import (
 from engine.model import ModelUsage
 from engine.parts import Message
 from engine.relay import ChunkBroker, ChunkSubscription
+from engine.signals import BroadcastSignal
 from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus
 from engine.store import (
     ApprovalQuery,
@@ -41,6 +42,7 @@ from engine.store import (
     ToolCallStatus,
     TurnError,
     TurnEvent,
+    TurnProgress,
     TurnRecord,
 )
 from engine.store_rules import (
@@ -65,24 +67,6 @@ def _plus(total: int | None, more: int | None) -> int | None:
     return (total or 0) + more
 
 
-class _Signal:
-    """A broadcast wake-up: every waiter at the time of :meth:`fire` returns."""
-
-    def __init__(self) -> None:
-        self._event: asyncio.Event | None = None
-
-    def fire(self) -> None:
-        if self._event is not None:
-            self._event.set()
-            self._event = None
-
-    async def wait(self, timeout: float) -> None:
-        if self._event is None:
-            self._event = asyncio.Event()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._event.wait(), timeout)
-
-
 class InMemorySessionStore:
     """A :class:`~engine.store.SessionStore` kept in process memory (lost on exit)."""
 
@@ -91,7 +75,7 @@ class InMemorySessionStore:
     def __init__(self) -> None:
         # Sticky: a wake-up that fires between a worker's empty claim and its wait is kept.
         self._work = asyncio.Event()
-        self._changes: dict[str, _Signal] = {}
+        self._changes: dict[str, BroadcastSignal] = {}
         self._chunks = ChunkBroker()
         self._sessions: dict[str, SessionRecord] = {}
         self._turns: dict[str, TurnRecord] = {}
@@ -339,7 +323,7 @@ class InMemorySessionStore:
         )
         moved = turn.model_copy(update=update)
         self._turns[turn_id] = moved
-        self._changes.pop(turn_id, _Signal()).fire()
+        self._changes.pop(turn_id, BroadcastSignal()).fire()
         if new is TurnStatus.PENDING:
             self._work.set()
         self._events[turn_id].append(
@@ -429,6 +413,19 @@ class InMemorySessionStore:
         """See :meth:`engine.store.SessionStore.list_calls`."""
         calls = self._calls.get(turn_id, {})
         return [calls[key].model_copy(deep=True) for key in sorted(calls)]
+
+    async def read_progress(self, turn_id: str) -> TurnProgress | None:
+        """See :meth:`engine.store.SessionStore.read_progress`."""
+        turn = self._turns.get(turn_id)
+        if turn is None:
+            return None
+        parent = turn.parent_id
+        return TurnProgress(
+            parent_conversation=await self.load_conversation(parent) if parent else [],
+            parent_journal=await self.list_calls(parent) if parent else [],
+            rounds=await self.load_rounds(turn_id),
+            journal=await self.list_calls(turn_id),
+        )
 
     async def read_snapshot(self, turn_id: str) -> StoredSnapshot | None:
         """See :meth:`engine.store.SessionStore.read_snapshot`."""
@@ -558,7 +555,7 @@ class InMemorySessionStore:
 
     async def wait_for_change(self, turn_id: str, timeout: float) -> None:
         """See :meth:`engine.store.SessionStore.wait_for_change`."""
-        await self._changes.setdefault(turn_id, _Signal()).wait(timeout)
+        await self._changes.setdefault(turn_id, BroadcastSignal()).wait(timeout)
 
     async def prune_sessions(self, *, settled_before: datetime, limit: int = 500) -> int:
         """See :meth:`engine.store.SessionStore.prune_sessions`."""

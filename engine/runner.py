@@ -81,10 +81,6 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
-async def _nothing() -> list[Message]:
-    return []
-
-
 def error_of(exc: BaseException) -> TurnError:
     """The ``{status, message}`` recorded for an exception (never the raw exception)."""
     if isinstance(exc, AgentError):
@@ -129,6 +125,9 @@ class TurnRunner:
         self._used_refs: set[str] = set()
         #: Calls this attempt journaled ``running`` when it opened their round.
         self._started: set[tuple[int, str]] = set()
+        #: The parent's journal, read with the rest of the turn's progress: a resume's
+        #: answers are in it (rows a settled turn never changes once answered).
+        self._parent_journal: list[ToolCallRecord] = []
 
     async def run(self) -> TurnOutcome:
         """Run (or continue) the turn; returns its outcome, raises only on cancellation."""
@@ -150,12 +149,16 @@ class TurnRunner:
 
     async def _run(self) -> TurnOutcome:
         turn = self.turn
-        # Independent reads, side by side (latency from claim to the first model call).
-        parent_conversation, saved_rounds, saved_calls = await asyncio.gather(
-            self.store.load_conversation(turn.parent_id) if turn.parent_id else _nothing(),
-            self.store.load_rounds(turn.id),
-            self.store.list_calls(turn.id),
+        # One read for everything the run needs (latency from claim to the first model call).
+        progress = await self.store.read_progress(turn.id)
+        if progress is None:
+            raise NotFoundError(f"Snapshot {turn.id} not found.")
+        parent_conversation, saved_rounds, saved_calls = (
+            progress.parent_conversation,
+            progress.rounds,
+            progress.journal,
         )
+        self._parent_journal = progress.parent_journal
         history = parent_conversation[: turn.history_length]
         rounds = {r.round: r for r in saved_rounds}
         calls = {(c.round, c.ref): c for c in saved_calls}
@@ -521,7 +524,7 @@ class TurnRunner:
         restarts. Returns round 0's committed messages, or an outcome when a restarted call
         paused again."""
         assert self.turn.parent_id is not None
-        parent_calls = await self.store.list_calls(self.turn.parent_id)
+        parent_calls = self._parent_journal
         plan = plan_resume(
             snapshot_id=self.turn.parent_id,
             last_message=paused,

@@ -45,6 +45,7 @@ __all__ = [
     "TurnError",
     "TurnEvent",
     "TurnInput",
+    "TurnProgress",
     "TurnRecord",
 ]
 
@@ -185,6 +186,19 @@ class StoredSnapshot(BaseModel):
     #: The conversation as of the turn's committed rounds.
     conversation: list[Message]
     #: The turn's journal, ordered by round then ref.
+    journal: list[ToolCallRecord]
+
+
+class TurnProgress(BaseModel):
+    """What a worker reads to run a claimed turn (see :meth:`SessionStore.read_progress`)."""
+
+    #: The conversation of the turn's parent (empty for a first turn).
+    parent_conversation: list[Message]
+    #: The parent's journal (empty for a first turn): a resume's answers close its rows.
+    parent_journal: list[ToolCallRecord]
+    #: The turn's own rounds so far, committed or not, in order.
+    rounds: list[RoundRecord]
+    #: The turn's own journal so far, ordered by round then ref.
     journal: list[ToolCallRecord]
 
 
@@ -394,6 +408,12 @@ class SessionStore(Protocol):
 
     async def load_conversation(self, turn_id: str) -> list[Message]:
         """The turn's conversation as of its committed rounds (its snapshot state)."""
+        ...
+
+    async def read_progress(self, turn_id: str) -> TurnProgress | None:
+        """Everything a worker needs to run (or continue) a claimed turn, read at one moment:
+        its parent's conversation and journal, its own rounds and journal (``None`` for an
+        unknown turn). One round trip where the store can."""
         ...
 
     async def read_snapshot(self, turn_id: str) -> StoredSnapshot | None:

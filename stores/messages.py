@@ -14,7 +14,13 @@ from engine.parts import Message
 from engine.store import RoundRecord
 from stores.schema import messages, turns
 
-__all__ = ["assemble_conversation", "load_conversation", "load_rounds", "save_round"]
+__all__ = [
+    "assemble_conversation",
+    "assemble_rounds",
+    "load_conversation",
+    "load_rounds",
+    "save_round",
+]
 
 
 def save_round(
@@ -51,25 +57,33 @@ def save_round(
         )
 
 
-def _message(row: sa.Row[tuple[object, ...]]) -> Message:
-    m = row._mapping
-    wire: dict[str, object] = {"role": m["role"], "content": m["content"]}
-    if m["metadata"] is not None:
-        wire["metadata"] = m["metadata"]
+def _message(role: Any, content: Any, metadata: Any) -> Message:
+    wire: dict[str, object] = {"role": role, "content": content}
+    if metadata is not None:
+        wire["metadata"] = metadata
     return Message.model_validate(wire)
 
 
 def load_rounds(connection: Connection, turn_id: str) -> list[RoundRecord]:
     """Every round of the turn, committed or not, in order."""
     rows = connection.execute(_ROUNDS, {"turn_id": turn_id}).all()
-    grouped: dict[int, list[sa.Row[tuple[object, ...]]]] = defaultdict(list)
+    return assemble_rounds(
+        (m["round"], m["role"], m["content"], m["metadata"], m["committed"])
+        for m in (row._mapping for row in rows)
+    )
+
+
+def assemble_rounds(rows: Iterable[Sequence[Any]]) -> list[RoundRecord]:
+    """Rounds from message rows ``(round, role, content, metadata, committed)`` in round and
+    position order."""
+    grouped: dict[int, list[Sequence[Any]]] = defaultdict(list)
     for row in rows:
-        grouped[row._mapping["round"]].append(row)
+        grouped[row[0]].append(row)
     return [
         RoundRecord(
             round=number,
-            messages=[_message(r) for r in group],
-            committed=bool(group[0]._mapping["committed"]),
+            messages=[_message(role, content, metadata) for _, role, content, metadata, _ in group],
+            committed=bool(group[0][4]),
         )
         for number, group in sorted(grouped.items())
     ]
@@ -102,10 +116,7 @@ def assemble_conversation(rows: Iterable[Sequence[Any]]) -> list[Message]:
             current = chain_id
             result = result[:history_length]
         if role is not None:
-            wire: dict[str, object] = {"role": role, "content": content}
-            if metadata is not None:
-                wire["metadata"] = metadata
-            result.append(Message.model_validate(wire))
+            result.append(_message(role, content, metadata))
     return result
 
 

@@ -18,6 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection
 
 from engine.relay import ChunkBroker
+from engine.signals import BroadcastSignal
 
 __all__ = [
     "CHANGE_CHANNEL",
@@ -80,22 +81,6 @@ def notify(connection: Connection, channel: str, payload: str) -> None:
 _NOTIFY = sa.text("SELECT pg_notify(:c, :p)")
 
 
-class _Signal:
-    """A broadcast wake-up bound to the listener's event loop."""
-
-    def __init__(self) -> None:
-        self._event = asyncio.Event()
-
-    def fire(self) -> None:
-        self._event.set()
-        self._event = asyncio.Event()
-
-    async def wait(self, timeout: float) -> None:
-        event = self._event
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(event.wait(), timeout)
-
-
 class Listener:
     """One LISTEN connection per store and event loop, reconnecting when it drops.
 
@@ -108,7 +93,7 @@ class Listener:
         # Sticky: set by a notification, cleared when a waiter wakes, so a notification that
         # lands between a worker's empty claim and its wait is not lost.
         self._work = asyncio.Event()
-        self._changes: dict[str, _Signal] = {}
+        self._changes: dict[str, BroadcastSignal] = {}
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.connected = asyncio.Event()
@@ -184,7 +169,7 @@ class Listener:
     async def wait_for_change(self, turn_id: str, timeout: float) -> None:
         """Until a change notification for ``turn_id`` arrives, or ``timeout``."""
         self._ensure_started()
-        signal = self._changes.setdefault(turn_id, _Signal())
+        signal = self._changes.setdefault(turn_id, BroadcastSignal())
         await signal.wait(timeout)
 
     async def close(self) -> None:

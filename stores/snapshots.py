@@ -1,4 +1,5 @@
-"""SQL for reading a snapshot whole: a turn, its conversation and its journal at one moment.
+"""SQL for whole reads: a snapshot (a turn, its conversation and its journal) for a resume or
+a waiting caller, and a claimed turn's progress for the worker running it, each at one moment.
 
 A resume reads all three before it is queued, on the path from the resume call to the
 turn's pickup. On PostgreSQL it is one statement (one round trip, one snapshot of the
@@ -13,13 +14,13 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from engine.store import StoredSnapshot, ToolCallRecord
+from engine.store import StoredSnapshot, ToolCallRecord, TurnProgress
 from stores import messages as message_sql
 from stores import tool_calls as call_sql
 from stores import turns as turn_sql
 from stores.schema import turns
 
-__all__ = ["read_snapshot"]
+__all__ = ["read_progress", "read_snapshot"]
 
 
 def read_snapshot(connection: Connection, turn_id: str) -> StoredSnapshot | None:
@@ -70,5 +71,66 @@ FROM turns WHERE turns.id = :turn_id
 ).columns(
     *turns.columns,
     sa.column("conversation", sa.JSON),
+    sa.column("journal", sa.JSON),
+)
+
+
+def read_progress(connection: Connection, turn_id: str) -> TurnProgress | None:
+    """The parent's conversation and journal, the turn's rounds and journal; ``None`` for an
+    unknown turn."""
+    if connection.dialect.name != "postgresql":
+        turn = turn_sql.get_turn(connection, turn_id)
+        if turn is None:
+            return None
+        parent = turn.parent_id
+        return TurnProgress(
+            parent_conversation=(message_sql.load_conversation(connection, parent) or [])
+            if parent
+            else [],
+            parent_journal=call_sql.list_calls(connection, parent) if parent else [],
+            rounds=message_sql.load_rounds(connection, turn_id),
+            journal=call_sql.list_calls(connection, turn_id),
+        )
+    row = connection.execute(_PROGRESS, {"turn_id": turn_id}).first()
+    if row is None:
+        return None
+    m = row._mapping
+    return TurnProgress(
+        parent_conversation=message_sql.assemble_conversation(m["conversation"] or []),
+        parent_journal=[ToolCallRecord.model_validate(c) for c in m["parent_journal"] or []],
+        rounds=message_sql.assemble_rounds(m["rounds"] or []),
+        journal=[ToolCallRecord.model_validate(c) for c in m["journal"] or []],
+    )
+
+
+# As _SNAPSHOT, with the ancestry walk starting at the turn's parent; the turn's own messages
+# as [round, role, content, metadata, committed] in round and position order.
+_PROGRESS = sa.text(
+    """
+WITH RECURSIVE ancestry AS (
+    SELECT parent.id, parent.parent_id, parent.history_length, 0 AS depth
+    FROM turns AS child JOIN turns AS parent ON parent.id = child.parent_id
+    WHERE child.id = :turn_id
+    UNION ALL
+    SELECT parent.id, parent.parent_id, parent.history_length, ancestry.depth + 1
+    FROM turns AS parent JOIN ancestry ON parent.id = ancestry.parent_id)
+SELECT (SELECT json_agg(json_build_array(a.id, a.history_length, m.role, m.content,
+                                         m.metadata)
+                        ORDER BY a.depth DESC, m.round, m.position)
+        FROM ancestry AS a
+        LEFT JOIN messages AS m ON m.turn_id = a.id AND m.committed) AS conversation,
+       (SELECT json_agg(c ORDER BY c.round, c.ref)
+        FROM tool_calls AS c WHERE c.turn_id = turns.parent_id) AS parent_journal,
+       (SELECT json_agg(json_build_array(m.round, m.role, m.content, m.metadata, m.committed)
+                        ORDER BY m.round, m.position)
+        FROM messages AS m WHERE m.turn_id = turns.id) AS rounds,
+       (SELECT json_agg(c ORDER BY c.round, c.ref)
+        FROM tool_calls AS c WHERE c.turn_id = turns.id) AS journal
+FROM turns WHERE turns.id = :turn_id
+"""
+).columns(
+    sa.column("conversation", sa.JSON),
+    sa.column("parent_journal", sa.JSON),
+    sa.column("rounds", sa.JSON),
     sa.column("journal", sa.JSON),
 )

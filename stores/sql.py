@@ -39,6 +39,7 @@ from engine.store import (
     ToolCallRecord,
     TurnError,
     TurnEvent,
+    TurnProgress,
     TurnRecord,
 )
 from engine.store_rules import abort_target, check_answers
@@ -397,6 +398,10 @@ class SqlSessionStore:
             return conversation
 
         return await self._read(load)
+
+    async def read_progress(self, turn_id: str) -> TurnProgress | None:
+        """See :meth:`engine.store.SessionStore.read_progress`."""
+        return await self._read(lambda c: snapshot_sql.read_progress(c, turn_id))
 
     async def read_snapshot(self, turn_id: str) -> StoredSnapshot | None:
         """See :meth:`engine.store.SessionStore.read_snapshot`."""

@@ -90,8 +90,18 @@ def serve_process(
     out = open(log, "wb") if log else subprocess.DEVNULL  # noqa: SIM115 - closed below
     process = subprocess.Popen(
         _turnstile(
-            "serve", "--app", app, "--db", db_url, "--port", str(port),
-            "--workers", str(workers), "--log-level", "WARNING", *args,
+            "serve",
+            "--app",
+            app,
+            "--db",
+            db_url,
+            "--port",
+            str(port),
+            "--workers",
+            str(workers),
+            "--log-level",
+            "WARNING",
+            *args,
         ),
         cwd=ROOT,
         env=_env(db_url, env),
@@ -129,8 +139,17 @@ def worker_process(
     """``turnstile worker`` in its own process (stopped with SIGTERM, or killed by the test)."""
     process = subprocess.Popen(
         _turnstile(
-            "worker", "--app", app, "--db", db_url, "--concurrency", str(concurrency),
-            "--poll-interval", "0.2", "--log-level", "WARNING",
+            "worker",
+            "--app",
+            app,
+            "--db",
+            db_url,
+            "--concurrency",
+            str(concurrency),
+            "--poll-interval",
+            "0.2",
+            "--log-level",
+            "WARNING",
         ),
         cwd=ROOT,
         env=_env(db_url, env),

@@ -31,9 +31,7 @@ def server() -> Iterator[str]:
         yield base
 
 
-def test_curl_examples_run_an_approval_and_an_inbox_decision(
-    server: str, tmp_path: Path
-) -> None:
+def test_curl_examples_run_an_approval_and_an_inbox_decision(server: str, tmp_path: Path) -> None:
     """The curl blocks pause a transfer, resume it streamed, read the snapshot, and decide an
     approval through the inbox."""
     script = "set -euo pipefail\n" + "\n".join(blocks("sh"))

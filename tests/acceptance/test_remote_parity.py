@@ -45,9 +45,7 @@ class RemoteBankingApp:
 
 
 def _remote(base: str, served: BankingApp, name: str) -> RemoteAgent:
-    agent = remote_agent(
-        f"{base}/api/{name}", interrupt_inputs={"userApproval": ApprovalRequest}
-    )
+    agent = remote_agent(f"{base}/api/{name}", interrupt_inputs={"userApproval": ApprovalRequest})
     # Read-only peeks at the server's store (how many turns a session has) for assertions.
     agent.store = served.ai.agents[name].store  # type: ignore[attr-defined]
     return agent

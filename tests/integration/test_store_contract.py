@@ -1039,6 +1039,43 @@ async def test_transition_saves_the_last_round_and_calls_with_the_settle(
     assert row.model_copy(update={"created_at": None}) == paused
 
 
+async def test_a_round_saved_again_with_fewer_messages_keeps_only_the_new_ones(
+    store: SessionStore,
+) -> None:
+    """Saving a round again replaces all its messages: a shorter rewrite leaves none of the
+    earlier ones behind, by save_round or by the settling transition."""
+    token = (await turn_in(store, PENDING)).lease_token
+    for number in (1, 2):
+        await store.save_round(
+            "t1",
+            lease_token=token,
+            round=RoundRecord(
+                round=number,
+                messages=[asks("a"), model_says("b"), model_says("c")],
+                committed=False,
+            ),
+        )
+    await store.save_round(
+        "t1",
+        lease_token=token,
+        round=RoundRecord(round=1, messages=[model_says("one")], committed=True),
+    )
+    await store.transition(
+        "t1",
+        expected={PENDING},
+        new=COMPLETED,
+        lease_token=token,
+        finish_reason=FinishReason.STOP,
+        round=RoundRecord(round=2, messages=[model_says("two")], committed=True),
+    )
+
+    rounds = await store.load_rounds("t1")
+    assert [(r.round, wire(r.messages), r.committed) for r in rounds[1:]] == [
+        (1, wire([model_says("one")]), True),
+        (2, wire([model_says("two")]), True),
+    ]
+
+
 async def test_refused_transition_saves_no_round(store: SessionStore) -> None:
     """A transition refused for a stale lease writes neither its round nor its calls."""
     await store.create_turn(new_turn("t1"))
@@ -1241,6 +1278,38 @@ async def test_read_snapshot_is_the_turn_with_its_conversation_and_journal(
     ]
     assert all(c.created_at is not None and c.created_at.tzinfo for c in root.journal)
     assert await store.read_snapshot("nope") is None
+
+
+async def test_read_progress_is_what_a_worker_reads_to_run_a_turn(store: SessionStore) -> None:
+    """read_progress returns the parent's conversation and journal and the turn's own rounds
+    (committed or not) and journal, as the separate reads do; a first turn has no parent
+    part; an unknown turn gives None."""
+    await paused_turn(store, "root", interrupted=("r1",))
+    await store.create_turn(
+        new_turn("child", kind="resume", parent_id="root", history_length=1),
+        answers=[answer("root", "r1")],
+    )
+    token = (await claim(store, "child")).lease_token
+    await store.save_round(
+        "child",
+        lease_token=token,
+        round=RoundRecord(round=1, messages=[asks("r9"), model_says("x")], committed=False),
+        calls=[tool_call("child", 1, "r9", ToolCallStatus.RUNNING)],
+    )
+
+    child = await store.read_progress("child")
+    assert child is not None
+    assert wire(child.parent_conversation) == wire(await store.load_conversation("root"))
+    assert child.parent_journal == await store.list_calls("root")
+    assert child.rounds == await store.load_rounds("child")
+    assert [(r.round, r.committed) for r in child.rounds] == [(1, False)]
+    assert child.journal == await store.list_calls("child")
+    assert [c.ref for c in child.journal] == ["r9"]
+    root = await store.read_progress("root")
+    assert root is not None
+    assert (root.parent_conversation, root.parent_journal) == ([], [])
+    assert root.rounds == await store.load_rounds("root")
+    assert await store.read_progress("nope") is None
 
 
 # -- copies ------------------------------------------------------------------------------

@@ -111,9 +111,7 @@ async def test_no_decision_on_a_call_that_is_not_open(store: SessionStore) -> No
 async def test_the_resume_keeps_the_recorded_decider_and_moment(store: SessionStore) -> None:
     """Answering a decided call keeps who decided it and when (the inbox's record)."""
     await paused_turn(store, "p1", "s1")
-    decided = await store.record_decision(
-        "p1", 1, "r1", answer={"respond": 1}, decided_by="alice"
-    )
+    decided = await store.record_decision("p1", 1, "r1", answer={"respond": 1}, decided_by="alice")
     answer = InterruptAnswer(
         turn_id="p1", round=1, ref="r1", answer={"respond": 1}, decided_by="alice"
     )
