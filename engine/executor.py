@@ -177,6 +177,7 @@ async def execute_claimed(
                 error=outcome.error,
                 run_after=datetime.now(UTC) + timedelta(seconds=delay),
                 note=f"retry after attempt {turn.attempts}",
+                usage=outcome.usage,
             )
         # The turn's last round (if the runner left it to us) is written by the same fenced
         # transaction that settles the turn: one commit instead of two.
@@ -189,6 +190,7 @@ async def execute_claimed(
             error=outcome.error,
             round=outcome.last_round,
             calls=outcome.last_calls,
+            usage=outcome.usage,
         )
     except StaleTransitionError:
         # Someone else moved the turn (abort of an unleased retry, a newer lease): report

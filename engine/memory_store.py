@@ -285,6 +285,7 @@ class InMemorySessionStore:
         note: str | None = None,
         round: RoundRecord | None = None,
         calls: Sequence[ToolCallRecord] = (),
+        usage: ModelUsage | None = None,
     ) -> TurnRecord:
         """See :meth:`engine.store.SessionStore.transition`."""
         turn = check_transition(
@@ -294,12 +295,24 @@ class InMemorySessionStore:
             new=new,
             lease_token=lease_token,
         )
-        if round is not None or calls:
+        if round is not None or calls or usage is not None:
             if lease_token is None:
                 raise ValueError("Saving a round with a transition needs the lease token.")
             # Nothing awaits between the check above and these writes: atomic in this loop.
+            turn = self._add_usage(turn, usage)
             self._save(turn_id, round, calls)
         return self._move(turn, new, finish_reason, error, run_after, note, _now())
+
+    def _add_usage(self, turn: TurnRecord, usage: ModelUsage | None) -> TurnRecord:
+        if usage is not None:
+            turn = turn.model_copy(
+                update={
+                    "input_tokens": _plus(turn.input_tokens, usage.input_tokens),
+                    "output_tokens": _plus(turn.output_tokens, usage.output_tokens),
+                }
+            )
+            self._turns[turn.id] = turn
+        return turn
 
     def _move(
         self,
@@ -369,14 +382,7 @@ class InMemorySessionStore:
         usage: ModelUsage | None = None,
     ) -> None:
         """See :meth:`engine.store.SessionStore.save_round`."""
-        turn = self._fenced(turn_id, lease_token)
-        if usage is not None:
-            self._turns[turn_id] = turn.model_copy(
-                update={
-                    "input_tokens": _plus(turn.input_tokens, usage.input_tokens),
-                    "output_tokens": _plus(turn.output_tokens, usage.output_tokens),
-                }
-            )
+        self._add_usage(self._fenced(turn_id, lease_token), usage)
         self._save(turn_id, round, calls)
 
     def _save(

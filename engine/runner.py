@@ -12,12 +12,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from engine.errors import AgentError, NotFoundError, StoreError, ToolError, TransientError
 from engine.model import Model, ModelRequest, ModelUsage
+from engine.outcome import TurnOutcome, error_of
 from engine.parts import (
     INTERRUPT,
     PENDING_OUTPUT,
@@ -59,34 +60,8 @@ class RunnerConfig:
     max_turns: int = 5
 
 
-@dataclass(frozen=True)
-class TurnOutcome:
-    """How the turn's work ended (the executor turns it into a status transition).
-
-    ``last_round`` and ``last_calls``: the turn's final round and journal rows, not yet
-    written — the executor saves them with the settling transition, in one transaction (a
-    turn that completes writes its last round and settles with one commit). Only a
-    ``completed`` outcome carries them.
-    """
-
-    status: TurnStatus
-    finish_reason: FinishReason
-    error: TurnError | None = None
-    transient: bool = False
-    last_round: RoundRecord | None = None
-    last_calls: tuple[ToolCallRecord, ...] = ()
-
-
 def _now() -> datetime:
     return datetime.now(UTC)
-
-
-def error_of(exc: BaseException) -> TurnError:
-    """The ``{status, message}`` recorded for an exception (never the raw exception)."""
-    if isinstance(exc, AgentError):
-        return TurnError(status=exc.status, message=exc.message, details=exc.details)
-    status = "UNAVAILABLE" if isinstance(exc, TransientError) else "INTERNAL"
-    return TurnError(status=status, message=str(exc) or type(exc).__name__)
 
 
 @dataclass
@@ -128,6 +103,8 @@ class TurnRunner:
         #: The parent's journal, read with the rest of the turn's progress: a resume's
         #: answers are in it (rows a settled turn never changes once answered).
         self._parent_journal: list[ToolCallRecord] = []
+        #: Usage of a model call whose round is written later (see _only_pauses).
+        self._unsaved_usage: ModelUsage | None = None
 
     async def run(self) -> TurnOutcome:
         """Run (or continue) the turn; returns its outcome, raises only on cancellation."""
@@ -138,14 +115,22 @@ class TurnRunner:
             # stays pending and is recovered from its journal by whoever holds it next.
             raise
         except (ToolError, NotFoundError, AgentError) as exc:
-            return TurnOutcome(TurnStatus.FAILED, FinishReason.FAILED, error_of(exc))
+            return self._failed(exc)
         except TransientError as exc:
-            return TurnOutcome(
-                TurnStatus.FAILED, FinishReason.FAILED, error_of(exc), transient=True
-            )
+            return self._failed(exc, transient=True)
         except Exception as exc:  # a tool or model bug must fail the turn, not the worker
             logger.exception("turn %s failed", self.turn.id)
-            return TurnOutcome(TurnStatus.FAILED, FinishReason.FAILED, error_of(exc))
+            return self._failed(exc)
+
+    def _failed(self, exc: BaseException, *, transient: bool = False) -> TurnOutcome:
+        # Carries the usage of a model call whose round was never written, so it is counted.
+        return TurnOutcome(
+            TurnStatus.FAILED,
+            FinishReason.FAILED,
+            error_of(exc),
+            transient=transient,
+            usage=self._take_usage(None),
+        )
 
     async def _run(self) -> TurnOutcome:
         turn = self.turn
@@ -205,16 +190,12 @@ class TurnRunner:
                 model_message, finish, usage = await self._call_model(history)
             requests = model_message.tool_requests
             if not requests:
-                if usage is not None:
-                    # Usage rides on save_round; the settling transition carries none, so a
-                    # model that reports usage costs this one write (the scripted one does not).
-                    await self._save(number, [model_message], committed=True, usage=usage)
-                    return TurnOutcome(TurnStatus.COMPLETED, finish)
                 # Saved by the executor with the settling transition (one commit).
                 return TurnOutcome(
                     TurnStatus.COMPLETED,
                     finish,
                     last_round=RoundRecord(round=number, messages=[model_message], committed=True),
+                    usage=usage,
                 )
             if number > self.config.max_turns:
                 raise AgentError(
@@ -223,14 +204,19 @@ class TurnRunner:
                 )
             if record is None:
                 opened = [self._opening(number, p) for p in requests]
-                await self._save(
-                    number, [model_message], committed=False, calls=opened, usage=usage
-                )
+                if self._only_pauses(requests):
+                    # Nothing runs before the settle writes this round: a crash in between
+                    # loses only the model's answer (asked again), never a tool's effect.
+                    self._unsaved_usage = usage
+                else:
+                    await self._save(
+                        number, [model_message], committed=False, calls=opened, usage=usage
+                    )
                 calls = {**calls, **{(number, row.ref): row for row in opened}}
             results = await self._run_calls(number, requests, calls, restarts={})
             closed = await self._close_round(number, model_message, results)
             if isinstance(closed, TurnOutcome):
-                return closed
+                return replace(closed, usage=self._take_usage(None))
             history.extend(closed)
             number += 1
 
@@ -311,6 +297,19 @@ class TurnRunner:
             return row  # a malformed call never starts: it is answered with a tool error
         self._started.add((number, row.ref))
         return row.model_copy(update={"status": ToolCallStatus.RUNNING, "started_at": _now()})
+
+    def _only_pauses(self, requests: list[Part]) -> bool:
+        """Whether the round is one well-formed call of an interrupt (which never executes,
+        so its round can be written with the settle instead of when it opens)."""
+        if len(requests) != 1 or requests[0].tool_request is None:
+            return False
+        tool = self._tool(requests[0].tool_request.name)
+        return tool.is_interrupt and malformed_call_reason(tool, requests[0]) is None
+
+    def _take_usage(self, usage: ModelUsage | None) -> ModelUsage | None:
+        """``usage``, or the usage of a model call whose round was not written yet."""
+        unsaved, self._unsaved_usage = self._unsaved_usage, None
+        return usage if unsaved is None else unsaved
 
     def _tool(self, name: str) -> Tool:
         tool = self.config.tools.get(name)
@@ -512,7 +511,7 @@ class TurnRunner:
             lease_token=self.lease,
             round=RoundRecord(round=number, messages=messages, committed=committed),
             calls=calls or [],
-            usage=usage,
+            usage=self._take_usage(usage),
         )
 
     # -- resume (round 0) -----------------------------------------------------------

@@ -351,14 +351,15 @@ class SessionStore(Protocol):
         note: str | None = None,
         round: RoundRecord | None = None,
         calls: Sequence[ToolCallRecord] = (),
+        usage: ModelUsage | None = None,
     ) -> TurnRecord:
         """Move the turn to ``new`` if its status is in ``expected`` and, unless
         ``lease_token`` is ``None``, its lease token matches; record the event.
 
-        ``round`` and ``calls``, when given, are saved as :meth:`save_round` saves them, in
-        the same transaction and under the same checks (they need a ``lease_token``): a
-        worker settles its turn and writes the turn's last round with one commit, and
-        nothing is written if the transition is refused.
+        ``round``, ``calls`` and ``usage``, when given, are saved as :meth:`save_round`
+        saves them, in the same transaction and under the same checks (they need a
+        ``lease_token``): a worker settles its turn and writes the turn's last round with
+        one commit, and nothing is written if the transition is refused.
 
         Settling (or handing back with ``new=pending``) releases the lease and advances the
         lease token, so the releasing worker can write nothing more. A settled turn carries

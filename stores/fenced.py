@@ -141,6 +141,18 @@ def _typed(sql: str) -> sa.TextClause:
     return sa.text(sql).bindparams(*(sa.bindparam(name, type_=TIMESTAMP) for name in names))
 
 
+# Only reported counts are added: a turn whose model reports nothing keeps NULL.
+_ADD_USAGE = """
+    input_tokens = CASE WHEN CAST(:input_tokens AS integer) IS NULL THEN input_tokens
+                        ELSE coalesce(input_tokens, 0) + :input_tokens END,
+    output_tokens = CASE WHEN CAST(:output_tokens AS integer) IS NULL THEN output_tokens
+                         ELSE coalesce(output_tokens, 0) + :output_tokens END"""
+
+
+def _counted(usage: ModelUsage | None) -> bool:
+    return usage is not None and (usage.input_tokens is not None or usage.output_tokens is not None)
+
+
 # -- journal writes: save_round and record_call ------------------------------------------
 
 
@@ -156,9 +168,7 @@ def save_fenced(
 ) -> bool:
     """Write a round and/or journal rows (and add token usage) if ``lease_token`` holds the
     running turn; whether it did (``False``: nothing was written)."""
-    counted = usage is not None and (
-        usage.input_tokens is not None or usage.output_tokens is not None
-    )
+    counted = _counted(usage)
     params = _write_params(turn_id, round, calls, now)
     params["lease_token"] = lease_token
     if counted:
@@ -175,14 +185,8 @@ def _save_statement(*, round: bool, calls: bool, usage: bool) -> sa.TextClause:
     # later could deadlock with a heartbeat queued behind it), as the reference form does.
     lock = "FOR NO KEY UPDATE" if usage else "FOR SHARE"
     usage_cte = (
-        """
-usage AS (
-    UPDATE turns
-    SET input_tokens = CASE WHEN CAST(:input_tokens AS integer) IS NULL THEN input_tokens
-                            ELSE coalesce(input_tokens, 0) + :input_tokens END,
-        output_tokens = CASE WHEN CAST(:output_tokens AS integer) IS NULL THEN output_tokens
-                             ELSE coalesce(output_tokens, 0) + :output_tokens END
-    FROM fence WHERE turns.id = fence.id),"""
+        f"""
+usage AS (UPDATE turns SET {_ADD_USAGE} FROM fence WHERE turns.id = fence.id),"""
         if usage
         else ""
     )
@@ -221,6 +225,7 @@ def transition_fenced(
     note: str | None = None,
     round: RoundRecord | None = None,
     calls: Sequence[ToolCallRecord] = (),
+    usage: ModelUsage | None = None,
 ) -> TurnRecord | None:
     """The lease holder's guarded transition, with the round and journal rows it settles
     with, as one statement; the moved turn, or ``None`` (nothing written) when the turn is
@@ -236,10 +241,15 @@ def transition_fenced(
         elif isinstance(value, TurnError):
             value = json.dumps(value.model_dump(mode="json"))
         params[f"set_{key}"] = value
+    counted = _counted(usage)
+    if counted:
+        assert usage is not None
+        params.update(input_tokens=usage.input_tokens, output_tokens=usage.output_tokens)
     notify = (CHANGE_CHANNEL, WORK_CHANNEL) if new is TurnStatus.PENDING else (CHANGE_CHANNEL,)
     statement = _transition_statement(
         expected=tuple(sorted(status.value for status in expected)),
         columns=tuple(sorted(changes)),
+        usage=counted,
         notify=notify,
         round=round is not None,
         calls=bool(calls),
@@ -267,8 +277,11 @@ def _transition_statement(
     notify: tuple[str, ...],
     round: bool,
     calls: bool,
+    usage: bool,
 ) -> sa.TextualSelect:
     sets = ", ".join(f"{column} = {_SET.get(column, ':set_' + column)}" for column in columns)
+    if usage:
+        sets += f", {_ADD_USAGE}"
     statuses = ", ".join(f"'{status}'" for status in expected)
     notifications = ", ".join(f"pg_notify('{channel}', turn_id)" for channel in notify)
     # `current` locks the row (FOR UPDATE, as the reference form's first read) and keeps

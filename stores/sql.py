@@ -67,6 +67,10 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
+def _plus(total: int | None, more: int | None) -> int | None:
+    return total if more is None else (total or 0) + more
+
+
 class SqlSessionStore:
     """A :class:`~engine.store.SessionStore` in PostgreSQL or SQLite.
 
@@ -228,9 +232,10 @@ class SqlSessionStore:
         note: str | None = None,
         round: RoundRecord | None = None,
         calls: Sequence[ToolCallRecord] = (),
+        usage: ModelUsage | None = None,
     ) -> TurnRecord:
         """See :meth:`engine.store.SessionStore.transition`."""
-        if (round is not None or calls) and lease_token is None:
+        if (round is not None or calls or usage is not None) and lease_token is None:
             raise ValueError("Saving a round with a transition needs the lease token.")
 
         def move(connection: sa.Connection) -> TurnRecord:
@@ -255,6 +260,15 @@ class SqlSessionStore:
             if round is not None:
                 message_sql.save_round(connection, turn_id, round, saved_at)
             call_sql.upsert_calls(connection, turn_id, calls, saved_at)
+            if usage is not None:
+                # The row is locked FOR UPDATE by the transition above: no lock upgrade.
+                turn_sql.add_usage(connection, turn_id, usage)
+                moved = moved.model_copy(
+                    update={
+                        "input_tokens": _plus(moved.input_tokens, usage.input_tokens),
+                        "output_tokens": _plus(moved.output_tokens, usage.output_tokens),
+                    }
+                )
             return moved
 
         def move_in_one_statement() -> TurnRecord | None:
@@ -275,6 +289,7 @@ class SqlSessionStore:
                     note=note,
                     round=round,
                     calls=calls,
+                    usage=usage,
                 )
 
         if (
