@@ -1,0 +1,110 @@
+"""On PostgreSQL the common path of an approval workflow writes with single statements.
+
+Creating a turn, claiming it, saving a round and settling each have a one-statement form
+(``stores/turn_creation.py``, ``stores/turns.py``, ``stores/fenced.py``) and a reference
+transaction that runs only when the one statement refused (to raise the precise error).
+These tests pin that the common path never falls back: a whole send → approve → transfer
+workflow opens no transaction on the store's writing pool, and a refused write does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from engine import FinishReason, LeaseLostError, TurnStatus
+from engine.errors import ApprovalNotPendingError
+from engine.store import InterruptAnswer, NewTurn, RoundRecord, TurnInput
+from examples.banking import BankingApp, build
+from stores import SqlSessionStore
+from tests.conftest import TEST_STATE_KEYS
+from tests.databases import sql_store
+from workers import WorkerPool
+
+
+@pytest.fixture
+async def store() -> AsyncIterator[SqlSessionStore]:
+    async with sql_store("postgres") as store:
+        yield store
+
+
+def count_transactions(store: SqlSessionStore) -> list[Any]:
+    """Every transaction begun on the store's writing pool from now on (autocommit
+    statements run on the other pool and begin none)."""
+    begun: list[Any] = []
+    sa.event.listen(store.db.engine, "begin", begun.append)
+    return begun
+
+
+async def approve_a_transfer(app: BankingApp, amount: int) -> str:
+    chat = app.banking_agent.chat()
+    paused = await chat.send(f"Transfer ${amount} to acct {amount}")
+    approval = next(i for i in paused.interrupts if i.name == "userApproval")
+    done = await chat.resume(respond=[approval.respond({"approved": True})])
+    return done.text
+
+
+async def test_an_approval_workflow_opens_no_transaction(store: SqlSessionStore) -> None:
+    """Send, pause, approve, transfer, done — through a worker pool — with every write a
+    single autocommit statement: no transaction is begun on the writing pool."""
+    app = build(store=store, state_keys=TEST_STATE_KEYS)
+    async with WorkerPool(app.ai, store, concurrency=2, scheduler=False):
+        await approve_a_transfer(app, 1)  # warm: pools connected, statements prepared
+        begun = count_transactions(store)
+        texts = [await approve_a_transfer(app, amount) for amount in (2, 3)]
+
+    assert texts == ["Done. Transaction txn-2-acct-2.", "Done. Transaction txn-3-acct-3."]
+    assert begun == []
+
+
+async def test_a_refused_one_statement_write_falls_back_to_its_transaction(
+    store: SqlSessionStore,
+) -> None:
+    """A second resume answering what was answered already, and a round saved under a lost
+    lease: the one statement writes nothing, and the reference transaction raises the precise
+    error (so each costs one transaction, and the store is unchanged)."""
+    app = build(store=store, state_keys=TEST_STATE_KEYS, execution="inline")
+    paused = await app.banking_agent.chat().send("Transfer $9 to acct 9")
+    approval = next(i for i in paused.interrupts if i.name == "userApproval")
+    parent = str(paused.snapshot_id)
+    answer = InterruptAnswer(
+        turn_id=parent, round=1, ref=str(approval.ref), answer={"respond": {"approved": True}}
+    )
+
+    def resume(turn_id: str) -> NewTurn:
+        return NewTurn(
+            id=turn_id,
+            session_id=paused.session_id,
+            agent="bankingAgent",
+            parent_id=parent,
+            input=TurnInput(kind="resume"),
+            history_length=1,
+        )
+
+    first = await store.create_turn(resume("first"), answers=[answer])
+    claimed = await store.claim_turn(first.id, owner="test", lease_seconds=30)
+    await store.transition(
+        first.id,
+        expected={TurnStatus.PENDING},
+        new=TurnStatus.COMPLETED,
+        lease_token=claimed.lease_token,
+        finish_reason=FinishReason.STOP,
+    )
+    begun = count_transactions(store)
+
+    with pytest.raises(ApprovalNotPendingError):
+        await store.create_turn(resume("second"), answers=[answer])
+    assert len(begun) == 1
+    assert await store.get_turn("second") is None
+
+    with pytest.raises(LeaseLostError):
+        await store.save_round(
+            first.id,
+            lease_token=claimed.lease_token,
+            round=RoundRecord(round=1, messages=[], committed=True),
+        )
+    assert len(begun) == 2
+    assert await store.load_rounds(first.id) == []
