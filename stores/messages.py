@@ -95,7 +95,8 @@ def load_conversation(connection: Connection, turn_id: str) -> list[Message] | N
     One statement: the ancestry (the turn and its parents, by a recursive CTE) joined with
     the committed messages of each (see :func:`assemble_conversation`).
     """
-    rows = connection.execute(_CONVERSATION, {"turn_id": turn_id}).all()
+    statement = _CONVERSATION_PG if connection.dialect.name == "postgresql" else _CONVERSATION
+    rows = connection.execute(statement, {"turn_id": turn_id}).all()
     if not rows:
         return None
     return assemble_conversation(
@@ -169,3 +170,31 @@ def _conversation_statement() -> sa.Select[tuple[object, ...]]:
 
 #: Built once (the recursive CTE is costly to construct); the turn id is a bound parameter.
 _CONVERSATION = _conversation_statement()
+
+
+# PostgreSQL: the same rows, with each ancestor's messages read LATERAL (OFFSET 0 keeps it from
+# being flattened into a join). The plain join above let the planner, which guesses a
+# recursive CTE at ~100 rows where a chain has a few, hash-join a sequential scan of the whole
+# messages table — a cost that grows with every turn ever stored. SQLite (nested loops only)
+# probes the primary key either way and has no LATERAL.
+_CONVERSATION_PG = sa.text(
+    """
+WITH RECURSIVE ancestry AS (
+    SELECT id, parent_id, history_length, 0 AS depth FROM turns WHERE id = :turn_id
+    UNION ALL
+    SELECT parent.id, parent.parent_id, parent.history_length, ancestry.depth + 1
+    FROM turns AS parent JOIN ancestry ON parent.id = ancestry.parent_id)
+SELECT a.id AS chain_id, a.history_length, m.role, m.content, m.metadata
+FROM ancestry AS a
+LEFT JOIN LATERAL (
+    SELECT * FROM messages WHERE messages.turn_id = a.id AND messages.committed OFFSET 0
+) AS m ON true
+ORDER BY a.depth DESC, m.round, m.position
+"""
+).columns(
+    sa.column("chain_id", sa.Text),
+    sa.column("history_length", sa.Integer),
+    messages.c.role,
+    messages.c.content,
+    messages.c.metadata,
+)

@@ -50,7 +50,11 @@ def read_snapshot(connection: Connection, turn_id: str) -> StoredSnapshot | None
 
 # The ancestry walk is the conversation query's (stores/messages.py); its rows are folded
 # into one JSON array in the same order, as [turn id, history_length, role, content,
-# metadata]. json_agg of whole tool_calls rows keeps the column names as keys.
+# metadata]. json_agg of whole tool_calls rows keeps the column names as keys. The messages
+# are joined LATERAL, per ancestor (OFFSET 0 keeps the planner from flattening it back into
+# a join), so the plan is an index scan on pk_messages for each ancestor: a plain join let
+# the planner, which guesses a recursive CTE at ~100 rows where a chain has a few, hash-join
+# a sequential scan of the whole table, which grows with every turn ever stored.
 _SNAPSHOT = sa.text(
     """
 WITH RECURSIVE ancestry AS (
@@ -63,7 +67,10 @@ SELECT turns.*,
                                          m.metadata)
                         ORDER BY a.depth DESC, m.round, m.position)
         FROM ancestry AS a
-        LEFT JOIN messages AS m ON m.turn_id = a.id AND m.committed) AS conversation,
+        LEFT JOIN LATERAL (
+            SELECT * FROM messages WHERE messages.turn_id = a.id AND messages.committed
+            OFFSET 0
+        ) AS m ON true) AS conversation,
        (SELECT json_agg(c ORDER BY c.round, c.ref)
         FROM tool_calls AS c WHERE c.turn_id = turns.id) AS journal
 FROM turns WHERE turns.id = :turn_id
@@ -118,7 +125,10 @@ SELECT (SELECT json_agg(json_build_array(a.id, a.history_length, m.role, m.conte
                                          m.metadata)
                         ORDER BY a.depth DESC, m.round, m.position)
         FROM ancestry AS a
-        LEFT JOIN messages AS m ON m.turn_id = a.id AND m.committed) AS conversation,
+        LEFT JOIN LATERAL (
+            SELECT * FROM messages WHERE messages.turn_id = a.id AND messages.committed
+            OFFSET 0
+        ) AS m ON true) AS conversation,
        (SELECT json_agg(c ORDER BY c.round, c.ref)
         FROM tool_calls AS c WHERE c.turn_id = turns.parent_id) AS parent_journal,
        (SELECT json_agg(json_build_array(m.round, m.role, m.content, m.metadata, m.committed)
