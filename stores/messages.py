@@ -183,7 +183,10 @@ WITH RECURSIVE ancestry AS (
     SELECT id, parent_id, history_length, 0 AS depth FROM turns WHERE id = :turn_id
     UNION ALL
     SELECT parent.id, parent.parent_id, parent.history_length, ancestry.depth + 1
-    FROM turns AS parent JOIN ancestry ON parent.id = ancestry.parent_id)
+    FROM ancestry JOIN LATERAL (
+        SELECT id, parent_id, history_length FROM turns WHERE turns.id = ancestry.parent_id
+        OFFSET 0
+    ) AS parent ON true)
 SELECT a.id AS chain_id, a.history_length, m.role, m.content, m.metadata
 FROM ancestry AS a
 LEFT JOIN LATERAL (

@@ -51,17 +51,21 @@ def read_snapshot(connection: Connection, turn_id: str) -> StoredSnapshot | None
 # The ancestry walk is the conversation query's (stores/messages.py); its rows are folded
 # into one JSON array in the same order, as [turn id, history_length, role, content,
 # metadata]. json_agg of whole tool_calls rows keeps the column names as keys. The messages
-# are joined LATERAL, per ancestor (OFFSET 0 keeps the planner from flattening it back into
-# a join), so the plan is an index scan on pk_messages for each ancestor: a plain join let
-# the planner, which guesses a recursive CTE at ~100 rows where a chain has a few, hash-join
-# a sequential scan of the whole table, which grows with every turn ever stored.
+# are joined LATERAL, per ancestor, and so is each step up the ancestry (OFFSET 0 keeps the
+# planner from flattening them back into joins): the plan is then an index probe of
+# pk_messages / pk_turns per ancestor, whatever the statistics say. A plain join let the
+# planner, which guesses a recursive CTE at ~100 rows where a chain has a few, hash-join a
+# sequential scan of the whole table, a cost that grows with every turn ever stored.
 _SNAPSHOT = sa.text(
     """
 WITH RECURSIVE ancestry AS (
     SELECT id, parent_id, history_length, 0 AS depth FROM turns WHERE id = :turn_id
     UNION ALL
     SELECT parent.id, parent.parent_id, parent.history_length, ancestry.depth + 1
-    FROM turns AS parent JOIN ancestry ON parent.id = ancestry.parent_id)
+    FROM ancestry JOIN LATERAL (
+        SELECT id, parent_id, history_length FROM turns WHERE turns.id = ancestry.parent_id
+        OFFSET 0
+    ) AS parent ON true)
 SELECT turns.*,
        (SELECT json_agg(json_build_array(a.id, a.history_length, m.role, m.content,
                                          m.metadata)
@@ -120,7 +124,10 @@ WITH RECURSIVE ancestry AS (
     WHERE child.id = :turn_id
     UNION ALL
     SELECT parent.id, parent.parent_id, parent.history_length, ancestry.depth + 1
-    FROM turns AS parent JOIN ancestry ON parent.id = ancestry.parent_id)
+    FROM ancestry JOIN LATERAL (
+        SELECT id, parent_id, history_length FROM turns WHERE turns.id = ancestry.parent_id
+        OFFSET 0
+    ) AS parent ON true)
 SELECT (SELECT json_agg(json_build_array(a.id, a.history_length, m.role, m.content,
                                          m.metadata)
                         ORDER BY a.depth DESC, m.round, m.position)
