@@ -133,26 +133,16 @@ class Database:
             yield connection
 
     @contextmanager
-    def reading(self) -> Iterator[Connection]:
-        """A connection for reads. On PostgreSQL it is in autocommit mode: each statement
-        sees the latest committed data on its own (a read of several statements is not one
-        snapshot; every multi-statement read of the store reads rows that no longer change,
-        or tolerates seeing a later commit). On SQLite, a short transaction."""
-        if self.read_engine is self.engine:
-            with self.transaction() as connection:
-                yield connection
-        else:
-            with self.read_engine.connect() as connection:
-                yield connection
+    def autocommit(self) -> Iterator[Connection]:
+        """A connection on which each statement is its own transaction: for reads, and for
+        writes that are one statement (several would not be atomic together).
 
-    @contextmanager
-    def statement(self) -> Iterator[Connection]:
-        """A connection for one writing statement that is atomic on its own.
-
-        On PostgreSQL, an autocommit connection: the statement is its own transaction, one
-        round trip where ``BEGIN`` … ``COMMIT`` costs three. Only for a single statement
-        (several would not be atomic together). On SQLite, a short transaction, whose
-        ``BEGIN IMMEDIATE`` is also what serialises writers there.
+        On PostgreSQL an autocommit connection: one round trip per statement, where
+        ``BEGIN`` … ``COMMIT`` costs three. A read of several statements is then not one
+        snapshot: every multi-statement read of the store reads rows that no longer change,
+        or tolerates seeing a later commit. On SQLite, a short transaction (it is
+        in-process, so the round trips cost nothing; its ``BEGIN IMMEDIATE`` is also what
+        serialises writers there).
         """
         if self.read_engine is self.engine:
             with self.transaction() as connection:

@@ -15,6 +15,9 @@ from engine.store import RoundRecord
 from stores.schema import messages, turns
 
 __all__ = [
+    "ANCESTRY_MESSAGES",
+    "CONVERSATION_JSON",
+    "ancestry_cte",
     "assemble_conversation",
     "assemble_rounds",
     "load_conversation",
@@ -172,26 +175,48 @@ def _conversation_statement() -> sa.Select[tuple[object, ...]]:
 _CONVERSATION = _conversation_statement()
 
 
-# PostgreSQL: the same rows, with each ancestor's messages read LATERAL (OFFSET 0 keeps it from
-# being flattened into a join). The plain join above let the planner, which guesses a
-# recursive CTE at ~100 rows where a chain has a few, hash-join a sequential scan of the whole
-# messages table — a cost that grows with every turn ever stored. SQLite (nested loops only)
-# probes the primary key either way and has no LATERAL.
-_CONVERSATION_PG = sa.text(
-    """
+# PostgreSQL forms of the conversation walk, shared by the whole-snapshot reads
+# (stores/snapshots.py). Each ancestor's messages, and each step up the ancestry, are read
+# LATERAL (OFFSET 0 keeps the planner from flattening them back into joins): an index probe
+# of pk_messages / pk_turns per ancestor, whatever the statistics say. A plain join let the
+# planner, which guesses a recursive CTE at ~100 rows where a chain has a few, hash-join a
+# sequential scan of the whole table — a cost that grows with every turn ever stored. SQLite
+# (nested loops only) probes the primary keys either way, and has no LATERAL.
+
+
+def ancestry_cte(start: str) -> str:
+    """``WITH RECURSIVE ancestry (id, parent_id, history_length, depth)``: the turns of a
+    chain, from the one ``start`` selects (those three columns, depth 0) up to the root."""
+    return f"""
 WITH RECURSIVE ancestry AS (
-    SELECT id, parent_id, history_length, 0 AS depth FROM turns WHERE id = :turn_id
+    {start}
     UNION ALL
     SELECT parent.id, parent.parent_id, parent.history_length, ancestry.depth + 1
     FROM ancestry JOIN LATERAL (
         SELECT id, parent_id, history_length FROM turns WHERE turns.id = ancestry.parent_id
         OFFSET 0
-    ) AS parent ON true)
-SELECT a.id AS chain_id, a.history_length, m.role, m.content, m.metadata
+    ) AS parent ON true)"""
+
+
+#: The committed messages of each ancestor, as ``a`` (ancestry) joined to ``m`` (messages).
+ANCESTRY_MESSAGES = """
 FROM ancestry AS a
 LEFT JOIN LATERAL (
     SELECT * FROM messages WHERE messages.turn_id = a.id AND messages.committed OFFSET 0
-) AS m ON true
+) AS m ON true"""
+
+#: The conversation as one JSON array of ``[turn id, history_length, role, content,
+#: metadata]``, root first (what :func:`assemble_conversation` reads).
+CONVERSATION_JSON = f"""(
+    SELECT json_agg(json_build_array(a.id, a.history_length, m.role, m.content, m.metadata)
+                    ORDER BY a.depth DESC, m.round, m.position)
+    {ANCESTRY_MESSAGES})"""
+
+_CONVERSATION_PG = sa.text(
+    ancestry_cte("SELECT id, parent_id, history_length, 0 AS depth FROM turns WHERE id = :turn_id")
+    + f"""
+SELECT a.id AS chain_id, a.history_length, m.role, m.content, m.metadata
+{ANCESTRY_MESSAGES}
 ORDER BY a.depth DESC, m.round, m.position
 """
 ).columns(

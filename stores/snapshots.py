@@ -48,35 +48,21 @@ def read_snapshot(connection: Connection, turn_id: str) -> StoredSnapshot | None
     )
 
 
-# The ancestry walk is the conversation query's (stores/messages.py); its rows are folded
-# into one JSON array in the same order, as [turn id, history_length, role, content,
-# metadata]. json_agg of whole tool_calls rows keeps the column names as keys. The messages
-# are joined LATERAL, per ancestor, and so is each step up the ancestry (OFFSET 0 keeps the
-# planner from flattening them back into joins): the plan is then an index probe of
-# pk_messages / pk_turns per ancestor, whatever the statistics say. A plain join let the
-# planner, which guesses a recursive CTE at ~100 rows where a chain has a few, hash-join a
-# sequential scan of the whole table, a cost that grows with every turn ever stored.
+def _journal_json(turn: str) -> str:
+    """The journal of ``turn`` (an SQL expression) as a JSON array of whole rows (the
+    column names are the keys), by round then ref."""
+    return f"""(SELECT json_agg(c ORDER BY c.round, c.ref)
+        FROM tool_calls AS c WHERE c.turn_id = {turn})"""
+
+
+# The conversation walk of stores/messages.py, folded into JSON beside the turn's row.
 _SNAPSHOT = sa.text(
-    """
-WITH RECURSIVE ancestry AS (
-    SELECT id, parent_id, history_length, 0 AS depth FROM turns WHERE id = :turn_id
-    UNION ALL
-    SELECT parent.id, parent.parent_id, parent.history_length, ancestry.depth + 1
-    FROM ancestry JOIN LATERAL (
-        SELECT id, parent_id, history_length FROM turns WHERE turns.id = ancestry.parent_id
-        OFFSET 0
-    ) AS parent ON true)
-SELECT turns.*,
-       (SELECT json_agg(json_build_array(a.id, a.history_length, m.role, m.content,
-                                         m.metadata)
-                        ORDER BY a.depth DESC, m.round, m.position)
-        FROM ancestry AS a
-        LEFT JOIN LATERAL (
-            SELECT * FROM messages WHERE messages.turn_id = a.id AND messages.committed
-            OFFSET 0
-        ) AS m ON true) AS conversation,
-       (SELECT json_agg(c ORDER BY c.round, c.ref)
-        FROM tool_calls AS c WHERE c.turn_id = turns.id) AS journal
+    message_sql.ancestry_cte(
+        "SELECT id, parent_id, history_length, 0 AS depth FROM turns WHERE id = :turn_id"
+    )
+    + f"""
+SELECT turns.*, {message_sql.CONVERSATION_JSON} AS conversation,
+       {_journal_json("turns.id")} AS journal
 FROM turns WHERE turns.id = :turn_id
 """
 ).columns(
@@ -117,32 +103,18 @@ def read_progress(connection: Connection, turn_id: str) -> TurnProgress | None:
 # As _SNAPSHOT, with the ancestry walk starting at the turn's parent; the turn's own messages
 # as [round, role, content, metadata, committed] in round and position order.
 _PROGRESS = sa.text(
-    """
-WITH RECURSIVE ancestry AS (
-    SELECT parent.id, parent.parent_id, parent.history_length, 0 AS depth
-    FROM turns AS child JOIN turns AS parent ON parent.id = child.parent_id
-    WHERE child.id = :turn_id
-    UNION ALL
-    SELECT parent.id, parent.parent_id, parent.history_length, ancestry.depth + 1
-    FROM ancestry JOIN LATERAL (
-        SELECT id, parent_id, history_length FROM turns WHERE turns.id = ancestry.parent_id
-        OFFSET 0
-    ) AS parent ON true)
-SELECT (SELECT json_agg(json_build_array(a.id, a.history_length, m.role, m.content,
-                                         m.metadata)
-                        ORDER BY a.depth DESC, m.round, m.position)
-        FROM ancestry AS a
-        LEFT JOIN LATERAL (
-            SELECT * FROM messages WHERE messages.turn_id = a.id AND messages.committed
-            OFFSET 0
-        ) AS m ON true) AS conversation,
-       (SELECT json_agg(c ORDER BY c.round, c.ref)
-        FROM tool_calls AS c WHERE c.turn_id = turns.parent_id) AS parent_journal,
+    message_sql.ancestry_cte(
+        "SELECT parent.id, parent.parent_id, parent.history_length, 0 AS depth "
+        "FROM turns AS child JOIN turns AS parent ON parent.id = child.parent_id "
+        "WHERE child.id = :turn_id"
+    )
+    + f"""
+SELECT {message_sql.CONVERSATION_JSON} AS conversation,
+       {_journal_json("turns.parent_id")} AS parent_journal,
        (SELECT json_agg(json_build_array(m.round, m.role, m.content, m.metadata, m.committed)
                         ORDER BY m.round, m.position)
         FROM messages AS m WHERE m.turn_id = turns.id) AS rounds,
-       (SELECT json_agg(c ORDER BY c.round, c.ref)
-        FROM tool_calls AS c WHERE c.turn_id = turns.id) AS journal
+       {_journal_json("turns.id")} AS journal
 FROM turns WHERE turns.id = :turn_id
 """
 ).columns(

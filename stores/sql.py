@@ -110,7 +110,7 @@ class SqlSessionStore:
             now = _now()
             if self.db.is_postgres:
                 try:
-                    with self.db.statement() as connection:
+                    with self.db.autocommit() as connection:
                         created = creation_sql.create_turn_in_one_statement(
                             connection, turn, answers, now
                         )
@@ -182,30 +182,22 @@ class SqlSessionStore:
         agents: Collection[str] | None = None,
         turn_id: str | None = None,
     ) -> list[TurnRecord]:
+        def claim_args() -> dict[str, Any]:
+            return {
+                "owner": owner,
+                "lease_seconds": lease_seconds,
+                "now": _now(),
+                "limit": limit,
+                "agents": agents,
+                "turn_id": turn_id,
+            }
+
         if not self.db.is_postgres:
-            return await self._write(
-                lambda c: turn_sql.claim(
-                    c,
-                    owner=owner,
-                    lease_seconds=lease_seconds,
-                    now=_now(),
-                    limit=limit,
-                    agents=agents,
-                    turn_id=turn_id,
-                )
-            )
+            return await self._write(lambda c: turn_sql.claim(c, **claim_args()))
         # PostgreSQL: one autocommit statement (the claim is on every turn's pickup path);
         # the rare recovery of an abandoned abort follows in its own transaction.
         claimed, abandoned = await self._statement(
-            lambda c: turn_sql.claim_checking_abandoned(
-                c,
-                owner=owner,
-                lease_seconds=lease_seconds,
-                now=_now(),
-                limit=limit,
-                agents=agents,
-                turn_id=turn_id,
-            )
+            lambda c: turn_sql.claim_checking_abandoned(c, **claim_args())
         )
         if abandoned:
             await self._write(lambda c: turn_sql.settle_abandoned(c, _now(), limit))
@@ -274,7 +266,7 @@ class SqlSessionStore:
         def move_in_one_statement() -> TurnRecord | None:
             assert lease_token is not None
             saved_at = _now()
-            with self.db.statement() as connection:
+            with self.db.autocommit() as connection:
                 return fenced_sql.transition_fenced(
                     connection,
                     turn_id,
@@ -380,7 +372,7 @@ class SqlSessionStore:
         if self.db.is_postgres:
 
             def save_in_one_statement() -> bool:
-                with self.db.statement() as connection:
+                with self.db.autocommit() as connection:
                     return fenced_sql.save_fenced(
                         connection,
                         turn_id,
@@ -555,14 +547,14 @@ class SqlSessionStore:
 
     async def _read(self, query: Callable[[sa.Connection], T]) -> T:
         def run() -> T:
-            with self.db.reading() as connection:
+            with self.db.autocommit() as connection:
                 return query(connection)
 
         return await self.db.run(run)
 
     async def _statement(self, change: Callable[[sa.Connection], T]) -> T:
         def run() -> T:
-            with self.db.statement() as connection:
+            with self.db.autocommit() as connection:
                 return change(connection)
 
         return await self.db.run(run)

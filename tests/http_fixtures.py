@@ -115,7 +115,7 @@ class Served:
     def sql(self, query: str, **params: Any) -> list[sa.Row[Any]]:
         """Rows of a read-only SQL query on the store's database."""
         assert isinstance(self.store, SqlSessionStore)
-        with self.store.db.reading() as connection:
+        with self.store.db.autocommit() as connection:
             return list(connection.execute(sa.text(query), params).all())
 
     def row_counts(self) -> dict[str, int]:
