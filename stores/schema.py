@@ -119,14 +119,18 @@ turns = sa.Table(
         postgresql_where=sa.text("status IN ('pending', 'aborting')"),
         sqlite_where=sa.text("status IN ('pending', 'aborting')"),
     ),
-    # Aborting turns whose worker died are settled by the next claim: find them cheaply.
+    # Aborting turns whose worker died are settled by the next claim: find them cheaply. Their
+    # ids only: indexing lease_expires_at made every claim and heartbeat a non-HOT update
+    # (migration 0004).
     sa.Index(
         "ix_turns_aborting",
-        "lease_expires_at",
+        "id",
         postgresql_where=sa.text("status = 'aborting'"),
         sqlite_where=sa.text("status = 'aborting'"),
     ),
     sa.Index("ix_turns_parent_id", "parent_id"),
+    # PostgreSQL: fillfactor = 80 (migration 0004; SQLAlchemy's Table has no storage
+    # parameters), room on each page for a lease update's new row version (a HOT update).
     comment="One row per turn = per snapshot; status is the turn state machine.",
 )
 

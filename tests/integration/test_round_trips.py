@@ -10,6 +10,7 @@ workflow opens no transaction on the store's writing pool, and a refused write d
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from engine.errors import ApprovalNotPendingError
 from engine.store import InterruptAnswer, NewTurn, RoundRecord, TurnInput
 from examples.banking import BankingApp, build
 from stores import SqlSessionStore
+from stores import turns as turn_sql
 from tests.conftest import TEST_STATE_KEYS
 from tests.databases import sql_store
 from workers import WorkerPool
@@ -108,3 +110,24 @@ async def test_a_refused_one_statement_write_falls_back_to_its_transaction(
         )
     assert len(begun) == 2
     assert await store.load_rounds(first.id) == []
+
+
+async def test_claims_and_heartbeats_update_the_turn_row_in_place(store: SqlSessionStore) -> None:
+    """A claim and its heartbeats change no indexed column of ``turns`` and find room on the
+    row's page, so PostgreSQL updates the row in place (HOT): no new index entries, nothing
+    for later claims to step over (migration 0004)."""
+    await store.create_turn(
+        NewTurn(id="t1", session_id="s1", agent="a", input=TurnInput(kind="retry"))
+    )
+    hot_updates = sa.text(
+        "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables WHERE relname = 'turns'"
+    )
+    now = datetime.now(UTC)
+    # One transaction, so the per-transaction counters see exactly these three updates.
+    with store.db.transaction() as connection:
+        (claimed,) = turn_sql.claim(connection, owner="w", lease_seconds=30, now=now, limit=1)
+        for beat in (1, 2):
+            turn_sql.renew(connection, "t1", claimed.lease_token, 30, now + timedelta(seconds=beat))
+        updates, hot = connection.execute(hot_updates).one()
+
+    assert (updates, hot) == (3, 3)
