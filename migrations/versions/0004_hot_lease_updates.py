@@ -1,4 +1,5 @@
-"""Lease updates (claims, heartbeats) become HOT updates of ``turns``.
+"""Lease updates (claims, heartbeats) become HOT updates of ``turns``; ``turns`` is vacuumed
+sooner.
 
 Revision ID: 0004
 Revises: 0003
@@ -13,6 +14,13 @@ each of the table's six indexes, including the claim's own partial index
 lease expiry is checked on their rows), so lease updates change no indexed column, and
 ``fillfactor = 80`` leaves room on each page for the new row version to stay there — the two
 conditions of a HOT update. Rows already stored keep their pages; new ones get the room.
+
+A settle still leaves a dead entry in ``ix_turns_claimable`` (the row stops being pending), and
+the claim, which reads that index oldest first, steps over every such entry until a vacuum
+removes it: measured, a resumed turn went from created to claimed in 2.8 ms on a fresh database,
+4.6 ms after 2,000 workflows, and 2.7 ms after a ``VACUUM``. PostgreSQL's default waits for 20%
+of a table to be dead (200,000 rows of a 1,000,000-turn table); ``turns`` is now vacuumed after
+1,000 dead rows plus 1% of it.
 """
 
 from __future__ import annotations
@@ -47,10 +55,16 @@ def _aborting_index(column: str) -> None:
 def upgrade() -> None:
     _aborting_index("id")
     if op.get_bind().dialect.name == "postgresql":
-        op.execute("ALTER TABLE turns SET (fillfactor = 80)")
+        op.execute(
+            "ALTER TABLE turns SET (fillfactor = 80, autovacuum_vacuum_threshold = 1000, "
+            "autovacuum_vacuum_scale_factor = 0.01)"
+        )
 
 
 def downgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":
-        op.execute("ALTER TABLE turns RESET (fillfactor)")
+        op.execute(
+            "ALTER TABLE turns RESET "
+            "(fillfactor, autovacuum_vacuum_threshold, autovacuum_vacuum_scale_factor)"
+        )
     _aborting_index("lease_expires_at")
