@@ -55,18 +55,20 @@ from bench.common import (
     url_for,
 )
 
-# The view's definition before migration 0003 (the three-way join), and the same statement
-# that fills approval_queue after the bulk load below.
-OLD_VIEW = """
-SELECT c.turn_id, t.session_id, t.agent, c.name AS interrupt, c.ref, c.input,
-       c.interrupt AS metadata, c.deadline, c.created_at,
-       EXTRACT(EPOCH FROM now() - c.created_at) AS age_seconds
+# The view's definition before migration 0003 (the three-way join), and the same join filling
+# approval_queue after the bulk load below.
+OPEN_CALLS = """
 FROM tool_calls c
 JOIN turns t ON t.id = c.turn_id
 WHERE c.status = 'interrupted'
   AND t.status = 'completed' AND t.finish_reason = 'interrupted'
   AND NOT EXISTS (
       SELECT 1 FROM turns later WHERE later.session_id = t.session_id AND later.seq > t.seq)"""
+
+OLD_VIEW = f"""
+SELECT c.turn_id, t.session_id, t.agent, c.name AS interrupt, c.ref, c.input,
+       c.interrupt AS metadata, c.deadline, c.created_at,
+       EXTRACT(EPOCH FROM now() - c.created_at) AS age_seconds{OPEN_CALLS}"""
 
 FULL_LIST = "SELECT * FROM open_approvals ORDER BY created_at"
 QUERIES = {
@@ -76,17 +78,11 @@ QUERIES = {
     "old view definition (0001), all rows": f"{OLD_VIEW}\nORDER BY created_at",
 }
 
-FILL_QUEUE = """
+FILL_QUEUE = f"""
 INSERT INTO approval_queue (turn_id, round, ref, session_id, agent, name, input, interrupt,
                             deadline, decided_at, created_at)
 SELECT c.turn_id, c.round, c.ref, t.session_id, t.agent, c.name, c.input, c.interrupt,
-       c.deadline, c.decided_at, c.created_at
-FROM tool_calls c
-JOIN turns t ON t.id = c.turn_id
-WHERE c.status = 'interrupted'
-  AND t.status = 'completed' AND t.finish_reason = 'interrupted'
-  AND NOT EXISTS (
-      SELECT 1 FROM turns later WHERE later.session_id = t.session_id AND later.seq > t.seq)"""
+       c.deadline, c.decided_at, c.created_at{OPEN_CALLS}"""
 
 # Session i (1..sessions) starts at start + i * gap; every step-th one up to last_open is open.
 SESSIONS = """
@@ -181,7 +177,9 @@ def populate(dsn: str, turns: int, open_fraction: float) -> dict[str, Any]:
                       (SELECT count(*) FROM tool_calls),
                       (SELECT count(*) FROM tool_calls WHERE status = 'interrupted'),
                       (SELECT count(*) FROM open_approvals),
-                      (SELECT count(*) FROM (""" + OLD_VIEW + """) old),
+                      (SELECT count(*) FROM ("""
+            + OLD_VIEW
+            + """) old),
                       pg_size_pretty(pg_total_relation_size('turns')),
                       pg_size_pretty(pg_total_relation_size('tool_calls')),
                       pg_size_pretty(pg_total_relation_size('approval_queue'))"""
@@ -266,9 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         for label, sql in QUERIES.items():
             for as_text in (True, False):
                 mode = "JSON as text" if as_text else "JSON decoded"
-                timings[f"{label} [{mode}]"] = time_sql(
-                    dsn, sql, args.repeat, json_as_text=as_text
-                )
+                timings[f"{label} [{mode}]"] = time_sql(dsn, sql, args.repeat, json_as_text=as_text)
         timings["SqlSessionStore.open_approvals()"] = asyncio.run(
             time_store(url_for(name), args.repeat)
         )

@@ -378,6 +378,10 @@ class Agent:
         if listening is not None:
             with contextlib.suppress(TimeoutError):  # past the deadline: raised below
                 await asyncio.wait_for(listening, timeout)
+        # The first check usually follows the settle's notification: read the turn whole.
+        # A turn still running then is polled by its row alone (a long turn must not cost
+        # its whole conversation every poll) and read whole once settled.
+        whole = True
         while True:
             wait_for = self.poll_interval
             if deadline is not None:
@@ -389,11 +393,19 @@ class Agent:
             # must still wake us (the waiter registers as soon as the read yields).
             waiter = asyncio.ensure_future(store.wait_for_change(turn_id, wait_for))
             try:
-                stored = await store.read_snapshot(turn_id)
-                if stored is None:
+                if whole:
+                    stored = await store.read_snapshot(turn_id)
+                    turn = stored.turn if stored is not None else None
+                else:
+                    stored, turn = None, await store.get_turn(turn_id)
+                if turn is not None and turn.status not in ACTIVE_STATUSES:
+                    turn_and_reads = stored or await store.read_snapshot(turn_id)
+                    if turn_and_reads is not None:
+                        return turn_and_reads
+                    turn = None  # gone since (pruned)
+                if turn is None:
                     raise NotFoundError(f"Snapshot '{turn_id}' not found for agent '{self.name}'.")
-                if stored.turn.status not in ACTIVE_STATUSES:
-                    return stored
+                whole = False
                 await waiter
             finally:
                 waiter.cancel()
@@ -502,20 +514,16 @@ class Agent:
                 "abort it before continuing the session.",
                 snapshot_id=base.id,
             )
-        conversation: list[Message] = []
-        journal: list[ToolCallRecord] = []
-        if stored is not None:
-            # Read with the snapshot, at one moment: a snapshot seen settled comes with its
-            # last round and journal rows (written by the settling transaction).
-            conversation, journal = stored.conversation, stored.journal
-        elif base is not None and turn_input.kind in ("resume", "expire"):
-            # Independent reads, side by side; both start after the snapshot was seen
-            # settled, so both see what its settling transaction wrote.
-            conversation, journal = await asyncio.gather(
-                store.load_conversation(base.id), store.list_calls(base.id)
-            )
-        elif base is not None:
-            conversation = await store.load_conversation(base.id)
+        if base is not None and stored is None:
+            # A base found by session id or restored from client state: read what continuing
+            # it needs. It was seen settled, so this sees everything its settle wrote.
+            stored = await store.read_snapshot(base.id)
+            if stored is None:
+                raise NotFoundError(f"Snapshot {base.id} not found.")
+        # Read with the snapshot at one moment: a snapshot seen settled comes with its last
+        # round and journal rows (written by the settling transaction).
+        conversation: list[Message] = stored.conversation if stored else []
+        journal: list[ToolCallRecord] = stored.journal if stored else []
         last = conversation[-1] if conversation else None
         answers: list[InterruptAnswer] = []
         if turn_input.kind == "resume":

@@ -31,6 +31,7 @@ from engine.model import ModelUsage
 from engine.status import FinishReason, TurnStatus, can_transition
 from engine.store import RoundRecord, ToolCallRecord, TurnError, TurnRecord
 from engine.store_rules import transition_changes
+from stores import messages as message_sql
 from stores import turns as turn_sql
 from stores.notify import CHANGE_CHANNEL, WORK_CHANNEL
 from stores.schema import ACTIVE, TIMESTAMP, turns
@@ -65,7 +66,7 @@ _CALL_UPDATED = (
 )
 
 
-def _writes(source: str, *, round: bool, calls: bool) -> str:
+def _writes(source: str, *, round: bool, calls: bool) -> list[str]:
     """The CTEs writing a round's messages and journal rows, each joined to ``source`` (the
     fence: zero rows when the lease is lost, and then nothing is written)."""
     parts = []
@@ -87,7 +88,7 @@ saved AS (
 trimmed AS (
     DELETE FROM messages
     WHERE turn_id = :turn_id AND round = :round AND position >= :message_count
-      AND EXISTS (SELECT 1 FROM {source})),"""
+      AND EXISTS (SELECT 1 FROM {source}))"""
         )
     if calls:
         updated = ", ".join(f"{column} = excluded.{column}" for column in _CALL_UPDATED)
@@ -102,9 +103,9 @@ journal AS (
            c.decided_by, c.decided_at, c.started_at, c.finished_at, c.deadline, :saved_at
     FROM {source}, jsonb_to_recordset(CAST(:calls AS jsonb)) AS c({_CALL_FIELDS})
     -- created_at keeps the first write's time: an approval's age is measured from it.
-    ON CONFLICT (turn_id, round, ref) DO UPDATE SET {updated}),"""
+    ON CONFLICT (turn_id, round, ref) DO UPDATE SET {updated})"""
         )
-    return "".join(parts)
+    return parts
 
 
 def _write_params(
@@ -116,17 +117,7 @@ def _write_params(
             round=round.round,
             committed=round.committed,
             message_count=len(round.messages),
-            messages=json.dumps(
-                [
-                    {
-                        "position": position,
-                        "role": message.role,
-                        "content": [part.to_wire() for part in message.content],
-                        "metadata": message.metadata,
-                    }
-                    for position, message in enumerate(round.messages)
-                ]
-            ),
+            messages=json.dumps(message_sql.message_rows(round.messages)),
         )
     if calls:
         params["calls"] = json.dumps(
@@ -184,20 +175,20 @@ def _save_statement(*, round: bool, calls: bool, usage: bool) -> sa.TextClause:
     # Adding usage updates the row: lock it for that from the start (a share lock upgraded
     # later could deadlock with a heartbeat queued behind it), as the reference form does.
     lock = "FOR NO KEY UPDATE" if usage else "FOR SHARE"
-    usage_cte = (
+    ctes = [
         f"""
-usage AS (UPDATE turns SET {_ADD_USAGE} FROM fence WHERE turns.id = fence.id),"""
-        if usage
-        else ""
-    )
-    sql = f"""
-WITH fence AS (
+fence AS (
     SELECT id FROM turns
     WHERE id = :turn_id AND lease_token = :lease_token AND status IN ({_ACTIVE_SQL})
-    {lock}),{usage_cte}{_writes("fence", round=round, calls=calls)}
-done AS (SELECT 1)
-SELECT count(*) FROM fence
-"""
+    {lock})"""
+    ]
+    if usage:
+        ctes.append(
+            f"""
+usage AS (UPDATE turns SET {_ADD_USAGE} FROM fence WHERE turns.id = fence.id)"""
+        )
+    ctes += _writes("fence", round=round, calls=calls)
+    sql = f"WITH {','.join(ctes)}\nSELECT count(*) FROM fence\n"
     return _typed(sql)
 
 
@@ -286,20 +277,25 @@ def _transition_statement(
     notifications = ", ".join(f"pg_notify('{channel}', turn_id)" for channel in notify)
     # `current` locks the row (FOR UPDATE, as the reference form's first read) and keeps
     # the status and attempt the transition leaves, for its turn_events row.
-    sql = f"""
-WITH current AS (
+    ctes = [
+        f"""
+current AS (
     SELECT id, status, attempts FROM turns
     WHERE id = :turn_id AND lease_token = :lease_token AND status IN ({statuses})
-    FOR UPDATE),
+    FOR UPDATE)""",
+        f"""
 moved AS (
     UPDATE turns SET {sets}
     FROM current WHERE turns.id = current.id
-    RETURNING turns.*, current.status AS from_status, current.attempts AS from_attempt),
+    RETURNING turns.*, current.status AS from_status, current.attempts AS from_attempt)""",
+        f"""
 event AS (
     INSERT INTO turn_events (turn_id, from_status, to_status, attempt, note, at)
     SELECT id, from_status, status, from_attempt, :note, :now FROM moved
-    RETURNING {notifications}),{_writes("moved", round=round, calls=calls)}
-done AS (SELECT 1)
+    RETURNING {notifications})""",
+        *_writes("moved", round=round, calls=calls),
+    ]
+    sql = f"""WITH {",".join(ctes)}
 SELECT {", ".join("moved." + column.name for column in turns.columns)},
        (SELECT count(*) FROM event) AS events
 FROM moved

@@ -22,6 +22,7 @@ __all__ = [
     "assemble_rounds",
     "load_conversation",
     "load_rounds",
+    "message_rows",
     "save_round",
 ]
 
@@ -46,18 +47,29 @@ def save_round(
             sa.insert(messages),
             [
                 {
+                    **row,
                     "turn_id": turn_id,
                     "round": round_.round,
-                    "position": position,
-                    "role": message.role,
-                    "content": [p.to_wire() for p in message.content],
-                    "metadata": message.metadata,
                     "committed": round_.committed,
                     "created_at": now,
                 }
-                for position, message in enumerate(round_.messages)
+                for row in message_rows(round_.messages)
             ],
         )
+
+
+def message_rows(round_messages: Sequence[Message]) -> list[dict[str, Any]]:
+    """The ``messages`` columns that come from a round's messages themselves: ``position``,
+    ``role``, ``content`` (wire parts) and ``metadata``."""
+    return [
+        {
+            "position": position,
+            "role": message.role,
+            "content": [part.to_wire() for part in message.content],
+            "metadata": message.metadata,
+        }
+        for position, message in enumerate(round_messages)
+    ]
 
 
 def _message(role: Any, content: Any, metadata: Any) -> Message:

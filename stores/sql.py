@@ -67,8 +67,12 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
-def _plus(total: int | None, more: int | None) -> int | None:
-    return total if more is None else (total or 0) + more
+def _round_and_transition_times() -> tuple[datetime, datetime]:
+    """When a settle's round is saved, and when its transition happens: the round is stamped
+    just before the transition, as if saved by save_round first, so a turn's timeline keeps
+    ending with its settling transition."""
+    saved_at = _now()
+    return saved_at, max(_now(), saved_at + timedelta(microseconds=1))
 
 
 class SqlSessionStore:
@@ -108,7 +112,9 @@ class SqlSessionStore:
 
         def create() -> TurnRecord:
             now = _now()
-            if self.db.is_postgres:
+            # A caller acting for a principal takes the transaction: its owner check reads
+            # the session.
+            if self.db.is_postgres and turn.owner is None:
                 try:
                     with self.db.autocommit() as connection:
                         created = creation_sql.create_turn_in_one_statement(
@@ -231,10 +237,11 @@ class SqlSessionStore:
             raise ValueError("Saving a round with a transition needs the lease token.")
 
         def move(connection: sa.Connection) -> TurnRecord:
-            saved_at = _now()
-            # The round is stamped just before the transition, as if saved by save_round
-            # first: a turn's timeline keeps ending with its settling transition.
-            now = max(_now(), saved_at + timedelta(microseconds=1))
+            saved_at, now = _round_and_transition_times()
+            if usage is not None:
+                # First, so the row the transition returns carries the new totals; a refused
+                # transition rolls it back with everything else.
+                turn_sql.add_usage(connection, turn_id, usage)
             # The transition locks the turn's row and checks the lease token first, so the
             # round below is written only by the lease holder, as save_round's fence ensures.
             moved = turn_sql.transition(
@@ -252,20 +259,11 @@ class SqlSessionStore:
             if round is not None:
                 message_sql.save_round(connection, turn_id, round, saved_at)
             call_sql.upsert_calls(connection, turn_id, calls, saved_at)
-            if usage is not None:
-                # The row is locked FOR UPDATE by the transition above: no lock upgrade.
-                turn_sql.add_usage(connection, turn_id, usage)
-                moved = moved.model_copy(
-                    update={
-                        "input_tokens": _plus(moved.input_tokens, usage.input_tokens),
-                        "output_tokens": _plus(moved.output_tokens, usage.output_tokens),
-                    }
-                )
             return moved
 
         def move_in_one_statement() -> TurnRecord | None:
             assert lease_token is not None
-            saved_at = _now()
+            saved_at, now = _round_and_transition_times()
             with self.db.autocommit() as connection:
                 return fenced_sql.transition_fenced(
                     connection,
@@ -273,7 +271,7 @@ class SqlSessionStore:
                     expected=expected,
                     new=new,
                     lease_token=lease_token,
-                    now=max(_now(), saved_at + timedelta(microseconds=1)),
+                    now=now,
                     saved_at=saved_at,
                     finish_reason=finish_reason,
                     error=error,

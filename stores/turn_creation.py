@@ -80,19 +80,11 @@ def create_turn_in_one_statement(
     session, a running turn) — nothing was written then. Raises the driver's error when a
     constraint refused it: a duplicate id, a concurrent creator (``seq`` or the one-running-
     turn index), or an answer no longer pending (see ``_CREATE``); the statement rolled back.
-    Sessions with an owner are not handled here (``None``): their check reads the session.
+    Only for a turn without an owner: the owner check reads the session (the caller takes
+    :func:`create_turn` for those).
     """
-    if turn.owner is not None:
-        return None
-    opening = [
-        {
-            "position": position,
-            "role": message.role,
-            "content": [part.to_wire() for part in message.content],
-            "metadata": message.metadata,
-        }
-        for position, message in enumerate(turn.initial_messages)
-    ]
+    assert turn.owner is None, "a turn with an owner is created by create_turn"
+    opening = message_sql.message_rows(turn.initial_messages)
     answered = [
         {
             "turn_id": answer.turn_id,

@@ -41,30 +41,24 @@ from tests.integration.test_store_contract import (
 )
 
 # The old view's rows (0001), and what the queue must hold for each of them.
-OLD_VIEW = """
-    SELECT c.turn_id, t.session_id, t.agent, c.name AS interrupt, c.ref, c.input,
-           c.interrupt AS metadata, c.deadline, c.created_at
+OPEN_CALLS = """
     FROM tool_calls c
     JOIN turns t ON t.id = c.turn_id
     WHERE c.status = 'interrupted'
       AND t.status = 'completed' AND t.finish_reason = 'interrupted'
       AND NOT EXISTS (
           SELECT 1 FROM turns later
-          WHERE later.session_id = t.session_id AND later.seq > t.seq)
+          WHERE later.session_id = t.session_id AND later.seq > t.seq)"""
+OLD_VIEW = f"""
+    SELECT c.turn_id, t.session_id, t.agent, c.name AS interrupt, c.ref, c.input,
+           c.interrupt AS metadata, c.deadline, c.created_at{OPEN_CALLS}
     ORDER BY turn_id, ref"""
 NEW_VIEW = """
     SELECT turn_id, session_id, agent, interrupt, ref, input, metadata, deadline, created_at
     FROM open_approvals ORDER BY turn_id, ref"""
-OLD_ENTRIES = """
+OLD_ENTRIES = f"""
     SELECT c.turn_id, c.round, c.ref, t.session_id, t.agent, c.name, c.input, c.interrupt,
-           c.deadline, c.decided_at, c.created_at
-    FROM tool_calls c
-    JOIN turns t ON t.id = c.turn_id
-    WHERE c.status = 'interrupted'
-      AND t.status = 'completed' AND t.finish_reason = 'interrupted'
-      AND NOT EXISTS (
-          SELECT 1 FROM turns later
-          WHERE later.session_id = t.session_id AND later.seq > t.seq)
+           c.deadline, c.decided_at, c.created_at{OPEN_CALLS}
     ORDER BY turn_id, round, ref"""
 QUEUE = """
     SELECT turn_id, round, ref, session_id, agent, name, input, interrupt, deadline,
