@@ -201,6 +201,9 @@ class InMemorySessionStore:
             and (turn.lease_expires_at is None or turn.lease_expires_at < now)
         )
 
+    def _named(self, ids: Collection[str]) -> list[TurnRecord]:
+        return [self._turns[i] for i in set(ids) if i in self._turns]
+
     def _lease(
         self, turn: TurnRecord, owner: str, lease_seconds: float, now: datetime
     ) -> TurnRecord:
@@ -232,18 +235,16 @@ class InMemorySessionStore:
         lease_seconds: float,
         limit: int = 1,
         agents: Collection[str] | None = None,
+        among: Collection[str] | None = None,
     ) -> list[TurnRecord]:
         """See :meth:`engine.store.SessionStore.claim_next`."""
         if limit < 1:
             raise ValueError("limit must be at least 1.")
         now = _now()
         self._settle_abandoned_aborts(now)
+        pool = self._turns.values() if among is None else self._named(among)
         candidates = sorted(
-            (
-                t
-                for t in self._turns.values()
-                if self._claimable(t, now) and (agents is None or t.agent in agents)
-            ),
+            (t for t in pool if self._claimable(t, now) and (agents is None or t.agent in agents)),
             key=lambda t: (t.run_after, t.created_at, t.id),
         )
         return [self._lease(t, owner, lease_seconds, now) for t in candidates[:limit]]
@@ -558,6 +559,10 @@ class InMemorySessionStore:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._work.wait(), timeout)
         self._work.clear()
+
+    def take_work_hints(self) -> list[str] | None:
+        """None: the in-process wake-up names no turns, so pools claim from the whole queue."""
+        return None
 
     async def wait_for_change(self, turn_id: str, timeout: float) -> None:
         """See :meth:`engine.store.SessionStore.wait_for_change`."""

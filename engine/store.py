@@ -328,8 +328,10 @@ class SessionStore(Protocol):
         lease_seconds: float,
         limit: int = 1,
         agents: Collection[str] | None = None,
+        among: Collection[str] | None = None,
     ) -> list[TurnRecord]:
-        """Lease up to ``limit`` claimable turns (oldest ``run_after`` first)."""
+        """Lease up to ``limit`` claimable turns (oldest ``run_after`` first); with
+        ``among``, only turns whose id is in it (e.g. the ids of :meth:`take_work_hints`)."""
         ...
 
     async def renew_lease(
@@ -439,6 +441,17 @@ class SessionStore(Protocol):
         """Return when a turn may have become claimable, or after ``timeout`` seconds.
 
         A wake-up hint only (NOTIFY, or an in-process event): callers re-check by claiming.
+        """
+        ...
+
+    def take_work_hints(self) -> list[str] | None:
+        """The ids of the turns announced claimable since the last call (and forgets them),
+        or ``None`` when the store cannot name them all — it has no notifications, or some
+        may have been missed (a reconnect, too many to keep).
+
+        A list, even an empty one, is complete: every turn that became claimable since the
+        previous call is in it, so claiming ``among`` it finds the new work without scanning
+        the queue. ``None`` means only a full :meth:`claim_next` is sure to.
         """
         ...
 

@@ -1,8 +1,10 @@
 """Database connections: URLs, engines, transactions and error wrapping.
 
-SQLAlchemy's synchronous engine runs every store operation in a worker thread
-(``asyncio.to_thread``): one implementation per operation for both PostgreSQL (psycopg 3) and
-SQLite (the standard library's driver), and the event loop never blocks on I/O.
+SQLAlchemy's synchronous engine runs store operations in a worker thread
+(``asyncio.to_thread``), on PostgreSQL (psycopg 3) and SQLite (the standard library's
+driver) alike, and the event loop never blocks on I/O. On PostgreSQL the common path's
+single statements skip that layer: :attr:`Database.pg` runs them on psycopg's async
+connections (``stores/pg.py``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 
 from engine.errors import StoreError, TurnstileError
+from stores.pg import PgConnections
 
 __all__ = [
     "DEFAULT_SQLITE_PATH",
@@ -112,6 +115,10 @@ class Database:
                 echo=echo,
                 isolation_level="AUTOCOMMIT",
             )
+            # The common path's single statements run on psycopg's async connections, in
+            # the event loop (stores/pg.py says why).
+            dsn = self.url.set(drivername="postgresql").render_as_string(hide_password=False)
+            self.pg: PgConnections | None = PgConnections(dsn, size=2 * pool_size)
         else:
             database = self.url.database
             if database and database != ":memory:":
@@ -125,6 +132,7 @@ class Database:
             # SQLite reads stay in a transaction: it is in-process, so the round trips a
             # transaction adds cost nothing.
             self.read_engine = self.engine
+            self.pg = None
 
     @contextmanager
     def transaction(self) -> Iterator[Connection]:

@@ -25,7 +25,6 @@ from functools import cache
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection
 
 from engine.model import ModelUsage
 from engine.status import FinishReason, TurnStatus, can_transition
@@ -34,6 +33,7 @@ from engine.store_rules import transition_changes
 from stores import messages as message_sql
 from stores import turns as turn_sql
 from stores.notify import CHANGE_CHANNEL, WORK_CHANNEL
+from stores.pg import PgConnections, PgStatement
 from stores.schema import ACTIVE, TIMESTAMP, turns
 
 __all__ = ["save_fenced", "transition_applies", "transition_fenced"]
@@ -147,8 +147,8 @@ def _counted(usage: ModelUsage | None) -> bool:
 # -- journal writes: save_round and record_call ------------------------------------------
 
 
-def save_fenced(
-    connection: Connection,
+async def save_fenced(
+    pg: PgConnections,
     turn_id: str,
     lease_token: int,
     *,
@@ -167,11 +167,12 @@ def save_fenced(
         params["input_tokens"] = usage.input_tokens
         params["output_tokens"] = usage.output_tokens
     statement = _save_statement(round=round is not None, calls=bool(calls), usage=counted)
-    return bool(connection.execute(statement, params).scalar_one())
+    (row,) = await pg.fetch(statement, params)
+    return bool(row["fenced"])
 
 
 @cache
-def _save_statement(*, round: bool, calls: bool, usage: bool) -> sa.TextClause:
+def _save_statement(*, round: bool, calls: bool, usage: bool) -> PgStatement:
     # Adding usage updates the row: lock it for that from the start (a share lock upgraded
     # later could deadlock with a heartbeat queued behind it), as the reference form does.
     lock = "FOR NO KEY UPDATE" if usage else "FOR SHARE"
@@ -188,8 +189,8 @@ fence AS (
 usage AS (UPDATE turns SET {_ADD_USAGE} FROM fence WHERE turns.id = fence.id)"""
         )
     ctes += _writes("fence", round=round, calls=calls)
-    sql = f"WITH {','.join(ctes)}\nSELECT count(*) FROM fence\n"
-    return _typed(sql)
+    sql = f"WITH {','.join(ctes)}\nSELECT count(*) AS fenced FROM fence\n"
+    return PgStatement(_typed(sql))
 
 
 # -- transitions ---------------------------------------------------------------------------
@@ -201,8 +202,8 @@ def transition_applies(expected: Collection[TurnStatus], new: TurnStatus) -> boo
     return bool(expected) and all(can_transition(status, new) for status in expected)
 
 
-def transition_fenced(
-    connection: Connection,
+async def transition_fenced(
+    pg: PgConnections,
     turn_id: str,
     *,
     expected: Collection[TurnStatus],
@@ -245,8 +246,8 @@ def transition_fenced(
         round=round is not None,
         calls=bool(calls),
     )
-    row = connection.execute(statement, params).first()
-    return turn_sql.record(row) if row is not None else None
+    rows = await pg.fetch(statement, params)
+    return turn_sql.record(rows[0]) if rows else None
 
 
 # How each column a transition sets is written (see transition_changes).
@@ -269,7 +270,7 @@ def _transition_statement(
     round: bool,
     calls: bool,
     usage: bool,
-) -> sa.TextualSelect:
+) -> PgStatement:
     sets = ", ".join(f"{column} = {_SET.get(column, ':set_' + column)}" for column in columns)
     if usage:
         sets += f", {_ADD_USAGE}"
@@ -300,4 +301,4 @@ SELECT {", ".join("moved." + column.name for column in turns.columns)},
        (SELECT count(*) FROM event) AS events
 FROM moved
 """
-    return _typed(sql).columns(*turns.columns, sa.column("events", sa.Integer))
+    return PgStatement(_typed(sql))

@@ -43,6 +43,11 @@ CHUNK_CHANNEL = "turnstile_chunk"
 #: ``pg_stat_activity.query``, that a process is listening).
 LISTEN_STATEMENT = f"LISTEN {WORK_CHANNEL}; LISTEN {CHANGE_CHANNEL}; LISTEN {CHUNK_CHANNEL}"
 
+#: How many announced turn ids a listener keeps for :meth:`Listener.take_work_hints`. A pool
+#: takes them at every wake-up, so only a pool busy for a long time fills this; past it the
+#: hints are incomplete and the pool claims from the whole queue instead.
+MAX_WORK_HINTS = 1_000
+
 #: NOTIFY payloads must stay under 8,000 bytes; keep a margin for the envelope.
 MAX_PAYLOAD_BYTES = 7_000
 
@@ -93,6 +98,10 @@ class Listener:
         # Sticky: set by a notification, cleared when a waiter wakes, so a notification that
         # lands between a worker's empty claim and its wait is not lost.
         self._work = asyncio.Event()
+        # The ids announced on the work channel since the last take_work_hints (a dict keeps
+        # their order), and whether that set is complete (nothing missed since the last take).
+        self._hints: dict[str, None] = {}
+        self._hints_complete = True
         self._changes: dict[str, BroadcastSignal] = {}
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -103,6 +112,7 @@ class Listener:
         if self._task is None or self._loop is not loop or self._task.done():
             self._loop = loop
             self._work = asyncio.Event()
+            self._hints, self._hints_complete = {}, False
             self._changes = {}
             self.connected = asyncio.Event()
             self._task = loop.create_task(self._listen(), name="turnstile-listener")
@@ -122,7 +132,7 @@ class Listener:
                     self._fire_all()
                     async for note in connection.notifies():
                         if note.channel == WORK_CHANNEL:
-                            self._work.set()
+                            self._hint(note.payload)
                         elif note.channel == CHUNK_CHANNEL:
                             self._relay(note.payload)
                         else:
@@ -137,6 +147,21 @@ class Listener:
                 self._fire_all()
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
+
+    def _hint(self, turn_id: str) -> None:
+        if len(self._hints) < MAX_WORK_HINTS:
+            self._hints[turn_id] = None
+        else:
+            self._hints_complete = False
+        self._work.set()
+
+    def take_work_hints(self) -> list[str] | None:
+        """The turn ids announced on the work channel since the last call, or ``None`` if
+        some may be missing (not yet connected, reconnected, or more than
+        :data:`MAX_WORK_HINTS`). See :meth:`engine.store.SessionStore.take_work_hints`."""
+        hints, complete = list(self._hints), self._hints_complete and self.connected.is_set()
+        self._hints, self._hints_complete = {}, True
+        return hints if complete else None
 
     def _relay(self, payload: str) -> None:
         if not self._chunks.has_subscribers:
@@ -154,6 +179,8 @@ class Listener:
             await asyncio.wait_for(self.connected.wait(), timeout)
 
     def _fire_all(self) -> None:
+        # Notifications may have been lost: the next take must send pools to the whole queue.
+        self._hints_complete = False
         self._work.set()
         changes, self._changes = self._changes, {}
         for signal in changes.values():

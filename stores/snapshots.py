@@ -9,8 +9,6 @@ On SQLite the three reads share one transaction, which is as consistent.
 
 from __future__ import annotations
 
-from typing import Any
-
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
@@ -18,33 +16,40 @@ from engine.store import StoredSnapshot, ToolCallRecord, TurnProgress
 from stores import messages as message_sql
 from stores import tool_calls as call_sql
 from stores import turns as turn_sql
-from stores.schema import turns
+from stores.pg import PgConnections, PgStatement
 
-__all__ = ["read_progress", "read_snapshot"]
+__all__ = [
+    "read_progress",
+    "read_progress_in_one_statement",
+    "read_snapshot",
+    "read_snapshot_in_one_statement",
+]
 
 
 def read_snapshot(connection: Connection, turn_id: str) -> StoredSnapshot | None:
-    """The turn with its conversation and journal, or ``None`` for an unknown turn."""
-    if connection.dialect.name != "postgresql":
-        turn = turn_sql.get_turn(connection, turn_id)
-        if turn is None:
-            return None
-        return StoredSnapshot(
-            turn=turn,
-            conversation=message_sql.load_conversation(connection, turn_id) or [],
-            journal=call_sql.list_calls(connection, turn_id),
-        )
-    row = connection.execute(_SNAPSHOT, {"turn_id": turn_id}).first()
-    if row is None:
+    """The turn with its conversation and journal, or ``None`` for an unknown turn (SQLite:
+    three reads in the caller's transaction)."""
+    turn = turn_sql.get_turn(connection, turn_id)
+    if turn is None:
         return None
-    m = row._mapping
-    conversation: list[Any] = m["conversation"] or []
-    journal: list[dict[str, Any]] = m["journal"] or []
+    return StoredSnapshot(
+        turn=turn,
+        conversation=message_sql.load_conversation(connection, turn_id) or [],
+        journal=call_sql.list_calls(connection, turn_id),
+    )
+
+
+async def read_snapshot_in_one_statement(pg: PgConnections, turn_id: str) -> StoredSnapshot | None:
+    """:func:`read_snapshot` on PostgreSQL: one statement, one snapshot of the database."""
+    rows = await pg.fetch(_SNAPSHOT, {"turn_id": turn_id})
+    if not rows:
+        return None
+    (row,) = rows
     return StoredSnapshot(
         turn=turn_sql.record(row),
-        conversation=message_sql.assemble_conversation(conversation),
+        conversation=message_sql.assemble_conversation(row["conversation"] or []),
         # JSON carries timestamps as ISO 8601 text with their offset: the model parses them.
-        journal=[ToolCallRecord.model_validate(call) for call in journal],
+        journal=[ToolCallRecord.model_validate(call) for call in row["journal"] or []],
     )
 
 
@@ -56,42 +61,43 @@ def _journal_json(turn: str) -> str:
 
 
 # The conversation walk of stores/messages.py, folded into JSON beside the turn's row.
-_SNAPSHOT = sa.text(
-    message_sql.ancestry_cte(
-        "SELECT id, parent_id, history_length, 0 AS depth FROM turns WHERE id = :turn_id"
-    )
-    + f"""
+_SNAPSHOT = PgStatement(
+    sa.text(
+        message_sql.ancestry_cte(
+            "SELECT id, parent_id, history_length, 0 AS depth FROM turns WHERE id = :turn_id"
+        )
+        + f"""
 SELECT turns.*, {message_sql.CONVERSATION_JSON} AS conversation,
        {_journal_json("turns.id")} AS journal
 FROM turns WHERE turns.id = :turn_id
 """
-).columns(
-    *turns.columns,
-    sa.column("conversation", sa.JSON),
-    sa.column("journal", sa.JSON),
+    )
 )
 
 
 def read_progress(connection: Connection, turn_id: str) -> TurnProgress | None:
     """The parent's conversation and journal, the turn's rounds and journal; ``None`` for an
-    unknown turn."""
-    if connection.dialect.name != "postgresql":
-        turn = turn_sql.get_turn(connection, turn_id)
-        if turn is None:
-            return None
-        parent = turn.parent_id
-        return TurnProgress(
-            parent_conversation=(message_sql.load_conversation(connection, parent) or [])
-            if parent
-            else [],
-            parent_journal=call_sql.list_calls(connection, parent) if parent else [],
-            rounds=message_sql.load_rounds(connection, turn_id),
-            journal=call_sql.list_calls(connection, turn_id),
-        )
-    row = connection.execute(_PROGRESS, {"turn_id": turn_id}).first()
-    if row is None:
+    unknown turn (SQLite: reads in the caller's transaction)."""
+    turn = turn_sql.get_turn(connection, turn_id)
+    if turn is None:
         return None
-    m = row._mapping
+    parent = turn.parent_id
+    return TurnProgress(
+        parent_conversation=(message_sql.load_conversation(connection, parent) or [])
+        if parent
+        else [],
+        parent_journal=call_sql.list_calls(connection, parent) if parent else [],
+        rounds=message_sql.load_rounds(connection, turn_id),
+        journal=call_sql.list_calls(connection, turn_id),
+    )
+
+
+async def read_progress_in_one_statement(pg: PgConnections, turn_id: str) -> TurnProgress | None:
+    """:func:`read_progress` on PostgreSQL: one statement, one snapshot of the database."""
+    rows = await pg.fetch(_PROGRESS, {"turn_id": turn_id})
+    if not rows:
+        return None
+    (m,) = rows
     return TurnProgress(
         parent_conversation=message_sql.assemble_conversation(m["conversation"] or []),
         parent_journal=[ToolCallRecord.model_validate(c) for c in m["parent_journal"] or []],
@@ -102,13 +108,14 @@ def read_progress(connection: Connection, turn_id: str) -> TurnProgress | None:
 
 # As _SNAPSHOT, with the ancestry walk starting at the turn's parent; the turn's own messages
 # as [round, role, content, metadata, committed] in round and position order.
-_PROGRESS = sa.text(
-    message_sql.ancestry_cte(
-        "SELECT parent.id, parent.parent_id, parent.history_length, 0 AS depth "
-        "FROM turns AS child JOIN turns AS parent ON parent.id = child.parent_id "
-        "WHERE child.id = :turn_id"
-    )
-    + f"""
+_PROGRESS = PgStatement(
+    sa.text(
+        message_sql.ancestry_cte(
+            "SELECT parent.id, parent.parent_id, parent.history_length, 0 AS depth "
+            "FROM turns AS child JOIN turns AS parent ON parent.id = child.parent_id "
+            "WHERE child.id = :turn_id"
+        )
+        + f"""
 SELECT {message_sql.CONVERSATION_JSON} AS conversation,
        {_journal_json("turns.parent_id")} AS parent_journal,
        (SELECT json_agg(json_build_array(m.round, m.role, m.content, m.metadata, m.committed)
@@ -117,9 +124,5 @@ SELECT {message_sql.CONVERSATION_JSON} AS conversation,
        {_journal_json("turns.id")} AS journal
 FROM turns WHERE turns.id = :turn_id
 """
-).columns(
-    sa.column("conversation", sa.JSON),
-    sa.column("parent_journal", sa.JSON),
-    sa.column("rounds", sa.JSON),
-    sa.column("journal", sa.JSON),
+    )
 )

@@ -1,7 +1,11 @@
 """``SqlSessionStore``: the durable SessionStore on PostgreSQL (psycopg 3) or SQLite.
 
-Each method is one short transaction run in a worker thread; SQL lives in the aggregate
-modules (``turns``, ``sessions``, ``messages``, ``tool_calls``). Wake-ups come from
+Each method is one short transaction, run by SQLAlchemy in a worker thread — except, on
+PostgreSQL, the common path of a turn (create, claim, read, save a round, settle): each of
+those is one statement, run on psycopg's async connections in the event loop
+(``stores/pg.py``), with the transaction as the fallback that raises the precise error.
+SQL lives in the aggregate modules (``turns``, ``turn_claims``, ``turn_creation``,
+``fenced``, ``snapshots``, ``sessions``, ``messages``, ``tool_calls``). Wake-ups come from
 LISTEN/NOTIFY on PostgreSQL and from polling on SQLite.
 """
 
@@ -50,11 +54,13 @@ from stores import retention as retention_sql
 from stores import sessions as session_sql
 from stores import snapshots as snapshot_sql
 from stores import tool_calls as call_sql
+from stores import turn_claims as claim_sql
 from stores import turn_creation as creation_sql
 from stores import turns as turn_sql
 from stores import views
 from stores.database import Database, default_url
 from stores.notify import CHUNK_CHANNEL, Listener, chunk_payloads, notify
+from stores.pg import PgConnections, StatementRefused
 
 __all__ = ["SqlSessionStore"]
 
@@ -109,30 +115,22 @@ class SqlSessionStore:
     ) -> TurnRecord:
         """See :meth:`engine.store.SessionStore.create_turn`."""
         check_answers(turn, answers)
-
-        def create() -> TurnRecord:
-            now = _now()
+        try:
             # A caller acting for a principal takes the transaction: its owner check reads
             # the session.
             if self.db.is_postgres and turn.owner is None:
                 try:
-                    with self.db.autocommit() as connection:
-                        created = creation_sql.create_turn_in_one_statement(
-                            connection, turn, answers, now
-                        )
-                    if created is not None:
-                        return created
-                except sa.exc.DBAPIError as exc:
-                    if exc.connection_invalidated:
-                        raise  # Database.run retries on a fresh connection
+                    created = await creation_sql.create_turn_in_one_statement(
+                        self._pg, turn, answers, _now()
+                    )
+                except StatementRefused as exc:
                     # A constraint refused it (nothing was written): the transaction below
                     # raises the precise error, or succeeds if the conflict is gone.
                     logger.debug("turn %s: one-statement creation refused (%s)", turn.id, exc)
-            with self.db.transaction() as connection:
-                return creation_sql.create_turn(connection, turn, answers, now)
-
-        try:
-            return await self.db.run(create)
+                    created = None
+                if created is not None:
+                    return created
+            return await self._write(lambda c: creation_sql.create_turn(c, turn, answers, _now()))
         except Exception as exc:
             # The partial unique index is the backstop for "one running turn per session".
             if "ux_turns_one_active_per_session" in str(exc):
@@ -149,6 +147,8 @@ class SqlSessionStore:
 
     async def get_turn(self, turn_id: str) -> TurnRecord | None:
         """See :meth:`engine.store.SessionStore.get_turn`."""
+        if self.db.is_postgres:
+            return await turn_sql.fetch_turn(self._pg, turn_id)
         return await self._read(lambda c: turn_sql.get_turn(c, turn_id))
 
     async def latest_turn(self, session_id: str) -> TurnRecord | None:
@@ -158,7 +158,7 @@ class SqlSessionStore:
     async def claim_turn(self, turn_id: str, *, owner: str, lease_seconds: float) -> TurnRecord:
         """See :meth:`engine.store.SessionStore.claim_turn`."""
         claimed = await self._claim(
-            owner=owner, lease_seconds=lease_seconds, limit=1, turn_id=turn_id
+            owner=owner, lease_seconds=lease_seconds, limit=1, turn_ids=[turn_id]
         )
         if not claimed:
             raise StaleTransitionError(turn_id, f"Turn {turn_id} is not claimable.")
@@ -171,12 +171,15 @@ class SqlSessionStore:
         lease_seconds: float,
         limit: int = 1,
         agents: Collection[str] | None = None,
+        among: Collection[str] | None = None,
     ) -> list[TurnRecord]:
         """See :meth:`engine.store.SessionStore.claim_next`."""
         if limit < 1:
             raise ValueError("limit must be at least 1.")
+        if among is not None and not among:
+            return []
         return await self._claim(
-            owner=owner, lease_seconds=lease_seconds, limit=limit, agents=agents
+            owner=owner, lease_seconds=lease_seconds, limit=limit, agents=agents, turn_ids=among
         )
 
     async def _claim(
@@ -186,7 +189,7 @@ class SqlSessionStore:
         lease_seconds: float,
         limit: int,
         agents: Collection[str] | None = None,
-        turn_id: str | None = None,
+        turn_ids: Collection[str] | None = None,
     ) -> list[TurnRecord]:
         def claim_args() -> dict[str, Any]:
             return {
@@ -195,18 +198,16 @@ class SqlSessionStore:
                 "now": _now(),
                 "limit": limit,
                 "agents": agents,
-                "turn_id": turn_id,
+                "turn_ids": turn_ids,
             }
 
         if not self.db.is_postgres:
-            return await self._write(lambda c: turn_sql.claim(c, **claim_args()))
+            return await self._write(lambda c: claim_sql.claim(c, **claim_args()))
         # PostgreSQL: one autocommit statement (the claim is on every turn's pickup path);
         # the rare recovery of an abandoned abort follows in its own transaction.
-        claimed, abandoned = await self._statement(
-            lambda c: turn_sql.claim_checking_abandoned(c, **claim_args())
-        )
+        claimed, abandoned = await claim_sql.claim_checking_abandoned(self._pg, **claim_args())
         if abandoned:
-            await self._write(lambda c: turn_sql.settle_abandoned(c, _now(), limit))
+            await self._write(lambda c: claim_sql.settle_abandoned(c, _now(), limit))
         return claimed
 
     async def renew_lease(
@@ -261,27 +262,6 @@ class SqlSessionStore:
             call_sql.upsert_calls(connection, turn_id, calls, saved_at)
             return moved
 
-        def move_in_one_statement() -> TurnRecord | None:
-            assert lease_token is not None
-            saved_at, now = _round_and_transition_times()
-            with self.db.autocommit() as connection:
-                return fenced_sql.transition_fenced(
-                    connection,
-                    turn_id,
-                    expected=expected,
-                    new=new,
-                    lease_token=lease_token,
-                    now=now,
-                    saved_at=saved_at,
-                    finish_reason=finish_reason,
-                    error=error,
-                    run_after=run_after,
-                    note=note,
-                    round=round,
-                    calls=calls,
-                    usage=usage,
-                )
-
         if (
             self.db.is_postgres
             and lease_token is not None
@@ -289,7 +269,23 @@ class SqlSessionStore:
         ):
             # The lease holder's transitions (every settle) as one round trip; refused
             # (nothing written), the transaction below raises the precise error.
-            moved = await self.db.run(move_in_one_statement)
+            saved_at, now = _round_and_transition_times()
+            moved = await fenced_sql.transition_fenced(
+                self._pg,
+                turn_id,
+                expected=expected,
+                new=new,
+                lease_token=lease_token,
+                now=now,
+                saved_at=saved_at,
+                finish_reason=finish_reason,
+                error=error,
+                run_after=run_after,
+                note=note,
+                round=round,
+                calls=calls,
+                usage=usage,
+            )
             if moved is not None:
                 return moved
         return await self._write(move)
@@ -367,22 +363,10 @@ class SqlSessionStore:
         """A lease holder's journal write: on PostgreSQL one statement (one round trip);
         when its fence refuses (nothing written) or on SQLite, the ``reference`` transaction,
         which raises the precise error."""
-        if self.db.is_postgres:
-
-            def save_in_one_statement() -> bool:
-                with self.db.autocommit() as connection:
-                    return fenced_sql.save_fenced(
-                        connection,
-                        turn_id,
-                        lease_token,
-                        round=round,
-                        calls=calls,
-                        usage=usage,
-                        now=_now(),
-                    )
-
-            if await self.db.run(save_in_one_statement):
-                return
+        if self.db.is_postgres and await fenced_sql.save_fenced(
+            self._pg, turn_id, lease_token, round=round, calls=calls, usage=usage, now=_now()
+        ):
+            return
         await self._write(reference)
 
     async def load_rounds(self, turn_id: str) -> list[RoundRecord]:
@@ -406,10 +390,14 @@ class SqlSessionStore:
 
     async def read_progress(self, turn_id: str) -> TurnProgress | None:
         """See :meth:`engine.store.SessionStore.read_progress`."""
+        if self.db.is_postgres:
+            return await snapshot_sql.read_progress_in_one_statement(self._pg, turn_id)
         return await self._read(lambda c: snapshot_sql.read_progress(c, turn_id))
 
     async def read_snapshot(self, turn_id: str) -> StoredSnapshot | None:
         """See :meth:`engine.store.SessionStore.read_snapshot`."""
+        if self.db.is_postgres:
+            return await snapshot_sql.read_snapshot_in_one_statement(self._pg, turn_id)
         return await self._read(lambda c: snapshot_sql.read_snapshot(c, turn_id))
 
     async def list_events(self, turn_id: str) -> list[TurnEvent]:
@@ -444,6 +432,20 @@ class SqlSessionStore:
             await asyncio.sleep(min(timeout, self.poll_interval))
         else:
             await self._listener.wait_for_work(timeout)
+
+    async def wait_listening(self, timeout: float = 5.0) -> bool:
+        """Start listening for notifications if needed, and wait (up to ``timeout``) until
+        LISTEN is active; whether it is (always ``False`` on SQLite, which polls). Nothing
+        needs this — waiters poll until then — but a caller that must not miss the first
+        notification can wait for it."""
+        if self._listener is None:
+            return False
+        await self._listener.wait_connected(timeout)
+        return self._listener.connected.is_set()
+
+    def take_work_hints(self) -> list[str] | None:
+        """See :meth:`engine.store.SessionStore.take_work_hints`."""
+        return None if self._listener is None else self._listener.take_work_hints()
 
     async def wait_for_change(self, turn_id: str, timeout: float) -> None:
         """See :meth:`engine.store.SessionStore.wait_for_change`."""
@@ -539,21 +541,22 @@ class SqlSessionStore:
         """See :meth:`engine.store.SessionStore.close`."""
         if self._listener is not None:
             await self._listener.close()
+        if self.db.pg is not None:
+            await self.db.pg.close()
         await asyncio.to_thread(self.db.dispose)
 
     # -- plumbing ----------------------------------------------------------------------
+
+    @property
+    def _pg(self) -> PgConnections:
+        """The async psycopg connections of the one-statement forms (PostgreSQL only)."""
+        assert self.db.pg is not None, "a one-statement form ran on SQLite"
+        return self.db.pg
 
     async def _read(self, query: Callable[[sa.Connection], T]) -> T:
         def run() -> T:
             with self.db.autocommit() as connection:
                 return query(connection)
-
-        return await self.db.run(run)
-
-    async def _statement(self, change: Callable[[sa.Connection], T]) -> T:
-        def run() -> T:
-            with self.db.autocommit() as connection:
-                return change(connection)
 
         return await self.db.run(run)
 

@@ -27,7 +27,8 @@ from stores import sessions as session_sql
 from stores import tool_calls as call_sql
 from stores import turns as turn_sql
 from stores.notify import WORK_CHANNEL
-from stores.schema import JSON, TIMESTAMP, turns
+from stores.pg import PgConnections, PgStatement
+from stores.schema import JSON, TIMESTAMP
 
 __all__ = ["create_turn", "create_turn_in_one_statement"]
 
@@ -71,15 +72,16 @@ def create_turn(
     return created
 
 
-def create_turn_in_one_statement(
-    connection: Connection, turn: NewTurn, answers: Sequence[InterruptAnswer], now: datetime
+async def create_turn_in_one_statement(
+    pg: PgConnections, turn: NewTurn, answers: Sequence[InterruptAnswer], now: datetime
 ) -> TurnRecord | None:
     """Try the whole creation as one statement (PostgreSQL, autocommit connection).
 
     Returns the created turn, or ``None`` when a rule refused it (unknown agent for the
-    session, a running turn) — nothing was written then. Raises the driver's error when a
-    constraint refused it: a duplicate id, a concurrent creator (``seq`` or the one-running-
-    turn index), or an answer no longer pending (see ``_CREATE``); the statement rolled back.
+    session, a running turn) — nothing was written then. Raises
+    :class:`~stores.pg.StatementRefused` when a constraint refused it: a duplicate id, a
+    concurrent creator (``seq`` or the one-running-turn index), or an answer no longer
+    pending (see ``_CREATE``); the statement rolled back.
     Only for a turn without an owner: the owner check reads the session (the caller takes
     :func:`create_turn` for those).
     """
@@ -95,7 +97,7 @@ def create_turn_in_one_statement(
         }
         for answer in answers
     ]
-    row = connection.execute(
+    rows = await pg.fetch(
         _CREATE[bool(answered), bool(opening)],
         {
             "id": turn.id,
@@ -112,8 +114,8 @@ def create_turn_in_one_statement(
             "messages": json.dumps(opening),
             "work_channel": WORK_CHANNEL,
         },
-    ).first()
-    return turn_sql.record(row) if row is not None else None
+    )
+    return turn_sql.record(rows[0]) if rows else None
 
 
 # The CTEs run as one statement, all on one snapshot:
@@ -208,9 +210,7 @@ SELECT created.*, (SELECT count(*) FROM event) AS notified FROM created
 
 
 _CREATE = {
-    (answers, opening): _create_statement(answers=answers, opening=opening).columns(
-        *turns.columns, sa.column("notified", sa.Integer)
-    )
+    (answers, opening): PgStatement(_create_statement(answers=answers, opening=opening))
     for answers in (False, True)
     for opening in (False, True)
 }

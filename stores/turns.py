@@ -6,7 +6,7 @@ lease token in its WHERE clause) plus its ``turn_events`` row, in one transactio
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
@@ -21,28 +21,26 @@ from engine.store import NewTurn, TurnError, TurnEvent, TurnInput, TurnRecord
 from engine.store_rules import check_transition, transition_changes
 from stores.database import utc
 from stores.notify import CHANGE_CHANNEL, WORK_CHANNEL
-from stores.schema import ACTIVE, TIMESTAMP, turn_events, turns
+from stores.pg import PgConnections, PgStatement
+from stores.schema import ACTIVE, turn_events, turns
 
 __all__ = [
     "active_turn",
     "add_usage",
-    "claim",
-    "claim_checking_abandoned",
-    "claim_statement",
     "fence",
+    "fetch_turn",
     "get_turn",
     "insert_turn",
     "latest_turn",
     "list_events",
     "renew",
-    "settle_abandoned",
     "transition",
 ]
 
 
-def record(row: sa.Row[tuple[object, ...]]) -> TurnRecord:
-    """A :class:`TurnRecord` from a ``turns`` row."""
-    m = row._mapping
+def record(row: sa.Row[tuple[object, ...]] | Mapping[str, Any]) -> TurnRecord:
+    """A :class:`TurnRecord` from a ``turns`` row (SQLAlchemy's, or psycopg's as a dict)."""
+    m = row._mapping if isinstance(row, sa.Row) else row
     return TurnRecord(
         id=m["id"],
         session_id=m["session_id"],
@@ -75,6 +73,15 @@ def get_turn(connection: Connection, turn_id: str) -> TurnRecord | None:
     """The turn, or ``None``."""
     row = connection.execute(_BY_ID, {"turn_id": turn_id}).first()
     return record(row) if row else None
+
+
+async def fetch_turn(pg: PgConnections, turn_id: str) -> TurnRecord | None:
+    """:func:`get_turn` on psycopg's async connections (PostgreSQL): waiters poll it."""
+    rows = await pg.fetch(_PG_BY_ID, {"turn_id": turn_id})
+    return record(rows[0]) if rows else None
+
+
+_PG_BY_ID = PgStatement(_BY_ID)
 
 
 def latest_turn(connection: Connection, session_id: str) -> TurnRecord | None:
@@ -197,202 +204,6 @@ def _insert_turn_statement() -> sa.TextualSelect:
 
 
 _INSERT_TURN = _insert_turn_statement()
-
-
-def _claimable(now: datetime | sa.BindParameter[datetime]) -> sa.ColumnElement[bool]:
-    return sa.and_(
-        turns.c.status == TurnStatus.PENDING.value,
-        turns.c.run_after <= now,
-        sa.or_(turns.c.lease_expires_at.is_(None), turns.c.lease_expires_at < now),
-    )
-
-
-def claim_statement(
-    *,
-    owner: str,
-    lease_seconds: float,
-    now: datetime,
-    limit: int,
-    agents: Collection[str] | None = None,
-    turn_id: str | None = None,
-) -> sa.Update:
-    """The claim: one UPDATE leasing the oldest claimable turns.
-
-    ``FOR UPDATE SKIP LOCKED`` lets concurrent workers each take different rows without
-    waiting on one another; a turn whose lease expired (its worker died) is claimable again
-    through the same query — recovery is part of claiming. On SQLite the transaction's
-    ``BEGIN IMMEDIATE`` serialises claimers instead. This is the statement :func:`claim`
-    runs, with these values bound (for callers that compile it, e.g. to EXPLAIN it).
-    """
-    values = _claim_params(owner, lease_seconds, now, limit, agents, turn_id)
-    return _claim_update(agents=agents is not None, turn_id=turn_id is not None, values=values)
-
-
-def _claim_params(
-    owner: str,
-    lease_seconds: float,
-    now: datetime,
-    limit: int,
-    agents: Collection[str] | None,
-    turn_id: str | None,
-) -> dict[str, Any]:
-    params: dict[str, Any] = {
-        "now": now,
-        "expires": now + timedelta(seconds=lease_seconds),
-        "owner": owner,
-        "limit": limit,
-    }
-    if agents is not None:
-        params["agents"] = list(agents)
-    if turn_id is not None:
-        params["turn_id"] = turn_id
-    return params
-
-
-def claim(
-    connection: Connection,
-    *,
-    owner: str,
-    lease_seconds: float,
-    now: datetime,
-    limit: int,
-    agents: Collection[str] | None = None,
-    turn_id: str | None = None,
-) -> list[TurnRecord]:
-    """Lease up to ``limit`` claimable turns (see :func:`claim_statement`), in a transaction.
-
-    First settles ``aborting`` turns whose worker died (lease expired): nobody else would,
-    and their session would stay busy forever. Recovery stays part of claiming. (The
-    SQLite path; PostgreSQL uses :func:`claim_checking_abandoned`.)
-    """
-    settle_abandoned(connection, now, limit)
-    params = _claim_params(owner, lease_seconds, now, limit, agents, turn_id)
-    rows = connection.execute(_CLAIMS[agents is not None, turn_id is not None], params).all()
-    return sorted((record(r) for r in rows), key=lambda t: (t.run_after, t.id))
-
-
-def claim_checking_abandoned(
-    connection: Connection,
-    *,
-    owner: str,
-    lease_seconds: float,
-    now: datetime,
-    limit: int,
-    agents: Collection[str] | None = None,
-    turn_id: str | None = None,
-) -> tuple[list[TurnRecord], bool]:
-    """The claim as one statement on an autocommit connection (PostgreSQL): the leased
-    turns, and whether an ``aborting`` turn whose worker died is waiting to be settled by
-    :func:`settle_abandoned` (rare; the caller runs it in its own transaction).
-
-    One round trip instead of four (``BEGIN``, the recovery read, the claim, ``COMMIT``):
-    the claim sits on the path from a resume to its pickup. The UPDATE is atomic on its
-    own; ``SKIP LOCKED`` still keeps concurrent claimers apart.
-    """
-    params = _claim_params(owner, lease_seconds, now, limit, agents, turn_id)
-    rows = connection.execute(_CHECKED_CLAIMS[agents is not None, turn_id is not None], params)
-    claimed: list[TurnRecord] = []
-    abandoned = False
-    for row in rows:
-        abandoned = abandoned or bool(row._mapping["abandoned"])
-        if row._mapping["id"] is not None:  # the one row of an empty claim has no turn
-            claimed.append(record(row))
-    return sorted(claimed, key=lambda t: (t.run_after, t.id)), abandoned
-
-
-def settle_abandoned(connection: Connection, now: datetime, limit: int) -> None:
-    """Settle ``aborted`` the ``aborting`` turns whose lease expired (their worker died)."""
-    abandoned = connection.execute(_ABANDONED, {"now": now, "limit": limit}).scalars().all()
-    for abandoned_id in abandoned:
-        transition(
-            connection,
-            abandoned_id,
-            expected={TurnStatus.ABORTING},
-            new=TurnStatus.ABORTED,
-            lease_token=None,
-            now=now,
-            finish_reason=FinishReason.ABORTED,
-            note="settled by a claim: its worker stopped while aborting",
-        )
-
-
-_ABANDONED = (
-    sa.select(turns.c.id)
-    .where(
-        turns.c.status == TurnStatus.ABORTING.value,
-        turns.c.lease_expires_at < sa.bindparam("now", type_=TIMESTAMP),
-    )
-    .limit(sa.bindparam("limit", type_=sa.Integer))
-    .with_for_update(skip_locked=True)
-)
-
-
-def _claim_update(
-    *, agents: bool, turn_id: bool, values: dict[str, Any] | None = None
-) -> sa.Update:
-    """The claim (see :func:`claim_statement`) with bound parameters ``now``, ``expires``,
-    ``owner``, ``limit``, and ``agents``/``turn_id`` when used — carrying ``values`` when
-    given, else left for the execution to supply (the cached form :func:`claim` runs)."""
-
-    def param(name: str, **kwargs: Any) -> sa.BindParameter[Any]:
-        if values is None:
-            return sa.bindparam(name, **kwargs)
-        return sa.bindparam(name, values[name], **kwargs)
-
-    now = param("now", type_=TIMESTAMP)
-    candidates = sa.select(turns.c.id).where(_claimable(now))
-    if turn_id:
-        candidates = candidates.where(turns.c.id == param("turn_id"))
-    if agents:
-        candidates = candidates.where(turns.c.agent.in_(param("agents", expanding=True)))
-    candidates = (
-        candidates.order_by(turns.c.run_after, turns.c.id)
-        .limit(param("limit", type_=sa.Integer))
-        .with_for_update(skip_locked=True)
-    )
-    return (
-        sa.update(turns)
-        .where(turns.c.id.in_(candidates.scalar_subquery()))
-        .values(
-            lease_owner=param("owner"),
-            lease_expires_at=param("expires", type_=TIMESTAMP),
-            lease_token=turns.c.lease_token + 1,
-            attempts=turns.c.attempts + 1,
-            updated_at=now,
-        )
-        .returning(turns)
-    )
-
-
-_CLAIMS = {
-    (agents, turn_id): _claim_update(agents=agents, turn_id=turn_id)
-    for agents in (False, True)
-    for turn_id in (False, True)
-}
-
-
-def _checked_claim(*, agents: bool, turn_id: bool) -> sa.Select[Any]:
-    """The claim as a data-modifying CTE, left-joined to one row so that an empty claim
-    still answers the recovery question (``abandoned``: an index probe on the partial
-    index ``ix_turns_aborting``)."""
-    claimed = _claim_update(agents=agents, turn_id=turn_id).cte("claimed")
-    abandoned = (
-        sa.exists()
-        .where(
-            turns.c.status == TurnStatus.ABORTING.value,
-            turns.c.lease_expires_at < sa.bindparam("now", type_=TIMESTAMP),
-        )
-        .label("abandoned")
-    )
-    one = sa.select(sa.literal(1).label("one")).subquery("one")
-    return sa.select(*claimed.c, abandoned).select_from(one.outerjoin(claimed, sa.true()))
-
-
-_CHECKED_CLAIMS = {
-    (agents, turn_id): _checked_claim(agents=agents, turn_id=turn_id)
-    for agents in (False, True)
-    for turn_id in (False, True)
-}
 
 
 def fence(connection: Connection, turn_id: str, lease_token: int) -> None:

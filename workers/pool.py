@@ -246,15 +246,27 @@ class WorkerPool:
                 await self._wait_for(slot=True)
                 hinted = False
                 continue
+            # After a work notification, claim the turns it named by their primary key: a
+            # scan of the claim index steps over every dead entry left since the last
+            # vacuum, and on a busy table that scan was most of the pickup latency. Any
+            # other time (poll, start, a slot freed, missed notifications) scan the queue;
+            # the hints it covers are dropped first.
+            hints = self.store.take_work_hints()
+            among = hints if hinted else None
+            if among == []:  # woken by a notification already served by the last claim
+                hinted = await self._wait_for(slot=False, work=True)
+                continue
             try:
                 claimed = await self.store.claim_next(
                     owner=self.owner,
                     lease_seconds=self.lease_seconds,
                     limit=free,
                     agents=sorted(self.agents),
+                    among=among,
                 )
             except Exception:
                 failures += 1
+                hinted = False  # the hints taken are lost with this claim: scan next time
                 delay = min(MAX_CLAIM_BACKOFF, 0.1 * 2**failures)
                 logger.warning(
                     "claim failed (%d in a row); retrying in %.1fs", failures, delay, exc_info=True

@@ -21,6 +21,7 @@ from engine.errors import ApprovalNotPendingError
 from engine.store import InterruptAnswer, NewTurn, RoundRecord, TurnInput
 from examples.banking import BankingApp, build
 from stores import SqlSessionStore
+from stores import turn_claims as claim_sql
 from stores import turns as turn_sql
 from tests.conftest import TEST_STATE_KEYS
 from tests.databases import sql_store
@@ -125,7 +126,7 @@ async def test_claims_and_heartbeats_update_the_turn_row_in_place(store: SqlSess
     now = datetime.now(UTC)
     # One transaction, so the per-transaction counters see exactly these three updates.
     with store.db.transaction() as connection:
-        (claimed,) = turn_sql.claim(connection, owner="w", lease_seconds=30, now=now, limit=1)
+        (claimed,) = claim_sql.claim(connection, owner="w", lease_seconds=30, now=now, limit=1)
         for beat in (1, 2):
             turn_sql.renew(connection, "t1", claimed.lease_token, 30, now + timedelta(seconds=beat))
         updates, hot = connection.execute(hot_updates).one()

@@ -14,7 +14,7 @@ from sqlalchemy.dialects import postgresql
 
 from stores import SchemaNotAtHeadError, ensure_at_head, migrate
 from stores.migrate import _config, current_revision, head_revision
-from stores.turns import claim_statement
+from stores.turn_claims import claim_statement
 from tests.databases import new_sqlite_database, postgres_url
 
 
@@ -119,14 +119,21 @@ def _plan(connection: psycopg.Connection[Any], sql: str) -> tuple[set[str], set[
 
 
 def test_claim_and_open_approvals_queries_use_their_indexes() -> None:
-    """With 50,000 turns the claim scans its partial index, and open approvals read only the
-    approval queue, in the order of its created_at index."""
+    """With 50,000 turns the claim scans its partial index, a claim of named turns uses the
+    primary key alone, and open approvals read only the approval queue, in the order of its
+    created_at index."""
     with postgres_url() as url, psycopg.connect(_dsn(url), autocommit=True) as connection:
         _populate(connection, 50_000)
         claim = claim_statement(
             owner="w", lease_seconds=30, now=datetime.now(UTC), limit=8, agents=None
         ).compile(dialect=postgresql.dialect(), compile_kwargs={"literal_binds": True})
         assert "ix_turns_claimable" in _plan(connection, str(claim))[0]
+        # A pool woken by a work notification claims the named turns by primary key only:
+        # scanning the claim index would step over its dead entries.
+        named = claim_statement(
+            owner="w", lease_seconds=30, now=datetime.now(UTC), limit=8, turn_ids=["t1", "t2"]
+        ).compile(dialect=postgresql.dialect(), compile_kwargs={"literal_binds": True})
+        assert _plan(connection, str(named))[0] == {"pk_turns"}
         # The queue holds only the 50 open approvals: on so small a table the planner rightly
         # prefers a sequential scan and a sort. Disabling sequential scans for this session
         # asks whether an index can deliver the view's order; with the queue's created_at

@@ -590,6 +590,26 @@ async def test_claim_next_filters_by_agent(store: SessionStore) -> None:
     assert untouched is not None and (untouched.lease_owner, untouched.attempts) == (None, 0)
 
 
+async def test_claim_next_among_leases_only_the_named_claimable_turns(
+    store: SessionStore,
+) -> None:
+    """claim_next(among=ids) leases only claimable turns named in ids (unknown and leased
+    ids are passed over), oldest first; an empty among leases nothing."""
+    for n in (1, 2, 3, 4):
+        await store.create_turn(new_turn(f"t{n}", f"s{n}"))
+    await claim(store, "t2")
+
+    assert await store.claim_next(owner="w2", lease_seconds=LEASE, limit=5, among=[]) == []
+    claimed = await store.claim_next(
+        owner="w2", lease_seconds=LEASE, limit=5, among=["t4", "nope", "t2", "t3"]
+    )
+
+    assert [(t.id, t.lease_owner) for t in claimed] == [("t3", "w2"), ("t4", "w2")]
+    untouched = await store.get_turn("t1")
+    assert untouched is not None and untouched.lease_owner is None
+    assert [t.id for t in await store.claim_next(owner="w3", lease_seconds=LEASE)] == ["t1"]
+
+
 async def test_claim_next_skips_leased_future_and_settled_turns(store: SessionStore) -> None:
     """claim_next never returns a leased turn, a turn whose run_after is ahead, or a settled one."""
     for n in (1, 2, 3, 4):

@@ -1,0 +1,173 @@
+"""The hot path's statements on psycopg's own async connections (PostgreSQL only).
+
+SQLAlchemy builds every statement of the store and compiles each of these once; this module
+runs the compiled SQL on a small pool of autocommit ``psycopg.AsyncConnection``\\ s, in the
+event loop. Why not through SQLAlchemy: for a one-row read on this project's benchmark
+machine, SQLAlchemy's execution layer, the connection checkout and return, and the thread
+hop (``asyncio.to_thread``) cost 0.52 ms of CPU, and psycopg alone 0.10 ms
+(``docs/performance.md``, "Statements on async psycopg"). The common path of an approval
+workflow runs about fifteen statements, so that difference was most of the client's and the
+worker's CPU per workflow — and, on an idle worker, most of a resumed turn's pickup latency.
+
+Only single statements on autocommit connections run here (each is its own transaction):
+the one-statement forms of the common path's writes and reads. Transactions of several
+statements (the reference forms, rare) stay on SQLAlchemy in a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+import psycopg
+import sqlalchemy as sa
+from psycopg.rows import dict_row
+from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
+from sqlalchemy.sql.compiler import SQLCompiler
+
+from engine.errors import StoreError
+
+__all__ = ["PgConnections", "PgStatement", "StatementRefused"]
+
+logger = logging.getLogger("turnstile.store")
+
+# SQLAlchemy's dialect classes are untyped; this one only compiles, it never connects.
+_DIALECT = PGDialect_psycopg()  # type: ignore[no-untyped-call]
+
+Row = dict[str, Any]
+
+
+class StatementRefused(StoreError):
+    """A constraint refused the statement (an ``IntegrityError``): it wrote nothing."""
+
+
+class PgStatement:
+    """A SQLAlchemy statement compiled once for psycopg, with its parameters' conversions.
+
+    ``bind(values)`` gives psycopg what SQLAlchemy would have sent: the statement's own
+    literal parameters, and each value passed through its bind type's processor (JSON
+    serialisation, enum checks), so a statement means the same on either path.
+    """
+
+    def __init__(self, statement: sa.ClauseElement) -> None:
+        compiled = statement.compile(dialect=_DIALECT)
+        assert isinstance(compiled, SQLCompiler)
+        self.sql: str = compiled.string
+        self._defaults: dict[str, Any] = {}
+        self._processors: dict[str, Callable[[Any], Any]] = {}
+        for bind, name in compiled.bind_names.items():
+            if bind.expanding:
+                raise ValueError(f"{name}: expanding parameters need = ANY(...) here")
+            if not bind.required and bind.callable is None:
+                self._defaults[name] = bind.value
+            process = bind.type.dialect_impl(_DIALECT).bind_processor(_DIALECT)
+            if process is not None:
+                self._processors[name] = process
+
+    def bind(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """The parameters for psycopg: the defaults, overridden by ``values``, processed."""
+        params = {**self._defaults, **values}
+        for name, process in self._processors.items():
+            value = params.get(name)
+            if value is not None:
+                params[name] = process(value)
+        return params
+
+
+class PgConnections:
+    """A pool of autocommit async connections, opened on demand, at most ``size`` busy.
+
+    Connections are not tied to an event loop (psycopg waits on the running one), so a
+    store used from several loops — tests, a CLI — keeps its connections.
+    """
+
+    def __init__(self, dsn: str, *, size: int = 10, options: str | None = None) -> None:
+        self._dsn = dsn
+        self._size = size
+        self._options = options
+        self._idle: list[psycopg.AsyncConnection[Row]] = []
+        self._slots: asyncio.Semaphore | None = None
+        self._slots_loop: asyncio.AbstractEventLoop | None = None
+
+    async def fetch(
+        self, statement: PgStatement, values: Mapping[str, Any], *, retries: int = 3
+    ) -> list[Row]:
+        """Run one statement; its rows as dicts (none for a statement without a result).
+
+        A statement whose connection was lost (a restarted server, a terminated backend) is
+        retried on a fresh connection, like the store's transactions. Errors are
+        :class:`~engine.errors.StoreError`; a constraint's refusal is
+        :class:`StatementRefused`.
+        """
+        params = statement.bind(values)
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                async with self._connection() as connection:
+                    cursor = await connection.execute(statement.sql, params)
+                    return await cursor.fetchall() if cursor.description else []
+            except psycopg.IntegrityError as exc:
+                raise StatementRefused(f"Database error: {exc!r}") from exc
+            except psycopg.OperationalError as exc:
+                if attempt <= retries and _connection_lost(exc):
+                    logger.warning("database connection lost; retrying (%d/%d)", attempt, retries)
+                    await asyncio.sleep(0.05 * 2**attempt)
+                    continue
+                raise StoreError(f"Database error: {exc!r}") from exc
+            except psycopg.Error as exc:
+                raise StoreError(f"Database error: {exc!r}") from exc
+
+    @asynccontextmanager
+    async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection[Row]]:
+        async with self._slot():
+            connection = self._idle.pop() if self._idle else await self._connect()
+            try:
+                yield connection
+            finally:
+                # A broken connection (or one left mid-transaction by a cancelled statement)
+                # is dropped, never reused.
+                idle = psycopg.pq.TransactionStatus.IDLE
+                if connection.closed or connection.info.transaction_status != idle:
+                    await _close_quietly(connection)
+                else:
+                    self._idle.append(connection)
+
+    def _slot(self) -> asyncio.Semaphore:
+        # asyncio primitives belong to the loop that first waits on them: one per loop.
+        loop = asyncio.get_running_loop()
+        if self._slots is None or self._slots_loop is not loop:
+            self._slots, self._slots_loop = asyncio.Semaphore(self._size), loop
+        return self._slots
+
+    async def _connect(self) -> psycopg.AsyncConnection[Row]:
+        kwargs: dict[str, Any] = {"autocommit": True, "row_factory": dict_row}
+        if self._options:
+            kwargs["options"] = self._options
+        return await psycopg.AsyncConnection.connect(self._dsn, **kwargs)
+
+    async def close(self) -> None:
+        """Close the idle connections (busy ones close when their statement returns)."""
+        idle, self._idle = self._idle, []
+        for connection in idle:
+            await _close_quietly(connection)
+
+
+def _connection_lost(exc: psycopg.OperationalError) -> bool:
+    # A refused connect, or a session dropped by the server (restart, pg_terminate_backend):
+    # class 08 and 57P, or no SQLSTATE at all when the socket just closed. As with the
+    # store's transactions, the retry cannot know whether a statement the server had
+    # finished committed; the forms run here tolerate that: a repeated creation fails on
+    # the turn's primary key, a repeated journal write rewrites the same rows, a repeated
+    # settle finds the turn moved (a stale-transition error, as after a lost lease), and
+    # turns leased by a claim whose answer was lost are claimed again when that expires.
+    return exc.sqlstate is None or exc.sqlstate.startswith(("08", "57P"))
+
+
+async def _close_quietly(connection: psycopg.AsyncConnection[Row]) -> None:
+    with contextlib.suppress(psycopg.Error):  # closing a dead connection releases nothing
+        await connection.close()

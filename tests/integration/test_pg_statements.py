@@ -1,0 +1,102 @@
+"""The common path's statements run on psycopg's async connections (stores/pg.py).
+
+A statement built with SQLAlchemy means the same there: its literal parameters and its typed
+parameters' conversions come along; a constraint's refusal is a typed error that wrote
+nothing; a connection the server dropped is replaced and the statement retried.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+
+from engine.errors import StoreError
+from stores.pg import PgConnections, PgStatement, StatementRefused
+from stores.schema import JSON
+from tests.databases import postgres_url
+
+
+@pytest.fixture
+def dsn() -> Iterator[str]:
+    with postgres_url() as url:
+        yield sa.make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+@pytest.fixture
+async def pg(dsn: str) -> AsyncIterator[PgConnections]:
+    connections = PgConnections(dsn, size=2)
+    try:
+        yield connections
+    finally:
+        await connections.close()
+
+
+NOTES = sa.table("notes", sa.column("id", sa.Text), sa.column("body", JSON))
+
+
+async def make_notes(pg: PgConnections) -> None:
+    await pg.fetch(
+        PgStatement(sa.text("CREATE TABLE notes (id text PRIMARY KEY, body jsonb NOT NULL)")), {}
+    )
+
+
+async def test_a_statement_binds_its_literals_and_typed_parameters_as_sqlalchemy_would(
+    pg: PgConnections,
+) -> None:
+    """A JSON-typed parameter is serialised, a literal in the statement is bound, and rows
+    come back as dicts with JSON decoded."""
+    await make_notes(pg)
+    insert = PgStatement(
+        sa.insert(NOTES).values(id=sa.bindparam("id"), body=sa.bindparam("body", type_=JSON))
+    )
+    await pg.fetch(insert, {"id": "n1", "body": {"tags": ["a", "b"], "n": 1}})
+    await pg.fetch(insert, {"id": "n2", "body": {"n": 2}})
+
+    select = PgStatement(sa.select(NOTES).where(NOTES.c.id == "n1"))  # "n1" is a literal
+    assert await pg.fetch(select, {}) == [{"id": "n1", "body": {"tags": ["a", "b"], "n": 1}}]
+
+
+async def test_a_constraint_refusal_is_typed_and_writes_nothing(pg: PgConnections) -> None:
+    """A duplicate key raises StatementRefused (a StoreError); the row is unchanged and the
+    connection stays usable."""
+    await make_notes(pg)
+    insert = PgStatement(
+        sa.text("INSERT INTO notes VALUES (:id, CAST(:body AS jsonb))"),
+    )
+    await pg.fetch(insert, {"id": "n1", "body": '{"first": true}'})
+
+    with pytest.raises(StatementRefused, match="pkey"):
+        await pg.fetch(insert, {"id": "n1", "body": '{"first": false}'})
+
+    rows = await pg.fetch(PgStatement(sa.text("SELECT body FROM notes")), {})
+    assert rows == [{"body": {"first": True}}]
+    assert isinstance(StatementRefused("x"), StoreError)
+
+
+async def test_other_database_errors_are_store_errors(pg: PgConnections) -> None:
+    """A statement the server rejects raises StoreError, not the driver's exception."""
+    with pytest.raises(StoreError, match="no_such_table"):
+        await pg.fetch(PgStatement(sa.text("SELECT * FROM no_such_table")), {})
+
+
+async def test_a_dropped_connection_is_replaced_and_the_statement_retried(
+    pg: PgConnections, dsn: str
+) -> None:
+    """After the server terminated the pooled connection, the next statement still runs."""
+    who = PgStatement(sa.text("SELECT pg_backend_pid() AS pid"))
+    (first,) = await pg.fetch(who, {})
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (first["pid"],))
+
+    (second,) = await pg.fetch(who, {})
+
+    assert second["pid"] != first["pid"]
+
+
+def test_expanding_parameters_are_refused_when_compiling() -> None:
+    """An IN list whose length varies has no single psycopg form: = ANY(array) is used."""
+    with pytest.raises(ValueError, match="ANY"):
+        PgStatement(sa.select(NOTES).where(NOTES.c.id.in_(sa.bindparam("ids", expanding=True))))
