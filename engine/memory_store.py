@@ -201,9 +201,6 @@ class InMemorySessionStore:
             and (turn.lease_expires_at is None or turn.lease_expires_at < now)
         )
 
-    def _named(self, ids: Collection[str]) -> list[TurnRecord]:
-        return [self._turns[i] for i in set(ids) if i in self._turns]
-
     def _lease(
         self, turn: TurnRecord, owner: str, lease_seconds: float, now: datetime
     ) -> TurnRecord:
@@ -242,7 +239,8 @@ class InMemorySessionStore:
             raise ValueError("limit must be at least 1.")
         now = _now()
         self._settle_abandoned_aborts(now)
-        pool = self._turns.values() if among is None else self._named(among)
+        ids = self._turns.keys() if among is None else self._turns.keys() & set(among)
+        pool = (self._turns[i] for i in ids)
         candidates = sorted(
             (t for t in pool if self._claimable(t, now) and (agents is None or t.agent in agents)),
             key=lambda t: (t.run_after, t.created_at, t.id),
@@ -561,7 +559,7 @@ class InMemorySessionStore:
         self._work.clear()
 
     def take_work_hints(self) -> list[str] | None:
-        """None: the in-process wake-up names no turns, so pools claim from the whole queue."""
+        """None: the in-process wake-up names no turns; pools claim from the whole queue."""
         return None
 
     async def wait_for_change(self, turn_id: str, timeout: float) -> None:

@@ -48,29 +48,38 @@ class StatementRefused(StoreError):
 class PgStatement:
     """A SQLAlchemy statement compiled once for psycopg, with its parameters' conversions.
 
-    ``bind(values)`` gives psycopg what SQLAlchemy would have sent: the statement's own
-    literal parameters, and each value passed through its bind type's processor (JSON
-    serialisation, enum checks), so a statement means the same on either path.
+    The statement's own constants (``status = 'pending'``, built by SQLAlchemy as
+    parameters with a value) are written into the SQL as literals: the connections here
+    plan statements once and reuse the plan (see :class:`PgConnections`), and a plan made
+    for an unknown ``status`` could not use the partial indexes whose predicate names one.
+    ``bind(values)`` passes each value through its bind type's processor (JSON
+    serialisation, enum checks), as SQLAlchemy would, so a statement means the same on
+    either path.
     """
 
     def __init__(self, statement: sa.ClauseElement) -> None:
         compiled = statement.compile(dialect=_DIALECT)
         assert isinstance(compiled, SQLCompiler)
-        self.sql: str = compiled.string
-        self._defaults: dict[str, Any] = {}
+        sql = compiled.string
         self._processors: dict[str, Callable[[Any], Any]] = {}
         for bind, name in compiled.bind_names.items():
             if bind.expanding:
                 raise ValueError(f"{name}: expanding parameters need = ANY(...) here")
+            impl = bind.type.dialect_impl(_DIALECT)
             if not bind.required and bind.callable is None:
-                self._defaults[name] = bind.value
-            process = bind.type.dialect_impl(_DIALECT).bind_processor(_DIALECT)
+                render = impl.literal_processor(_DIALECT)
+                if render is None:
+                    raise ValueError(f"{name}: no literal form for the constant {bind.value!r}")
+                sql = sql.replace(f"%({name})s", render(bind.value))
+                continue
+            process = impl.bind_processor(_DIALECT)
             if process is not None:
                 self._processors[name] = process
+        self.sql: str = sql
 
     def bind(self, values: Mapping[str, Any]) -> dict[str, Any]:
-        """The parameters for psycopg: the defaults, overridden by ``values``, processed."""
-        params = {**self._defaults, **values}
+        """The parameters for psycopg: ``values``, each through its type's processor."""
+        params = dict(values)
         for name, process in self._processors.items():
             value = params.get(name)
             if value is not None:
@@ -81,14 +90,22 @@ class PgStatement:
 class PgConnections:
     """A pool of autocommit async connections, opened on demand, at most ``size`` busy.
 
+    Each connection plans a statement once and reuses that plan: psycopg prepares a
+    statement after a few executions, and ``plan_cache_mode = force_generic_plan`` keeps the
+    server from planning it again for each execution's values. Left to choose, PostgreSQL
+    kept re-planning the claim (its custom plan looked cheaper than the generic one), and
+    planning cost more than running it: 1.5 ms of planning against 0.6 ms of execution in
+    ``EXPLAIN ANALYZE``. The statements run here are the common path's short, index-driven
+    ones, whose good plan does not depend on the values; their constants are literals in
+    the SQL (see :class:`PgStatement`), so partial indexes still apply.
+
     Connections are not tied to an event loop (psycopg waits on the running one), so a
     store used from several loops — tests, a CLI — keeps its connections.
     """
 
-    def __init__(self, dsn: str, *, size: int = 10, options: str | None = None) -> None:
+    def __init__(self, dsn: str, *, size: int = 10) -> None:
         self._dsn = dsn
         self._size = size
-        self._options = options
         self._idle: list[psycopg.AsyncConnection[Row]] = []
         self._slots: asyncio.Semaphore | None = None
         self._slots_loop: asyncio.AbstractEventLoop | None = None
@@ -145,10 +162,12 @@ class PgConnections:
         return self._slots
 
     async def _connect(self) -> psycopg.AsyncConnection[Row]:
-        kwargs: dict[str, Any] = {"autocommit": True, "row_factory": dict_row}
-        if self._options:
-            kwargs["options"] = self._options
-        return await psycopg.AsyncConnection.connect(self._dsn, **kwargs)
+        return await psycopg.AsyncConnection.connect(
+            self._dsn,
+            autocommit=True,
+            row_factory=dict_row,
+            options="-c plan_cache_mode=force_generic_plan",
+        )
 
     async def close(self) -> None:
         """Close the idle connections (busy ones close when their statement returns)."""

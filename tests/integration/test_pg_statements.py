@@ -46,8 +46,8 @@ async def make_notes(pg: PgConnections) -> None:
 async def test_a_statement_binds_its_literals_and_typed_parameters_as_sqlalchemy_would(
     pg: PgConnections,
 ) -> None:
-    """A JSON-typed parameter is serialised, a literal in the statement is bound, and rows
-    come back as dicts with JSON decoded."""
+    """A JSON-typed parameter is serialised, a constant in the statement is written as a
+    literal, and rows come back as dicts with JSON decoded."""
     await make_notes(pg)
     insert = PgStatement(
         sa.insert(NOTES).values(id=sa.bindparam("id"), body=sa.bindparam("body", type_=JSON))

@@ -12,7 +12,8 @@ import sqlalchemy as sa
 from alembic import command
 from sqlalchemy.dialects import postgresql
 
-from stores import SchemaNotAtHeadError, ensure_at_head, migrate
+from stores import SchemaNotAtHeadError, ensure_at_head, migrate, snapshots, turns
+from stores import turn_claims as claim_sql
 from stores.migrate import _config, current_revision, head_revision
 from stores.turn_claims import claim_statement
 from tests.databases import new_sqlite_database, postgres_url
@@ -144,3 +145,57 @@ def test_claim_and_open_approvals_queries_use_their_indexes() -> None:
         assert tables == {"approval_queue"}
         rows = connection.execute("SELECT count(*) FROM open_approvals").fetchone()
         assert rows == (50,)
+
+
+def _generic_plan_scans(connection: psycopg.Connection[Any], statement: Any, values: Any) -> str:
+    """The scans of the plan ``statement`` runs with once its plan is cached for any values
+    (how stores/pg.py's connections run it), read through auto_explain's notices."""
+    notices: list[str] = []
+    connection.add_notice_handler(lambda notice: notices.append(notice.message_primary or ""))
+    connection.execute("SET plan_cache_mode = force_generic_plan")
+    connection.execute("LOAD 'auto_explain'")
+    connection.execute("SET auto_explain.log_min_duration = 0")
+    connection.execute("SET client_min_messages = log")
+    for _ in range(3):  # psycopg prepares it (prepare=True), then it runs from the cache
+        connection.execute(statement.sql, statement.bind(values), prepare=True)
+    connection.execute("RESET client_min_messages")
+    return "\n".join(line for line in notices[-1].splitlines() if "Scan" in line)
+
+
+def test_the_common_paths_cached_plans_use_indexes() -> None:
+    """With 50,000 turns, the claims, the snapshot and progress reads and the turn read each
+    plan index scans even when planned once for any values (a plan cached by a connection),
+    and never a sequential scan of turns, messages or tool_calls."""
+    with postgres_url() as url, psycopg.connect(_dsn(url), autocommit=True) as connection:
+        _populate(connection, 50_000)
+        connection.execute(
+            """INSERT INTO messages (turn_id, round, position, role, content, committed,
+                                     created_at)
+               SELECT id, 0, 0, 'user', '[]', true, now() FROM turns"""
+        )
+        connection.execute("ANALYZE messages")
+        now = datetime.now(UTC)
+        claim = {"now": now, "expires": now, "owner": "w", "limit": 8, "agents": ["a"]}
+        cases = {
+            "claim by id": (
+                claim_sql._CHECKED_CLAIMS[True, True],
+                {**claim, "turn_ids": ["t1000", "t2000"]},
+            ),
+            "claim": (claim_sql._CHECKED_CLAIMS[True, False], claim),
+            "snapshot": (snapshots._SNAPSHOT, {"turn_id": "t500"}),
+            "progress": (snapshots._PROGRESS, {"turn_id": "t500"}),
+            "turn": (turns._PG_BY_ID, {"turn_id": "t500"}),
+        }
+        plans = {
+            name: _generic_plan_scans(connection, statement, values)
+            for name, (statement, values) in cases.items()
+        }
+
+    assert "ix_turns_claimable" not in plans["claim by id"]
+    assert "pk_turns" in plans["claim by id"]
+    assert "ix_turns_claimable" in plans["claim"]
+    assert "ix_turns_aborting" in plans["claim"]
+    assert "pk_messages" in plans["snapshot"]
+    assert "pk_turns" in plans["turn"]
+    for name, plan in plans.items():
+        assert "Seq Scan" not in plan, f"{name}:\n{plan}"
