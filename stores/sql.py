@@ -191,21 +191,21 @@ class SqlSessionStore:
         agents: Collection[str] | None = None,
         turn_ids: Collection[str] | None = None,
     ) -> list[TurnRecord]:
-        def claim_args() -> dict[str, Any]:
-            return {
-                "owner": owner,
-                "lease_seconds": lease_seconds,
-                "now": _now(),
-                "limit": limit,
-                "agents": agents,
-                "turn_ids": turn_ids,
-            }
+        def request() -> claim_sql.ClaimRequest:
+            return claim_sql.ClaimRequest(
+                owner=owner,
+                lease_seconds=lease_seconds,
+                now=_now(),
+                limit=limit,
+                agents=agents,
+                turn_ids=turn_ids,
+            )
 
         if not self.db.is_postgres:
-            return await self._write(lambda c: claim_sql.claim(c, **claim_args()))
+            return await self._write(lambda c: claim_sql.claim(c, request()))
         # PostgreSQL: one autocommit statement (the claim is on every turn's pickup path);
         # the rare recovery of an abandoned abort follows in its own transaction.
-        claimed, abandoned = await claim_sql.claim_checking_abandoned(self._pg, **claim_args())
+        claimed, abandoned = await claim_sql.claim_checking_abandoned(self._pg, request())
         if abandoned:
             await self._write(lambda c: claim_sql.settle_abandoned(c, _now(), limit))
         return claimed

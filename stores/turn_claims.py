@@ -10,6 +10,7 @@ claiming. On SQLite the transaction's ``BEGIN IMMEDIATE`` serialises claimers in
 from __future__ import annotations
 
 from collections.abc import Collection
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -23,7 +24,13 @@ from stores.pg import PgConnections, PgStatement
 from stores.schema import TIMESTAMP, turns
 from stores.turns import record, transition
 
-__all__ = ["claim", "claim_checking_abandoned", "claim_statement", "settle_abandoned"]
+__all__ = [
+    "ClaimRequest",
+    "claim",
+    "claim_checking_abandoned",
+    "claim_statement",
+    "settle_abandoned",
+]
 
 
 def _due(now: datetime | sa.BindParameter[datetime]) -> sa.ColumnElement[bool]:
@@ -38,75 +45,59 @@ def _claimable(now: datetime | sa.BindParameter[datetime]) -> sa.ColumnElement[b
     return sa.and_(turns.c.status == TurnStatus.PENDING.value, _due(now))
 
 
-def claim_statement(
-    *,
-    owner: str,
-    lease_seconds: float,
-    now: datetime,
-    limit: int,
-    agents: Collection[str] | None = None,
-    turn_ids: Collection[str] | None = None,
-) -> sa.Update:
-    """The claim PostgreSQL runs, with these values bound (for callers that compile it, e.g.
-    to EXPLAIN it)."""
-    values = _claim_params(owner, lease_seconds, now, limit, agents, turn_ids)
-    return _claim_update(
-        agents=agents is not None, turn_ids=turn_ids is not None, arrays=True, values=values
-    )
+@dataclass(frozen=True)
+class ClaimRequest:
+    """What a claim asks for: up to ``limit`` turns for ``owner``, leased for
+    ``lease_seconds`` from ``now``; only of ``agents`` and only ``turn_ids`` when given."""
+
+    owner: str
+    lease_seconds: float
+    now: datetime
+    limit: int
+    agents: Collection[str] | None = None
+    turn_ids: Collection[str] | None = None
+
+    @property
+    def form(self) -> tuple[bool, bool]:
+        """Which statement serves it: (filtered by agents, limited to named turns)."""
+        return self.agents is not None, self.turn_ids is not None
+
+    def params(self) -> dict[str, Any]:
+        """The statement's parameters."""
+        params: dict[str, Any] = {
+            "now": self.now,
+            "expires": self.now + timedelta(seconds=self.lease_seconds),
+            "owner": self.owner,
+            "limit": self.limit,
+        }
+        if self.agents is not None:
+            params["agents"] = list(self.agents)
+        if self.turn_ids is not None:
+            params["turn_ids"] = list(self.turn_ids)
+        return params
 
 
-def _claim_params(
-    owner: str,
-    lease_seconds: float,
-    now: datetime,
-    limit: int,
-    agents: Collection[str] | None,
-    turn_ids: Collection[str] | None,
-) -> dict[str, Any]:
-    params: dict[str, Any] = {
-        "now": now,
-        "expires": now + timedelta(seconds=lease_seconds),
-        "owner": owner,
-        "limit": limit,
-    }
-    if agents is not None:
-        params["agents"] = list(agents)
-    if turn_ids is not None:
-        params["turn_ids"] = list(turn_ids)
-    return params
+def claim_statement(request: ClaimRequest) -> sa.Update:
+    """The claim PostgreSQL runs for ``request``, its values bound (for callers that compile
+    it, e.g. to EXPLAIN it)."""
+    agents, turn_ids = request.form
+    return _claim_update(agents=agents, turn_ids=turn_ids, arrays=True, values=request.params())
 
 
-def claim(
-    connection: Connection,
-    *,
-    owner: str,
-    lease_seconds: float,
-    now: datetime,
-    limit: int,
-    agents: Collection[str] | None = None,
-    turn_ids: Collection[str] | None = None,
-) -> list[TurnRecord]:
-    """Lease up to ``limit`` claimable turns, in a transaction (the SQLite path; PostgreSQL
-    uses :func:`claim_checking_abandoned`).
+def claim(connection: Connection, request: ClaimRequest) -> list[TurnRecord]:
+    """Lease the claimable turns ``request`` asks for, in a transaction (the SQLite path;
+    PostgreSQL uses :func:`claim_checking_abandoned`).
 
     First settles ``aborting`` turns whose worker died (lease expired): nobody else would,
     and their session would stay busy forever. Recovery stays part of claiming.
     """
-    settle_abandoned(connection, now, limit)
-    params = _claim_params(owner, lease_seconds, now, limit, agents, turn_ids)
-    rows = connection.execute(_CLAIMS[agents is not None, turn_ids is not None], params).all()
+    settle_abandoned(connection, request.now, request.limit)
+    rows = connection.execute(_CLAIMS[request.form], request.params()).all()
     return sorted((record(r) for r in rows), key=lambda t: (t.run_after, t.id))
 
 
 async def claim_checking_abandoned(
-    pg: PgConnections,
-    *,
-    owner: str,
-    lease_seconds: float,
-    now: datetime,
-    limit: int,
-    agents: Collection[str] | None = None,
-    turn_ids: Collection[str] | None = None,
+    pg: PgConnections, request: ClaimRequest
 ) -> tuple[list[TurnRecord], bool]:
     """The claim as one autocommit statement (PostgreSQL): the leased turns, and whether an
     ``aborting`` turn whose worker died is waiting to be settled by :func:`settle_abandoned`
@@ -116,8 +107,7 @@ async def claim_checking_abandoned(
     the claim sits on the path from a resume to its pickup. The UPDATE is atomic on its
     own; ``SKIP LOCKED`` still keeps concurrent claimers apart.
     """
-    params = _claim_params(owner, lease_seconds, now, limit, agents, turn_ids)
-    rows = await pg.fetch(_CHECKED_CLAIMS[agents is not None, turn_ids is not None], params)
+    rows = await pg.fetch(_CHECKED_CLAIMS[request.form], request.params())
     claimed: list[TurnRecord] = []
     abandoned = False
     for row in rows:

@@ -126,7 +126,8 @@ async def test_claims_and_heartbeats_update_the_turn_row_in_place(store: SqlSess
     now = datetime.now(UTC)
     # One transaction, so the per-transaction counters see exactly these three updates.
     with store.db.transaction() as connection:
-        (claimed,) = claim_sql.claim(connection, owner="w", lease_seconds=30, now=now, limit=1)
+        request = claim_sql.ClaimRequest(owner="w", lease_seconds=30, now=now, limit=1)
+        (claimed,) = claim_sql.claim(connection, request)
         for beat in (1, 2):
             turn_sql.renew(connection, "t1", claimed.lease_token, 30, now + timedelta(seconds=beat))
         updates, hot = connection.execute(hot_updates).one()

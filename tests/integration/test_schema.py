@@ -15,7 +15,7 @@ from sqlalchemy.dialects import postgresql
 from stores import SchemaNotAtHeadError, ensure_at_head, migrate, snapshots, turns
 from stores import turn_claims as claim_sql
 from stores.migrate import _config, current_revision, head_revision
-from stores.turn_claims import claim_statement
+from stores.turn_claims import ClaimRequest, claim_statement
 from tests.databases import new_sqlite_database, postgres_url
 
 
@@ -126,14 +126,17 @@ def test_claim_and_open_approvals_queries_use_their_indexes() -> None:
     with postgres_url() as url, psycopg.connect(_dsn(url), autocommit=True) as connection:
         _populate(connection, 50_000)
         claim = claim_statement(
-            owner="w", lease_seconds=30, now=datetime.now(UTC), limit=8, agents=None
+            ClaimRequest(owner="w", lease_seconds=30, now=datetime.now(UTC), limit=8)
         ).compile(dialect=postgresql.dialect(), compile_kwargs={"literal_binds": True})
         assert "ix_turns_claimable" in _plan(connection, str(claim))[0]
         # A pool woken by a work notification claims the named turns by primary key only:
         # scanning the claim index would step over its dead entries.
-        named = claim_statement(
+        request = ClaimRequest(
             owner="w", lease_seconds=30, now=datetime.now(UTC), limit=8, turn_ids=["t1", "t2"]
-        ).compile(dialect=postgresql.dialect(), compile_kwargs={"literal_binds": True})
+        )
+        named = claim_statement(request).compile(
+            dialect=postgresql.dialect(), compile_kwargs={"literal_binds": True}
+        )
         assert _plan(connection, str(named))[0] == {"pk_turns"}
         # The queue holds only the 50 open approvals: on so small a table the planner rightly
         # prefers a sequential scan and a sort. Disabling sequential scans for this session
