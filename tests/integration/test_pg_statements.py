@@ -7,6 +7,7 @@ nothing; a connection the server dropped is replaced and the statement retried.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterator
 
 import psycopg
@@ -94,6 +95,16 @@ async def test_a_dropped_connection_is_replaced_and_the_statement_retried(
     (second,) = await pg.fetch(who, {})
 
     assert second["pid"] != first["pid"]
+
+
+async def test_at_most_size_connections_are_busy_at_once(pg: PgConnections) -> None:
+    """Five concurrent statements on a pool of two share two backends: the rest wait for a
+    connection instead of opening more."""
+    who = PgStatement(sa.text("SELECT pg_backend_pid() AS pid, pg_sleep(0.05) AS slept"))
+
+    results = await asyncio.gather(*(pg.fetch(who, {}) for _ in range(5)))
+
+    assert len({rows[0]["pid"] for rows in results}) <= 2
 
 
 def test_expanding_parameters_are_refused_when_compiling() -> None:

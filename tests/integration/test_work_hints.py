@@ -20,7 +20,7 @@ import pytest
 from engine import Engine, ScriptedModel, TurnStatus
 from engine.parts import Message
 from engine.store import NewTurn, TurnInput
-from stores import SqlSessionStore
+from stores import SqlSessionStore, notify
 from stores.notify import LISTEN_STATEMENT
 from tests.conftest import TEST_STATE_KEYS
 from tests.databases import sql_store
@@ -78,6 +78,31 @@ async def test_the_hints_name_every_created_turn_once(store: SqlSessionStore) ->
         return hints if hints and len(hints) == 2 else None
 
     assert await eventually(both) == ["t1", "t2"]
+    assert store.take_work_hints() == []
+
+
+async def test_more_announcements_than_kept_make_the_hints_incomplete(
+    store: SqlSessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past MAX_WORK_HINTS ids the next take answers None (scan the queue), not a list that
+    silently misses turns; the take after it is complete again."""
+    monkeypatch.setattr(notify, "MAX_WORK_HINTS", 2)
+    assert await store.wait_listening()
+    store.take_work_hints()
+    other = SqlSessionStore(store.url)
+    try:
+        for n in range(3):
+            await other.create_turn(new_turn(f"t{n}"))
+    finally:
+        await other.close()
+
+    async def overflowed() -> bool:
+        await store.wait_for_work(0.2)
+        assert store._listener is not None
+        return len(store._listener._hints) == 2 and not store._listener._hints_complete
+
+    await eventually(overflowed)
+    assert store.take_work_hints() is None
     assert store.take_work_hints() == []
 
 
