@@ -127,7 +127,10 @@ class PgConnections:
             try:
                 async with self._connection() as connection:
                     cursor = await connection.execute(statement.sql, params)
-                    return await cursor.fetchall() if cursor.description else []
+                    # pgresult's field count, not cursor.description: that builds a Column
+                    # object per field, and a turn's row has twenty (7% of a workflow's CPU).
+                    result = cursor.pgresult
+                    return await cursor.fetchall() if result and result.nfields else []
             except psycopg.IntegrityError as exc:
                 raise StatementRefused(f"Database error: {exc!r}") from exc
             except psycopg.OperationalError as exc:
