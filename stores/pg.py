@@ -107,6 +107,7 @@ class PgConnections:
         self._dsn = dsn
         self._size = size
         self._idle: list[psycopg.AsyncConnection[Row]] = []
+        self._closed = False
         self._slots: asyncio.Semaphore | None = None
         self._slots_loop: asyncio.AbstractEventLoop | None = None
 
@@ -152,7 +153,7 @@ class PgConnections:
                 # A broken connection (or one left mid-transaction by a cancelled statement)
                 # is dropped, never reused.
                 idle = psycopg.pq.TransactionStatus.IDLE
-                if connection.closed or connection.info.transaction_status != idle:
+                if self._closed or connection.closed or connection.info.transaction_status != idle:
                     await _close_quietly(connection)
                 else:
                     self._idle.append(connection)
@@ -173,7 +174,10 @@ class PgConnections:
         )
 
     async def close(self) -> None:
-        """Close the idle connections (busy ones close when their statement returns)."""
+        """Close the idle connections; busy ones close when their statement returns. The
+        pool keeps working afterwards, without pooling: each statement opens and closes its
+        own connection."""
+        self._closed = True
         idle, self._idle = self._idle, []
         for connection in idle:
             await _close_quietly(connection)

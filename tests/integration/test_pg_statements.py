@@ -111,3 +111,28 @@ def test_expanding_parameters_are_refused_when_compiling() -> None:
     """An IN list whose length varies has no single psycopg form: = ANY(array) is used."""
     with pytest.raises(ValueError, match="ANY"):
         PgStatement(sa.select(NOTES).where(NOTES.c.id.in_(sa.bindparam("ids", expanding=True))))
+
+
+async def test_close_leaves_no_connection_open(dsn: str) -> None:
+    """A statement running while the pool closes returns its connection closed, so nothing
+    of the pool stays connected; a statement after the close still runs."""
+    pool = PgConnections(dsn, size=2)
+    slow = asyncio.create_task(
+        pool.fetch(PgStatement(sa.text("SELECT pg_sleep(0.2) AS slept")), {})
+    )
+    await asyncio.sleep(0.05)
+    await pool.close()
+    await slow
+
+    assert await pool.fetch(PgStatement(sa.text("SELECT 1 AS one")), {}) == [{"one": 1}]
+    others = (
+        "SELECT count(*) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    )
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        # A closed connection's backend leaves pg_stat_activity a moment after it exits.
+        async with asyncio.timeout(5):
+            while True:
+                if admin.execute(others).fetchone() == (0,):
+                    break
+                await asyncio.sleep(0.02)
