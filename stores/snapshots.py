@@ -9,6 +9,9 @@ On SQLite the three reads share one transaction, which is as consistent.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
@@ -19,6 +22,9 @@ from stores import turns as turn_sql
 from stores.pg import PgConnections, PgStatement
 
 __all__ = [
+    "progress_columns",
+    "progress_of",
+    "progress_start",
     "read_progress",
     "read_progress_in_one_statement",
     "read_snapshot",
@@ -95,33 +101,49 @@ def read_progress(connection: Connection, turn_id: str) -> TurnProgress | None:
 async def read_progress_in_one_statement(pg: PgConnections, turn_id: str) -> TurnProgress | None:
     """:func:`read_progress` on PostgreSQL: one statement, one snapshot of the database."""
     rows = await pg.fetch(_PROGRESS, {"turn_id": turn_id})
-    if not rows:
-        return None
-    (m,) = rows
+    return progress_of(rows[0]) if rows else None
+
+
+def progress_of(row: Mapping[str, Any]) -> TurnProgress:
+    """The :class:`TurnProgress` in a row with :func:`progress_columns`."""
     return TurnProgress(
-        parent_conversation=message_sql.assemble_conversation(m["conversation"] or []),
-        parent_journal=[ToolCallRecord.model_validate(c) for c in m["parent_journal"] or []],
-        rounds=message_sql.assemble_rounds(m["rounds"] or []),
-        journal=[ToolCallRecord.model_validate(c) for c in m["journal"] or []],
+        parent_conversation=message_sql.assemble_conversation(row["conversation"] or []),
+        parent_journal=[ToolCallRecord.model_validate(c) for c in row["parent_journal"] or []],
+        rounds=message_sql.assemble_rounds(row["rounds"] or []),
+        journal=[ToolCallRecord.model_validate(c) for c in row["journal"] or []],
     )
 
 
-# As _SNAPSHOT, with the ancestry walk starting at the turn's parent; the turn's own messages
-# as [round, role, content, metadata, committed] in round and position order.
+def progress_columns(turn: str) -> str:
+    """The SELECT list of a turn's progress (``conversation``, ``parent_journal``,
+    ``rounds``, ``journal``), for ``turn``, an SQL row with ``id`` and ``parent_id``, and
+    an ``ancestry`` walk starting at its parent. The turn's own messages come as ``[round,
+    role, content, metadata, committed]`` in round and position order."""
+    return f"""{message_sql.CONVERSATION_JSON} AS conversation,
+       {_journal_json(turn + ".parent_id")} AS parent_journal,
+       (SELECT json_agg(json_build_array(m.round, m.role, m.content, m.metadata, m.committed)
+                        ORDER BY m.round, m.position)
+        FROM messages AS m WHERE m.turn_id = {turn}.id) AS rounds,
+       {_journal_json(turn + ".id")} AS journal"""
+
+
+def progress_start(parent_id: str) -> str:
+    """The start of the ``ancestry`` walk of a progress: the turn whose id is the SQL
+    expression ``parent_id`` (the progressing turn's parent)."""
+    return (
+        "SELECT parent.id, parent.parent_id, parent.history_length, 0 AS depth "
+        f"FROM turns AS parent WHERE parent.id = {parent_id}"
+    )
+
+
+# As _SNAPSHOT, with the ancestry walk starting at the turn's parent.
 _PROGRESS = PgStatement(
     sa.text(
         message_sql.ancestry_cte(
-            "SELECT parent.id, parent.parent_id, parent.history_length, 0 AS depth "
-            "FROM turns AS child JOIN turns AS parent ON parent.id = child.parent_id "
-            "WHERE child.id = :turn_id"
+            progress_start("(SELECT parent_id FROM turns WHERE id = :turn_id)")
         )
         + f"""
-SELECT {message_sql.CONVERSATION_JSON} AS conversation,
-       {_journal_json("turns.parent_id")} AS parent_journal,
-       (SELECT json_agg(json_build_array(m.round, m.role, m.content, m.metadata, m.committed)
-                        ORDER BY m.round, m.position)
-        FROM messages AS m WHERE m.turn_id = turns.id) AS rounds,
-       {_journal_json("turns.id")} AS journal
+SELECT {progress_columns("turns")}
 FROM turns WHERE turns.id = :turn_id
 """
     )

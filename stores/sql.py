@@ -68,6 +68,9 @@ logger = logging.getLogger("turnstile.store")
 
 T = TypeVar("T")
 
+#: How many claimed turns' progress a store keeps for the worker about to run them.
+MAX_KEPT_PROGRESS = 1_000
+
 
 def _now() -> datetime:
     return datetime.now(UTC)
@@ -99,6 +102,8 @@ class SqlSessionStore:
         self.poll_interval = poll_interval
         self._chunks = ChunkBroker()
         self._listener = Listener(self.db.url, self._chunks) if self.db.is_postgres else None
+        # The progress of turns this store claimed and has not yet run (PostgreSQL).
+        self._claimed_progress: dict[str, TurnProgress] = {}
 
     @property
     def url(self) -> URL:
@@ -205,10 +210,18 @@ class SqlSessionStore:
             return await self._write(lambda c: claim_sql.claim(c, request()))
         # PostgreSQL: one autocommit statement (the claim is on every turn's pickup path);
         # the rare recovery of an abandoned abort follows in its own transaction.
-        claimed, abandoned = await claim_sql.claim_checking_abandoned(self._pg, request())
-        if abandoned:
+        checked = await claim_sql.claim_checking_abandoned(self._pg, request())
+        self._keep_progress(checked.progress)
+        if checked.abandoned:
             await self._write(lambda c: claim_sql.settle_abandoned(c, _now(), limit))
-        return claimed
+        return checked.turns
+
+    def _keep_progress(self, progress: dict[str, TurnProgress]) -> None:
+        # Kept for the runner's read_progress right after the claim. A turn claimed but never
+        # run (handed back at shutdown) leaves its entry behind: bounded, oldest dropped.
+        self._claimed_progress.update(progress)
+        while len(self._claimed_progress) > MAX_KEPT_PROGRESS:
+            del self._claimed_progress[next(iter(self._claimed_progress))]
 
     async def renew_lease(
         self, turn_id: str, *, lease_token: int, lease_seconds: float
@@ -234,6 +247,7 @@ class SqlSessionStore:
         usage: ModelUsage | None = None,
     ) -> TurnRecord:
         """See :meth:`engine.store.SessionStore.transition`."""
+        self._claimed_progress.pop(turn_id, None)  # what the claim read is old now
         if (round is not None or calls or usage is not None) and lease_token is None:
             raise ValueError("Saving a round with a transition needs the lease token.")
 
@@ -363,6 +377,7 @@ class SqlSessionStore:
         """A lease holder's journal write: on PostgreSQL one statement (one round trip);
         when its fence refuses (nothing written) or on SQLite, the ``reference`` transaction,
         which raises the precise error."""
+        self._claimed_progress.pop(turn_id, None)  # what the claim read is old now
         if self.db.is_postgres and await fenced_sql.save_fenced(
             self._pg, turn_id, lease_token, round=round, calls=calls, usage=usage, now=_now()
         ):
@@ -391,6 +406,11 @@ class SqlSessionStore:
     async def read_progress(self, turn_id: str) -> TurnProgress | None:
         """See :meth:`engine.store.SessionStore.read_progress`."""
         if self.db.is_postgres:
+            # Read with this store's claim of the turn, unless this store wrote the turn
+            # since: the lease that claim took is the only one that can write it.
+            kept = self._claimed_progress.pop(turn_id, None)
+            if kept is not None:
+                return kept
             return await snapshot_sql.read_progress_in_one_statement(self._pg, turn_id)
         return await self._read(lambda c: snapshot_sql.read_progress(c, turn_id))
 

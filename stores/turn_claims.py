@@ -19,12 +19,15 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection
 
 from engine.status import FinishReason, TurnStatus
-from engine.store import TurnRecord
+from engine.store import TurnProgress, TurnRecord
+from stores.messages import ancestry_cte
 from stores.pg import PgConnections, PgStatement
 from stores.schema import TIMESTAMP, turns
+from stores.snapshots import progress_columns, progress_of, progress_start
 from stores.turns import record, transition
 
 __all__ = [
+    "CheckedClaim",
     "ClaimRequest",
     "claim",
     "claim_checking_abandoned",
@@ -96,25 +99,42 @@ def claim(connection: Connection, request: ClaimRequest) -> list[TurnRecord]:
     return sorted((record(r) for r in rows), key=lambda t: (t.run_after, t.id))
 
 
-async def claim_checking_abandoned(
-    pg: PgConnections, request: ClaimRequest
-) -> tuple[list[TurnRecord], bool]:
-    """The claim as one autocommit statement (PostgreSQL): the leased turns, and whether an
-    ``aborting`` turn whose worker died is waiting to be settled by :func:`settle_abandoned`
-    (rare; the caller runs it in its own transaction).
+@dataclass(frozen=True)
+class CheckedClaim:
+    """What :func:`claim_checking_abandoned` found."""
 
-    One round trip instead of four (``BEGIN``, the recovery read, the claim, ``COMMIT``):
-    the claim sits on the path from a resume to its pickup. The UPDATE is atomic on its
-    own; ``SKIP LOCKED`` still keeps concurrent claimers apart.
+    #: The leased turns, oldest ``run_after`` first.
+    turns: list[TurnRecord]
+    #: Whether an ``aborting`` turn whose worker died waits for :func:`settle_abandoned`.
+    abandoned: bool
+    #: Each leased turn's progress (what ``SessionStore.read_progress`` returns), read with
+    #: the claim: the worker that runs the turn needs it next, and nobody else can change it
+    #: meanwhile (the turn's own rows are written only under the new lease; its parent has
+    #: settled, and its answers were written before the turn existed).
+    progress: dict[str, TurnProgress]
+
+
+async def claim_checking_abandoned(pg: PgConnections, request: ClaimRequest) -> CheckedClaim:
+    """The claim as one autocommit statement (PostgreSQL), which also reads each leased
+    turn's progress, and whether an ``aborting`` turn whose worker died is waiting to be
+    settled (rare; the caller runs :func:`settle_abandoned` in its own transaction).
+
+    One round trip instead of five (``BEGIN``, the recovery read, the claim, ``COMMIT``,
+    then the worker's read of the turn's progress): the claim sits on the path from a
+    resume to its pickup. The UPDATE is atomic on its own; ``SKIP LOCKED`` still keeps
+    concurrent claimers apart.
     """
     rows = await pg.fetch(_CHECKED_CLAIMS[request.form], request.params())
     claimed: list[TurnRecord] = []
+    progress: dict[str, TurnProgress] = {}
     abandoned = False
     for row in rows:
         abandoned = abandoned or bool(row["abandoned"])
         if row["id"] is not None:  # the one row of an empty claim has no turn
             claimed.append(record(row))
-    return sorted(claimed, key=lambda t: (t.run_after, t.id)), abandoned
+            progress[row["id"]] = progress_of(row)
+    claimed.sort(key=lambda t: (t.run_after, t.id))
+    return CheckedClaim(turns=claimed, abandoned=abandoned, progress=progress)
 
 
 def settle_abandoned(connection: Connection, now: datetime, limit: int) -> None:
@@ -217,10 +237,23 @@ def _checked_claim(*, agents: bool, turn_ids: bool) -> PgStatement:
         )
         .label("abandoned")
     )
+    # Each leased turn's progress, as stores/snapshots.py reads it for one turn.
+    progress = sa.lateral(
+        sa.text(
+            ancestry_cte(progress_start("claimed.parent_id"))
+            + f"\nSELECT {progress_columns('claimed')}"
+        ).columns(*(sa.column(name) for name in _PROGRESS_NAMES)),
+        name="progress",
+    )
     one = sa.select(sa.literal(1).label("one")).subquery("one")
     return PgStatement(
-        sa.select(*claimed.c, abandoned).select_from(one.outerjoin(claimed, sa.true()))
+        sa.select(*claimed.c, abandoned, *progress.c).select_from(
+            one.outerjoin(claimed, sa.true()).outerjoin(progress, sa.true())
+        )
     )
+
+
+_PROGRESS_NAMES = ("conversation", "parent_journal", "rounds", "journal")
 
 
 _CHECKED_CLAIMS = {

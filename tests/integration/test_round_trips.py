@@ -133,3 +133,48 @@ async def test_claims_and_heartbeats_update_the_turn_row_in_place(store: SqlSess
         updates, hot = connection.execute(hot_updates).one()
 
     assert (updates, hot) == (3, 3)
+
+
+async def test_a_claim_brings_the_progress_its_worker_reads_next(store: SqlSessionStore) -> None:
+    """The claim statement also reads each leased turn's progress: the worker's read that
+    follows costs no statement and equals a fresh read; once the lease holder writes, the
+    next read goes to the database again."""
+    app = build(store=store, state_keys=TEST_STATE_KEYS, execution="inline")
+    paused = await app.banking_agent.chat().send("Transfer $7 to acct 7")
+    approval = next(i for i in paused.interrupts if i.name == "userApproval")
+    parent = str(paused.snapshot_id)
+    answer = InterruptAnswer(
+        turn_id=parent, round=1, ref=str(approval.ref), answer={"respond": {"approved": True}}
+    )
+    child = NewTurn(
+        id="child",
+        session_id=paused.session_id or "",
+        agent="bankingAgent",
+        parent_id=parent,
+        input=TurnInput(kind="resume"),
+        history_length=2,
+    )
+    await store.create_turn(child, answers=[answer])
+    fresh = await store.read_progress("child")
+    assert store.db.pg is not None
+    statements: list[str] = []
+    real_fetch = store.db.pg.fetch
+
+    async def counted(statement: Any, values: Any, **kwargs: Any) -> Any:
+        statements.append(statement.sql)
+        return await real_fetch(statement, values, **kwargs)
+
+    store.db.pg.fetch = counted  # type: ignore[method-assign]
+
+    claimed = await store.claim_turn("child", owner="w", lease_seconds=30)
+    assert len(statements) == 1
+    assert await store.read_progress("child") == fresh
+    assert len(statements) == 1  # no statement: the claim read it
+    await store.save_round(
+        "child",
+        lease_token=claimed.lease_token,
+        round=RoundRecord(round=1, messages=[], committed=False),
+    )
+    statements.clear()
+    assert (await store.read_progress("child")) is not None
+    assert len(statements) == 1
