@@ -9,7 +9,7 @@ workflow opens no transaction on the store's writing pool, and a refused write d
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -63,14 +63,13 @@ async def test_an_approval_workflow_opens_no_transaction(store: SqlSessionStore)
     assert begun == []
 
 
-async def test_a_refused_one_statement_write_falls_back_to_its_transaction(
-    store: SqlSessionStore,
-) -> None:
-    """A second resume answering what was answered already, and a round saved under a lost
-    lease: the one statement writes nothing, and the reference transaction raises the precise
-    error (so each costs one transaction, and the store is unchanged)."""
+async def paused_transfer(
+    store: SqlSessionStore, amount: int
+) -> tuple[InterruptAnswer, Callable[[str], NewTurn]]:
+    """An inline banking chat paused at its approval: the answer approving it, and a maker
+    of resume turns (by id) continuing that snapshot."""
     app = build(store=store, state_keys=TEST_STATE_KEYS, execution="inline")
-    paused = await app.banking_agent.chat().send("Transfer $9 to acct 9")
+    paused = await app.banking_agent.chat().send(f"Transfer ${amount} to acct {amount}")
     approval = next(i for i in paused.interrupts if i.name == "userApproval")
     parent = str(paused.snapshot_id)
     answer = InterruptAnswer(
@@ -87,6 +86,16 @@ async def test_a_refused_one_statement_write_falls_back_to_its_transaction(
             history_length=1,
         )
 
+    return answer, resume
+
+
+async def test_a_refused_one_statement_write_falls_back_to_its_transaction(
+    store: SqlSessionStore,
+) -> None:
+    """A second resume answering what was answered already, and a round saved under a lost
+    lease: the one statement writes nothing, and the reference transaction raises the precise
+    error (so each costs one transaction, and the store is unchanged)."""
+    answer, resume = await paused_transfer(store, 9)
     first = await store.create_turn(resume("first"), answers=[answer])
     claimed = await store.claim_turn(first.id, owner="test", lease_seconds=30)
     await store.transition(
@@ -139,22 +148,8 @@ async def test_a_claim_brings_the_progress_its_worker_reads_next(store: SqlSessi
     """The claim statement also reads each leased turn's progress: the worker's read that
     follows costs no statement and equals a fresh read; once the lease holder writes, the
     next read goes to the database again."""
-    app = build(store=store, state_keys=TEST_STATE_KEYS, execution="inline")
-    paused = await app.banking_agent.chat().send("Transfer $7 to acct 7")
-    approval = next(i for i in paused.interrupts if i.name == "userApproval")
-    parent = str(paused.snapshot_id)
-    answer = InterruptAnswer(
-        turn_id=parent, round=1, ref=str(approval.ref), answer={"respond": {"approved": True}}
-    )
-    child = NewTurn(
-        id="child",
-        session_id=paused.session_id or "",
-        agent="bankingAgent",
-        parent_id=parent,
-        input=TurnInput(kind="resume"),
-        history_length=2,
-    )
-    await store.create_turn(child, answers=[answer])
+    answer, resume = await paused_transfer(store, 7)
+    await store.create_turn(resume("child"), answers=[answer])
     fresh = await store.read_progress("child")
     assert store.db.pg is not None
     statements: list[str] = []
