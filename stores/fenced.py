@@ -296,9 +296,10 @@ event AS (
     RETURNING {notifications})""",
         *_writes("moved", round=round, calls=calls),
     ]
+    # A data-modifying CTE runs to completion whether or not the query reads it: the event
+    # row and its notifications need no reference here.
     sql = f"""WITH {",".join(ctes)}
-SELECT {", ".join("moved." + column.name for column in turns.columns)},
-       (SELECT count(*) FROM event) AS events
+SELECT {", ".join("moved." + column.name for column in turns.columns)}
 FROM moved
 """
     return PgStatement(_typed(sql))

@@ -195,7 +195,7 @@ event AS (
     INSERT INTO turn_events (turn_id, from_status, to_status, attempt, note, at)
     SELECT id, NULL, CAST('pending' AS turn_status), 0, NULL, :now FROM created
     RETURNING pg_notify(:work_channel, turn_id))
-SELECT created.*, (SELECT count(*) FROM event) AS notified FROM created
+SELECT created.* FROM created
 """
     )
     bound = sa.text("".join(parts)).bindparams(
