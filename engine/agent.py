@@ -12,11 +12,13 @@ import contextlib
 import hashlib
 import logging
 import uuid
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from engine.errors import (
+    AgentError,
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
@@ -26,20 +28,17 @@ from engine.errors import (
 from engine.executor import LeaseSettings, RetryPolicy, run_inline
 from engine.memory_store import InMemorySessionStore
 from engine.model import Model
-from engine.parts import Message
 from engine.response import AgentChunk, AgentResponse, interrupts_of
-from engine.resume import NOT_RESUMABLE_MESSAGE, expiry_decisions, paused_calls, plan_resume
+from engine.resume import plan_continuation
 from engine.runner import ChunkCallback, RunnerConfig
 from engine.schemas import Schema
 from engine.signing import StateSigner, canonical_json
 from engine.snapshots import SessionSnapshot, SessionState, restore_client_state
 from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus
 from engine.store import (
-    InterruptAnswer,
     NewTurn,
     SessionStore,
     StoredSnapshot,
-    ToolCallRecord,
     TurnInput,
     TurnRecord,
 )
@@ -51,6 +50,11 @@ if TYPE_CHECKING:
 __all__ = ["Agent", "SessionSnapshot", "SessionState", "TurnRequest"]
 
 logger = logging.getLogger("turnstile.agent")
+
+#: How many settled snapshots an agent keeps after waiting for them, so that continuing one
+#: (typically: a resume right after the turn paused) does not read it again. See
+#: :meth:`Agent._start`.
+RECENT_SNAPSHOTS = 128
 
 
 @dataclass(frozen=True)
@@ -122,6 +126,8 @@ class Agent:
         self._owner = owner
         self._local_aborts = local_aborts if local_aborts is not None else {}
         self._input_schemas: dict[str, Schema] = {t.name: t.input for t in tools}
+        #: Snapshots of this agent's store seen settled by wait_settled, newest last.
+        self._recent: OrderedDict[str, StoredSnapshot] = OrderedDict()
 
     @property
     def state_management(self) -> str:
@@ -220,21 +226,7 @@ class Agent:
             or not await self._owned_by(store, turn.session_id, owner)
         ):
             return None
-        return await self._snapshot(store, turn)
-
-    async def _snapshot(self, store: SessionStore, turn: TurnRecord) -> SessionSnapshot:
-        messages = await store.load_conversation(turn.id)
-        return SessionSnapshot(
-            snapshot_id=turn.id,
-            session_id=turn.session_id,
-            parent_id=turn.parent_id,
-            created_at=turn.created_at,
-            updated_at=turn.updated_at,
-            status=turn.status,
-            finish_reason=turn.finish_reason,
-            error=turn.error.model_dump(exclude_none=True) if turn.error else None,
-            state=SessionState(session_id=turn.session_id, messages=messages),
-        )
+        return SessionSnapshot.of(turn, await store.load_conversation(turn.id))
 
     async def abort(self, snapshot_id: str, *, owner: str | None = None) -> TurnStatus:
         """Stop a running turn; returns the resulting status.
@@ -401,6 +393,7 @@ class Agent:
                 if turn is not None and turn.status not in ACTIVE_STATUSES:
                     turn_and_reads = stored or await store.read_snapshot(turn_id)
                     if turn_and_reads is not None:
+                        self._remember(store, turn_and_reads)
                         return turn_and_reads
                     turn = None  # gone since (pruned)
                 if turn is None:
@@ -463,11 +456,21 @@ class Agent:
             raise failure
         return response
 
+    def _remember(self, store: SessionStore, stored: StoredSnapshot) -> None:
+        """Keep a snapshot of this agent's own store that was just seen settled."""
+        if store is not self.store:
+            return  # a client-managed turn's scratch store: nothing to continue from
+        self._recent[stored.turn.id] = stored
+        self._recent.move_to_end(stored.turn.id)
+        while len(self._recent) > RECENT_SNAPSHOTS:
+            self._recent.popitem(last=False)
+
     async def _base(
-        self, request: TurnRequest
+        self, request: TurnRequest, recalled: StoredSnapshot | None = None
     ) -> tuple[SessionStore, TurnRecord | None, str, StoredSnapshot | None]:
         """The store, the snapshot the turn continues from (if any), the session id, and —
-        when the snapshot was named by id — its conversation and journal, read with it."""
+        when the snapshot was named by id — its conversation and journal, read with it
+        (or ``recalled``: the same snapshot as :meth:`wait_settled` last returned it)."""
         if self.store is None:
             scratch = InMemorySessionStore()
             if request.state is None:
@@ -481,7 +484,7 @@ class Agent:
         if request.snapshot_id is not None:
             # One read for the snapshot and what continuing it needs (one round trip on
             # PostgreSQL): a resume reads nothing else before it is queued.
-            stored = await self.store.read_snapshot(request.snapshot_id)
+            stored = recalled or await self.store.read_snapshot(request.snapshot_id)
             base = await self._check_own(
                 self.store, request.snapshot_id, stored.turn if stored else None, request.owner
             )
@@ -506,7 +509,38 @@ class Agent:
     async def _start(
         self, request: TurnRequest, *, listen: list[asyncio.Future[None]] | None = None
     ) -> _Started:
-        store, base, session_id, stored = await self._base(request)
+        """Validate ``request`` and create its pending turn.
+
+        A snapshot named by id that this agent just saw settle (in :meth:`wait_settled`) is
+        taken as it was then instead of being read again: a settled turn's conversation never
+        changes, and what can change — its journal rows, answered by another resume — is
+        re-checked by the store when it creates the turn, atomically. If anything is refused
+        on that recalled copy, the request is checked once more on a fresh read, so the
+        caller gets exactly the error (or success) it would have got without the recall.
+        """
+        recalled = (
+            self._recent.pop(request.snapshot_id, None)
+            if request.snapshot_id is not None and request.state is None
+            else None
+        )
+        if recalled is None:
+            return await self._start_from(request, listen=listen)
+        # Fixed now, so a second attempt cannot create a second turn if the first one did.
+        request = replace(request, turn_id=request.turn_id or str(uuid.uuid4()))
+        try:
+            return await self._start_from(request, listen=listen, recalled=recalled)
+        except AgentError:
+            logger.debug("turn %s: refused on the recalled snapshot; reading it", request.turn_id)
+            return await self._start_from(request, listen=listen)
+
+    async def _start_from(
+        self,
+        request: TurnRequest,
+        *,
+        listen: list[asyncio.Future[None]] | None = None,
+        recalled: StoredSnapshot | None = None,
+    ) -> _Started:
+        store, base, session_id, stored = await self._base(request, recalled)
         turn_input = request.input
         if base is not None and base.status in ACTIVE_STATUSES:
             raise SnapshotNotResumableError(
@@ -522,44 +556,14 @@ class Agent:
                 raise NotFoundError(f"Snapshot {base.id} not found.")
         # Read with the snapshot at one moment: a snapshot seen settled comes with its last
         # round and journal rows (written by the settling transaction).
-        conversation: list[Message] = stored.conversation if stored else []
-        journal: list[ToolCallRecord] = stored.journal if stored else []
-        last = conversation[-1] if conversation else None
-        answers: list[InterruptAnswer] = []
-        if turn_input.kind == "resume":
-            if turn_input.message is not None or base is None:
-                raise FailedPreconditionError(NOT_RESUMABLE_MESSAGE)
-            plan = plan_resume(
-                snapshot_id=base.id,
-                last_message=last,
-                journal=journal,
-                respond=turn_input.respond,
-                restart=turn_input.restart,
-                tools=self.tools,
-            )
-            answers = plan.decisions(base.id, request.decided_by)
-            history_length = len(conversation) - 1
-        elif turn_input.kind == "expire":
-            if base is None or not paused_calls(last):
-                raise FailedPreconditionError(NOT_RESUMABLE_MESSAGE)
-            answers = expiry_decisions(base.id, journal, request.decided_by)
-            history_length = len(conversation) - 1
-        else:
-            pending = paused_calls(last)
-            if pending and base is not None:
-                names = ", ".join(
-                    f"{p.tool_request.name}#{p.tool_request.ref}" for p in pending if p.tool_request
-                )
-                raise SnapshotNotResumableError(
-                    f"Snapshot {base.id} is paused at interrupts ({names}): answer them with "
-                    "resume(respond=..., restart=...) before sending anything else.",
-                    snapshot_id=base.id,
-                )
-            if turn_input.kind == "retry" and base is None:
-                raise InvalidArgumentError(
-                    "Nothing to retry: this session has no snapshot yet; send a message."
-                )
-            history_length = len(conversation)
+        answers, history_length = plan_continuation(
+            turn_input,
+            base_id=base.id if base is not None else None,
+            conversation=stored.conversation if stored else [],
+            journal=stored.journal if stored else [],
+            tools=self.tools,
+            decided_by=request.decided_by,
+        )
         if self.store is None and base is not None:
             # Client-managed: the same blob answered the same way yields the same turn id and
             # hence the same idempotency keys, so a replayed resume cannot repeat an effect

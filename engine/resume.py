@@ -14,11 +14,13 @@ from typing import Any
 from engine.errors import (
     ApprovalNotPendingError,
     FailedPreconditionError,
+    InvalidArgumentError,
     ResumeValidationError,
+    SnapshotNotResumableError,
 )
 from engine.parts import INTERRUPT, PENDING_OUTPUT, RESUMED, Message, Part
 from engine.schemas import SchemaViolation, to_jsonable
-from engine.store import InterruptAnswer, ToolCallRecord, ToolCallStatus
+from engine.store import InterruptAnswer, ToolCallRecord, ToolCallStatus, TurnInput
 from engine.tools import Tool
 
 __all__ = [
@@ -26,6 +28,7 @@ __all__ = [
     "ResumePlan",
     "expiry_decisions",
     "paused_calls",
+    "plan_continuation",
     "plan_resume",
 ]
 
@@ -220,3 +223,53 @@ def strip_pending(part: Part) -> Part:
     copy = part.model_copy(deep=True)
     copy.metadata = meta
     return copy
+
+
+def plan_continuation(
+    turn_input: TurnInput,
+    *,
+    base_id: str | None,
+    conversation: Sequence[Message],
+    journal: Sequence[ToolCallRecord],
+    tools: Mapping[str, Tool],
+    decided_by: str | None,
+) -> tuple[list[InterruptAnswer], int]:
+    """Check that ``turn_input`` may continue the snapshot ``base_id`` (``None``: a new
+    session) whose conversation and journal are given; return the interrupt answers the new
+    turn records and how much of the conversation it keeps as history.
+
+    A resume or an expiry answers the paused last message (which the new turn replaces); a
+    message or a retry may not continue a snapshot that is paused at interrupts.
+    """
+    last = conversation[-1] if conversation else None
+    if turn_input.kind == "resume":
+        if turn_input.message is not None or base_id is None:
+            raise FailedPreconditionError(NOT_RESUMABLE_MESSAGE)
+        plan = plan_resume(
+            snapshot_id=base_id,
+            last_message=last,
+            journal=journal,
+            respond=turn_input.respond,
+            restart=turn_input.restart,
+            tools=tools,
+        )
+        return plan.decisions(base_id, decided_by), len(conversation) - 1
+    if turn_input.kind == "expire":
+        if base_id is None or not paused_calls(last):
+            raise FailedPreconditionError(NOT_RESUMABLE_MESSAGE)
+        return expiry_decisions(base_id, journal, decided_by), len(conversation) - 1
+    pending = paused_calls(last)
+    if pending and base_id is not None:
+        names = ", ".join(
+            f"{p.tool_request.name}#{p.tool_request.ref}" for p in pending if p.tool_request
+        )
+        raise SnapshotNotResumableError(
+            f"Snapshot {base_id} is paused at interrupts ({names}): answer them with "
+            "resume(respond=..., restart=...) before sending anything else.",
+            snapshot_id=base_id,
+        )
+    if turn_input.kind == "retry" and base_id is None:
+        raise InvalidArgumentError(
+            "Nothing to retry: this session has no snapshot yet; send a message."
+        )
+    return [], len(conversation)

@@ -59,6 +59,21 @@ class SessionSnapshot(BaseModel):
     error: dict[str, Any] | None = None
     state: SessionState
 
+    @classmethod
+    def of(cls, turn: TurnRecord, messages: list[Message]) -> SessionSnapshot:
+        """The snapshot of ``turn``, whose conversation is ``messages``."""
+        return cls(
+            snapshot_id=turn.id,
+            session_id=turn.session_id,
+            parent_id=turn.parent_id,
+            created_at=turn.created_at,
+            updated_at=turn.updated_at,
+            status=turn.status,
+            finish_reason=turn.finish_reason,
+            error=turn.error.model_dump(exclude_none=True) if turn.error else None,
+            state=SessionState(session_id=turn.session_id, messages=messages),
+        )
+
     def to_wire(self) -> dict[str, Any]:
         """Genkit's ``SessionSnapshot`` JSON."""
         wire: dict[str, Any] = {
