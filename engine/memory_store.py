@@ -379,9 +379,12 @@ class InMemorySessionStore:
         round: RoundRecord,
         calls: Sequence[ToolCallRecord] = (),
         usage: ModelUsage | None = None,
+        earlier: RoundRecord | None = None,
     ) -> None:
         """See :meth:`engine.store.SessionStore.save_round`."""
         self._add_usage(self._fenced(turn_id, lease_token), usage)
+        if earlier is not None:
+            self._save(turn_id, earlier, ())
         self._save(turn_id, round, calls)
 
     def _save(

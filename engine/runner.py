@@ -10,6 +10,7 @@ tool declared non-idempotent, pauses the turn to ask a human whether the effect 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -31,6 +32,7 @@ from engine.parts import (
 )
 from engine.response import AgentChunk, ChunkEmitter
 from engine.resume import paused_calls, plan_resume, strip_pending
+from engine.round_writes import RoundWriter
 from engine.status import FinishReason, TurnStatus
 from engine.store import (
     RoundRecord,
@@ -103,24 +105,30 @@ class TurnRunner:
         #: The parent's journal, read with the rest of the turn's progress: a resume's
         #: answers are in it (rows a settled turn never changes once answered).
         self._parent_journal: list[ToolCallRecord] = []
-        #: Usage of a model call whose round is written later (see _only_pauses).
-        self._unsaved_usage: ModelUsage | None = None
+        self._writes = RoundWriter(store, turn.id, turn.lease_token)
 
     async def run(self) -> TurnOutcome:
         """Run (or continue) the turn; returns its outcome, raises only on cancellation."""
         try:
-            return await self._run()
+            outcome = await self._run()
         except StoreError:
             # Not the turn's fault (lost lease, database down): the executor decides; the turn
             # stays pending and is recovered from its journal by whoever holds it next.
             raise
+        except asyncio.CancelledError:
+            # Aborted or handed back: what the turn completed stays completed.
+            with contextlib.suppress(Exception):
+                await self._writes.flush()
+            raise
         except (ToolError, NotFoundError, AgentError) as exc:
-            return self._failed(exc)
+            outcome = self._failed(exc)
         except TransientError as exc:
-            return self._failed(exc, transient=True)
+            outcome = self._failed(exc, transient=True)
         except Exception as exc:  # a tool or model bug must fail the turn, not the worker
             logger.exception("turn %s failed", self.turn.id)
-            return self._failed(exc)
+            outcome = self._failed(exc)
+        await self._writes.flush()
+        return outcome
 
     def _failed(self, exc: BaseException, *, transient: bool = False) -> TurnOutcome:
         # Carries the usage of a model call whose round was never written, so it is counted.
@@ -129,7 +137,7 @@ class TurnRunner:
             FinishReason.FAILED,
             error_of(exc),
             transient=transient,
-            usage=self._take_usage(None),
+            usage=self._writes.take_usage(None),
         )
 
     async def _run(self) -> TurnOutcome:
@@ -207,16 +215,16 @@ class TurnRunner:
                 if self._only_pauses(requests):
                     # Nothing runs before the settle writes this round: a crash in between
                     # loses only the model's answer (asked again), never a tool's effect.
-                    self._unsaved_usage = usage
+                    self._writes.unsaved_usage = usage
                 else:
-                    await self._save(
+                    await self._writes.save(
                         number, [model_message], committed=False, calls=opened, usage=usage
                     )
                 calls = {**calls, **{(number, row.ref): row for row in opened}}
             results = await self._run_calls(number, requests, calls, restarts={})
             closed = await self._close_round(number, model_message, results)
             if isinstance(closed, TurnOutcome):
-                return replace(closed, usage=self._take_usage(None))
+                return replace(closed, usage=self._writes.take_usage(None))
             history.extend(closed)
             number += 1
 
@@ -306,11 +314,6 @@ class TurnRunner:
         tool = self._tool(requests[0].tool_request.name)
         return tool.is_interrupt and malformed_call_reason(tool, requests[0]) is None
 
-    def _take_usage(self, usage: ModelUsage | None) -> ModelUsage | None:
-        """``usage``, or the usage of a model call whose round was not written yet."""
-        unsaved, self._unsaved_usage = self._unsaved_usage, None
-        return usage if unsaved is None else unsaved
-
     def _tool(self, name: str) -> Tool:
         tool = self.config.tools.get(name)
         if tool is None:
@@ -390,7 +393,7 @@ class TurnRunner:
 
     async def _record(self, row: ToolCallRecord, **changes: Any) -> ToolCallRecord:
         updated = row.model_copy(update=changes)
-        await self.store.record_call(self.turn.id, lease_token=self.lease, call=updated)
+        await self._writes.record(updated)
         return updated
 
     async def _execute(self, row: ToolCallRecord, resumed: Any, *, defer: bool) -> _Result:
@@ -424,7 +427,7 @@ class TurnRunner:
             )
             if defer:
                 return _Result(interrupt=pause.metadata, journal=paused)
-            await self.store.record_call(self.turn.id, lease_token=self.lease, call=paused)
+            await self._writes.record(paused)
             return _Result(interrupt=pause.metadata)
         except asyncio.CancelledError:
             raise
@@ -443,7 +446,7 @@ class TurnRunner:
         )
         if defer:
             return _Result(output=output, journal=done)
-        await self.store.record_call(self.turn.id, lease_token=self.lease, call=done)
+        await self._writes.record(done)
         return _Result(output=output)
 
     async def _close_round(
@@ -452,6 +455,8 @@ class TurnRunner:
         model_message: Message,
         results: Mapping[str, _Result],
         calls: Sequence[ToolCallRecord] = (),
+        *,
+        defer: bool = False,
     ) -> list[Message] | TurnOutcome:
         """Commit the round: ``[model, tool]`` when every call finished (returned), or — when
         any paused — the outcome ``completed/interrupted`` carrying the model message
@@ -493,26 +498,19 @@ class TurnRunner:
         tool_message = Message(role="tool", content=responses)
         if number == 0:
             tool_message.metadata = {RESUMED: True}
-        await self._save(number, [model_message, tool_message], committed=True, calls=rows)
+        if defer:
+            # It ran nothing, so a crash before it is written loses nothing: the next
+            # attempt builds the same round again from the turn's input.
+            closed = RoundRecord(
+                round=number, messages=[model_message, tool_message], committed=True
+            )
+            self._writes.defer(closed, rows)
+        else:
+            await self._writes.save(
+                number, [model_message, tool_message], committed=True, calls=rows
+            )
         await self._emitter.emit("tool", responses)
         return [model_message, tool_message]
-
-    async def _save(
-        self,
-        number: int,
-        messages: list[Message],
-        *,
-        committed: bool,
-        calls: Sequence[ToolCallRecord] | None = None,
-        usage: ModelUsage | None = None,
-    ) -> None:
-        await self.store.save_round(
-            self.turn.id,
-            lease_token=self.lease,
-            round=RoundRecord(round=number, messages=messages, committed=committed),
-            calls=calls or [],
-            usage=self._take_usage(usage),
-        )
 
     # -- resume (round 0) -----------------------------------------------------------
 
@@ -591,9 +589,10 @@ class TurnRunner:
         fresh = [r for r in rows if (0, r.ref) not in existing]
         if not to_run:
             # Nothing to run (every call answered by respond or kept output): round 0 is
-            # written closed at once, with its journal rows, in one transaction.
-            return await self._close_round(0, amended, results, calls=fresh)
-        await self._save(0, [amended], committed=False, calls=fresh)
+            # closed at once, and written with its journal rows by the turn's next write
+            # (usually the next round's opening, in the same statement).
+            return await self._close_round(0, amended, results, calls=fresh, defer=True)
+        await self._writes.save(0, [amended], committed=False, calls=fresh)
         calls_now = {**{(0, r.ref): r for r in rows}, **existing}
         results.update(await self._run_calls(0, to_run, calls_now, restarts))
         return await self._close_round(0, amended, results)

@@ -388,12 +388,15 @@ class SessionStore(Protocol):
         round: RoundRecord,
         calls: Sequence[ToolCallRecord] = (),
         usage: ModelUsage | None = None,
+        earlier: RoundRecord | None = None,
     ) -> None:
         """Replace the messages of one round and upsert journal rows, in one transaction.
 
         ``usage`` (the model call that produced the round, passed only on the save right after
         that call) is added to the turn's ``input_tokens``/``output_tokens`` in the same
         transaction; counts the provider did not report leave the totals unchanged.
+        ``earlier``: a preceding round whose write the runner deferred to this one (a round
+        that ran nothing), replaced in the same transaction; ``calls`` may include its rows.
         """
         ...
 

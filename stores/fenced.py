@@ -72,22 +72,26 @@ def _writes(source: str, *, round: bool, calls: bool) -> list[str]:
     parts = []
     if round:
         # Upsert then trim, rather than delete then insert: in one statement the two
-        # touch disjoint rows, so neither depends on seeing the other's effect.
+        # touch disjoint rows, so neither depends on seeing the other's effect. Each row
+        # names its round: one write may carry two rounds (see save_fenced's `earlier`).
         parts.append(
             f"""
 saved AS (
     INSERT INTO messages (turn_id, round, position, role, content, metadata, committed,
                           created_at)
-    SELECT {source}.id, :round, m.position, m.role, m.content, m.metadata, :committed,
+    SELECT {source}.id, m.round, m.position, m.role, m.content, m.metadata, m.committed,
            :saved_at
     FROM {source}, jsonb_to_recordset(CAST(:messages AS jsonb))
-                       AS m(position integer, role text, content jsonb, metadata jsonb)
+                       AS m(round integer, position integer, role text, content jsonb,
+                            metadata jsonb, committed boolean)
     ON CONFLICT (turn_id, round, position) DO UPDATE
     SET role = excluded.role, content = excluded.content, metadata = excluded.metadata,
         committed = excluded.committed, created_at = excluded.created_at),
 trimmed AS (
     DELETE FROM messages
-    WHERE turn_id = :turn_id AND round = :round AND position >= :message_count
+    USING jsonb_to_recordset(CAST(:round_sizes AS jsonb)) AS r(round integer, size integer)
+    WHERE messages.turn_id = :turn_id AND messages.round = r.round
+      AND messages.position >= r.size
       AND EXISTS (SELECT 1 FROM {source}))"""
         )
     if calls:
@@ -109,15 +113,22 @@ journal AS (
 
 
 def _write_params(
-    turn_id: str, round: RoundRecord | None, calls: Sequence[ToolCallRecord], saved_at: datetime
+    turn_id: str,
+    rounds: Sequence[RoundRecord],
+    calls: Sequence[ToolCallRecord],
+    saved_at: datetime,
 ) -> dict[str, Any]:
     params: dict[str, Any] = {"turn_id": turn_id, "saved_at": saved_at}
-    if round is not None:
+    if rounds:
         params.update(
-            round=round.round,
-            committed=round.committed,
-            message_count=len(round.messages),
-            messages=json.dumps(message_sql.message_rows(round.messages)),
+            messages=json.dumps(
+                [
+                    {**row, "round": r.round, "committed": r.committed}
+                    for r in rounds
+                    for row in message_sql.message_rows(r.messages)
+                ]
+            ),
+            round_sizes=json.dumps([{"round": r.round, "size": len(r.messages)} for r in rounds]),
         )
     if calls:
         params["calls"] = json.dumps(
@@ -156,17 +167,20 @@ async def save_fenced(
     calls: Sequence[ToolCallRecord],
     usage: ModelUsage | None,
     now: datetime,
+    earlier: RoundRecord | None = None,
 ) -> bool:
     """Write a round and/or journal rows (and add token usage) if ``lease_token`` holds the
-    running turn; whether it did (``False``: nothing was written)."""
+    running turn; whether it did (``False``: nothing was written). ``earlier``: another
+    round written by the same statement."""
     counted = _counted(usage)
-    params = _write_params(turn_id, round, calls, now)
+    rounds = [r for r in (earlier, round) if r is not None]
+    params = _write_params(turn_id, rounds, calls, now)
     params["lease_token"] = lease_token
     if counted:
         assert usage is not None
         params["input_tokens"] = usage.input_tokens
         params["output_tokens"] = usage.output_tokens
-    statement = _save_statement(round=round is not None, calls=bool(calls), usage=counted)
+    statement = _save_statement(round=bool(rounds), calls=bool(calls), usage=counted)
     (row,) = await pg.fetch(statement, params)
     return bool(row["fenced"])
 
@@ -225,7 +239,7 @@ async def transition_fenced(
     changes = transition_changes(
         lease_token, new, now=now, finish_reason=finish_reason, error=error, run_after=run_after
     )
-    params = _write_params(turn_id, round, calls, saved_at)
+    params = _write_params(turn_id, [round] if round is not None else [], calls, saved_at)
     params.update(lease_token=lease_token, now=now, note=note)
     for key, value in changes.items():
         if isinstance(value, StrEnum):

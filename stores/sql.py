@@ -340,6 +340,7 @@ class SqlSessionStore:
         round: RoundRecord,
         calls: Sequence[ToolCallRecord] = (),
         usage: ModelUsage | None = None,
+        earlier: RoundRecord | None = None,
     ) -> None:
         """See :meth:`engine.store.SessionStore.save_round`."""
 
@@ -350,10 +351,14 @@ class SqlSessionStore:
                 # upgrading share to exclusive could deadlock with a concurrent heartbeat.
                 turn_sql.add_usage(connection, turn_id, usage)
             turn_sql.fence(connection, turn_id, lease_token)
+            if earlier is not None:
+                message_sql.save_round(connection, turn_id, earlier, now)
             message_sql.save_round(connection, turn_id, round, now)
             call_sql.upsert_calls(connection, turn_id, calls, now)
 
-        await self._save_fenced(turn_id, lease_token, save, round=round, calls=calls, usage=usage)
+        await self._save_fenced(
+            turn_id, lease_token, save, round=round, calls=calls, usage=usage, earlier=earlier
+        )
 
     async def record_call(self, turn_id: str, *, lease_token: int, call: ToolCallRecord) -> None:
         """See :meth:`engine.store.SessionStore.record_call`."""
@@ -373,13 +378,21 @@ class SqlSessionStore:
         round: RoundRecord | None,
         calls: Sequence[ToolCallRecord],
         usage: ModelUsage | None,
+        earlier: RoundRecord | None = None,
     ) -> None:
         """A lease holder's journal write: on PostgreSQL one statement (one round trip);
         when its fence refuses (nothing written) or on SQLite, the ``reference`` transaction,
         which raises the precise error."""
         self._claimed_progress.pop(turn_id, None)  # what the claim read is old now
         if self.db.is_postgres and await fenced_sql.save_fenced(
-            self._pg, turn_id, lease_token, round=round, calls=calls, usage=usage, now=_now()
+            self._pg,
+            turn_id,
+            lease_token,
+            round=round,
+            calls=calls,
+            usage=usage,
+            now=_now(),
+            earlier=earlier,
         ):
             return
         await self._write(reference)

@@ -1096,6 +1096,37 @@ async def test_a_round_saved_again_with_fewer_messages_keeps_only_the_new_ones(
     ]
 
 
+async def test_save_round_writes_an_earlier_round_with_it(store: SessionStore) -> None:
+    """save_round(earlier=) replaces two rounds in one write — each trimmed to its new
+    messages — and upserts the journal rows of both."""
+    token = (await turn_in(store, PENDING)).lease_token
+    await store.save_round(
+        "t1",
+        lease_token=token,
+        round=RoundRecord(round=1, messages=[asks("a"), model_says("b")], committed=False),
+    )
+    answered = tool_call("t1", 1, "a", output={"ok": True})
+    opened = tool_call("t1", 2, "r2", ToolCallStatus.RUNNING)
+
+    await store.save_round(
+        "t1",
+        lease_token=token,
+        earlier=RoundRecord(round=1, messages=[model_says("one")], committed=True),
+        round=RoundRecord(round=2, messages=[asks("r2")], committed=False),
+        calls=[answered, opened],
+    )
+
+    rounds = await store.load_rounds("t1")
+    assert [(r.round, wire(r.messages), r.committed) for r in rounds[1:]] == [
+        (1, wire([model_says("one")]), True),
+        (2, wire([asks("r2")]), False),
+    ]
+    assert [(c.round, c.ref, c.status) for c in await store.list_calls("t1")] == [
+        (1, "a", ToolCallStatus.DONE),
+        (2, "r2", ToolCallStatus.RUNNING),
+    ]
+
+
 async def test_refused_transition_saves_no_round(store: SessionStore) -> None:
     """A transition refused for a stale lease writes neither its round nor its calls."""
     await store.create_turn(new_turn("t1"))
