@@ -18,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 from engine.errors import StaleTransitionError
 from engine.runner import ChunkCallback, RunnerConfig, TurnOutcome, TurnRunner
 from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus
-from engine.store import SessionStore, TurnRecord
+from engine.store import FollowOnClaim, SessionStore, TurnRecord
 
 __all__ = ["LeaseSettings", "RetryPolicy", "execute_claimed", "run_inline"]
 
@@ -66,11 +66,14 @@ async def execute_claimed(
     abort_signal: asyncio.Event | None = None,
     lease: LeaseSettings | None = None,
     retry: RetryPolicy | None = None,
+    then_claim: FollowOnClaim | None = None,
 ) -> TurnRecord:
     """Run a turn this caller has claimed and settle it.
 
     Returns the settled record, or the ``pending`` record handed back for a retry (its
     ``run_after`` says when), or — if the lease was lost — whatever the store now holds.
+    ``then_claim`` rides on the settling transition (see :class:`FollowOnClaim`): a worker
+    pool fills the slot the turn frees without a round trip of its own.
     """
     lease = lease or LeaseSettings()
     retry = retry or RetryPolicy(max_attempts=turn.max_attempts)
@@ -159,6 +162,7 @@ async def execute_claimed(
                 lease_token=turn.lease_token,
                 finish_reason=FinishReason.ABORTED,
                 note="stopped at abort",
+                then_claim=then_claim,
             )
         if outcome.transient and turn.attempts < retry.max_attempts:
             delay = retry.delay(turn.attempts)
@@ -178,6 +182,7 @@ async def execute_claimed(
                 run_after=datetime.now(UTC) + timedelta(seconds=delay),
                 note=f"retry after attempt {turn.attempts}",
                 usage=outcome.usage,
+                then_claim=then_claim,
             )
         # The turn's last round (if the runner left it to us) is written by the same fenced
         # transaction that settles the turn: one commit instead of two.
@@ -191,6 +196,7 @@ async def execute_claimed(
             round=outcome.last_round,
             calls=outcome.last_calls,
             usage=outcome.usage,
+            then_claim=then_claim,
         )
     except StaleTransitionError:
         # Someone else moved the turn (abort of an unleased retry, a newer lease): report

@@ -32,6 +32,7 @@ from engine.signals import BroadcastSignal
 from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus
 from engine.store import (
     ApprovalQuery,
+    FollowOnClaim,
     InterruptAnswer,
     NewTurn,
     PendingApproval,
@@ -50,6 +51,7 @@ from engine.store_rules import (
     check_answers,
     check_session,
     check_transition,
+    claim_after,
     transition_changes,
 )
 
@@ -285,6 +287,7 @@ class InMemorySessionStore:
         round: RoundRecord | None = None,
         calls: Sequence[ToolCallRecord] = (),
         usage: ModelUsage | None = None,
+        then_claim: FollowOnClaim | None = None,
     ) -> TurnRecord:
         """See :meth:`engine.store.SessionStore.transition`."""
         turn = check_transition(
@@ -300,7 +303,10 @@ class InMemorySessionStore:
             # Nothing awaits between the check above and these writes: atomic in this loop.
             turn = self._add_usage(turn, usage)
             self._save(turn_id, round, calls)
-        return self._move(turn, new, finish_reason, error, run_after, note, _now())
+        moved = self._move(turn, new, finish_reason, error, run_after, note, _now())
+        if then_claim is not None:
+            await claim_after(self, then_claim)
+        return moved
 
     def _add_usage(self, turn: TurnRecord, usage: ModelUsage | None) -> TurnRecord:
         if usage is not None:
@@ -516,16 +522,7 @@ class InMemorySessionStore:
                 if call.status is not ToolCallStatus.INTERRUPTED or call.decided_at is not None:
                     continue
                 entry = PendingApproval.of(turn, call, session.owner)
-                if (
-                    (query.agents is None or entry.agent in query.agents)
-                    and (query.interrupt is None or entry.interrupt == query.interrupt)
-                    and (query.owner is None or entry.owner == query.owner)
-                    and (query.created_before is None or entry.created_at <= query.created_before)
-                    and (
-                        query.after is None
-                        or (entry.created_at, entry.turn_id, entry.ref) > query.after
-                    )
-                ):
+                if query.admits(entry):
                     found.append(entry)
         found.sort(key=lambda e: (e.created_at, e.turn_id, e.ref))
         return found[: query.limit]

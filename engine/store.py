@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -33,6 +34,7 @@ from engine.status import FinishReason, TurnStatus
 
 __all__ = [
     "ApprovalQuery",
+    "FollowOnClaim",
     "InterruptAnswer",
     "NewTurn",
     "PendingApproval",
@@ -271,6 +273,35 @@ class ApprovalQuery(BaseModel):
     after: tuple[datetime, str, str] | None = None
     limit: int = Field(default=50, ge=1, le=1000)
 
+    def admits(self, entry: PendingApproval) -> bool:
+        """Whether ``entry`` passes the filters and lies after the cursor."""
+        return (
+            (self.agents is None or entry.agent in self.agents)
+            and (self.interrupt is None or entry.interrupt == self.interrupt)
+            and (self.owner is None or entry.owner == self.owner)
+            and (self.created_before is None or entry.created_at <= self.created_before)
+            and (self.after is None or (entry.created_at, entry.turn_id, entry.ref) > self.after)
+        )
+
+
+@dataclass
+class FollowOnClaim:
+    """A claim a worker asks its settling transition to make, for the slot the settle frees.
+
+    The store runs it after the transition, in the same round trip and commit where it can
+    (PostgreSQL), and reports what it leased in ``claimed``. ``ran`` says whether it ran at
+    all (not when the transition failed before it): a claim that ran and leased nothing saw
+    no claimable turn for ``agents`` at that moment. A ``limit`` below 1 withdraws it (a
+    pool that is stopping): nothing is claimed and ``ran`` stays false.
+    """
+
+    owner: str
+    lease_seconds: float
+    agents: Collection[str] | None = None
+    limit: int = 1
+    claimed: list[TurnRecord] = field(default_factory=list)
+    ran: bool = False
+
 
 @runtime_checkable
 class SessionStore(Protocol):
@@ -354,9 +385,12 @@ class SessionStore(Protocol):
         round: RoundRecord | None = None,
         calls: Sequence[ToolCallRecord] = (),
         usage: ModelUsage | None = None,
+        then_claim: FollowOnClaim | None = None,
     ) -> TurnRecord:
         """Move the turn to ``new`` if its status is in ``expected`` and, unless
         ``lease_token`` is ``None``, its lease token matches; record the event.
+        ``then_claim``: a claim to make next (see :class:`FollowOnClaim`); turns it leased
+        are reported in it even when the transition itself is refused.
 
         ``round``, ``calls`` and ``usage``, when given, are saved as :meth:`save_round`
         saves them, in the same transaction and under the same checks (they need a

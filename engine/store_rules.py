@@ -18,13 +18,22 @@ from engine.errors import (
     StaleTransitionError,
 )
 from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus, can_transition
-from engine.store import InterruptAnswer, NewTurn, SessionRecord, TurnError, TurnRecord
+from engine.store import (
+    FollowOnClaim,
+    InterruptAnswer,
+    NewTurn,
+    SessionRecord,
+    SessionStore,
+    TurnError,
+    TurnRecord,
+)
 
 __all__ = [
     "abort_target",
     "check_answers",
     "check_session",
     "check_transition",
+    "claim_after",
     "transition_changes",
 ]
 
@@ -116,3 +125,17 @@ def abort_target(turn: TurnRecord, now: datetime) -> tuple[TurnStatus, FinishRea
     if leased:
         return TurnStatus.ABORTING, None
     return TurnStatus.ABORTED, FinishReason.ABORTED
+
+
+async def claim_after(store: SessionStore, claim: FollowOnClaim) -> None:
+    """Run a transition's follow-on claim as an ordinary claim (stores without a combined
+    form), recording what it leased in ``claim``."""
+    if claim.limit < 1:
+        return  # withdrawn
+    claim.claimed = await store.claim_next(
+        owner=claim.owner,
+        lease_seconds=claim.lease_seconds,
+        limit=claim.limit,
+        agents=claim.agents,
+    )
+    claim.ran = True

@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -180,6 +180,29 @@ class Database:
                 raise StoreError(f"Database error: {exc.orig!r}") from exc
             except sa.exc.SQLAlchemyError as exc:
                 raise StoreError(f"Database error: {exc}") from exc
+
+    @asynccontextmanager
+    async def advisory_lock(self, name: str) -> AsyncIterator[bool]:
+        """Hold the PostgreSQL session advisory lock ``name`` while the block runs, if it is
+        free: yields whether it was (never waits). Its own connection, so the lock lives
+        exactly as long as the block."""
+        connection = await asyncio.to_thread(self.engine.connect)
+        try:
+            key = sa.text("SELECT pg_try_advisory_lock(hashtext(:n))")
+            got = await asyncio.to_thread(
+                lambda: bool(connection.execute(key, {"n": name}).scalar())
+            )
+            try:
+                yield got
+            finally:
+                if got:
+                    await asyncio.to_thread(
+                        lambda: connection.execute(
+                            sa.text("SELECT pg_advisory_unlock(hashtext(:n))"), {"n": name}
+                        )
+                    )
+        finally:
+            await asyncio.to_thread(connection.close)
 
     def dispose(self) -> None:
         """Close every pooled connection."""

@@ -31,10 +31,12 @@ from engine.status import FinishReason, TurnStatus, can_transition
 from engine.store import RoundRecord, ToolCallRecord, TurnError, TurnRecord
 from engine.store_rules import transition_changes
 from stores import messages as message_sql
+from stores import turn_claims as claim_sql
 from stores import turns as turn_sql
 from stores.notify import CHANGE_CHANNEL, WORK_CHANNEL
 from stores.pg import PgConnections, PgStatement
 from stores.schema import ACTIVE, TIMESTAMP, turns
+from stores.turn_claims import CheckedClaim, ClaimRequest
 
 __all__ = ["save_fenced", "transition_applies", "transition_fenced"]
 
@@ -232,10 +234,15 @@ async def transition_fenced(
     round: RoundRecord | None = None,
     calls: Sequence[ToolCallRecord] = (),
     usage: ModelUsage | None = None,
-) -> TurnRecord | None:
+    then_claim: ClaimRequest | None = None,
+) -> tuple[TurnRecord | None, CheckedClaim | None]:
     """The lease holder's guarded transition, with the round and journal rows it settles
     with, as one statement; the moved turn, or ``None`` (nothing written) when the turn is
-    not in an expected status under ``lease_token``."""
+    not in an expected status under ``lease_token``.
+
+    With ``then_claim``, the claim follows in the same round trip and transaction (a
+    pipeline: one commit, one WAL flush) and its result is returned too. It runs whether or
+    not the transition applied: the slot it fills is free either way."""
     changes = transition_changes(
         lease_token, new, now=now, finish_reason=finish_reason, error=error, run_after=run_after
     )
@@ -260,8 +267,14 @@ async def transition_fenced(
         round=round is not None,
         calls=bool(calls),
     )
-    rows = await pg.fetch(statement, params)
-    return turn_sql.record(rows[0]) if rows else None
+    if then_claim is None:
+        rows, checked = await pg.fetch(statement, params), None
+    else:
+        rows, claim_rows = await pg.fetch_together(
+            [(statement, params), claim_sql.checked_claim_query(then_claim)]
+        )
+        checked = claim_sql.checked_claim_of(claim_rows)
+    return (turn_sql.record(rows[0]) if rows else None), checked
 
 
 # How each column a transition sets is written (see transition_changes).

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -121,17 +121,30 @@ class PgConnections:
         :class:`~engine.errors.StoreError`; a constraint's refusal is
         :class:`StatementRefused`.
         """
-        params = statement.bind(values)
+        (rows,) = await self.fetch_together([(statement, values)], retries=retries)
+        return rows
+
+    async def fetch_together(
+        self,
+        statements: Sequence[tuple[PgStatement, Mapping[str, Any]]],
+        *,
+        retries: int = 3,
+    ) -> list[list[Row]]:
+        """Run several statements in one round trip and one transaction: a pipeline with a
+        single sync, so they commit together (one WAL flush) or not at all. Their rows, in
+        order. Errors and retries as :meth:`fetch`."""
+        bound = [(statement.sql, statement.bind(values)) for statement, values in statements]
         attempt = 0
         while True:
             attempt += 1
             try:
                 async with self._connection() as connection:
-                    cursor = await connection.execute(statement.sql, params)
-                    # pgresult's field count, not cursor.description: that builds a Column
-                    # object per field, and a turn's row has twenty (7% of a workflow's CPU).
-                    result = cursor.pgresult
-                    return await cursor.fetchall() if result and result.nfields else []
+                    if len(bound) == 1:
+                        cursors = [await connection.execute(*bound[0])]
+                    else:
+                        async with connection.pipeline():
+                            cursors = [await connection.execute(*each) for each in bound]
+                    return [await _rows(cursor) for cursor in cursors]
             except psycopg.IntegrityError as exc:
                 raise StatementRefused(f"Database error: {exc!r}") from exc
             except psycopg.OperationalError as exc:
@@ -181,6 +194,13 @@ class PgConnections:
         idle, self._idle = self._idle, []
         for connection in idle:
             await _close_quietly(connection)
+
+
+async def _rows(cursor: psycopg.AsyncCursor[Row]) -> list[Row]:
+    # pgresult's field count, not cursor.description: that builds a Column object per
+    # field, and a turn's row has twenty (7% of a workflow's CPU).
+    result = cursor.pgresult
+    return await cursor.fetchall() if result and result.nfields else []
 
 
 def _connection_lost(exc: psycopg.OperationalError) -> bool:

@@ -34,6 +34,7 @@ from engine.relay import ChunkBroker, ChunkSubscription
 from engine.status import FinishReason, TurnStatus
 from engine.store import (
     ApprovalQuery,
+    FollowOnClaim,
     InterruptAnswer,
     NewTurn,
     PendingApproval,
@@ -46,7 +47,7 @@ from engine.store import (
     TurnProgress,
     TurnRecord,
 )
-from engine.store_rules import abort_target, check_answers
+from engine.store_rules import abort_target, check_answers, claim_after
 from stores import approvals as approval_sql
 from stores import fenced as fenced_sql
 from stores import messages as message_sql
@@ -208,9 +209,12 @@ class SqlSessionStore:
 
         if not self.db.is_postgres:
             return await self._write(lambda c: claim_sql.claim(c, request()))
-        # PostgreSQL: one autocommit statement (the claim is on every turn's pickup path);
-        # the rare recovery of an abandoned abort follows in its own transaction.
+        # PostgreSQL: one autocommit statement (the claim is on every turn's pickup path).
         checked = await claim_sql.claim_checking_abandoned(self._pg, request())
+        return await self._claimed(checked, limit)
+
+    async def _claimed(self, checked: claim_sql.CheckedClaim, limit: int) -> list[TurnRecord]:
+        # The rare recovery of an abandoned abort follows in its own transaction.
         self._keep_progress(checked.progress)
         if checked.abandoned:
             await self._write(lambda c: claim_sql.settle_abandoned(c, _now(), limit))
@@ -245,6 +249,7 @@ class SqlSessionStore:
         round: RoundRecord | None = None,
         calls: Sequence[ToolCallRecord] = (),
         usage: ModelUsage | None = None,
+        then_claim: FollowOnClaim | None = None,
     ) -> TurnRecord:
         """See :meth:`engine.store.SessionStore.transition`."""
         self._claimed_progress.pop(turn_id, None)  # what the claim read is old now
@@ -281,10 +286,11 @@ class SqlSessionStore:
             and lease_token is not None
             and fenced_sql.transition_applies(expected, new)
         ):
-            # The lease holder's transitions (every settle) as one round trip; refused
-            # (nothing written), the transaction below raises the precise error.
+            # The lease holder's transitions (every settle) as one round trip, with the
+            # follow-on claim if any; refused (nothing written), the transaction below
+            # raises the precise error.
             saved_at, now = _round_and_transition_times()
-            moved = await fenced_sql.transition_fenced(
+            moved, checked = await fenced_sql.transition_fenced(
                 self._pg,
                 turn_id,
                 expected=expected,
@@ -299,10 +305,21 @@ class SqlSessionStore:
                 round=round,
                 calls=calls,
                 usage=usage,
+                then_claim=(
+                    claim_sql.ClaimRequest.of(then_claim, _now())
+                    if then_claim is not None and then_claim.limit > 0
+                    else None
+                ),
             )
+            if checked is not None and then_claim is not None:
+                claimed = await self._claimed(checked, then_claim.limit)
+                then_claim.claimed, then_claim.ran = claimed, True
             if moved is not None:
                 return moved
-        return await self._write(move)
+        moved = await self._write(move)
+        if then_claim is not None and not then_claim.ran:
+            await claim_after(self, then_claim)
+        return moved
 
     async def request_abort(self, turn_id: str) -> TurnStatus:
         """See :meth:`engine.store.SessionStore.request_abort`."""
@@ -552,23 +569,8 @@ class SqlSessionStore:
         if not self.db.is_postgres:
             yield True
             return
-        connection = await asyncio.to_thread(self.db.engine.connect)
-        try:
-            key = sa.text("SELECT pg_try_advisory_lock(hashtext(:n))")
-            got = await asyncio.to_thread(
-                lambda: bool(connection.execute(key, {"n": name}).scalar())
-            )
-            try:
-                yield got
-            finally:
-                if got:
-                    await asyncio.to_thread(
-                        lambda: connection.execute(
-                            sa.text("SELECT pg_advisory_unlock(hashtext(:n))"), {"n": name}
-                        )
-                    )
-        finally:
-            await asyncio.to_thread(connection.close)
+        async with self.db.advisory_lock(name) as got:
+            yield got
 
     async def close(self) -> None:
         """See :meth:`engine.store.SessionStore.close`."""

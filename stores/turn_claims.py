@@ -19,7 +19,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection
 
 from engine.status import FinishReason, TurnStatus
-from engine.store import TurnProgress, TurnRecord
+from engine.store import FollowOnClaim, TurnProgress, TurnRecord
 from stores.messages import ancestry_cte
 from stores.pg import PgConnections, PgStatement
 from stores.schema import TIMESTAMP, turns
@@ -29,6 +29,8 @@ from stores.turns import record, transition
 __all__ = [
     "CheckedClaim",
     "ClaimRequest",
+    "checked_claim_of",
+    "checked_claim_query",
     "claim",
     "claim_checking_abandoned",
     "claim_statement",
@@ -59,6 +61,17 @@ class ClaimRequest:
     limit: int
     agents: Collection[str] | None = None
     turn_ids: Collection[str] | None = None
+
+    @classmethod
+    def of(cls, claim: FollowOnClaim, now: datetime) -> ClaimRequest:
+        """The request of a settling transition's follow-on claim."""
+        return cls(
+            owner=claim.owner,
+            lease_seconds=claim.lease_seconds,
+            now=now,
+            limit=claim.limit,
+            agents=claim.agents,
+        )
 
     @property
     def form(self) -> tuple[bool, bool]:
@@ -124,7 +137,17 @@ async def claim_checking_abandoned(pg: PgConnections, request: ClaimRequest) -> 
     resume to its pickup. The UPDATE is atomic on its own; ``SKIP LOCKED`` still keeps
     concurrent claimers apart.
     """
-    rows = await pg.fetch(_CHECKED_CLAIMS[request.form], request.params())
+    return checked_claim_of(await pg.fetch(*checked_claim_query(request)))
+
+
+def checked_claim_query(request: ClaimRequest) -> tuple[PgStatement, dict[str, Any]]:
+    """The statement and values of :func:`claim_checking_abandoned`, for a caller that runs
+    it together with another statement; :func:`checked_claim_of` reads its rows."""
+    return _CHECKED_CLAIMS[request.form], request.params()
+
+
+def checked_claim_of(rows: list[dict[str, Any]]) -> CheckedClaim:
+    """What the rows of the checked claim say."""
     claimed: list[TurnRecord] = []
     progress: dict[str, TurnProgress] = {}
     abandoned = False

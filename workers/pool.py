@@ -28,7 +28,7 @@ from engine import Agent, Engine, SessionStore, StaleTransitionError, TurnStatus
 from engine.executor import execute_claimed
 from engine.response import AgentChunk
 from engine.status import SETTLED_STATUSES, FinishReason
-from engine.store import TurnRecord
+from engine.store import FollowOnClaim, TurnRecord
 from workers.scheduler import MaintenanceScheduler
 
 __all__ = ["WorkerPool"]
@@ -131,6 +131,11 @@ class WorkerPool:
         #: The pause before answering a work notification: :data:`WAKE_STAGGER` after a
         #: hinted claim found nothing (another pool won it), 0 after one found work.
         self.wake_stagger = 0.0
+        #: A slot's follow-on claim found the queue empty since the last claim of the loop:
+        #: the slot it freed need not scan the queue again (see _claim_loop).
+        self._queue_seen_empty = False
+        #: The follow-on claim each running slot will ask its settle for (withdrawn at stop).
+        self._follows: dict[asyncio.Task[None], FollowOnClaim] = {}
         self._tasks: dict[asyncio.Task[None], TurnRecord] = {}
         self._stop = asyncio.Event()
         self._force = asyncio.Event()
@@ -172,6 +177,8 @@ class WorkerPool:
         Synchronous, so a signal handler can call it.
         """
         self._stop.set()
+        for follow in self._follows.values():
+            follow.limit = 0  # a settle after this claims nothing for its slot
         if force:
             self._force.set()
 
@@ -235,6 +242,7 @@ class WorkerPool:
     async def _claim_loop(self) -> None:
         failures = 0
         hinted = False  # this claim answers a work notification
+        slot_freed = False  # this claim follows a wait for a free slot
         while not self._stop.is_set():
             # Cleared before counting free slots, so a turn finishing after the count is
             # not missed: its done-callback sets the event and the wait below returns.
@@ -244,13 +252,21 @@ class WorkerPool:
                 # No claim while full: a claimed turn we cannot start at once would sit
                 # leased and idle while another worker could be running it.
                 await self._wait_for(slot=True)
-                hinted = False
+                hinted, slot_freed = False, True
                 continue
             # After a work notification, claim the turns it named by their primary key: a
             # scan of the claim index steps over every dead entry left since the last
             # vacuum, and on a busy table that scan was most of the pickup latency. Any
             # other time (poll, start, a slot freed, missed notifications) scan the queue;
             # the hints it covers are dropped first.
+            if slot_freed and self._queue_seen_empty:
+                # The slot freed by a settle that already claimed for it and found nothing:
+                # a scan now would find nothing either. Work queued since then was
+                # announced, and the wait returns at once for it.
+                self._queue_seen_empty = slot_freed = False
+                hinted = await self._wait_for(slot=False, work=True)
+                continue
+            self._queue_seen_empty = slot_freed = False
             hints = self.store.take_work_hints()
             among = hints if hinted else None
             if among == []:  # woken by a notification already served by the last claim
@@ -320,6 +336,12 @@ class WorkerPool:
             await asyncio.gather(*waiters, return_exceptions=True)
 
     def _start(self, turn: TurnRecord) -> None:
+        self._note_claimed(turn)
+        task = asyncio.create_task(self._run_slot(turn), name=f"turn {turn.id}")
+        self._tasks[task] = turn
+        task.add_done_callback(self._finished)
+
+    def _note_claimed(self, turn: TurnRecord) -> None:
         self.claimed_total += 1
         logger.info(
             "turn %s attempt %d claimed (agent %s)",
@@ -328,9 +350,6 @@ class WorkerPool:
             turn.agent,
             extra={"turn_id": turn.id, "attempt": turn.attempts},
         )
-        task = asyncio.create_task(self._execute(turn), name=f"turn {turn.id}")
-        self._tasks[task] = turn
-        task.add_done_callback(self._finished)
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._tasks.pop(task, None)
@@ -338,7 +357,42 @@ class WorkerPool:
 
     # -- running one turn --------------------------------------------------------------
 
-    async def _execute(self, turn: TurnRecord) -> None:
+    async def _run_slot(self, turn: TurnRecord) -> None:
+        """Run claimed turns in one slot: this one, then each turn its settle claimed next.
+
+        The settling transition carries a claim for the slot it frees (one round trip and
+        one commit on PostgreSQL), so a busy pool goes from one turn to the next without a
+        claim statement of its own. Not once the pool is stopping.
+        """
+        task = asyncio.current_task()
+        assert task is not None
+        while True:
+            follow = None
+            if not self._stop.is_set():
+                follow = FollowOnClaim(
+                    owner=self.owner, lease_seconds=self.lease_seconds, agents=sorted(self.agents)
+                )
+                self._follows[task] = follow
+            try:
+                await self._execute(turn, follow)
+            except asyncio.CancelledError:
+                for claimed in follow.claimed if follow else []:
+                    await self._hand_back(claimed, note="worker shutdown")
+                raise
+            finally:
+                self._follows.pop(task, None)
+            if follow is None or not follow.claimed:
+                self._queue_seen_empty = self._queue_seen_empty or (
+                    follow is not None and follow.ran
+                )
+                return
+            turn, *extra = follow.claimed
+            for claimed in extra:  # limit 1: a store that leased more still runs them
+                self._start(claimed)
+            self._tasks[task] = turn
+            self._note_claimed(turn)
+
+    async def _execute(self, turn: TurnRecord, follow: FollowOnClaim | None = None) -> None:
         """Run one claimed turn; logs every failure (a turn never takes the pool down)."""
         agent = self.agents.get(turn.agent)
         if agent is None:  # the store ignored agents=: not ours to run
@@ -367,6 +421,7 @@ class WorkerPool:
                 abort_signal=signal,
                 lease=agent.lease,
                 retry=agent.retry,
+                then_claim=follow,
             )
         except asyncio.CancelledError:
             raise  # shutdown: _drain hands the turn back

@@ -33,6 +33,7 @@ from engine.memory_store import InMemorySessionStore
 from engine.parts import Message, Part
 from engine.status import ALLOWED_TRANSITIONS, FinishReason, TurnStatus
 from engine.store import (
+    FollowOnClaim,
     InterruptAnswer,
     NewTurn,
     RoundRecord,
@@ -588,6 +589,68 @@ async def test_claim_next_filters_by_agent(store: SessionStore) -> None:
     assert [t.id for t in claimed] == ["b1"]
     untouched = await store.get_turn("a1")
     assert untouched is not None and (untouched.lease_owner, untouched.attempts) == (None, 0)
+
+
+async def test_a_settle_claims_the_next_turn_for_the_slot_it_frees(store: SessionStore) -> None:
+    """transition(then_claim=) settles the turn, then leases the oldest claimable turn of the
+    claim's agents to its owner and reports it; a claim that finds nothing says it ran."""
+    await store.create_turn(new_turn("b1", "s2", agent="beta"))
+    await store.create_turn(new_turn("a2", "s3"))
+    token = (await turn_in(store, PENDING)).lease_token
+    follow = FollowOnClaim(owner="w1", lease_seconds=LEASE, agents=[AGENT])
+
+    settled = await store.transition(
+        "t1",
+        expected={PENDING},
+        new=COMPLETED,
+        lease_token=token,
+        finish_reason=FinishReason.STOP,
+        then_claim=follow,
+    )
+
+    assert settled.status is COMPLETED
+    assert follow.ran and [(t.id, t.lease_owner, t.attempts) for t in follow.claimed] == [
+        ("a2", "w1", 1)
+    ]
+    assert await store.get_turn("a2") == follow.claimed[0]
+    untouched = await store.get_turn("b1")
+    assert untouched is not None and untouched.lease_owner is None
+    empty = FollowOnClaim(owner="w1", lease_seconds=LEASE, agents=[AGENT])
+    await store.transition(
+        "a2",
+        expected={PENDING},
+        new=COMPLETED,
+        lease_token=follow.claimed[0].lease_token,
+        finish_reason=FinishReason.STOP,
+        then_claim=empty,
+    )
+    assert empty.ran and empty.claimed == []
+
+
+async def test_a_refused_settle_leases_nothing_it_does_not_report(store: SessionStore) -> None:
+    """A settle refused for a stale lease raises as always; whatever its follow-on claim
+    leased (a store may run the claim with it) is reported, so its owner can run it."""
+    await store.create_turn(new_turn("t2", "s2"))
+    leased = await turn_in(store, PENDING)
+    follow = FollowOnClaim(owner="w9", lease_seconds=LEASE)
+
+    with pytest.raises(StaleTransitionError):
+        await store.transition(
+            "t1",
+            expected={PENDING},
+            new=COMPLETED,
+            lease_token=leased.lease_token + 1,
+            finish_reason=FinishReason.STOP,
+            then_claim=follow,
+        )
+
+    still = await store.get_turn("t1")
+    assert still is not None and still.status is PENDING
+    other = await store.get_turn("t2")
+    assert other is not None
+    reported = [t.id for t in follow.claimed]
+    assert (other.lease_owner == "w9") == ("t2" in reported)
+    assert not follow.claimed or follow.ran
 
 
 async def test_claim_next_among_leases_only_the_named_claimable_turns(
