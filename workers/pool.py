@@ -134,7 +134,8 @@ class WorkerPool:
         #: A slot's follow-on claim found the queue empty since the last claim of the loop:
         #: the slot it freed need not scan the queue again (see _claim_loop).
         self._queue_seen_empty = False
-        #: The follow-on claim each running slot will ask its settle for (withdrawn at stop).
+        #: The follow-on claim each running slot will ask its settle for. Live only while
+        #: every slot is busy (see _refresh_follows); withdrawn at stop.
         self._follows: dict[asyncio.Task[None], FollowOnClaim] = {}
         self._tasks: dict[asyncio.Task[None], TurnRecord] = {}
         self._stop = asyncio.Event()
@@ -177,8 +178,7 @@ class WorkerPool:
         Synchronous, so a signal handler can call it.
         """
         self._stop.set()
-        for follow in self._follows.values():
-            follow.limit = 0  # a settle after this claims nothing for its slot
+        self._refresh_follows()  # a settle after this claims nothing for its slot
         if force:
             self._force.set()
 
@@ -339,6 +339,7 @@ class WorkerPool:
         self._note_claimed(turn)
         task = asyncio.create_task(self._run_slot(turn), name=f"turn {turn.id}")
         self._tasks[task] = turn
+        self._refresh_follows()
         task.add_done_callback(self._finished)
 
     def _note_claimed(self, turn: TurnRecord) -> None:
@@ -353,8 +354,17 @@ class WorkerPool:
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._tasks.pop(task, None)
+        self._refresh_follows()
         self._slot_freed.set()
 
+    def _refresh_follows(self) -> None:
+        """Let settles claim for their slot only while every slot is busy: exactly when a
+        freed slot would otherwise scan the queue. With a slot free the pool is waiting for
+        work notifications, and a scan per settle would mostly find turns another pool is
+        already claiming by id."""
+        live = 1 if len(self._tasks) >= self.concurrency and not self._stop.is_set() else 0
+        for follow in self._follows.values():
+            follow.limit = live
     # -- running one turn --------------------------------------------------------------
 
     async def _run_slot(self, turn: TurnRecord) -> None:
@@ -362,7 +372,8 @@ class WorkerPool:
 
         The settling transition carries a claim for the slot it frees (one round trip and
         one commit on PostgreSQL), so a busy pool goes from one turn to the next without a
-        claim statement of its own. Not once the pool is stopping.
+        claim statement of its own. Only while every slot is busy, and not once the pool
+        is stopping (see _refresh_follows).
         """
         task = asyncio.current_task()
         assert task is not None
@@ -373,6 +384,7 @@ class WorkerPool:
                     owner=self.owner, lease_seconds=self.lease_seconds, agents=sorted(self.agents)
                 )
                 self._follows[task] = follow
+                self._refresh_follows()
             try:
                 await self._execute(turn, follow)
             except asyncio.CancelledError:
