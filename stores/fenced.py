@@ -18,6 +18,7 @@ decides what a transition sets), the same ``turn_events`` row and notifications.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Collection, Sequence
 from datetime import datetime
 from enum import StrEnum
@@ -26,6 +27,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from engine.errors import StoreError
 from engine.model import ModelUsage
 from engine.status import FinishReason, TurnStatus, can_transition
 from engine.store import RoundRecord, ToolCallRecord, TurnError, TurnRecord
@@ -34,11 +36,13 @@ from stores import messages as message_sql
 from stores import turn_claims as claim_sql
 from stores import turns as turn_sql
 from stores.notify import CHANGE_CHANNEL, WORK_CHANNEL
-from stores.pg import PgConnections, PgStatement
+from stores.pg import PgConnections, PgStatement, StatementRefused
 from stores.schema import ACTIVE, TIMESTAMP, turns
 from stores.turn_claims import CheckedClaim, ClaimRequest
 
 __all__ = ["save_fenced", "transition_applies", "transition_fenced"]
+
+logger = logging.getLogger("turnstile.store")
 
 _ACTIVE_SQL = ", ".join(f"'{status}'" for status in ACTIVE)
 
@@ -267,13 +271,22 @@ async def transition_fenced(
         round=round is not None,
         calls=bool(calls),
     )
+    checked = None
+    if then_claim is not None:
+        try:
+            rows, claim_rows = await pg.fetch_together(
+                [(statement, params), claim_sql.checked_claim_query(then_claim)]
+            )
+            checked = claim_sql.checked_claim_of(claim_rows)
+        except StatementRefused:
+            raise  # the transition's own constraint: its reference form names it
+        except StoreError as exc:
+            # Whichever statement failed, both rolled back. A claim must never cost the
+            # settle: settle alone (its own failure raises again from there).
+            logger.warning("turn %s: settle with its follow-on claim failed (%s)", turn_id, exc)
+            then_claim = None
     if then_claim is None:
-        rows, checked = await pg.fetch(statement, params), None
-    else:
-        rows, claim_rows = await pg.fetch_together(
-            [(statement, params), claim_sql.checked_claim_query(then_claim)]
-        )
-        checked = claim_sql.checked_claim_of(claim_rows)
+        rows = await pg.fetch(statement, params)
     return (turn_sql.record(rows[0]) if rows else None), checked
 
 

@@ -365,6 +365,7 @@ class WorkerPool:
         live = 1 if len(self._tasks) >= self.concurrency and not self._stop.is_set() else 0
         for follow in self._follows.values():
             follow.limit = live
+
     # -- running one turn --------------------------------------------------------------
 
     async def _run_slot(self, turn: TurnRecord) -> None:

@@ -77,6 +77,29 @@ async def test_a_constraint_refusal_is_typed_and_writes_nothing(pg: PgConnection
     assert rows == [{"body": {"first": True}}]
 
 
+async def test_statements_run_together_commit_together_or_not_at_all(pg: PgConnections) -> None:
+    """fetch_together runs its statements in one transaction: their rows come back in order,
+    and a server error in a later statement undoes the earlier ones."""
+    await make_notes(pg)
+    insert = PgStatement(
+        sa.insert(NOTES)
+        .values(id=sa.bindparam("id"), body=sa.bindparam("body", type_=JSON))
+        .returning(NOTES.c.id)
+    )
+    txid = PgStatement(sa.text("SELECT txid_current() AS txid"))
+
+    inserted, first, second = await pg.fetch_together(
+        [(insert, {"id": "n1", "body": {}}), (txid, {}), (txid, {})]
+    )
+    assert inserted == [{"id": "n1"}] and first == second
+
+    failing = PgStatement(sa.text("SELECT 1 / 0 AS never"))
+    with pytest.raises(StoreError):
+        await pg.fetch_together([(insert, {"id": "n2", "body": {}}), (failing, {})])
+    ids = await pg.fetch(PgStatement(sa.select(NOTES.c.id)), {})
+    assert ids == [{"id": "n1"}]
+
+
 async def test_other_database_errors_are_store_errors(pg: PgConnections) -> None:
     """A statement the server rejects raises StoreError, not the driver's exception."""
     with pytest.raises(StoreError, match="no_such_table"):
