@@ -16,27 +16,13 @@ import psycopg
 import pytest
 
 from engine import Engine, FinishReason, ScriptedModel, TurnStatus
-from engine.parts import Message
-from engine.store import FollowOnClaim, NewTurn, TurnInput
+from engine.store import FollowOnClaim
 from stores import SqlSessionStore
 from tests.conftest import TEST_STATE_KEYS
 from tests.databases import sql_store
-from tests.integration.test_work_hints import eventually
+from tests.integration.test_work_hints import AGENT, eventually, new_turn
 from tests.support import ListModel, say
 from workers import WorkerPool
-
-AGENT = "queued"
-
-
-def new_turn(turn_id: str) -> NewTurn:
-    """A pending turn of ``AGENT`` in a session of its own."""
-    return NewTurn(
-        id=turn_id,
-        session_id=f"s-{turn_id}",
-        agent=AGENT,
-        input=TurnInput(kind="message", message=Message.user(turn_id)),
-        initial_messages=[Message.user(turn_id)],
-    )
 
 
 @pytest.fixture
