@@ -97,7 +97,6 @@ class TurnRunner:
         self.config = config
         self.store = store
         self.turn = turn
-        self.lease = turn.lease_token
         self._emitter = ChunkEmitter(on_chunk)
         self._used_refs: set[str] = set()
         #: Calls this attempt journaled ``running`` when it opened their round.

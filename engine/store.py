@@ -302,6 +302,11 @@ class FollowOnClaim:
     claimed: list[TurnRecord] = field(default_factory=list)
     ran: bool = False
 
+    @property
+    def wanted(self) -> bool:
+        """Whether the claim should run (not withdrawn)."""
+        return self.limit >= 1
+
 
 @runtime_checkable
 class SessionStore(Protocol):

@@ -130,8 +130,8 @@ def abort_target(turn: TurnRecord, now: datetime) -> tuple[TurnStatus, FinishRea
 async def claim_after(store: SessionStore, claim: FollowOnClaim) -> None:
     """Run a transition's follow-on claim as an ordinary claim (stores without a combined
     form), recording what it leased in ``claim``."""
-    if claim.limit < 1:
-        return  # withdrawn
+    if not claim.wanted:
+        return
     claim.claimed = await store.claim_next(
         owner=claim.owner,
         lease_seconds=claim.lease_seconds,

@@ -54,9 +54,14 @@ async def read_snapshot_in_one_statement(pg: PgConnections, turn_id: str) -> Sto
     return StoredSnapshot(
         turn=turn_sql.record(row),
         conversation=message_sql.assemble_conversation(row["conversation"] or []),
-        # JSON carries timestamps as ISO 8601 text with their offset: the model parses them.
-        journal=[ToolCallRecord.model_validate(call) for call in row["journal"] or []],
+        journal=_journal_of(row["journal"]),
     )
+
+
+def _journal_of(rows: list[dict[str, Any]] | None) -> list[ToolCallRecord]:
+    """The journal rows of a :func:`_journal_json` column (``None``: no rows). JSON carries
+    timestamps as ISO 8601 text with their offset: the model parses them."""
+    return [ToolCallRecord.model_validate(row) for row in rows or []]
 
 
 def _journal_json(turn: str) -> str:
@@ -108,9 +113,9 @@ def progress_of(row: Mapping[str, Any]) -> TurnProgress:
     """The :class:`TurnProgress` in a row with :func:`progress_columns`."""
     return TurnProgress(
         parent_conversation=message_sql.assemble_conversation(row["conversation"] or []),
-        parent_journal=[ToolCallRecord.model_validate(c) for c in row["parent_journal"] or []],
+        parent_journal=_journal_of(row["parent_journal"]),
         rounds=message_sql.assemble_rounds(row["rounds"] or []),
-        journal=[ToolCallRecord.model_validate(c) for c in row["journal"] or []],
+        journal=_journal_of(row["journal"]),
     )
 
 

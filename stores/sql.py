@@ -307,7 +307,7 @@ class SqlSessionStore:
                 usage=usage,
                 then_claim=(
                     claim_sql.ClaimRequest.of(then_claim, _now())
-                    if then_claim is not None and then_claim.limit > 0
+                    if then_claim is not None and then_claim.wanted
                     else None
                 ),
             )

@@ -1,9 +1,11 @@
-"""Test doubles that stand in for an LLM (never for the database, a server or a process)."""
+"""Test doubles that stand in for an LLM (never for the database, a server or a process),
+and a spy that records a real object's calls while they still run."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from engine.model import ChunkSink, ModelRequest, ModelResponse
@@ -48,3 +50,25 @@ class ListModel:
         if on_chunk is not None:
             await on_chunk([p.model_copy(deep=True) for p in message.content])
         return ModelResponse(message=message.model_copy(deep=True))
+
+
+@dataclass(frozen=True)
+class Call:
+    """One recorded call: its positional and keyword arguments."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
+def record_calls(target: object, method: str) -> list[Call]:
+    """Record every call of the coroutine method ``target.<method>`` from now on; each call
+    still runs (against the real store, database and all)."""
+    calls: list[Call] = []
+    original: Callable[..., Awaitable[Any]] = getattr(target, method)
+
+    async def recorded(*args: Any, **kwargs: Any) -> Any:
+        calls.append(Call(args, kwargs))
+        return await original(*args, **kwargs)
+
+    setattr(target, method, recorded)
+    return calls

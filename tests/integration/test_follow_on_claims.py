@@ -9,8 +9,7 @@ of its own. These tests run on PostgreSQL with real worker pools.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator
 
 import psycopg
 import pytest
@@ -21,7 +20,7 @@ from stores import SqlSessionStore
 from tests.conftest import TEST_STATE_KEYS
 from tests.databases import sql_store
 from tests.integration.test_work_hints import AGENT, eventually, new_turn
-from tests.support import ListModel, say
+from tests.support import ListModel, record_calls, say
 from workers import WorkerPool
 
 
@@ -61,20 +60,6 @@ async def test_the_settle_and_its_claim_commit_together(store: SqlSessionStore) 
     assert len(xmin_of(store, "first", "next")) == 1
 
 
-def count_calls(store: SqlSessionStore, method: str) -> list[dict[str, Any]]:
-    """Record the keyword arguments of every call of ``store.<method>`` from now on (the
-    call itself still goes to the database)."""
-    calls: list[dict[str, Any]] = []
-    original: Callable[..., Awaitable[Any]] = getattr(store, method)
-
-    async def counted(*args: Any, **kwargs: Any) -> Any:
-        calls.append(kwargs)
-        return await original(*args, **kwargs)
-
-    setattr(store, method, counted)
-    return calls
-
-
 async def test_a_busy_slot_moves_from_turn_to_turn_without_claims_of_its_own(
     store: SqlSessionStore,
 ) -> None:
@@ -87,7 +72,7 @@ async def test_a_busy_slot_moves_from_turn_to_turn_without_claims_of_its_own(
     store.take_work_hints()  # the connect leaves the hints incomplete: start complete
     for n in range(5):
         await store.create_turn(new_turn(f"t{n}"))
-    claims = count_calls(store, "claim_next")
+    calls = record_calls(store, "claim_next")
     pool = WorkerPool(ai, store, concurrency=1, poll_interval=30.0, scheduler=False)
     async with pool:
 
@@ -100,6 +85,7 @@ async def test_a_busy_slot_moves_from_turn_to_turn_without_claims_of_its_own(
 
     # One scan of the queue, the first. (A claim of announced ids may follow, when an
     # announcement reaches the pool after its turn was served: it finds nothing.)
+    claims = [call.kwargs for call in calls]
     assert [c for c in claims if c.get("among") is None] == claims[:1]
 
 

@@ -10,8 +10,7 @@ before. These tests run on PostgreSQL with a real worker pool.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -21,6 +20,7 @@ from examples.banking import BankingApp, build
 from stores import SqlSessionStore
 from tests.conftest import TEST_STATE_KEYS
 from tests.databases import sql_store
+from tests.support import record_calls
 from workers import WorkerPool
 
 
@@ -28,20 +28,6 @@ from workers import WorkerPool
 async def store() -> AsyncIterator[SqlSessionStore]:
     async with sql_store("postgres") as store:
         yield store
-
-
-def count_calls(store: SqlSessionStore, method: str) -> list[str]:
-    """Record the turn id of every call of ``store.<method>`` from now on (the call itself
-    still goes to the database)."""
-    calls: list[str] = []
-    original: Callable[..., Awaitable[Any]] = getattr(store, method)
-
-    async def counted(turn_id: str, *args: Any, **kwargs: Any) -> Any:
-        calls.append(turn_id)
-        return await original(turn_id, *args, **kwargs)
-
-    setattr(store, method, counted)
-    return calls
 
 
 async def test_a_resume_after_the_pause_does_not_read_the_paused_snapshot_again(
@@ -54,10 +40,11 @@ async def test_a_resume_after_the_pause_does_not_read_the_paused_snapshot_again(
         chat = app.banking_agent.chat()
         paused = await chat.send("Transfer $5 to acct 5")
         approval = next(i for i in paused.interrupts if i.name == "userApproval")
-        reads = count_calls(store, "read_snapshot")
+        calls = record_calls(store, "read_snapshot")
         done = await chat.resume(respond=[approval.respond({"approved": True})])
 
     assert done.text == "Done. Transaction txn-5-acct-5."
+    reads = [call.args[0] for call in calls]
     assert reads and set(reads) == {done.snapshot_id}
 
 
@@ -104,7 +91,7 @@ async def test_an_agent_keeps_a_bounded_number_of_settled_snapshots(
         paused = [
             await app.banking_agent.chat().send(f"Transfer ${k} to acct {k}") for k in (1, 2, 3)
         ]
-        reads = count_calls(store, "read_snapshot")
+        calls = record_calls(store, "read_snapshot")
         for response in reversed(paused):  # newest first: each resume's result is kept too
             approval = next(i for i in response.interrupts if i.name == "userApproval")
             chat = app.banking_agent.chat(snapshot_id=response.snapshot_id)
@@ -112,4 +99,5 @@ async def test_an_agent_keeps_a_bounded_number_of_settled_snapshots(
 
     # The oldest paused snapshot was dropped: its resume read it; the other two did not.
     continued = [r.snapshot_id for r in paused]
+    reads = [call.args[0] for call in calls]
     assert [turn for turn in reads if turn in continued] == [continued[0]]
