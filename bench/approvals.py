@@ -27,6 +27,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 import argparse
 import asyncio
+import cProfile
 import json
 import os
 import resource
@@ -82,7 +83,13 @@ async def _phases(
     """
     n, warmup = args.workflows, args.warmup
     _, errors, _ = await drive(warmup, args.clients, workflow, watch=watch, offset=n)
+    profiler = cProfile.Profile(time.thread_time) if args.profile else None
+    if profiler is not None:
+        profiler.enable()
     loaded, more, seconds = await drive(n, args.clients, workflow, watch=watch)
+    if profiler is not None:
+        profiler.disable()
+        profiler.dump_stats(args.profile / f"client-{os.getpid()}-{time.time():.0f}.prof")
     idle, last, _ = await drive(args.idle, 1, workflow, watch=watch, offset=n + warmup)
     return loaded, idle, errors + more + last, seconds
 
@@ -123,9 +130,16 @@ async def _floor_clients(dsn: str, args: argparse.Namespace, watch: Callable[[],
 
 
 def _start_workers(
-    impl: str, processes: int, slots: int, name: str, children: Processes, logs: Path
+    impl: str,
+    processes: int,
+    slots: int,
+    name: str,
+    children: Processes,
+    logs: Path,
+    profile: Path | None = None,
 ) -> None:
-    """Start the worker processes and wait until each one LISTENs."""
+    """Start the worker processes and wait until each one LISTENs (under cProfile, writing
+    ``<profile>/<impl>-<P>p<S>s-w<n>.prof`` when they stop, if ``profile`` is set)."""
     url, dsn = url_for(name), dsn_for(name)
     for number in range(processes):
         claim_log = logs / f"claims-{number}.log"
@@ -136,6 +150,9 @@ def _start_workers(
         else:
             argv = ["workers.cli", "worker", "--app", "bench.app:ai", "--db", url]
             argv += ["--concurrency", str(slots)]
+        if profile is not None:
+            out = profile / f"{impl}-{processes}p{slots}s-w{number}.prof"
+            argv = ["bench.profiled", str(out), *argv]
         children.start([sys.executable, "-m", *argv], env=env, log=logs / f"w{number}.log")
     ready = floor.READY_QUERY if impl == "floor" else LISTEN_STATEMENT
     deadline = time.monotonic() + 60
@@ -185,7 +202,7 @@ def measure(bench: Bench, impl: str, processes: int, slots: int) -> Result:
         cpu_children, cpu_self = _children_cpu(), _self_cpu()
         before = read_stats(name)
         try:
-            _start_workers(impl, processes, slots, name, children, logs)
+            _start_workers(impl, processes, slots, name, children, logs, args.profile)
             clients = _floor_clients if impl == "floor" else _turnstile_clients
             target = dsn if impl == "floor" else url_for(name)
             loaded, idle, errors, seconds = asyncio.run(clients(target, args, children.check))
@@ -232,12 +249,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--impl", default="turnstile,floor", help="turnstile, floor or both")
     parser.add_argument("--json", type=Path, help="also write the raw results here")
     parser.add_argument("--keep-logs", action="store_true", help="keep worker logs")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="write cProfile stats here: the client's throughput phase and each worker "
+        "process (slows both; for finding hot spots, not for figures)",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.workflows, args.idle = min(args.workflows, 100), min(args.idle, 20)
     if args.warmup is None:
         args.warmup = args.clients
-    impls = [i for i in ("turnstile", "floor") if i in args.impl.split(",")]
+    if args.profile:
+        args.profile.mkdir(parents=True, exist_ok=True)
+    asked = set(args.impl.replace("both", "turnstile,floor").split(","))
+    impls = [i for i in ("turnstile", "floor") if i in asked]
+    if not impls:
+        parser.error(f"--impl {args.impl!r}: expected turnstile, floor or both")
     raise_on_sigterm()
     databases = Databases(f"turnstile_bench_{os.getpid()}")
     children = Processes()

@@ -15,6 +15,7 @@ from sqlalchemy.dialects import postgresql
 from stores import SchemaNotAtHeadError, ensure_at_head, migrate, snapshots, turns
 from stores import turn_claims as claim_sql
 from stores.migrate import _config, current_revision, head_revision
+from stores.pg import SESSION_SETTINGS
 from stores.turn_claims import ClaimRequest, claim_statement
 from tests.databases import new_sqlite_database, postgres_url
 
@@ -151,11 +152,12 @@ def test_claim_and_open_approvals_queries_use_their_indexes() -> None:
 
 
 def _generic_plan_scans(connection: psycopg.Connection[Any], statement: Any, values: Any) -> str:
-    """The scans of the plan ``statement`` runs with once its plan is cached for any values
-    (how stores/pg.py's connections run it), read through auto_explain's notices."""
+    """The scans of the plan ``statement`` runs with once its plan is cached for any values,
+    with stores/pg.py's connection settings, read through auto_explain's notices."""
     notices: list[str] = []
     connection.add_notice_handler(lambda notice: notices.append(notice.message_primary or ""))
-    connection.execute("SET plan_cache_mode = force_generic_plan")
+    for name, value in SESSION_SETTINGS.items():
+        connection.execute(f"SET {name} = {value}")
     connection.execute("LOAD 'auto_explain'")
     connection.execute("SET auto_explain.log_min_duration = 0")
     connection.execute("SET client_min_messages = log")
@@ -197,8 +199,38 @@ def test_the_common_paths_cached_plans_use_indexes() -> None:
     assert "ix_turns_claimable" not in plans["claim by id"]
     assert "pk_turns" in plans["claim by id"]
     assert "ix_turns_claimable" in plans["claim"]
+    # An index scan, in the index's order: a bitmap scan would visit the heap page of every
+    # dead entry the claim index holds until the next vacuum, on every claim.
+    assert "Index Scan using ix_turns_claimable" in plans["claim"], plans["claim"]
+    assert "Bitmap" not in plans["claim"], plans["claim"]
     assert "ix_turns_aborting" in plans["claim"]
     assert "pk_messages" in plans["snapshot"]
     assert "pk_turns" in plans["turn"]
     for name, plan in plans.items():
         assert "Seq Scan" not in plan, f"{name}:\n{plan}"
+
+
+def test_a_new_databases_queue_claim_walks_its_index_in_order() -> None:
+    """Before the first ANALYZE (a new deployment, and every benchmark run), with thousands
+    of turns that were pending and are settled now, the queue claim still reads its
+    partial index by an ordered index scan: the bitmap scan the planner picks there by
+    default visits the heap page of every dead entry, on every claim."""
+    with postgres_url() as url, psycopg.connect(_dsn(url), autocommit=True) as connection:
+        connection.execute("ALTER TABLE turns SET (autovacuum_enabled = false)")  # no stats
+        connection.execute(
+            """INSERT INTO sessions (id, agent, created_at, updated_at)
+               SELECT 's' || g, 'a', now(), now() FROM generate_series(1, 3000) g"""
+        )
+        connection.execute(
+            """INSERT INTO turns (id, session_id, seq, agent, status, input, history_length,
+                                  run_after, created_at, updated_at)
+               SELECT 't' || g, 's' || g, 1, 'a', 'pending', '{"kind": "message"}', 0,
+                      now(), now(), now()
+               FROM generate_series(1, 3000) g"""
+        )
+        connection.execute("UPDATE turns SET status = 'completed' WHERE id <> 't3000'")
+        now = datetime.now(UTC)
+        claim = {"now": now, "expires": now, "owner": "w", "limit": 8, "agents": ["a"]}
+        plan = _generic_plan_scans(connection, claim_sql._CHECKED_CLAIMS[True, False], claim)
+    assert "Index Scan using ix_turns_claimable" in plan, plan
+    assert "Bitmap" not in plan, plan
