@@ -243,7 +243,7 @@ class TurnRunner:
             await self._emitter.emit("model", parts)
 
         response = await self.config.model.generate(request, forward)
-        message = response.message.model_copy(deep=True)
+        message = response.message.copy_deep()  # the model may keep what it returned
         message.role = "model"
         for part in message.content:
             if part.tool_request is not None:
@@ -464,7 +464,7 @@ class TurnRunner:
         the round."""
         rows = [*calls, *(r.journal for r in results.values() if r.journal is not None)]
         if any(r.paused for r in results.values()):
-            annotated = model_message.model_copy(deep=True)
+            annotated = model_message.copy_deep()
             for part in annotated.content:
                 request = part.tool_request
                 if request is None or request.ref is None or request.ref not in results:
