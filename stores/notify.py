@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection
 
 from engine.relay import ChunkBroker
-from engine.signals import BroadcastSignal
+from engine.signals import BroadcastSignal, WakeEvent
 
 __all__ = [
     "CHANGE_CHANNEL",
@@ -97,7 +97,7 @@ class Listener:
         self._dsn = url.set(drivername="postgresql").render_as_string(hide_password=False)
         # Sticky: set by a notification, cleared when a waiter wakes, so a notification that
         # lands between a worker's empty claim and its wait is not lost.
-        self._work = asyncio.Event()
+        self._work = WakeEvent()
         # The ids announced on the work channel since the last take_work_hints (a dict keeps
         # their order), and whether that set is complete (nothing missed since the last take).
         self._hints: dict[str, None] = {}
@@ -111,7 +111,7 @@ class Listener:
         loop = asyncio.get_running_loop()
         if self._task is None or self._loop is not loop or self._task.done():
             self._loop = loop
-            self._work = asyncio.Event()
+            self._work = WakeEvent()
             self._hints, self._hints_complete = {}, False
             self._changes = {}
             self.connected = asyncio.Event()
@@ -189,8 +189,7 @@ class Listener:
     async def wait_for_work(self, timeout: float) -> None:
         """Until a work notification arrives, or ``timeout``."""
         self._ensure_started()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._work.wait(), timeout)
+        await self._work.wait(timeout)
         self._work.clear()
 
     async def wait_for_change(self, turn_id: str, timeout: float) -> None:

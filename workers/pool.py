@@ -22,7 +22,6 @@ import secrets
 import socket
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Any
 
 from engine import Agent, Engine, SessionStore, StaleTransitionError, TurnStatus
 from engine.executor import execute_claimed
@@ -141,6 +140,9 @@ class WorkerPool:
         self._stop = asyncio.Event()
         self._force = asyncio.Event()
         self._slot_freed = asyncio.Event()
+        #: What the claim loop's current wait returns on (see _wait_for and _poke).
+        self._wake: asyncio.Future[None] | None = None
+        self._wake_on_slot = False
         self._done: asyncio.Event | None = None
         self._background: asyncio.Task[None] | None = None
 
@@ -178,6 +180,7 @@ class WorkerPool:
         Synchronous, so a signal handler can call it.
         """
         self._stop.set()
+        self._poke()
         self._refresh_follows()  # a settle after this claims nothing for its slot
         if force:
             self._force.set()
@@ -236,6 +239,7 @@ class WorkerPool:
     async def _forward_stop(self, stop: asyncio.Event) -> None:
         await stop.wait()
         self._stop.set()
+        self._poke()
 
     # -- claiming ----------------------------------------------------------------------
 
@@ -310,30 +314,47 @@ class WorkerPool:
 
     async def _wait_for(self, *, slot: bool, work: bool = False) -> bool:
         """Return on stop, a freed slot (if ``slot``), or a work hint / poll timeout; whether
-        it was a work hint (woken before the poll interval ran out)."""
-        started = asyncio.get_running_loop().time()
-        waiters: list[asyncio.Task[Any]] = [asyncio.create_task(self._stop.wait())]
-        if slot:
-            waiters.append(asyncio.create_task(self._slot_freed.wait()))
+        it was a work hint (woken before the poll interval ran out).
+
+        Stop and a freed slot resolve one future (:meth:`_poke`); only the store's wait for
+        work runs as a task. The claim loop waits here once or twice per turn; with a task
+        each for the stop, the slot and the work, the waits cost 8% of a workflow's CPU
+        (a client and a one-slot pool measured in one process).
+        """
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        wake: asyncio.Future[None] = loop.create_future()
+        if self._stop.is_set() or (slot and self._slot_freed.is_set()):
+            return False
+        self._wake, self._wake_on_slot = wake, slot
         work_waiter = None
-        if work:
+        try:
+            if not work:
+                await wake
+                return False
             # wait_for_work is only a hint (NOTIFY may be missed); its timeout is the poll.
             work_waiter = asyncio.create_task(self.store.wait_for_work(self.poll_interval))
-            waiters.append(work_waiter)
-        try:
-            done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-            for finished in done:
-                if not finished.cancelled() and finished.exception() is not None:
-                    logger.warning("waiting for work failed", exc_info=finished.exception())
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._stop.wait(), self.poll_interval)
-                    return False
-            elapsed = asyncio.get_running_loop().time() - started
-            return work_waiter in done and elapsed < self.poll_interval * 0.9
+            done, _ = await asyncio.wait([work_waiter, wake], return_when=asyncio.FIRST_COMPLETED)
+            finished = work_waiter in done and not work_waiter.cancelled()
+            if finished and work_waiter.exception() is not None:
+                logger.warning("waiting for work failed", exc_info=work_waiter.exception())
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), self.poll_interval)
+                return False
+            return work_waiter in done and loop.time() - started < self.poll_interval * 0.9
         finally:
-            for waiter in waiters:
-                waiter.cancel()
-            await asyncio.gather(*waiters, return_exceptions=True)
+            self._wake = None
+            wake.cancel()
+            if work_waiter is not None:
+                work_waiter.cancel()
+                await asyncio.gather(work_waiter, return_exceptions=True)
+
+    def _poke(self, *, slot: bool = False) -> None:
+        """Wake the claim loop's :meth:`_wait_for`: a stop, or (``slot``) a freed slot, which
+        only a wait for a slot is woken by."""
+        wake = self._wake
+        if wake is not None and not wake.done() and (not slot or self._wake_on_slot):
+            wake.set_result(None)
 
     def _start(self, turn: TurnRecord) -> None:
         self._note_claimed(turn)
@@ -356,6 +377,7 @@ class WorkerPool:
         self._tasks.pop(task, None)
         self._refresh_follows()
         self._slot_freed.set()
+        self._poke(slot=True)
 
     def _refresh_follows(self) -> None:
         """Let settles claim for their slot only while every slot is busy: exactly when a
