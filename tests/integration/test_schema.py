@@ -245,9 +245,9 @@ def test_a_new_databases_queue_claim_walks_its_index_in_order() -> None:
 
 def test_the_common_paths_statements_are_never_jit_compiled() -> None:
     """The claims and the snapshot and progress reads are never JIT-compiled, however
-    costly their cached plan looks: PostgreSQL compiles again on every execution, and once
-    turns held some 25,000 rows the generic plan of the snapshot read passed the default
-    jit_above_cost, and every read took 8 ms (0.1 ms without). Here every plan passes the
+    costly their cached plan looks: PostgreSQL compiles again on every execution, and with
+    26,000 turns the generic plan of the snapshot read was past the default jit_above_cost,
+    and every read took 8 ms (0.1 ms without). Here every plan passes the
     threshold (jit_above_cost = 0, set before the connection's own settings)."""
     with postgres_url() as url, psycopg.connect(_dsn(url), autocommit=True) as connection:
         (available,) = connection.execute("SELECT pg_jit_available()").fetchone()  # type: ignore[misc]
