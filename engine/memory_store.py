@@ -26,7 +26,7 @@ from engine.errors import (
 from engine.model import ModelUsage
 from engine.parts import Message
 from engine.relay import ChunkBroker, ChunkSubscription
-from engine.signals import BroadcastSignal, WakeEvent
+from engine.signals import KeyedSignals, WakeEvent
 from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus
 from engine.store import (
     ApprovalQuery,
@@ -75,7 +75,7 @@ class InMemorySessionStore:
     def __init__(self) -> None:
         # Sticky: a wake-up that fires between a worker's empty claim and its wait is kept.
         self._work = WakeEvent()
-        self._changes: dict[str, BroadcastSignal] = {}
+        self._changes = KeyedSignals()
         self._chunks = ChunkBroker()
         self._sessions: dict[str, SessionRecord] = {}
         self._turns: dict[str, TurnRecord] = {}
@@ -339,7 +339,7 @@ class InMemorySessionStore:
         )
         moved = turn.model_copy(update=update)
         self._turns[turn_id] = moved
-        self._changes.pop(turn_id, BroadcastSignal()).fire()
+        self._changes.fire(turn_id)
         if new is TurnStatus.PENDING:
             self._work.set()
         self._events[turn_id].append(
@@ -561,7 +561,7 @@ class InMemorySessionStore:
 
     async def wait_for_change(self, turn_id: str, timeout: float) -> None:
         """See :meth:`engine.store.SessionStore.wait_for_change`."""
-        await self._changes.setdefault(turn_id, BroadcastSignal()).wait(timeout)
+        await self._changes.wait(turn_id, timeout)
 
     async def prune_sessions(self, *, settled_before: datetime, limit: int = 500) -> int:
         """See :meth:`engine.store.SessionStore.prune_sessions`."""

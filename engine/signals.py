@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 
-__all__ = ["BroadcastSignal", "WakeEvent"]
+__all__ = ["BroadcastSignal", "KeyedSignals", "WakeEvent"]
 
 
 class BroadcastSignal:
@@ -18,6 +18,11 @@ class BroadcastSignal:
 
     def __init__(self) -> None:
         self._waiters: set[asyncio.Future[None]] = set()
+
+    @property
+    def waiting(self) -> bool:
+        """Whether anybody waits on this signal now."""
+        return bool(self._waiters)
 
     def fire(self) -> None:
         """Wake every current waiter (later waiters wait for the next fire)."""
@@ -36,6 +41,44 @@ class BroadcastSignal:
         finally:
             timer.cancel()
             self._waiters.discard(waiter)
+
+
+class KeyedSignals:
+    """One :class:`BroadcastSignal` per key (a turn id), kept only while somebody waits.
+
+    A long-lived process waits on thousands of turns; most waits end without a fire (the
+    turn had already settled, or the wait timed out), and a signal kept for each of those
+    would never be freed.
+    """
+
+    def __init__(self) -> None:
+        self._signals: dict[str, BroadcastSignal] = {}
+
+    def __len__(self) -> int:
+        return len(self._signals)
+
+    def fire(self, key: str) -> None:
+        """Wake everybody waiting on ``key``."""
+        signal = self._signals.pop(key, None)
+        if signal is not None:
+            signal.fire()
+
+    def fire_all(self) -> None:
+        """Wake every waiter, whatever its key (e.g. notifications may have been lost)."""
+        signals, self._signals = self._signals, {}
+        for signal in signals.values():
+            signal.fire()
+
+    async def wait(self, key: str, timeout: float) -> None:
+        """Until :meth:`fire` of ``key`` (or :meth:`fire_all`), or ``timeout`` seconds."""
+        signal = self._signals.get(key)
+        if signal is None:
+            signal = self._signals[key] = BroadcastSignal()
+        try:
+            await signal.wait(timeout)
+        finally:
+            if not signal.waiting and self._signals.get(key) is signal:
+                del self._signals[key]
 
 
 class WakeEvent:

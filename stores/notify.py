@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection
 
 from engine.relay import ChunkBroker
-from engine.signals import BroadcastSignal, WakeEvent
+from engine.signals import KeyedSignals, WakeEvent
 
 __all__ = [
     "CHANGE_CHANNEL",
@@ -102,7 +102,7 @@ class Listener:
         # their order), and whether that set is complete (nothing missed since the last take).
         self._hints: dict[str, None] = {}
         self._hints_complete = True
-        self._changes: dict[str, BroadcastSignal] = {}
+        self._changes = KeyedSignals()
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.connected = asyncio.Event()
@@ -113,7 +113,7 @@ class Listener:
             self._loop = loop
             self._work = WakeEvent()
             self._hints, self._hints_complete = {}, False
-            self._changes = {}
+            self._changes = KeyedSignals()
             self.connected = asyncio.Event()
             self._task = loop.create_task(self._listen(), name="turnstile-listener")
 
@@ -136,9 +136,7 @@ class Listener:
                         elif note.channel == CHUNK_CHANNEL:
                             self._relay(note.payload)
                         else:
-                            signal = self._changes.pop(note.payload, None)
-                            if signal is not None:
-                                signal.fire()
+                            self._changes.fire(note.payload)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the server restarted or our backend was terminated
@@ -182,9 +180,7 @@ class Listener:
         # Notifications may have been lost: the next take must send pools to the whole queue.
         self._hints_complete = False
         self._work.set()
-        changes, self._changes = self._changes, {}
-        for signal in changes.values():
-            signal.fire()
+        self._changes.fire_all()
 
     async def wait_for_work(self, timeout: float) -> None:
         """Until a work notification arrives, or ``timeout``."""
@@ -195,8 +191,7 @@ class Listener:
     async def wait_for_change(self, turn_id: str, timeout: float) -> None:
         """Until a change notification for ``turn_id`` arrives, or ``timeout``."""
         self._ensure_started()
-        signal = self._changes.setdefault(turn_id, BroadcastSignal())
-        await signal.wait(timeout)
+        await self._changes.wait(turn_id, timeout)
 
     async def close(self) -> None:
         """Stop listening."""
