@@ -321,11 +321,11 @@ class WorkerPool:
         each for the stop, the slot and the work, the waits cost 8% of a workflow's CPU
         (a client and a one-slot pool measured in one process).
         """
+        if self._stop.is_set() or (slot and self._slot_freed.is_set()):
+            return False
         loop = asyncio.get_running_loop()
         started = loop.time()
         wake: asyncio.Future[None] = loop.create_future()
-        if self._stop.is_set() or (slot and self._slot_freed.is_set()):
-            return False
         self._wake, self._wake_on_slot = wake, slot
         work_waiter = None
         try:
