@@ -231,6 +231,18 @@ class Processes:
             raise
         self.children.append((child, log, handle))
 
+    def cpu_seconds(self) -> float:
+        """User + system CPU the running children have used so far (from /proc)."""
+        ticks = os.sysconf("SC_CLK_TCK")
+        total = 0
+        for child, _, _ in self.children:
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                # The fields after the command's closing parenthesis; utime and stime are
+                # the 14th and 15th of the whole line.
+                stat = Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()
+                total += int(stat[11]) + int(stat[12])
+        return total / ticks
+
     def check(self) -> None:
         """Raise if a child has exited (with the tail of its log)."""
         for child, log, _ in self.children:
