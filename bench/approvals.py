@@ -203,7 +203,7 @@ def measure(bench: Bench, impl: str, processes: int, slots: int) -> Result:
         before = read_stats(name)
         try:
             _start_workers(impl, processes, slots, name, children, logs, args.profile)
-            # Not per-workflow work: importing, connecting, checking the schema (0.7 s of
+            # Not per-workflow work: importing, connecting, checking the schema (≈ 0.5 s of
             # CPU for each of our workers), counted apart so four processes do not look
             # like four times the cost per workflow.
             start_up = children.cpu_seconds()

@@ -139,7 +139,9 @@ class WorkerPool:
         self._tasks: dict[asyncio.Task[None], TurnRecord] = {}
         self._stop = asyncio.Event()
         self._force = asyncio.Event()
-        self._slot_freed = asyncio.Event()
+        #: A slot freed since the claim loop last counted free slots (a flag: waits go
+        #: through _wake).
+        self._slot_freed = False
         #: What the claim loop's current wait returns on (see _wait_for and _poke).
         self._wake: asyncio.Future[None] | None = None
         self._wake_on_slot = False
@@ -250,7 +252,7 @@ class WorkerPool:
         while not self._stop.is_set():
             # Cleared before counting free slots, so a turn finishing after the count is
             # not missed: its done-callback sets the event and the wait below returns.
-            self._slot_freed.clear()
+            self._slot_freed = False
             free = self.concurrency - len(self._tasks)
             if free <= 0:
                 # No claim while full: a claimed turn we cannot start at once would sit
@@ -321,7 +323,7 @@ class WorkerPool:
         each for the stop, the slot and the work, the waits cost 8% of a workflow's CPU
         (a client and a one-slot pool measured in one process).
         """
-        if self._stop.is_set() or (slot and self._slot_freed.is_set()):
+        if self._stop.is_set() or (slot and self._slot_freed):
             return False
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -376,7 +378,7 @@ class WorkerPool:
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._tasks.pop(task, None)
         self._refresh_follows()
-        self._slot_freed.set()
+        self._slot_freed = True
         self._poke(slot=True)
 
     def _refresh_follows(self) -> None:

@@ -151,21 +151,30 @@ def test_claim_and_open_approvals_queries_use_their_indexes() -> None:
         assert rows == (50,)
 
 
-def _generic_plan(connection: psycopg.Connection[Any], statement: Any, values: Any) -> str:
-    """The plan ``statement`` runs with once its plan is cached for any values, with
-    stores/pg.py's connection settings, read through auto_explain's notices."""
+def _explained(
+    connection: psycopg.Connection[Any], statement: Any, values: Any, *, prepare: bool, runs: int
+) -> str:
+    """auto_explain's plan (with ANALYZE) of the last of ``runs`` executions of
+    ``statement``, read from its notices."""
     notices: list[str] = []
     connection.add_notice_handler(lambda notice: notices.append(notice.message_primary or ""))
-    for name, value in SESSION_SETTINGS.items():
-        connection.execute(f"SET {name} = {value}")
     connection.execute("LOAD 'auto_explain'")
     connection.execute("SET auto_explain.log_min_duration = 0")
     connection.execute("SET auto_explain.log_analyze = on")
     connection.execute("SET client_min_messages = log")
-    for _ in range(3):  # psycopg prepares it (prepare=True), then it runs from the cache
-        connection.execute(statement.sql, statement.bind(values), prepare=True)
+    for _ in range(runs):
+        connection.execute(statement.sql, statement.bind(values), prepare=prepare)
     connection.execute("RESET client_min_messages")
     return notices[-1]
+
+
+def _generic_plan(connection: psycopg.Connection[Any], statement: Any, values: Any) -> str:
+    """The plan ``statement`` runs with once its plan is cached for any values, with
+    stores/pg.py's connection settings."""
+    for name, value in SESSION_SETTINGS.items():
+        connection.execute(f"SET {name} = {value}")
+    # psycopg prepares it (prepare=True), then it runs from the cache
+    return _explained(connection, statement, values, prepare=True, runs=3)
 
 
 def _generic_plan_scans(connection: psycopg.Connection[Any], statement: Any, values: Any) -> str:
@@ -266,20 +275,11 @@ def test_the_common_paths_statements_are_never_jit_compiled() -> None:
             for name, (statement, values) in cases.items()
         }
         connection.execute("RESET jit")  # what an unset connection would do here
-        unset = _plan_text_without_settings(connection, snapshots._SNAPSHOT, {"turn_id": "t500"})
+        # Not the prepared statement _generic_plan left: its plan was made with JIT off.
+        unset = _explained(
+            connection, snapshots._SNAPSHOT, {"turn_id": "t500"}, prepare=False, runs=1
+        )
     for name, plan in plans.items():
         assert "JIT" not in plan, f"{name}:\n{plan}"
     if available:  # the check can fail: a connection left to the defaults compiles
         assert "JIT" in unset, unset
-
-
-def _plan_text_without_settings(
-    connection: psycopg.Connection[Any], statement: Any, values: Any
-) -> str:
-    notices: list[str] = []
-    connection.add_notice_handler(lambda notice: notices.append(notice.message_primary or ""))
-    connection.execute("SET client_min_messages = log")
-    # Not the prepared statement _generic_plan left: its plan was made with JIT off.
-    connection.execute(statement.sql, statement.bind(values), prepare=False)
-    connection.execute("RESET client_min_messages")
-    return notices[-1]
