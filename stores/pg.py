@@ -1,31 +1,37 @@
-"""The hot path's statements on psycopg's own async connections (PostgreSQL only).
+"""The hot path's statements, straight on libpq through psycopg (PostgreSQL only).
 
 SQLAlchemy builds every statement of the store and compiles each of these once; this module
-runs the compiled SQL on a small pool of autocommit ``psycopg.AsyncConnection``\\ s, in the
-event loop. Why not through SQLAlchemy: for a one-row read on this project's benchmark
-machine, SQLAlchemy's execution layer, the connection checkout and return, and the thread
-hop (``asyncio.to_thread``) cost 0.52 ms of CPU, and psycopg alone 0.10 ms
-(``docs/performance.md``, "Statements on async psycopg"). The common path of an approval
-workflow runs about fifteen statements, so that difference was most of the client's and the
-worker's CPU per workflow — and, on an idle worker, most of a resumed turn's pickup latency.
+runs the compiled SQL on a small pool of autocommit server sessions, in the event loop.
 
-Only single statements on autocommit connections run here (each is its own transaction):
-the one-statement forms of the common path's writes and reads. Transactions of several
-statements (the reference forms, rare) stay on SQLAlchemy in a thread.
+Why not through SQLAlchemy: for a one-row read on this project's benchmark machine,
+SQLAlchemy's execution layer, the connection checkout and return, and the thread hop
+(``asyncio.to_thread``) cost 0.52 ms of CPU, and psycopg alone 0.10 ms
+(``docs/performance.md``, "Statements on async psycopg"). Why not through psycopg's cursors
+either: their Python machinery cost more than the rest of a statement's trip (see
+:class:`_Session`). A session is a psycopg connection whose libpq connection this module
+drives itself, in pipeline mode, with psycopg's adapters for parameters and rows.
+
+Only single statements, or several committed together by one pipeline sync, run here: the
+one-statement forms of the common path's writes and reads. Transactions of several
+round trips (the reference forms, rare) stay on SQLAlchemy in a thread.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
+import re
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
 import psycopg
 import sqlalchemy as sa
-from psycopg.rows import dict_row
+from psycopg import abc as psycopg_abc
+from psycopg import pq
+from psycopg.adapt import PyFormat, Transformer
 from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 from sqlalchemy.sql.compiler import SQLCompiler
 
@@ -39,6 +45,9 @@ logger = logging.getLogger("turnstile.store")
 _DIALECT = PGDialect_psycopg()  # type: ignore[no-untyped-call]
 
 Row = dict[str, Any]
+
+# SQLAlchemy's psycopg dialect writes parameters as %(name)s and a literal % as %%.
+_PLACEHOLDER = re.compile(r"%(?:\((\w+)\)s|%)")
 
 #: Planner settings of every connection here (see :class:`PgConnections`).
 #:
@@ -99,7 +108,23 @@ class PgStatement:
             process = impl.bind_processor(_DIALECT)
             if process is not None:
                 self._processors[name] = process
+        #: The SQL with psycopg's named placeholders (what ``psycopg`` itself executes).
         self.sql: str = sql
+        names: list[str] = []
+
+        def number(match: re.Match[str]) -> str:
+            name = match[1]
+            if name is None:
+                return "%"  # a literal percent sign
+            if name not in names:
+                names.append(name)
+            return f"${names.index(name) + 1}"  # a repeated name is one parameter, as in psycopg
+
+        #: The SQL as the server takes it (``$1``, ``$2``, ...) and the names in that order.
+        self.wire_sql: bytes = _PLACEHOLDER.sub(number, sql).encode()
+        self.parameter_names: tuple[str, ...] = tuple(names)
+        #: Its result's column names, read from its first result.
+        self.column_names: list[str] = []
 
     def bind(self, values: Mapping[str, Any]) -> dict[str, Any]:
         """The parameters for psycopg: ``values``, each through its type's processor."""
@@ -110,27 +135,38 @@ class PgStatement:
                 params[name] = process(value)
         return params
 
+    def arguments(self, values: Mapping[str, Any]) -> list[Any]:
+        """The parameters in ``$n`` order, each through its type's processor (as
+        :meth:`bind`). A missing value is a ``KeyError``, as in psycopg."""
+        processors = self._processors
+        arguments = []
+        for name in self.parameter_names:
+            value = values[name]
+            process = processors.get(name)
+            arguments.append(process(value) if process is not None and value is not None else value)
+        return arguments
+
 
 class PgConnections:
-    """A pool of autocommit async connections, opened on demand, at most ``size`` busy.
+    """A pool of autocommit server sessions, opened on demand, at most ``size`` busy.
 
-    Each connection plans a statement once and reuses that plan: psycopg prepares a
-    statement after a few executions, and ``plan_cache_mode = force_generic_plan`` keeps the
-    server from planning it again for each execution's values. Left to choose, PostgreSQL
-    kept re-planning the claim (its custom plan looked cheaper than the generic one), and
+    Each session plans a statement once and reuses that plan: it prepares every statement
+    the first time it runs it, and ``plan_cache_mode = force_generic_plan`` keeps the server
+    from planning it again for each execution's values. Left to choose, PostgreSQL kept
+    re-planning the claim (its custom plan looked cheaper than the generic one), and
     planning cost more than running it: 1.5 ms of planning against 0.6 ms of execution in
     ``EXPLAIN ANALYZE``. The statements run here are the common path's short, index-driven
     ones, whose good plan does not depend on the values; their constants are literals in
     the SQL (see :class:`PgStatement`), so partial indexes still apply.
 
-    Connections are not tied to an event loop (psycopg waits on the running one), so a
-    store used from several loops — tests, a CLI — keeps its connections.
+    Sessions are not tied to an event loop (each wait is on the running one), so a store
+    used from several loops — tests, a CLI — keeps its connections.
     """
 
     def __init__(self, dsn: str, *, size: int = 10) -> None:
         self._dsn = dsn
         self._size = size
-        self._idle: list[psycopg.AsyncConnection[Row]] = []
+        self._idle: list[_Session] = []
         self._closed = False
         self._slots: asyncio.Semaphore | None = None
         self._slots_loop: asyncio.AbstractEventLoop | None = None
@@ -157,20 +193,22 @@ class PgConnections:
         """Run several statements in one round trip and one transaction: a pipeline with a
         single sync, so they commit together (one WAL flush) or not at all. Their rows, in
         order. Errors and retries as :meth:`fetch`."""
-        bound = [(statement.sql, statement.bind(values)) for statement, values in statements]
+        bound = [(statement, statement.arguments(values)) for statement, values in statements]
         attempt = 0
         while True:
             attempt += 1
             try:
-                async with self._connection() as connection:
-                    if len(bound) == 1:
-                        cursors = [await connection.execute(*bound[0])]
-                    else:
-                        async with connection.pipeline():
-                            cursors = [await connection.execute(*each) for each in bound]
-                    return [await _rows(cursor) for cursor in cursors]
+                async with self._session() as session:
+                    return await session.run(bound)
             except psycopg.IntegrityError as exc:
                 raise StatementRefused(f"Database error: {exc!r}") from exc
+            except psycopg.errors.FeatureNotSupported as exc:
+                # A table changed under a prepared statement (a migration): the pipeline
+                # was rolled back before it ran, and the session has forgotten the stale
+                # preparation, so running it again prepares it afresh.
+                if attempt <= retries and exc.sqlstate == "0A000" and _PLAN_CHANGED in str(exc):
+                    continue
+                raise StoreError(f"Database error: {exc!r}") from exc
             except psycopg.OperationalError as exc:
                 if attempt <= retries and _connection_lost(exc):
                     logger.warning("database connection lost; retrying (%d/%d)", attempt, retries)
@@ -181,19 +219,18 @@ class PgConnections:
                 raise StoreError(f"Database error: {exc!r}") from exc
 
     @asynccontextmanager
-    async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection[Row]]:
+    async def _session(self) -> AsyncIterator[_Session]:
         async with self._slot():
-            connection = self._idle.pop() if self._idle else await self._connect()
+            session = self._idle.pop() if self._idle else _Session(await self._connect())
             try:
-                yield connection
+                yield session
             finally:
-                # A broken connection (or one left mid-transaction by a cancelled statement)
+                # A broken session, or one left mid-pipeline by a cancelled or failed read,
                 # is dropped, never reused.
-                idle = psycopg.pq.TransactionStatus.IDLE
-                if self._closed or connection.closed or connection.info.transaction_status != idle:
-                    await _close_quietly(connection)
+                if self._closed or not session.reusable:
+                    await session.close()
                 else:
-                    self._idle.append(connection)
+                    self._idle.append(session)
 
     def _slot(self) -> asyncio.Semaphore:
         # asyncio primitives belong to the loop that first waits on them: one per loop.
@@ -202,11 +239,10 @@ class PgConnections:
             self._slots, self._slots_loop = asyncio.Semaphore(self._size), loop
         return self._slots
 
-    async def _connect(self) -> psycopg.AsyncConnection[Row]:
+    async def _connect(self) -> psycopg.AsyncConnection[Any]:
         return await psycopg.AsyncConnection.connect(
             self._dsn,
             autocommit=True,
-            row_factory=dict_row,
             options=" ".join(f"-c {name}={value}" for name, value in SESSION_SETTINGS.items()),
         )
 
@@ -216,15 +252,207 @@ class PgConnections:
         own connection."""
         self._closed = True
         idle, self._idle = self._idle, []
-        for connection in idle:
-            await _close_quietly(connection)
+        for session in idle:
+            await session.close()
 
 
-async def _rows(cursor: psycopg.AsyncCursor[Row]) -> list[Row]:
-    # pgresult's field count, not cursor.description: that builds a Column object per
-    # field, and a turn's row has twenty (7% of a workflow's CPU).
-    result = cursor.pgresult
-    return await cursor.fetchall() if result and result.nfields else []
+_statement_names = itertools.count(1)
+
+#: A prepared statement's key in a session: its SQL and its parameters' type OIDs.
+_Prepared = tuple[bytes, tuple[int, ...]]
+
+
+class _Session:
+    """One server connection, driven through libpq's pipeline mode.
+
+    psycopg opens the connection; the statements then go straight to its libpq connection
+    (``connection.pgconn``), with psycopg's own (C) adapters converting parameters and rows.
+    Why not psycopg's cursors: for these one-row statements their Python machinery — query
+    conversion, prepared-statement bookkeeping, a reader registered and removed for every
+    wait, a cursor and a row maker per execution — cost more CPU than the rest of the
+    statement's trip (``docs/performance.md``, "The lean statement path"). What is kept of
+    psycopg: its connection, its type adapters (rows decode exactly as a cursor would
+    decode them) and its error classes.
+
+    The connection stays in pipeline mode, where every sync ends an implicit transaction:
+    one statement per sync is autocommit, several before one sync commit together. Each
+    statement is prepared (a named statement per parameter-type signature, as psycopg
+    does) the first time this session runs it, in the same round trip.
+    """
+
+    def __init__(self, connection: psycopg.AsyncConnection[Any]) -> None:
+        self._connection = connection
+        self._pgconn = connection.pgconn
+        self._adapt: psycopg_abc.Transformer = Transformer(connection)
+        # By SQL (bytes cache their hash) and parameter types: statements are compared by
+        # what they say, never by identity (a collected statement's id comes back).
+        self._prepared: dict[_Prepared, bytes] = {}
+        self._pgconn.enter_pipeline_mode()
+        # False from the moment a pipeline is sent until its sync has been read back.
+        self._settled = True
+        self._wake: asyncio.Future[None] | None = None
+        self._idle_readable = False  # the socket was readable since the last sync was read
+        self._socket = self._pgconn.socket
+        # The loop told to call _readable when the socket is readable: kept from one
+        # statement to the next (registering costs two epoll_ctl calls and the selector's
+        # bookkeeping every time), dropped when the session idles with input unasked for.
+        self._watching: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def reusable(self) -> bool:
+        """Whether the session is connected and has nothing in flight."""
+        return self._settled and self._pgconn.status == pq.ConnStatus.OK
+
+    async def close(self) -> None:
+        self._unwatch()  # before the socket closes: a closed descriptor cannot be unregistered
+        with contextlib.suppress(psycopg.Error):  # closing a dead connection releases nothing
+            await self._connection.close()
+
+    async def run(self, bound: Sequence[tuple[PgStatement, list[Any]]]) -> list[list[Row]]:
+        """Send the statements and one sync, then read their results (see the class)."""
+        pgconn, adapt = self._pgconn, self._adapt
+        # What each result read back belongs to: a statement's preparation, or its
+        # execution, with the key its preparation is known by.
+        expected: list[tuple[_Prepared, PgStatement | None]] = []
+        self._settled = self._idle_readable = False
+        for statement, arguments in bound:
+            parameters = adapt.dump_sequence(arguments, [PyFormat.AUTO] * len(arguments))
+            types = adapt.types or ()
+            key = (statement.wire_sql, types)
+            name = self._prepared.get(key)
+            if name is None:
+                name = b"turnstile_%d" % next(_statement_names)
+                pgconn.send_prepare(name, statement.wire_sql, param_types=types)
+                self._prepared[key] = name
+                expected.append((key, None))
+            pgconn.send_query_prepared(name, parameters, param_formats=adapt.formats)
+            expected.append((key, statement))
+        pgconn.pipeline_sync()
+        loop = asyncio.get_running_loop()
+        self._watch(loop)
+        while pgconn.flush():  # 1: the socket's buffer is full, more to send
+            await self._writable(loop, self._socket)
+        return await self._results(loop, expected)
+
+    async def _results(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        expected: list[tuple[_Prepared, PgStatement | None]],
+    ) -> list[list[Row]]:
+        pgconn, adapt = self._pgconn, self._adapt
+        rows: list[list[Row]] = []
+        error: psycopg.Error | None = None
+        position = 0
+        while True:
+            # Wait first: nothing can have come back yet, and reading an empty socket is a
+            # system call for nothing.
+            self._wake = loop.create_future()
+            await self._wake
+            pgconn.consume_input()
+            ended = False
+            while not pgconn.is_busy():
+                result = pgconn.get_result()
+                if result is None:
+                    # The end of one statement's results; twice in a row, or on a broken
+                    # connection, nothing more has arrived yet.
+                    if ended or pgconn.status != pq.ConnStatus.OK:
+                        break
+                    ended = True
+                    continue
+                ended = False
+                status = result.status
+                if status == pq.ExecStatus.PIPELINE_SYNC:
+                    self._settled = True
+                    if error is not None:
+                        raise error
+                    return rows
+                key, statement = expected[position]
+                position += 1
+                if status in (pq.ExecStatus.FATAL_ERROR, pq.ExecStatus.PIPELINE_ABORTED):
+                    # The first error rolled the pipeline's transaction back; what follows
+                    # up to the sync comes back PIPELINE_ABORTED, preparations included.
+                    if status == pq.ExecStatus.FATAL_ERROR:
+                        error = error or psycopg.errors.error_from_result(result)
+                    if statement is None or _plan_changed(result):
+                        # Not prepared after all; or prepared for a table that has changed
+                        # since (a migration): prepare it afresh, under a new name.
+                        self._prepared.pop(key, None)
+                        if statement is not None:
+                            statement.column_names = []
+                elif statement is not None:
+                    rows.append(_rows(result, adapt, statement) if result.nfields else [])
+            if pgconn.status != pq.ConnStatus.OK:
+                raise psycopg.OperationalError(
+                    "the connection to the server was lost: "
+                    + pgconn.get_error_message(encoding="utf-8")
+                )
+
+    def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._watching is not loop:
+            self._unwatch()
+            loop.add_reader(self._socket, self._readable)
+            self._watching = loop
+
+    def _unwatch(self) -> None:
+        loop, self._watching = self._watching, None
+        if loop is not None and not loop.is_closed():
+            loop.remove_reader(self._socket)
+
+    def _readable(self) -> None:
+        wake = self._wake
+        if wake is not None and not wake.done():
+            wake.set_result(None)
+        elif self._settled and not self._idle_readable:
+            # Readable with nothing in flight: usually the loop reporting, once more, input
+            # the last statement has read since (the loop polled before that statement's
+            # task ran). That happens once; a second time means input nobody asked for.
+            self._idle_readable = True
+        elif self._settled:
+            # A notice, or the server closing the connection: read it, or the loop calls us
+            # again at every turn; a connection that broke is no longer watched (its next
+            # statement finds it gone).
+            try:
+                self._pgconn.consume_input()
+            except psycopg.OperationalError:
+                self._unwatch()
+            else:
+                if self._pgconn.status != pq.ConnStatus.OK:
+                    self._unwatch()
+
+    @staticmethod
+    async def _writable(loop: asyncio.AbstractEventLoop, socket: int) -> None:
+        ready: asyncio.Future[None] = loop.create_future()
+
+        def wake() -> None:
+            if not ready.done():
+                ready.set_result(None)
+
+        loop.add_writer(socket, wake)
+        try:
+            await ready
+        finally:
+            loop.remove_writer(socket)
+
+
+def _rows(
+    result: pq.abc.PGresult, adapt: psycopg_abc.Transformer, statement: PgStatement
+) -> list[Row]:
+    """``result``'s rows as dicts, decoded by psycopg's loaders for their column types."""
+    adapt.set_pgresult(result)
+    names = statement.column_names
+    if len(names) != result.nfields:  # the first result (a statement's columns never change)
+        names = [(result.fname(column) or b"").decode() for column in range(result.nfields)]
+        statement.column_names = names
+    return adapt.load_rows(0, result.ntuples, lambda values: dict(zip(names, values, strict=True)))
+
+
+_PLAN_CHANGED = "cached plan must not change result type"
+
+
+def _plan_changed(result: pq.abc.PGresult) -> bool:
+    # A prepared statement whose table changed since it was prepared.
+    message = result.error_field(pq.DiagnosticField.MESSAGE_PRIMARY) or b""
+    return _PLAN_CHANGED.encode() in message
 
 
 def _connection_lost(exc: psycopg.OperationalError) -> bool:
@@ -236,8 +464,3 @@ def _connection_lost(exc: psycopg.OperationalError) -> bool:
     # settle finds the turn moved (a stale-transition error, as after a lost lease), and
     # turns leased by a claim whose answer was lost are claimed again when that expires.
     return exc.sqlstate is None or exc.sqlstate.startswith(("08", "57P"))
-
-
-async def _close_quietly(connection: psycopg.AsyncConnection[Row]) -> None:
-    with contextlib.suppress(psycopg.Error):  # closing a dead connection releases nothing
-        await connection.close()

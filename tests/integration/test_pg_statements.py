@@ -8,6 +8,7 @@ nothing; a connection the server dropped is replaced and the statement retried.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Iterator
 
 import psycopg
@@ -159,3 +160,100 @@ async def test_close_leaves_no_connection_open(dsn: str) -> None:
                 if admin.execute(others).fetchone() == (0,):
                     break
                 await asyncio.sleep(0.02)
+
+
+async def test_a_statement_is_prepared_once_per_session_and_parameter_types(dsn: str) -> None:
+    """The first run of a statement prepares it in the same round trip; later runs reuse
+    that preparation, and a value of another type (an integer where text was) gets one of
+    its own — as psycopg prepares."""
+    pool = PgConnections(dsn, size=1)  # one session: every statement below shares it
+    echo = PgStatement(sa.text("SELECT CAST(:value AS text) AS value"))
+    try:
+        for value in ("a", "b", "c", 7, 8):
+            assert await pool.fetch(echo, {"value": value}) == [{"value": str(value)}]
+        prepared = PgStatement(
+            sa.text("SELECT count(*) AS n FROM pg_prepared_statements WHERE statement = :sql")
+        )
+        rows = await pool.fetch(prepared, {"sql": echo.wire_sql.decode()})
+    finally:
+        await pool.close()
+
+    assert rows == [{"n": 2}]
+
+
+async def test_a_failed_pipeline_leaves_its_session_usable(dsn: str) -> None:
+    """When an earlier statement fails, the later ones of the same call never ran — not even
+    their preparation — and the next call prepares and runs them on the same session."""
+    pool = PgConnections(dsn, size=1)
+    failing = PgStatement(sa.text("SELECT 1 / 0 AS never"))
+    fresh = PgStatement(sa.text("SELECT pg_backend_pid() AS pid, 41 + 1 AS answer"))
+    try:
+        (before,) = await pool.fetch(PgStatement(sa.text("SELECT pg_backend_pid() AS pid")), {})
+        with pytest.raises(StoreError, match="division by zero"):
+            await pool.fetch_together([(failing, {}), (fresh, {})])
+        (after,) = await pool.fetch(fresh, {})
+    finally:
+        await pool.close()
+
+    assert after == {"pid": before["pid"], "answer": 42}
+
+
+async def test_a_cancelled_statement_never_hands_its_session_on(dsn: str) -> None:
+    """A statement cancelled while the server runs it leaves its session mid-pipeline: the
+    pool closes that session, and the next statement gets a fresh one that works."""
+    pool = PgConnections(dsn, size=1)
+    who = PgStatement(sa.text("SELECT pg_backend_pid() AS pid"))
+    try:
+        (first,) = await pool.fetch(who, {})
+        slow = asyncio.create_task(
+            pool.fetch(PgStatement(sa.text("SELECT pg_sleep(5) AS slept")), {})
+        )
+        await asyncio.sleep(0.1)
+        slow.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await slow
+        (second,) = await pool.fetch(who, {})
+    finally:
+        await pool.close()
+
+    assert second["pid"] != first["pid"]
+
+
+async def test_an_idle_session_whose_server_went_away_costs_no_cpu(dsn: str) -> None:
+    """An idle pooled session keeps its socket watched between statements; when the server
+    closes it, the unasked-for input must not make the event loop spin (a readable socket
+    nobody reads would call its reader at every turn of the loop)."""
+    pool = PgConnections(dsn, size=1)
+    who = PgStatement(sa.text("SELECT pg_backend_pid() AS pid"))
+    try:
+        (first,) = await pool.fetch(who, {})
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (first["pid"],))
+        started = time.process_time()
+        await asyncio.sleep(0.5)
+        spent = time.process_time() - started
+        (second,) = await pool.fetch(who, {})
+    finally:
+        await pool.close()
+
+    assert spent < 0.2, f"{spent:.2f} s of CPU in 0.5 s idle: the loop spun"
+    assert second["pid"] != first["pid"]
+
+
+async def test_a_statement_whose_table_changed_is_prepared_afresh(dsn: str) -> None:
+    """After a migration adds a column, a statement the session had prepared for the old
+    table runs again, prepared anew, and returns the new column — instead of failing with
+    the server's "cached plan must not change result type"."""
+    pool = PgConnections(dsn, size=1)
+    everything = PgStatement(sa.text("SELECT * FROM notes"))
+    try:
+        await make_notes(pool)
+        await pool.fetch(PgStatement(sa.text("INSERT INTO notes VALUES ('n1', '{}')")), {})
+        assert await pool.fetch(everything, {}) == [{"id": "n1", "body": {}}]
+        await pool.fetch(PgStatement(sa.text("ALTER TABLE notes ADD COLUMN extra int")), {})
+
+        rows = await pool.fetch(everything, {})
+    finally:
+        await pool.close()
+
+    assert rows == [{"id": "n1", "body": {}, "extra": None}]
