@@ -88,7 +88,6 @@ async def execute_claimed(
 
     async def heartbeat() -> None:
         while not work.done():
-            await asyncio.sleep(lease.heartbeat_interval)
             try:
                 current = await store.renew_lease(
                     turn.id, lease_token=turn.lease_token, lease_seconds=lease.lease_seconds
@@ -105,6 +104,7 @@ async def execute_claimed(
             if current.status is TurnStatus.ABORTING:
                 stop("abort")
                 return
+            await asyncio.sleep(lease.heartbeat_interval)
 
     async def watch_abort(signal: asyncio.Event) -> None:
         await signal.wait()
@@ -130,9 +130,17 @@ async def execute_claimed(
                 stop("abort")
                 return
 
-    helpers = [asyncio.create_task(heartbeat()), asyncio.create_task(watch_store())]
+    helpers = [asyncio.create_task(watch_store())]
     if abort_signal is not None:
         helpers.append(asyncio.create_task(watch_abort(abort_signal)))
+
+    def start_heartbeat() -> None:
+        if not work.done():
+            helpers.append(asyncio.create_task(heartbeat()))
+
+    # Most turns settle long before the first renewal is due: a timer, not a task, waits
+    # for it (a task per turn that only ever sleeps and is cancelled costs more).
+    heartbeat_due = asyncio.get_running_loop().call_later(lease.heartbeat_interval, start_heartbeat)
     outcome: TurnOutcome | None = None
     try:
         outcome = await work
@@ -145,6 +153,7 @@ async def execute_claimed(
         logger.warning("turn %s: %s; stopping", turn.id, refused)
         stop_reason.insert(0, "lease lost")
     finally:
+        heartbeat_due.cancel()
         for helper in helpers:
             helper.cancel()
         # A helper's own failure must never replace the turn's outcome.

@@ -200,3 +200,28 @@ async def test_a_refused_fenced_write_stops_the_runner_without_failing_the_turn(
     assert outcome.lease_token == taken.lease_token and outcome.error is None
     [call] = await h.store.list_calls("turn-1")
     assert call.status is ToolCallStatus.RUNNING, "the refused write left the journal untouched"
+
+
+async def test_a_turn_longer_than_its_lease_keeps_it_by_renewing() -> None:
+    """A runner whose tool outlasts the lease renews it every heartbeat: nobody else can
+    claim the turn meanwhile, and it settles in its first attempt."""
+    h = Harness(ListModel([ask(("slow", "s1", {})), say("finished")]))
+    await h.start()
+    claimed = await h.store.claim_turn("turn-1", owner="w1", lease_seconds=SHORT_LEASE)
+    running = asyncio.create_task(
+        execute_claimed(
+            h.agent.runner_config(),
+            h.store,
+            claimed,
+            lease=LeaseSettings(lease_seconds=SHORT_LEASE, heartbeat_interval=SHORT_LEASE / 3),
+        )
+    )
+    await asyncio.wait_for(h.slow_started.wait(), timeout=2)
+    await asyncio.sleep(SHORT_LEASE * 3)  # three leases' worth: only renewals keep it
+
+    stolen = await h.store.claim_next(owner="w2", lease_seconds=SHORT_LEASE, agents=["worker"])
+    h.release_slow.set()
+    settled = await running
+
+    assert stolen == []
+    assert settled.status is TurnStatus.COMPLETED and settled.attempts == 1
