@@ -111,6 +111,10 @@ class Part(_Wire):
             part.metadata = metadata
         return part
 
+    def copy_deep(self) -> Part:
+        """An independent copy (through the wire form, as :meth:`Message.copy_deep`)."""
+        return Part.model_validate(self.to_wire())
+
     def meta(self) -> dict[str, Any]:
         """The metadata dict (empty when unset); a copy, safe to modify."""
         return dict(self.metadata or {})

@@ -292,5 +292,6 @@ async def _text_answer(text: str, on_chunk: ChunkSink | None, delay: float = 0.0
 async def _tool_answer(parts: list[Part], on_chunk: ChunkSink | None) -> ModelResponse:
     """Stream all tool requests as one chunk, then return them as the message."""
     if on_chunk is not None:
-        await on_chunk([part.model_copy(deep=True) for part in parts])
+        # Copies through the wire form: a third of a deep copy's cost (Message.copy_deep).
+        await on_chunk([part.copy_deep() for part in parts])
     return ModelResponse(message=Message(role="model", content=parts), finish_reason="stop")
