@@ -186,11 +186,11 @@ class Bench:
     workdir: Path  # worker logs and claim logs, one folder per run
 
 
-def measure(bench: Bench, impl: str, processes: int, slots: int) -> Result:
+def measure(bench: Bench, impl: str, processes: int, slots: int, round: int = 1) -> Result:
     """One implementation on one configuration, on a fresh database (dropped afterwards)."""
     args, databases, children = bench.args, bench.databases, bench.children
     copy = bench.template if impl == "turnstile" else None
-    name = databases.create(f"{impl}_{processes}p{slots}s", template=copy)
+    name = databases.create(f"{impl}_{processes}p{slots}s_r{round}", template=copy)
     logs = bench.workdir / name
     logs.mkdir()
     dsn = dsn_for(name)
@@ -221,6 +221,7 @@ def measure(bench: Bench, impl: str, processes: int, slots: int) -> Result:
             impl=impl,
             processes=processes,
             slots=slots,
+            round=round if bench.args.rounds > 1 else None,
             warmup=args.warmup,
             workflows=args.workflows,
             idle_workflows=args.idle,
@@ -251,6 +252,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--processes", default="1,4", help="worker processes, e.g. 1,4")
     parser.add_argument("--slots", default="1,8", help="slots per process, e.g. 1,8")
     parser.add_argument("--impl", default="turnstile,floor", help="turnstile, floor or both")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="measure each configuration this many times, the implementations alternating; "
+        "the targets are judged on the median of the rounds' ratios (for a machine whose "
+        "speed drifts between runs)",
+    )
     parser.add_argument("--json", type=Path, help="also write the raw results here")
     parser.add_argument("--keep-logs", action="store_true", help="keep worker logs")
     parser.add_argument(
@@ -283,23 +292,30 @@ def main(argv: list[str] | None = None) -> int:
 
         migrate(url_for(template))
         bench = Bench(args, databases, children, template, workdir)
-        for processes in _ints(args.processes):
-            for slots in _ints(args.slots):
-                for impl in impls:
-                    label = f"{processes}p x {slots}s {impl}"
-                    try:
-                        result = measure(bench, impl, processes, slots)
-                    except Exception as exc:  # report it, keep the logs, go on with the rest
-                        failures.append(f"{label}: {exc!r}")
-                        print(f"{label}: FAILED: {exc!r}", flush=True)
-                        args.keep_logs = True
-                        continue
-                    results.append(result)
-                    print(
-                        f"{label}: {result.rate:.1f} workflows/s ({args.workflows} in "
-                        f"{result.seconds:.1f} s, {len(result.errors)} errors)",
-                        flush=True,
-                    )
+        runs = [
+            (processes, slots, round, impl)
+            for processes in _ints(args.processes)
+            for slots in _ints(args.slots)
+            for round in range(1, args.rounds + 1)
+            for impl in impls
+        ]
+        for processes, slots, round, impl in runs:
+            label = f"{processes}p x {slots}s {impl}"
+            if args.rounds > 1:
+                label += f" #{round}"
+            try:
+                result = measure(bench, impl, processes, slots, round)
+            except Exception as exc:  # report it, keep the logs, go on with the rest
+                failures.append(f"{label}: {exc!r}")
+                print(f"{label}: FAILED: {exc!r}", flush=True)
+                args.keep_logs = True
+                continue
+            results.append(result)
+            print(
+                f"{label}: {result.rate:.1f} workflows/s ({args.workflows} in "
+                f"{result.seconds:.1f} s, {len(result.errors)} errors)",
+                flush=True,
+            )
         print()
         print(report(results))
         for failure in failures:

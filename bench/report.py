@@ -81,10 +81,16 @@ class Result:
     client_cpu_s: float
     worker_cpu_s: float
     errors: list[str] = field(default_factory=list)
+    round: int | None = None  # which of several rounds (--rounds), None for a single one
+
+    @property
+    def config(self) -> str:
+        return f"{self.processes}p x {self.slots}s"
 
     @property
     def label(self) -> str:
-        return f"{self.processes}p x {self.slots}s {self.impl}"
+        suffix = f" #{self.round}" if self.round is not None else ""
+        return f"{self.config} {self.impl}{suffix}"
 
     @property
     def rate(self) -> float:
@@ -106,10 +112,12 @@ def _verdict(met: bool, value: float) -> str:
 
 def report(results: list[Result]) -> str:
     """The throughput, latency and cost tables, and the target checks."""
-    floors = {(r.processes, r.slots): r.rate for r in results if r.impl == "floor"}
+    # A round's turnstile run is compared with the same round's floor: they ran one after
+    # the other, so a machine whose speed drifts affects both alike.
+    floors = {(r.processes, r.slots, r.round): r.rate for r in results if r.impl == "floor"}
 
     def share(r: Result) -> float:
-        base = floors.get((r.processes, r.slots))
+        base = floors.get((r.processes, r.slots, r.round))
         return 100 * r.rate / base if base else math.nan
 
     speed = [
@@ -181,14 +189,24 @@ def report(results: list[Result]) -> str:
         "",
         "Targets",
     ]
+    configs: dict[str, list[Result]] = {}
     for r in results:
-        if r.impl == "floor":
-            continue
-        ratio, pickup = share(r), percentile(r.idle.pickup_ms, 50)
+        if r.impl != "floor":
+            configs.setdefault(r.config, []).append(r)
+    for config, runs in configs.items():
+        # Several rounds: the median of their ratios, and the p50 of all their idle pickups.
+        shares = [share(r) for r in runs]
+        ratio = percentile(shares, 50) if not any(map(math.isnan, shares)) else math.nan
+        pickup = percentile([ms for r in runs for ms in r.idle.pickup_ms], 50)
+        rounds = (
+            f" (median of {len(runs)} rounds: {', '.join(_percent(x) for x in shares)})"
+            if len(runs) > 1
+            else ""
+        )
         lines.append(
-            f"  {r.label}: {_percent(ratio)} of the floor's throughput (target >= 50%: "
-            f"{_verdict(ratio >= 50, ratio)}); idle resume->pickup p50 {fmt(pickup, 2)} ms "
-            f"(target <= 5 ms: {_verdict(pickup <= 5, pickup)})"
+            f"  {config} turnstile: {_percent(ratio)} of the floor's throughput{rounds} "
+            f"(target >= 50%: {_verdict(ratio >= 50, ratio)}); idle resume->pickup p50 "
+            f"{fmt(pickup, 2)} ms (target <= 5 ms: {_verdict(pickup <= 5, pickup)})"
         )
     for r in results:
         missing = r.loaded.missing_pickups + r.idle.missing_pickups
