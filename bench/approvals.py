@@ -53,6 +53,7 @@ from bench.common import (
     raise_on_sigterm,
     read_claims,
     read_stats,
+    server_cpu_seconds,
     url_for,
     wait_until_idle,
 )
@@ -200,7 +201,7 @@ def measure(bench: Bench, impl: str, processes: int, slots: int, round: int = 1)
                 connection.execute(floor.SCHEMA)
         checkpoint()
         cpu_children, cpu_self = _children_cpu(), _self_cpu()
-        before = read_stats(name)
+        before, server_before = read_stats(name), server_cpu_seconds()
         try:
             _start_workers(impl, processes, slots, name, children, logs, args.profile)
             # Not per-workflow work: importing, connecting, checking the schema (≈ 0.5 s of
@@ -213,7 +214,12 @@ def measure(bench: Bench, impl: str, processes: int, slots: int, round: int = 1)
         finally:
             children.stop()
         wait_until_idle(name)
-        stats = read_stats(name) - before
+        stats, server_after = read_stats(name) - before, server_cpu_seconds()
+        server_cpu = (
+            server_after - server_before
+            if server_after is not None and server_before is not None
+            else None
+        )
         claims = read_claims(logs)
         ids = [s.resumed_turn for s in loaded + idle]
         created, settled = _turn_times(dsn, "fturns" if impl == "floor" else "turns", ids)
@@ -231,6 +237,7 @@ def measure(bench: Bench, impl: str, processes: int, slots: int, round: int = 1)
             stats=stats,
             client_cpu_s=_self_cpu() - cpu_self,
             worker_cpu_s=_children_cpu() - cpu_children - start_up,
+            server_cpu_s=server_cpu,
             errors=errors,
         )
     finally:

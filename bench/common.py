@@ -142,6 +142,27 @@ def read_stats(database: str) -> ServerStats:
     return ServerStats(*(int(value) for value in row))
 
 
+def server_cpu_seconds() -> float | None:
+    """User + system CPU the local PostgreSQL server's processes have used so far, exited
+    backends included (their time is in the postmaster's reaped-children fields), from
+    /proc; ``None`` when none can be read (a remote server, another user's processes).
+    Cluster-wide, like the WAL counters: run nothing else on the server meanwhile."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total, found = 0, False
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            if not (entry / "comm").read_text().startswith("postgres"):
+                continue
+            # After the command's closing parenthesis: utime, stime, cutime and cstime are
+            # the 14th to 17th fields of the whole line.
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            total += sum(int(field) for field in stat[11:15])
+            found = True
+    return total / ticks if found else None
+
+
 def count_backends(database: str, query: str | None = None) -> int:
     """Backends connected to ``database`` (whose last statement is ``query``, if given)."""
     sql = "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()"

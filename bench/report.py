@@ -81,6 +81,7 @@ class Result:
     client_cpu_s: float
     worker_cpu_s: float
     errors: list[str] = field(default_factory=list)
+    server_cpu_s: float | None = None  # the local server's processes, cluster-wide
     round: int | None = None  # which of several rounds (--rounds), None for a single one
 
     @property
@@ -147,6 +148,7 @@ def report(results: list[Result]) -> str:
                 fmt(per(s.wal_syncs), 2),
                 fmt(per(r.client_cpu_s) * 1e3, 2),
                 fmt(per(r.worker_cpu_s) * 1e3, 2),
+                "-" if r.server_cpu_s is None else fmt(per(r.server_cpu_s) * 1e3, 2),
             ]
         )
     lines = [
@@ -171,7 +173,7 @@ def report(results: list[Result]) -> str:
             latency,
         ),
         "",
-        "Cost per workflow (over all phases; WAL and write xacts are cluster-wide)",
+        "Cost per workflow (over all phases; WAL, write xacts and server CPU are cluster-wide)",
         render_table(
             [
                 "config",
@@ -183,6 +185,7 @@ def report(results: list[Result]) -> str:
                 "WAL syncs",
                 "client CPU ms",
                 "worker CPU ms",
+                "server CPU ms",
             ],
             cost,
         ),
