@@ -157,7 +157,12 @@ answered AS (
     FROM jsonb_to_recordset(CAST(:answers AS jsonb))
              AS a(turn_id text, round integer, ref text, answer jsonb, decided_by text),
          ready
-    WHERE c.turn_id = a.turn_id AND c.round = a.round AND c.ref = a.ref
+    -- Answers name calls of the parent (an answer naming another turn's call matches
+    -- nothing, the count below refuses the statement, and the reference form raises the
+    -- precise error). Saying so lets the plan read the parent's journal by its key; on
+    -- the answer rows alone it hash-joined every open approval, on every resume.
+    WHERE c.turn_id = :parent_id
+      AND c.turn_id = a.turn_id AND c.round = a.round AND c.ref = a.ref
       AND c.status = 'interrupted'
     RETURNING c.ref),"""
         )

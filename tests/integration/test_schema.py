@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from alembic import command
 from sqlalchemy.dialects import postgresql
 
-from stores import SchemaNotAtHeadError, ensure_at_head, migrate, snapshots, turns
+from stores import SchemaNotAtHeadError, ensure_at_head, migrate, snapshots, turn_creation, turns
 from stores import turn_claims as claim_sql
 from stores.migrate import _config, current_revision, head_revision
 from stores.pg import SESSION_SETTINGS
@@ -259,6 +259,42 @@ def test_plans_cached_while_the_tables_were_empty_still_use_the_indexes() -> Non
 
     for name, plan in plans.items():
         assert "Seq Scan" not in plan, f"{name}:\n{plan}"
+
+
+def test_a_resume_finds_its_answers_by_the_parents_key_however_many_approvals_are_open() -> None:
+    """The resume's creation marks the answered calls by the parent turn's journal key. Given
+    only the answer rows, the planner hash-joined the whole open-approval index with them
+    instead: every resume then read every open approval of every session (5,000 here)."""
+    with postgres_url() as url, psycopg.connect(_dsn(url), autocommit=True) as connection:
+        _populate(connection, 50_000, analyze=False)
+        connection.execute(
+            "UPDATE tool_calls SET status = 'interrupted' WHERE turn_id LIKE '%0'"
+        )  # one call in ten waits for an answer
+        connection.execute("ANALYZE")
+        for name, value in SESSION_SETTINGS.items():
+            connection.execute(f"SET {name} = {value}")
+        statement = turn_creation._CREATE[True, False]
+        connection.execute(b"PREPARE resume AS " + statement.wire_sql)
+        literals = {
+            "agent": "'bankingAgent'",
+            "session_id": "'s500'",
+            "now": "now()",
+            "answers": """'[{"turn_id": "t500", "round": 1, "ref": "approval-1"}]'""",
+            "answer_count": "1",
+            "id": "'new'",
+            "parent_id": "'t500'",
+            "input": """'{"kind": "resume"}'""",
+            "history_length": "1",
+            "max_attempts": "3",
+            "work_channel": "'turnstile_work'",
+        }
+        arguments = ", ".join(literals[name] for name in statement.parameter_names)
+        rows = connection.execute(f"EXPLAIN EXECUTE resume({arguments})").fetchall()
+    plan = "\n".join(row[0] for row in rows)
+    answered = plan[plan.index("CTE answered") : plan.index("CTE created")]
+
+    assert "pk_tool_calls" in answered, answered
+    assert "ix_tool_calls_open" not in answered, answered
 
 
 def test_a_new_databases_queue_claim_walks_its_index_in_order() -> None:
