@@ -279,9 +279,9 @@ class _Session:
     Why not psycopg's cursors: for these one-row statements their Python machinery — query
     conversion, prepared-statement bookkeeping, a reader registered and removed for every
     wait, a cursor and a row maker per execution — cost more CPU than the rest of the
-    statement's trip (``docs/performance.md``, "The lean statement path"). What is kept of
-    psycopg: its connection, its type adapters (rows decode exactly as a cursor would
-    decode them) and its error classes.
+    statement's trip (``docs/performance.md``, "Results after the lean statement round").
+    What is kept of psycopg: its connection, its type adapters (rows decode exactly as a
+    cursor would decode them) and its error classes.
 
     The connection stays in pipeline mode, where every sync ends an implicit transaction:
     one statement per sync is autocommit, several before one sync commit together. Each

@@ -184,6 +184,22 @@ def _generic_plan_scans(connection: psycopg.Connection[Any], statement: Any, val
     return "\n".join(line for line in plan.splitlines() if "Scan" in line)
 
 
+def _hot_path_reads() -> dict[str, tuple[Any, dict[str, Any]]]:
+    """The claims and reads of the common path, with values for _populate's turns."""
+    now = datetime.now(UTC)
+    claim = {"now": now, "expires": now, "owner": "w", "limit": 8, "agents": ["a"]}
+    return {
+        "claim by id": (
+            claim_sql._CHECKED_CLAIMS[True, True],
+            {**claim, "turn_ids": ["t1000", "t2000"]},
+        ),
+        "claim": (claim_sql._CHECKED_CLAIMS[True, False], claim),
+        "snapshot": (snapshots._SNAPSHOT, {"turn_id": "t500"}),
+        "progress": (snapshots._PROGRESS, {"turn_id": "t500"}),
+        "turn": (turns._PG_BY_ID, {"turn_id": "t500"}),
+    }
+
+
 def test_the_common_paths_cached_plans_use_indexes() -> None:
     """With 50,000 turns, the claims, the snapshot and progress reads and the turn read each
     plan index scans even when planned once for any values (a plan cached by a connection),
@@ -196,18 +212,7 @@ def test_the_common_paths_cached_plans_use_indexes() -> None:
                SELECT id, 0, 0, 'user', '[]', true, now() FROM turns"""
         )
         connection.execute("ANALYZE messages")
-        now = datetime.now(UTC)
-        claim = {"now": now, "expires": now, "owner": "w", "limit": 8, "agents": ["a"]}
-        cases = {
-            "claim by id": (
-                claim_sql._CHECKED_CLAIMS[True, True],
-                {**claim, "turn_ids": ["t1000", "t2000"]},
-            ),
-            "claim": (claim_sql._CHECKED_CLAIMS[True, False], claim),
-            "snapshot": (snapshots._SNAPSHOT, {"turn_id": "t500"}),
-            "progress": (snapshots._PROGRESS, {"turn_id": "t500"}),
-            "turn": (turns._PG_BY_ID, {"turn_id": "t500"}),
-        }
+        cases = _hot_path_reads()
         plans = {
             name: _generic_plan_scans(connection, statement, values)
             for name, (statement, values) in cases.items()
@@ -237,18 +242,7 @@ def test_plans_cached_while_the_tables_were_empty_still_use_the_indexes() -> Non
     with postgres_url() as url, psycopg.connect(_dsn(url), autocommit=True) as connection:
         for table in ("turns", "messages", "tool_calls", "sessions"):
             connection.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
-        now = datetime.now(UTC)
-        claim = {"now": now, "expires": now, "owner": "w", "limit": 8, "agents": ["a"]}
-        cases = {
-            "claim by id": (
-                claim_sql._CHECKED_CLAIMS[True, True],
-                {**claim, "turn_ids": ["t1000", "t2000"]},
-            ),
-            "claim": (claim_sql._CHECKED_CLAIMS[True, False], claim),
-            "snapshot": (snapshots._SNAPSHOT, {"turn_id": "t500"}),
-            "progress": (snapshots._PROGRESS, {"turn_id": "t500"}),
-            "turn": (turns._PG_BY_ID, {"turn_id": "t500"}),
-        }
+        cases = _hot_path_reads()
         for statement, values in cases.values():  # cached now, on empty tables
             _generic_plan(connection, statement, values)
         _populate(connection, 5_000, analyze=False)

@@ -77,6 +77,13 @@ class Harness:
             await task
         await asyncio.sleep(SHORT_LEASE + 0.05)
 
+    def run_as_w1(self, claimed: Any, *, heartbeat_interval: float) -> asyncio.Task[Any]:
+        """Run the claimed turn in a task, as worker w1 with the short lease."""
+        lease = LeaseSettings(lease_seconds=SHORT_LEASE, heartbeat_interval=heartbeat_interval)
+        return asyncio.create_task(
+            execute_claimed(self.agent.runner_config(), self.store, claimed, lease=lease)
+        )
+
     async def recover(self) -> Any:
         """A second worker claims the expired turn and runs it to the end."""
         self.release_slow.set()
@@ -159,14 +166,7 @@ async def test_a_worker_that_lost_its_lease_stops_and_writes_nothing() -> None:
     h = Harness(ListModel([ask(("slow", "s1", {})), say("finished")]))
     await h.start()
     claimed = await h.store.claim_turn("turn-1", owner="w1", lease_seconds=SHORT_LEASE)
-    zombie = asyncio.create_task(
-        execute_claimed(
-            h.agent.runner_config(),
-            h.store,
-            claimed,
-            lease=LeaseSettings(lease_seconds=SHORT_LEASE, heartbeat_interval=SHORT_LEASE * 2),
-        )
-    )
+    zombie = h.run_as_w1(claimed, heartbeat_interval=SHORT_LEASE * 2)
     await asyncio.wait_for(h.slow_started.wait(), timeout=2)
     await asyncio.sleep(SHORT_LEASE + 0.02)
     taken = await h.store.claim_turn("turn-1", owner="w2", lease_seconds=5)
@@ -208,14 +208,7 @@ async def test_a_turn_longer_than_its_lease_keeps_it_by_renewing() -> None:
     h = Harness(ListModel([ask(("slow", "s1", {})), say("finished")]))
     await h.start()
     claimed = await h.store.claim_turn("turn-1", owner="w1", lease_seconds=SHORT_LEASE)
-    running = asyncio.create_task(
-        execute_claimed(
-            h.agent.runner_config(),
-            h.store,
-            claimed,
-            lease=LeaseSettings(lease_seconds=SHORT_LEASE, heartbeat_interval=SHORT_LEASE / 3),
-        )
-    )
+    running = h.run_as_w1(claimed, heartbeat_interval=SHORT_LEASE / 3)
     await asyncio.wait_for(h.slow_started.wait(), timeout=2)
     await asyncio.sleep(SHORT_LEASE * 3)  # three leases' worth: only renewals keep it
 
