@@ -142,25 +142,30 @@ def read_stats(database: str) -> ServerStats:
     return ServerStats(*(int(value) for value in row))
 
 
+def _cpu_seconds(process: Path, *, reaped: bool = False) -> float:
+    """User + system CPU of the process whose /proc folder is ``process`` (with ``reaped``,
+    also that of its children it has waited for). Raises OSError once it has gone."""
+    # The fields after the command's closing parenthesis: utime, stime, cutime and cstime
+    # are the 14th to 17th of the whole line.
+    fields = (process / "stat").read_text().rsplit(")", 1)[1].split()
+    used = fields[11:15] if reaped else fields[11:13]
+    return sum(int(value) for value in used) / os.sysconf("SC_CLK_TCK")
+
+
 def server_cpu_seconds() -> float | None:
     """User + system CPU the local PostgreSQL server's processes have used so far, exited
     backends included (their time is in the postmaster's reaped-children fields), from
     /proc; ``None`` when none can be read (a remote server, another user's processes).
     Cluster-wide, like the WAL counters: run nothing else on the server meanwhile."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    total, found = 0, False
+    total, found = 0.0, False
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         with contextlib.suppress(OSError, ValueError, IndexError):
-            if not (entry / "comm").read_text().startswith("postgres"):
-                continue
-            # After the command's closing parenthesis: utime, stime, cutime and cstime are
-            # the 14th to 17th fields of the whole line.
-            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            total += sum(int(field) for field in stat[11:15])
-            found = True
-    return total / ticks if found else None
+            if (entry / "comm").read_text().startswith("postgres"):
+                total += _cpu_seconds(entry, reaped=True)
+                found = True
+    return total if found else None
 
 
 def count_backends(database: str, query: str | None = None) -> int:
@@ -254,15 +259,11 @@ class Processes:
 
     def cpu_seconds(self) -> float:
         """User + system CPU the running children have used so far (from /proc)."""
-        ticks = os.sysconf("SC_CLK_TCK")
-        total = 0
+        total = 0.0
         for child, _, _ in self.children:
             with contextlib.suppress(OSError, ValueError, IndexError):
-                # The fields after the command's closing parenthesis; utime and stime are
-                # the 14th and 15th of the whole line.
-                stat = Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()
-                total += int(stat[11]) + int(stat[12])
-        return total / ticks
+                total += _cpu_seconds(Path(f"/proc/{child.pid}"))
+        return total
 
     def check(self) -> None:
         """Raise if a child has exited (with the tail of its log)."""

@@ -136,13 +136,8 @@ class PgStatement:
         self.column_names: list[str] = []
 
     def bind(self, values: Mapping[str, Any]) -> dict[str, Any]:
-        """The parameters for psycopg: ``values``, each through its type's processor."""
-        params = dict(values)
-        for name, process in self._processors.items():
-            value = params.get(name)
-            if value is not None:
-                params[name] = process(value)
-        return params
+        """The parameters for psycopg's named form (:attr:`sql`): :meth:`arguments` by name."""
+        return dict(zip(self.parameter_names, self.arguments(values), strict=True))
 
     def arguments(self, values: Mapping[str, Any]) -> list[Any]:
         """The parameters in ``$n`` order, each through its type's processor (as
@@ -215,7 +210,7 @@ class PgConnections:
                 # A table changed under a prepared statement (a migration): the pipeline
                 # was rolled back before it ran, and the session has forgotten the stale
                 # preparation, so running it again prepares it afresh.
-                if attempt <= retries and exc.sqlstate == "0A000" and _PLAN_CHANGED in str(exc):
+                if attempt <= retries and _PLAN_CHANGED in str(exc):
                     continue
                 raise StoreError(f"Database error: {exc!r}") from exc
             except psycopg.OperationalError as exc:
