@@ -12,6 +12,7 @@ with the variable unset, stays offline.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import time
@@ -162,13 +163,18 @@ def build(
 def book(ledger: Path, key: str, request: TransferRequest) -> bool:
     """Append a transfer to the ledger unless ``key`` is booked already; True if booked now.
 
-    This is what a payment API does with an idempotency key: the effect happens once.
+    This is what a payment API does with an idempotency key: the effect happens once. Worker
+    processes book into one file at once, so the key check and the append are one step under
+    an exclusive lock: without it, two bookings of one key could both append, and a reader
+    could see another's line half written.
     """
     ledger.parent.mkdir(parents=True, exist_ok=True)
-    if key in {entry["key"] for entry in read_ledger(ledger)}:
-        return False
     line = json.dumps({"key": key, "amount": request.amount, "toAccount": request.toAccount})
-    with ledger.open("a") as handle:
+    with ledger.open("a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes
+        handle.seek(0)
+        if key in {entry["key"] for entry in _entries(handle.read())}:
+            return False
         handle.write(line + "\n")
     return True
 
@@ -177,7 +183,13 @@ def read_ledger(ledger: Path) -> list[dict[str, Any]]:
     """The ledger's entries (empty if there is no ledger yet)."""
     if not ledger.exists():
         return []
-    return [json.loads(line) for line in ledger.read_text().splitlines() if line.strip()]
+    with ledger.open() as handle:
+        fcntl.flock(handle, fcntl.LOCK_SH)  # no booking is half written while we read
+        return _entries(handle.read())
+
+
+def _entries(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def _example_keys() -> Mapping[str, str | bytes] | None:

@@ -131,9 +131,11 @@ async def test_four_worker_processes_run_each_of_500_turns_exactly_once(cluster:
     assert len(set(ids)) == 500
     await cluster.wait_all_settled(timeout=180)
 
-    rows = await cluster.query("SELECT id, status::text, finish_reason, attempts FROM turns")
+    rows = await cluster.query(
+        "SELECT id, status::text, finish_reason, attempts, error::text FROM turns"
+    )
     assert len(rows) == 500
-    wrong = [r for r in rows if r[1:] != ("completed", "interrupted", 1)]
+    wrong = [r for r in rows if r[1:4] != ("completed", "interrupted", 1)]
     assert not wrong, f"{len(wrong)} turns not run exactly once: {wrong[:5]}\n{cluster.logs()}"
     histories = await cluster.query(
         "SELECT turn_id, array_agg(to_status::text ORDER BY id) FROM turn_events GROUP BY turn_id"
