@@ -13,6 +13,13 @@ move with the machine's load or speed (the same code gives the same count to wit
 tenths of a percent), so it can tell a 3% change apart on a machine whose throughput swings
 by a third between runs. It leaves out what the kernel does (system calls: count those with
 ``strace -c -f``) and PostgreSQL's own work.
+
+``python bench/in_process.py --statements`` adds that work, per statement: for every kind of
+round trip the store makes on its libpq sessions (named by its statements' first CTEs), how
+often a workflow makes it, its wall time, and the CPU its server backend spent on it. The
+backend's time comes from ``/proc/<pid>/schedstat`` (nanoseconds on a CPU; the server must be
+local), read each time a session starts a round trip: what the backend used since the
+session's previous one belongs to that one, since a session's backend is idle in between.
 """
 
 from __future__ import annotations
@@ -29,14 +36,96 @@ import os
 import re
 import subprocess
 import time
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
 
 from bench.common import STATE_KEYS, Databases, url_for
 
 WARMUP = 30
 
 
-async def _run(workflows: int, slots: int) -> tuple[float, float]:
-    """CPU and wall seconds of ``workflows`` workflows after the warm-up."""
+class StatementCosts:
+    """Round trips by kind: count, wall seconds, server backend CPU nanoseconds."""
+
+    def __init__(self) -> None:
+        self.count: dict[str, int] = defaultdict(int)
+        self.wall: dict[str, float] = defaultdict(float)
+        self.server_ns: dict[str, int] = defaultdict(int)
+        self.counting = False
+        # Per backend: its CPU reading at the start of its last round trip, and that trip.
+        self._open: dict[int, tuple[int, str]] = {}
+
+    @staticmethod
+    def kind(sql: str) -> str:
+        """``WITH <first CTE>`` or the statement's first two words."""
+        found = re.match(r"\s*WITH\s+(?:RECURSIVE\s+)?(\w+)", sql)
+        return f"WITH {found[1]}" if found else " ".join(sql.split()[:2])
+
+    def started(self, backend: int, kind: str) -> None:
+        now = _backend_cpu_ns(backend)
+        opened = self._open.get(backend)
+        if opened is not None and self.counting:
+            self.server_ns[opened[1]] += now - opened[0]
+        self._open[backend] = (now, kind)
+
+    def finished(self, kind: str, seconds: float) -> None:
+        if self.counting:
+            self.count[kind] += 1
+            self.wall[kind] += seconds
+
+    def close(self) -> None:
+        """Charge every session's last round trip (its backend has been idle since)."""
+        for backend in list(self._open):
+            self.started(backend, "")
+
+    def report(self, workflows: int) -> str:
+        lines = [f"{'per workflow':>12}  {'wall ms':>8}  {'server CPU ms':>13}  round trip"]
+        for kind in sorted(self.count, key=lambda k: -self.server_ns[k]):
+            n = self.count[kind]
+            lines.append(
+                f"{n / workflows:12.2f}  {1e3 * self.wall[kind] / n:8.3f}  "
+                f"{self.server_ns[kind] / n / 1e6:13.3f}  {kind}"
+            )
+        total = sum(self.server_ns.values()) / workflows / 1e6
+        lines.append(f"server CPU per workflow on these sessions: {total:.2f} ms")
+        return "\n".join(lines)
+
+
+def _backend_cpu_ns(pid: int) -> int:
+    with open(f"/proc/{pid}/schedstat") as stat:
+        return int(stat.read().split()[0])
+
+
+@contextmanager
+def _measured(costs: StatementCosts) -> Iterator[None]:
+    """Time every round trip of the store's libpq sessions (measurement only)."""
+    from stores import pg
+
+    original = pg._Session.run
+
+    async def run(self: Any, bound: Sequence[tuple[pg.PgStatement, list[Any]]]) -> Any:
+        kind = " + ".join(costs.kind(statement.wire_sql.decode()) for statement, _ in bound)
+        costs.started(self._pgconn.backend_pid, kind)
+        start = time.perf_counter()
+        try:
+            return await original(self, bound)
+        finally:
+            costs.finished(kind, time.perf_counter() - start)
+
+    pg._Session.run = run  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        pg._Session.run = original  # type: ignore[method-assign]
+
+
+async def _run(
+    workflows: int, slots: int, costs: StatementCosts | None = None
+) -> tuple[float, float]:
+    """CPU and wall seconds of ``workflows`` workflows after the warm-up (and, with
+    ``costs``, their round trips)."""
     from examples.banking import build
     from stores import SqlSessionStore, migrate
     from workers import WorkerPool
@@ -60,10 +149,16 @@ async def _run(workflows: int, slots: int) -> tuple[float, float]:
             async with WorkerPool(app.ai, store, concurrency=slots, scheduler=False):
                 for k in range(WARMUP):
                     await workflow(k)
+                if costs is not None:
+                    costs.counting = True
                 cpu, wall = time.process_time(), time.perf_counter()
                 for k in range(workflows):
                     await workflow(WARMUP + k)
-                return time.process_time() - cpu, time.perf_counter() - wall
+                elapsed = time.process_time() - cpu, time.perf_counter() - wall
+                if costs is not None:
+                    costs.close()
+                    costs.counting = False
+                return elapsed
         finally:
             await store.close()
     finally:
@@ -91,6 +186,11 @@ def main() -> None:
         action="store_true",
         help="count instructions per workflow under callgrind (two runs, ~3 minutes)",
     )
+    parser.add_argument(
+        "--statements",
+        action="store_true",
+        help="also print each kind of round trip's wall time and server backend CPU",
+    )
     args = parser.parse_args()
     if args.instructions:
         few, many = 20, 80
@@ -98,7 +198,13 @@ def main() -> None:
         per = (counts[1] - counts[0]) / (many - few)
         print(f"{per / 1e6:.2f} M instructions per workflow (client and worker, user space)")
         return
-    cpu, wall = asyncio.run(_run(args.workflows, args.slots))
+    costs = StatementCosts() if args.statements else None
+    if costs is None:
+        cpu, wall = asyncio.run(_run(args.workflows, args.slots))
+    else:
+        with _measured(costs):
+            cpu, wall = asyncio.run(_run(args.workflows, args.slots, costs))
+        print(costs.report(args.workflows))
     n = args.workflows
     print(
         f"{1e3 * cpu / n:.2f} ms CPU and {1e3 * wall / n:.2f} ms wall per workflow ({n} workflows)"
