@@ -94,7 +94,7 @@ class PgStatement:
     parameters with a value) are written into the SQL as literals: the connections here
     plan statements once and reuse the plan (see :class:`PgConnections`), and a plan made
     for an unknown ``status`` could not use the partial indexes whose predicate names one.
-    ``bind(values)`` passes each value through its bind type's processor (JSON
+    ``arguments(values)`` passes each value through its bind type's processor (JSON
     serialisation, enum checks), as SQLAlchemy would, so a statement means the same on
     either path.
     """
@@ -117,7 +117,8 @@ class PgStatement:
             process = impl.bind_processor(_DIALECT)
             if process is not None:
                 self._processors[name] = process
-        #: The SQL with psycopg's named placeholders (what ``psycopg`` itself executes).
+        #: The SQL with psycopg's named placeholders (for running it through psycopg itself,
+        #: as the plan tests do, with :attr:`parameter_names` naming :meth:`arguments`).
         self.sql: str = sql
         names: list[str] = []
 
@@ -135,13 +136,9 @@ class PgStatement:
         #: Its result's column names, read from its first result.
         self.column_names: list[str] = []
 
-    def bind(self, values: Mapping[str, Any]) -> dict[str, Any]:
-        """The parameters for psycopg's named form (:attr:`sql`): :meth:`arguments` by name."""
-        return dict(zip(self.parameter_names, self.arguments(values), strict=True))
-
     def arguments(self, values: Mapping[str, Any]) -> list[Any]:
-        """The parameters in ``$n`` order, each through its type's processor (as
-        :meth:`bind`). A missing value is a ``KeyError``, as in psycopg."""
+        """The parameters in ``$n`` order, each through its type's processor. A missing
+        value is a ``KeyError``, as in psycopg."""
         processors = self._processors
         arguments = []
         for name in self.parameter_names:
