@@ -230,9 +230,7 @@ def upgrade() -> None:
         sa.Column("turn_id", sa.Text(), nullable=False),
         sa.Column("round", sa.Integer(), nullable=False),
         sa.Column("ref", sa.Text(), nullable=False),
-        sa.Column(
-            "session_id", sa.Text(), nullable=False, comment="The turn's session (copied)."
-        ),
+        sa.Column("session_id", sa.Text(), nullable=False, comment="The turn's session (copied)."),
         sa.Column("agent", sa.Text(), nullable=False, comment="The turn's agent (copied)."),
         sa.Column("name", sa.Text(), nullable=False, comment="The interrupt's name."),
         sa.Column("input", JSON, nullable=True, comment="What the approver sees."),
@@ -244,9 +242,7 @@ def upgrade() -> None:
             nullable=True,
             comment="Set by an inbox decision (the inbox hides decided entries).",
         ),
-        sa.Column(
-            "created_at", TIMESTAMP, nullable=False, comment="When the call was journaled."
-        ),
+        sa.Column("created_at", TIMESTAMP, nullable=False, comment="When the call was journaled."),
         sa.ForeignKeyConstraint(
             ["turn_id", "round", "ref"],
             ["tool_calls.turn_id", "tool_calls.round", "tool_calls.ref"],
@@ -265,15 +261,11 @@ def upgrade() -> None:
         ["created_at", "turn_id", "ref"],
         unique=False,
     )
-    op.create_index(
-        "ix_approval_queue_session_id", "approval_queue", ["session_id"], unique=False
-    )
+    op.create_index("ix_approval_queue_session_id", "approval_queue", ["session_id"], unique=False)
     op.execute(BACKFILL)
     if dialect == "postgresql":
         for name, body in PG_FUNCTIONS.items():
-            op.execute(
-                f"CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $${body}\n$$"
-            )
+            op.execute(f"CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $${body}\n$$")
         for name, (when, function) in PG_TRIGGERS.items():
             op.execute(f"CREATE TRIGGER {name} {when} EXECUTE FUNCTION {function}()")
     else:
