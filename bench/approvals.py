@@ -275,6 +275,14 @@ def main(argv: list[str] | None = None) -> int:
         help="write cProfile stats here: the client's throughput phase and each worker "
         "process (slows both; for finding hot spots, not for figures)",
     )
+    parser.add_argument(
+        "--what-if",
+        type=Path,
+        metavar="SQL_FILE",
+        help="run this SQL on Turnstile's migrated template before the runs: a schema "
+        "experiment (e.g. dropping a trigger), measured as if it were the product; "
+        "its figures are not the product's",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.workflows, args.idle = min(args.workflows, 100), min(args.idle, 20)
@@ -298,6 +306,10 @@ def main(argv: list[str] | None = None) -> int:
         from stores import migrate
 
         migrate(url_for(template))
+        if args.what_if is not None:
+            print(f"what-if: {args.what_if} on the template (figures are NOT the product's)")
+            with psycopg.connect(dsn_for(template), autocommit=True) as connection:
+                connection.execute(args.what_if.read_text())
         bench = Bench(args, databases, children, template, workdir)
         runs = [
             (processes, slots, round, impl)
