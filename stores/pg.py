@@ -367,6 +367,13 @@ class _Session:
                     if error is not None:
                         raise error
                     return rows
+                if position == len(expected):
+                    # Every statement has answered, so this is no statement's result: the
+                    # server ending the session in place of the sync's reply (a backend
+                    # terminated while committing). That is a lost connection, which the
+                    # caller retries; whether the commit happened is unknown, as for any
+                    # connection lost mid-statement (see _connection_lost).
+                    raise _session_ended(result)
                 key, statement = expected[position]
                 position += 1
                 if status in (pq.ExecStatus.FATAL_ERROR, pq.ExecStatus.PIPELINE_ABORTED):
@@ -445,6 +452,18 @@ def _rows(
         names = [(result.fname(column) or b"").decode() for column in range(result.nfields)]
         statement.column_names = names
     return adapt.load_rows(0, result.ntuples, lambda values: dict(zip(names, values, strict=True)))
+
+
+def _session_ended(result: pq.abc.PGresult) -> psycopg.OperationalError:
+    """The error for a result that answers none of the pipeline's statements."""
+    if result.status == pq.ExecStatus.FATAL_ERROR:
+        error = psycopg.errors.error_from_result(result)
+        if isinstance(error, psycopg.OperationalError):  # 57P01 and the like
+            return error
+    # Anything else there means the session's protocol state is lost: drop it and retry.
+    return psycopg.OperationalError(
+        f"the server sent a result for no statement ({pq.ExecStatus(result.status).name})"
+    )
 
 
 _PLAN_CHANGED = "cached plan must not change result type"

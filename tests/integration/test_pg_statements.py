@@ -121,6 +121,43 @@ async def test_a_dropped_connection_is_replaced_and_the_statement_retried(
     assert second["pid"] != first["pid"]
 
 
+# A deferred constraint trigger runs at commit, i.e. when the server handles the pipeline's
+# sync: after the statement's result has been sent, before the sync's reply. Terminating its
+# own backend there makes the server answer the sync with a FATAL error and hang up, as a
+# pg_terminate_backend from an operator can at that moment. Only the first insert does it.
+_ENDED_AT_COMMIT = """
+CREATE SEQUENCE commits_seen;
+CREATE TABLE ledger (id integer);
+CREATE FUNCTION end_first_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF nextval('commits_seen') = 1 THEN
+        PERFORM pg_terminate_backend(pg_backend_pid());
+        PERFORM pg_sleep(5);  -- the termination interrupts this
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE CONSTRAINT TRIGGER end_first_commit AFTER INSERT ON ledger
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION end_first_commit();
+"""
+
+
+async def test_a_session_ended_while_committing_is_a_lost_connection_and_retried(
+    pg: PgConnections, dsn: str
+) -> None:
+    """The server ending the session in place of the sync's reply is a lost connection, not
+    a malformed answer: the statement runs again on a fresh session (the first attempt did
+    not commit), instead of failing with an error the caller cannot classify."""
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute(_ENDED_AT_COMMIT)
+    insert = PgStatement(sa.text("INSERT INTO ledger VALUES (1) RETURNING id"))
+
+    assert await pg.fetch(insert, {}) == [{"id": 1}]
+
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        assert admin.execute("SELECT count(*) FROM ledger").fetchone() == (1,)
+        assert admin.execute("SELECT last_value FROM commits_seen").fetchone() == (2,)
+
+
 async def test_at_most_size_connections_are_busy_at_once(pg: PgConnections) -> None:
     """Five concurrent statements on a pool of two share two backends: the rest wait for a
     connection instead of opening more."""
