@@ -278,10 +278,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--what-if",
         type=Path,
+        action="append",
+        default=[],
         metavar="SQL_FILE",
         help="run this SQL on Turnstile's migrated template before the runs: a schema "
         "experiment (e.g. dropping a trigger), measured as if it were the product; "
-        "its figures are not the product's",
+        "its figures are not the product's. Repeat to apply several, in order",
     )
     args = parser.parse_args(argv)
     if args.quick:
@@ -306,10 +308,11 @@ def main(argv: list[str] | None = None) -> int:
         from stores import migrate
 
         migrate(url_for(template))
-        if args.what_if is not None:
-            print(f"what-if: {args.what_if} on the template (figures are NOT the product's)")
+        if args.what_if:
             with psycopg.connect(dsn_for(template), autocommit=True) as connection:
-                connection.execute(args.what_if.read_text())
+                for what_if in args.what_if:
+                    print(f"what-if: {what_if} on the template (figures are NOT the product's)")
+                    connection.execute(what_if.read_text())
         bench = Bench(args, databases, children, template, workdir)
         runs = [
             (processes, slots, round, impl)

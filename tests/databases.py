@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 import psycopg
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 
 from stores import SqlSessionStore, migrate
 
@@ -24,8 +24,13 @@ _PREFIX = f"turnstile_test_{os.getpid()}"
 _state: dict[str, str] = {}
 
 
+def libpq_dsn(url: str | URL) -> str:
+    """A plain libpq URL for an SQLAlchemy one (for a test's own psycopg connection)."""
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
 def _admin_dsn() -> str:
-    return make_url(ADMIN_URL).set(drivername="postgresql").render_as_string(hide_password=False)
+    return libpq_dsn(ADMIN_URL)
 
 
 def _url_for(database: str) -> str:

@@ -1,11 +1,4 @@
--- What-if 1: the approval queue's PL/pgSQL triggers dropped.
--- open_approvals goes stale: for measuring the workflow benchmark's throughput only.
-DROP TRIGGER tool_calls_queue_insert ON tool_calls;
-DROP TRIGGER tool_calls_queue_update ON tool_calls;
-DROP TRIGGER turns_queue_update ON turns;
-DROP TRIGGER turns_queue_insert ON turns;
-
--- What-if 2 (adds to 1): every foreign key dropped (no after-trigger checks).
+-- What-if 2 (run after 1): every foreign key dropped (no after-trigger checks).
 ALTER TABLE approval_queue DROP CONSTRAINT fk_approval_queue_turn_id_tool_calls;
 ALTER TABLE turns DROP CONSTRAINT fk_turns_parent_id_turns;
 ALTER TABLE turns DROP CONSTRAINT fk_turns_session_id_sessions;

@@ -29,6 +29,7 @@ from sqlalchemy.engine import make_url
 
 from examples.banking import read_ledger
 from tests.acceptance.durable_app import DurableApp, make_app
+from tests.databases import libpq_dsn
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 APP_SPEC = "tests.acceptance.durable_app:ai"
@@ -146,7 +147,7 @@ class Cluster:
     @property
     def dsn(self) -> str:
         """A plain libpq URL of the database, for the test's own SQL."""
-        return make_url(self.url).set(drivername="postgresql").render_as_string(False)
+        return libpq_dsn(self.url)
 
     @property
     def worker_url(self) -> str:

@@ -28,7 +28,7 @@ from engine.store import (
 )
 from stores import SqlSessionStore
 from stores.schema import tool_calls
-from tests.databases import postgres_url, sql_store
+from tests.databases import libpq_dsn, postgres_url, sql_store
 from tests.integration.test_store_contract import (
     COMPLETED,
     PENDING,
@@ -238,7 +238,7 @@ def test_a_decision_and_a_superseding_turn_at_once_leave_no_stale_entry() -> Non
 
     with postgres_url() as url:
         asyncio.run(pause(url))
-        dsn = sa.make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+        dsn = libpq_dsn(url)
         with (
             psycopg.connect(dsn) as decider,
             psycopg.connect(dsn) as sender,

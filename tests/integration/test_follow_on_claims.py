@@ -18,7 +18,7 @@ from engine import Engine, FinishReason, ScriptedModel, TurnStatus
 from engine.store import FollowOnClaim
 from stores import SqlSessionStore
 from tests.conftest import TEST_STATE_KEYS
-from tests.databases import sql_store
+from tests.databases import libpq_dsn, sql_store
 from tests.integration.test_work_hints import AGENT, eventually, new_turn
 from tests.support import ListModel, record_calls, say
 from workers import WorkerPool
@@ -32,7 +32,7 @@ async def store() -> AsyncIterator[SqlSessionStore]:
 
 def xmin_of(store: SqlSessionStore, *turn_ids: str) -> set[str]:
     """The transaction ids that last wrote these turns' rows."""
-    dsn = store.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    dsn = libpq_dsn(store.url)
     with psycopg.connect(dsn) as connection:
         rows = connection.execute(
             "SELECT xmin::text FROM turns WHERE id = ANY(%s)", (list(turn_ids),)

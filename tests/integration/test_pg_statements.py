@@ -18,13 +18,13 @@ import sqlalchemy as sa
 from engine.errors import StoreError
 from stores.pg import PgConnections, PgStatement, StatementRefused
 from stores.schema import JSON
-from tests.databases import postgres_url
+from tests.databases import libpq_dsn, postgres_url
 
 
 @pytest.fixture
 def dsn() -> Iterator[str]:
     with postgres_url() as url:
-        yield sa.make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+        yield libpq_dsn(url)
 
 
 @pytest.fixture

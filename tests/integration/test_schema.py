@@ -8,7 +8,6 @@ from typing import Any
 
 import psycopg
 import pytest
-import sqlalchemy as sa
 from alembic import command
 from sqlalchemy.dialects import postgresql
 
@@ -17,11 +16,11 @@ from stores import turn_claims as claim_sql
 from stores.migrate import _config, current_revision, head_revision
 from stores.pg import SESSION_SETTINGS
 from stores.turn_claims import ClaimRequest, claim_statement
-from tests.databases import new_sqlite_database, postgres_url
+from tests.databases import libpq_dsn, new_sqlite_database, postgres_url
 
 
 def _dsn(url: str) -> str:
-    return sa.make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    return libpq_dsn(url)
 
 
 @pytest.mark.parametrize("kind", ["postgres", "sqlite"])

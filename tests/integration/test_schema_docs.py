@@ -9,13 +9,12 @@ from typing import Any
 
 import psycopg
 import pytest
-import sqlalchemy as sa
 
 from engine import TurnFailedError
 from examples.banking import build
 from stores import SqlSessionStore
 from tests.conftest import TEST_STATE_KEYS
-from tests.databases import postgres_url
+from tests.databases import libpq_dsn, postgres_url
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "schema.md"
 
@@ -51,7 +50,7 @@ def populated() -> Any:
 
 def run(url: str, sql: str, **params: Any) -> list[tuple[Any, ...]]:
     """Run one documented query (``:name`` placeholders) with psycopg."""
-    dsn = sa.make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    dsn = libpq_dsn(url)
     text = re.sub(r":(\w+)", r"%(\1)s", sql)
     with psycopg.connect(dsn) as connection:
         return connection.execute(text, params).fetchall()

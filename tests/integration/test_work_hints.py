@@ -23,7 +23,7 @@ from engine.store import NewTurn, TurnInput
 from stores import SqlSessionStore, notify
 from stores.notify import LISTEN_STATEMENT
 from tests.conftest import TEST_STATE_KEYS
-from tests.databases import sql_store
+from tests.databases import libpq_dsn, sql_store
 from workers import WorkerPool
 
 AGENT = "queued"
@@ -118,7 +118,7 @@ async def test_the_hints_are_incomplete_after_the_listener_reconnects(
     assert await store.wait_listening()
     store.take_work_hints()
     assert store.take_work_hints() == []
-    dsn = store.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    dsn = libpq_dsn(store.url)
     listening = "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND query = %s"
     with psycopg.connect(dsn, autocommit=True) as admin:
         (old_pid,) = admin.execute(listening, (LISTEN_STATEMENT,)).fetchone() or (None,)
