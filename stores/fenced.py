@@ -274,8 +274,8 @@ async def transition_fenced(
     checked = None
     if then_claim is not None:
         try:
-            rows, claim_rows = await pg.fetch_together(
-                [(statement, params), claim_sql.checked_claim_query(then_claim)]
+            rows, *claim_rows = await pg.fetch_together(
+                [(statement, params), *claim_sql.checked_claim_queries(then_claim)]
             )
             checked = claim_sql.checked_claim_of(claim_rows)
         except StatementRefused:

@@ -145,21 +145,21 @@ async def test_claims_and_heartbeats_update_the_turn_row_in_place(store: SqlSess
 
 
 async def test_a_claim_brings_the_progress_its_worker_reads_next(store: SqlSessionStore) -> None:
-    """The claim statement also reads each leased turn's progress: the worker's read that
-    follows costs no statement and equals a fresh read; once the lease holder writes, the
-    next read goes to the database again."""
+    """The claim's round trip also reads each leased turn's progress (its second
+    statement): the worker's read that follows costs no round trip and equals a fresh read;
+    once the lease holder writes, the next read goes to the database again."""
     answer, resume = await paused_transfer(store, 7)
     await store.create_turn(resume("child"), answers=[answer])
     fresh = await store.read_progress("child")
     assert store.db.pg is not None
     statements: list[str] = []
-    real_fetch = store.db.pg.fetch
+    real_fetch_together = store.db.pg.fetch_together
 
-    async def counted(statement: Any, values: Any, **kwargs: Any) -> Any:
-        statements.append(statement.sql)
-        return await real_fetch(statement, values, **kwargs)
+    async def counted(batch: Any, **kwargs: Any) -> Any:
+        statements.append(" + ".join(statement.sql for statement, _ in batch))
+        return await real_fetch_together(batch, **kwargs)
 
-    store.db.pg.fetch = counted  # type: ignore[method-assign]
+    store.db.pg.fetch_together = counted  # type: ignore[method-assign]
 
     claimed = await store.claim_turn("child", owner="w", lease_seconds=30)
     assert len(statements) == 1

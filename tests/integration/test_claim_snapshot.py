@@ -1,0 +1,149 @@
+"""A claim hands its worker the progress as it stands once the claim holds the turn.
+
+A PostgreSQL claim returns each leased turn's progress (rounds, journal, the parent's
+conversation) in the same round trip, so the worker can start at once. In READ COMMITTED,
+one statement reads with one snapshot, taken when it starts. Had the claim and the progress
+read been one statement, a fenced write of the previous lease holder (a worker that stalled
+past its lease) committing after that snapshot but before the claim locked the row would be
+durable yet missing from what the new holder continues from — it would ask the model again
+for a round whose tool call has started, and a non-idempotent call would run blindly. The
+progress is read by the next statement of the claim's transaction, with a snapshot taken
+after the claim locked the turn; from then on no fenced write of the old lease can commit.
+
+The tests make the window wide and deterministic: a trigger makes the claim's UPDATE sleep
+after it has locked the row, and meanwhile another connection commits a journal row and a
+round for the turn (with ``session_replication_role = replica``, so its foreign-key check
+does not wait for the claim's lock — the old holder's write landed just before the lock).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import psycopg
+import pytest
+
+from engine.parts import Message
+from engine.status import FinishReason, TurnStatus
+from engine.store import FollowOnClaim, NewTurn, ToolCallStatus, TurnInput
+from stores import SqlSessionStore
+from tests.databases import drop_postgres_database, libpq_dsn, new_postgres_database
+
+SLOW_OWNER = "slow-claimer"
+SLEEP_SECONDS = 0.6
+
+# Sleeps in the UPDATE of a claim by SLOW_OWNER: after its row lock, before it returns.
+SLOW_CLAIM = f"""
+CREATE FUNCTION slow_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_sleep({SLEEP_SECONDS});
+    RETURN NEW;
+END $$;
+CREATE TRIGGER slow_claim BEFORE UPDATE ON turns FOR EACH ROW
+    WHEN (NEW.lease_owner = '{SLOW_OWNER}' AND OLD.lease_owner IS DISTINCT FROM NEW.lease_owner)
+    EXECUTE FUNCTION slow_claim();
+"""
+
+# What a previous holder's fenced write of round 1 leaves: the model's request (the round
+# opened, not committed) and its call journaled as started.
+OLD_HOLDERS_WRITE = [
+    """
+INSERT INTO messages (turn_id, round, position, role, content, metadata, committed, created_at)
+VALUES (%(turn)s, 1, 0, 'model',
+        '[{"toolRequest": {"name": "transferMoney", "ref": "r1", "input": {"amount": 10}}}]',
+        NULL, false, now())""",
+    """
+INSERT INTO tool_calls (turn_id, round, ref, name, input, status, idempotency_key, started_at,
+                        created_at)
+VALUES (%(turn)s, 1, 'r1', 'transferMoney', '{"amount": 10}', 'running', %(turn)s || ':r1',
+        now(), now())""",
+]
+
+
+@pytest.fixture
+async def store() -> AsyncIterator[SqlSessionStore]:
+    url = new_postgres_database()
+    with psycopg.connect(libpq_dsn(url), autocommit=True) as admin:
+        admin.execute(SLOW_CLAIM)
+    store = SqlSessionStore(url)
+    try:
+        yield store
+    finally:
+        await store.close()
+        drop_postgres_database(url)
+
+
+def new_turn(turn_id: str, session_id: str) -> NewTurn:
+    message = Message.user(f"message of {turn_id}")
+    return NewTurn(
+        id=turn_id,
+        session_id=session_id,
+        agent="bankingAgent",
+        input=TurnInput(kind="message", message=message),
+        initial_messages=[message],
+    )
+
+
+async def commit_during_claim(store: SqlSessionStore, turn_id: str) -> None:
+    """While the slow claim sleeps, commit the old holder's write from another connection."""
+    await asyncio.sleep(SLEEP_SECONDS / 3)
+    dsn = libpq_dsn(store.db.url)
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as connection:
+        await connection.execute("SET session_replication_role = replica")
+        async with connection.transaction():
+            for statement in OLD_HOLDERS_WRITE:
+                await connection.execute(statement, {"turn": turn_id})
+
+
+def assert_sees_the_started_call(progress_rounds: list[int], journal: list[str]) -> None:
+    assert progress_rounds == [0, 1], "the round the old holder opened is missing"
+    assert journal == ["r1"], "the call the old holder started is missing"
+
+
+async def test_a_claim_sees_a_write_that_committed_while_it_ran(store: SqlSessionStore) -> None:
+    """A round and a started call committed after the claim began, before it finished, are
+    in the progress the claim returns: the new holder continues the started call."""
+    await store.create_turn(new_turn("t1", "s1"))
+
+    claiming = asyncio.create_task(store.claim_turn("t1", owner=SLOW_OWNER, lease_seconds=30.0))
+    await commit_during_claim(store, "t1")
+    claimed = await claiming
+
+    progress = await store.read_progress(claimed.id)
+    assert progress is not None
+    assert_sees_the_started_call(
+        [r.round for r in progress.rounds], [c.ref for c in progress.journal]
+    )
+    (call,) = progress.journal
+    assert call.status is ToolCallStatus.RUNNING
+
+
+async def test_a_follow_on_claim_sees_a_write_that_committed_while_it_ran(
+    store: SqlSessionStore,
+) -> None:
+    """The same for the claim that rides on a settling transition (one transaction)."""
+    await store.create_turn(new_turn("t1", "s1"))
+    first = await store.claim_turn("t1", owner="w1", lease_seconds=30.0)
+    await store.create_turn(new_turn("t2", "s2"))
+    follow_on = FollowOnClaim(owner=SLOW_OWNER, lease_seconds=30.0)
+
+    settling = asyncio.create_task(
+        store.transition(
+            "t1",
+            expected={TurnStatus.PENDING},
+            new=TurnStatus.COMPLETED,
+            lease_token=first.lease_token,
+            finish_reason=FinishReason.STOP,
+            then_claim=follow_on,
+        )
+    )
+    await commit_during_claim(store, "t2")
+    await settling
+
+    assert [t.id for t in follow_on.claimed] == ["t2"]
+    progress = await store.read_progress("t2")
+    assert progress is not None
+    assert_sees_the_started_call(
+        [r.round for r in progress.rounds], [c.ref for c in progress.journal]
+    )
