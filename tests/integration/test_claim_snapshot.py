@@ -24,11 +24,11 @@ from collections.abc import AsyncIterator
 import psycopg
 import pytest
 
-from engine.parts import Message
 from engine.status import FinishReason, TurnStatus
-from engine.store import FollowOnClaim, NewTurn, ToolCallStatus, TurnInput
+from engine.store import FollowOnClaim, ToolCallStatus, TurnProgress
 from stores import SqlSessionStore
 from tests.databases import drop_postgres_database, libpq_dsn, new_postgres_database
+from tests.integration.test_store_contract import new_turn
 
 SLOW_OWNER = "slow-claimer"
 SLEEP_SECONDS = 0.6
@@ -74,17 +74,6 @@ async def store() -> AsyncIterator[SqlSessionStore]:
         drop_postgres_database(url)
 
 
-def new_turn(turn_id: str, session_id: str) -> NewTurn:
-    message = Message.user(f"message of {turn_id}")
-    return NewTurn(
-        id=turn_id,
-        session_id=session_id,
-        agent="bankingAgent",
-        input=TurnInput(kind="message", message=message),
-        initial_messages=[message],
-    )
-
-
 async def commit_during_claim(store: SqlSessionStore, turn_id: str) -> None:
     """While the slow claim sleeps, commit the old holder's write from another connection."""
     await asyncio.sleep(SLEEP_SECONDS / 3)
@@ -96,9 +85,10 @@ async def commit_during_claim(store: SqlSessionStore, turn_id: str) -> None:
                 await connection.execute(statement, {"turn": turn_id})
 
 
-def assert_sees_the_started_call(progress_rounds: list[int], journal: list[str]) -> None:
-    assert progress_rounds == [0, 1], "the round the old holder opened is missing"
-    assert journal == ["r1"], "the call the old holder started is missing"
+def assert_sees_the_started_call(progress: TurnProgress | None) -> None:
+    assert progress is not None
+    assert [r.round for r in progress.rounds] == [0, 1], "the round the old holder opened"
+    assert [c.ref for c in progress.journal] == ["r1"], "the call the old holder started"
 
 
 async def test_a_claim_sees_a_write_that_committed_while_it_ran(store: SqlSessionStore) -> None:
@@ -111,10 +101,8 @@ async def test_a_claim_sees_a_write_that_committed_while_it_ran(store: SqlSessio
     claimed = await claiming
 
     progress = await store.read_progress(claimed.id)
+    assert_sees_the_started_call(progress)
     assert progress is not None
-    assert_sees_the_started_call(
-        [r.round for r in progress.rounds], [c.ref for c in progress.journal]
-    )
     (call,) = progress.journal
     assert call.status is ToolCallStatus.RUNNING
 
@@ -142,8 +130,4 @@ async def test_a_follow_on_claim_sees_a_write_that_committed_while_it_ran(
     await settling
 
     assert [t.id for t in follow_on.claimed] == ["t2"]
-    progress = await store.read_progress("t2")
-    assert progress is not None
-    assert_sees_the_started_call(
-        [r.round for r in progress.rounds], [c.ref for c in progress.journal]
-    )
+    assert_sees_the_started_call(await store.read_progress("t2"))
