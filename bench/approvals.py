@@ -9,7 +9,10 @@ benchmark runs, on a fresh database each time:
   --concurrency S`` and, in this process, ``--clients`` concurrent chats each doing
   ``chat.send("Transfer $k to acct k")`` (returns paused at the userApproval interrupt) then
   ``chat.resume(respond=[approve])`` (returns the final answer);
-* **floor** — the same workload in raw psycopg writing the minimum rows (``bench/floor.py``).
+* **floor** — the same workload in raw psycopg writing the minimum rows that keep the
+  product's recovery guarantees (``bench/floor.py``); ``--impl`` can add
+  **floor-settle-only**, the floor without the transfer round's two checkpoints (what
+  earlier rounds were measured against).
 
 It reports workflows/s, the resume→pickup / resume→settled / resume→returned latencies, and
 per workflow: commits, writing transactions, WAL bytes and records, full-page images, WAL
@@ -57,8 +60,13 @@ from bench.common import (
     url_for,
     wait_until_idle,
 )
-from bench.report import Latencies, Result, report
+from bench.report import SETTLE_ONLY, Latencies, Result, report
 from stores.notify import LISTEN_STATEMENT
+
+#: The floors: with the round checkpoints the product's guarantees need (the target's), and
+#: without them (earlier rounds' floor, for comparison).
+FLOORS = ("floor", SETTLE_ONLY)
+IMPLS = ("turnstile", *FLOORS)
 
 Workflow = Callable[[int, int], Awaitable[Sample]]
 Phases = tuple[list[Sample], list[Sample], list[str], float]
@@ -145,9 +153,11 @@ def _start_workers(
     for number in range(processes):
         claim_log = logs / f"claims-{number}.log"
         env = dict(os.environ, TURNSTILE_BENCH_CLAIM_LOG=str(claim_log))
-        if impl == "floor":
+        if impl in FLOORS:
             argv = ["bench.floor", "worker", "--dsn", dsn, "--claim-log", str(claim_log)]
             argv += ["--slots", str(slots)]
+            if impl == SETTLE_ONLY:
+                argv.append("--settle-only")
         else:
             argv = ["workers.cli", "worker", "--app", "bench.app:ai", "--db", url]
             argv += ["--concurrency", str(slots)]
@@ -155,7 +165,7 @@ def _start_workers(
             out = profile / f"{impl}-{processes}p{slots}s-w{number}.prof"
             argv = ["bench.profiled", str(out), *argv]
         children.start([sys.executable, "-m", *argv], env=env, log=logs / f"w{number}.log")
-    ready = floor.READY_QUERY if impl == "floor" else LISTEN_STATEMENT
+    ready = floor.READY_QUERY if impl in FLOORS else LISTEN_STATEMENT
     deadline = time.monotonic() + 60
     while count_backends(name, ready) < processes:
         children.check()
@@ -191,12 +201,14 @@ def measure(bench: Bench, impl: str, processes: int, slots: int, round: int = 1)
     """One implementation on one configuration, on a fresh database (dropped afterwards)."""
     args, databases, children = bench.args, bench.databases, bench.children
     copy = bench.template if impl == "turnstile" else None
-    name = databases.create(f"{impl}_{processes}p{slots}s_r{round}", template=copy)
+    name = databases.create(
+        f"{impl.replace('-', '_')}_{processes}p{slots}s_r{round}", template=copy
+    )
     logs = bench.workdir / name
     logs.mkdir()
     dsn = dsn_for(name)
     try:
-        if impl == "floor":
+        if impl in FLOORS:
             with psycopg.connect(dsn, autocommit=True) as connection:
                 connection.execute(floor.SCHEMA)
         checkpoint()
@@ -208,8 +220,8 @@ def measure(bench: Bench, impl: str, processes: int, slots: int, round: int = 1)
             # CPU for each of our workers), counted apart so four processes do not look
             # like four times the cost per workflow.
             start_up = children.cpu_seconds()
-            clients = _floor_clients if impl == "floor" else _turnstile_clients
-            target = dsn if impl == "floor" else url_for(name)
+            clients = _floor_clients if impl in FLOORS else _turnstile_clients
+            target = dsn if impl in FLOORS else url_for(name)
             loaded, idle, errors, seconds = asyncio.run(clients(target, args, children.check))
         finally:
             children.stop()
@@ -222,7 +234,7 @@ def measure(bench: Bench, impl: str, processes: int, slots: int, round: int = 1)
         )
         claims = read_claims(logs)
         ids = [s.resumed_turn for s in loaded + idle]
-        created, settled = _turn_times(dsn, "fturns" if impl == "floor" else "turns", ids)
+        created, settled = _turn_times(dsn, "fturns" if impl in FLOORS else "turns", ids)
         return Result(
             impl=impl,
             processes=processes,
@@ -258,7 +270,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle", type=int, default=200, help="workflows run one at a time")
     parser.add_argument("--processes", default="1,4", help="worker processes, e.g. 1,4")
     parser.add_argument("--slots", default="1,8", help="slots per process, e.g. 1,8")
-    parser.add_argument("--impl", default="turnstile,floor", help="turnstile, floor or both")
+    parser.add_argument(
+        "--impl",
+        default="turnstile,floor",
+        help="a comma-separated choice of turnstile, floor, floor-settle-only; "
+        "'both' is turnstile,floor; 'all' adds floor-settle-only",
+    )
     parser.add_argument(
         "--rounds",
         type=int,
@@ -292,10 +309,11 @@ def main(argv: list[str] | None = None) -> int:
         args.warmup = args.clients
     if args.profile:
         args.profile.mkdir(parents=True, exist_ok=True)
-    asked = set(args.impl.replace("both", "turnstile,floor").split(","))
-    impls = [i for i in ("turnstile", "floor") if i in asked]
-    if not impls:
-        parser.error(f"--impl {args.impl!r}: expected turnstile, floor or both")
+    spelled = args.impl.replace("both", "turnstile,floor").replace("all", ",".join(IMPLS))
+    asked = set(spelled.split(","))
+    impls = [i for i in IMPLS if i in asked]
+    if not impls or not asked <= set(IMPLS):
+        parser.error(f"--impl {args.impl!r}: expected some of {', '.join(IMPLS)}, both or all")
     raise_on_sigterm()
     databases = Databases(f"turnstile_bench_{os.getpid()}")
     children = Processes()

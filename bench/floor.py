@@ -1,8 +1,10 @@
 """The floor: the approval workflow as raw psycopg writing the minimum rows, for comparison.
 
-A correct durable implementation of "send → pause for approval → resume → transfer → done"
-needs, per workflow, six committed writes — each a single statement (data-modifying CTEs), so
-one round trip each — and three reads:
+A correct durable implementation of "send → pause for approval → resume → transfer → done",
+with the recovery guarantees Turnstile gives (a finished tool call is never run again, a
+started one runs again with the same request and idempotency key), needs, per workflow,
+eight committed writes — each a single statement (data-modifying CTEs), so one round trip
+each — and three reads:
 
 1. client: insert the pending turn (the user message is its input) + NOTIFY work;
 2. worker: claim it (the product's claim: UPDATE … WHERE id IN (SELECT … FOR UPDATE SKIP
@@ -12,17 +14,27 @@ one round trip each — and three reads:
 4. client (woken by LISTEN): read the paused turn;
 5. client: mark the call ``answered`` (only if still ``interrupted``) + insert the resumed turn
    (next ``seq``; one running turn per session is a partial unique index) + NOTIFY work;
-6. worker: claim it, read the parent's paused message (one read), run the transfer under the
-   idempotency key ``<turn>:<ref>``;
-7. worker: settle it ``completed/stop`` with the five messages the product stores, fenced,
-   + insert the ``done`` transferMoney call row + NOTIFY change;
-8. client (woken): read the final turn.
+6. worker: claim it, read the parent's paused message (one read);
+7. worker, the round's checkpoint before the tool runs: the conversation so far (the
+   answered approval and the model's transfer request), fenced, + the ``running``
+   transferMoney call row with its idempotency key ``<turn>:<ref>`` — without it a crash
+   during the transfer would ask the model again, and a different request could run;
+8. worker: run the transfer; then the round's checkpoint before the model is asked again:
+   the tool's answer, fenced, + the call row ``done`` with its output — without it a crash
+   during the next model call would run the finished transfer again;
+9. worker: settle it ``completed/stop`` with the five messages the product stores, fenced,
+   + NOTIFY change;
+10. client (woken): read the final turn.
 
 Same durability (``synchronous_commit`` at the server default), ids, JSON payloads and
 process/slot layout as the product; LISTEN/NOTIFY wake-ups with a 1 s poll fallback. Left
-out: sessions, ``turn_events``, the ``running`` journal row (only non-idempotent tools need
-it) and per-round checkpoints. See ``docs/performance.md``. Workers: ``python -m bench.floor
-worker --dsn DSN --slots S --claim-log PATH``.
+out: sessions, ``turn_events``, a separate ``running`` write for an idempotent tool, and
+recovery itself (the floor only has to write what recovery would need).
+
+``--settle-only`` drops steps 7 and 8 (the call row is inserted ``done`` by the settle): the
+floor earlier rounds were measured against, which does not keep those guarantees. See
+``docs/performance.md``. Workers: ``python -m bench.floor worker --dsn DSN --slots S
+--claim-log PATH [--settle-only]``.
 """
 
 from __future__ import annotations
@@ -77,6 +89,7 @@ CREATE TABLE fcalls (
     answer jsonb,
     idempotency_key text NOT NULL,
     decided_at timestamptz,
+    started_at timestamptz,
     finished_at timestamptz,
     created_at timestamptz NOT NULL,
     PRIMARY KEY (turn_id, round, ref)
@@ -126,6 +139,32 @@ c AS (
            %(interrupt)s, id || ':' || %(ref)s, now(), now() FROM s)
 SELECT pg_notify('floor_turn', id) FROM s"""
 
+#: The settle of a turn whose call rows its round checkpoints already wrote.
+SETTLE_TURN = """WITH s AS (
+    UPDATE fturns SET status = 'completed', finish_reason = %(finish)s, output = %(output)s,
+        lease_owner = NULL, lease_expires_at = NULL, lease_token = lease_token + 1,
+        settled_at = now()
+    WHERE id = %(id)s AND lease_token = %(token)s AND status = 'pending' RETURNING id)
+SELECT pg_notify('floor_turn', id) FROM s"""
+
+#: A round's checkpoint before its tool runs: the conversation so far and the ``running``
+#: call, fenced by the lease token (no row back: the lease was lost).
+OPEN_ROUND = """WITH f AS (
+    UPDATE fturns SET output = %(output)s
+    WHERE id = %(id)s AND lease_token = %(token)s AND status = 'pending' RETURNING id)
+INSERT INTO fcalls (turn_id, round, ref, name, input, status, idempotency_key, started_at,
+                    created_at)
+SELECT id, 1, %(ref)s, %(name)s, %(call_input)s, 'running', id || ':' || %(ref)s, now(), now()
+FROM f RETURNING turn_id"""
+
+#: A round's checkpoint before the model is asked again: the tool's answer, and the call
+#: ``done``, fenced.
+CLOSE_ROUND = """WITH f AS (
+    UPDATE fturns SET output = %(output)s
+    WHERE id = %(id)s AND lease_token = %(token)s AND status = 'pending' RETURNING id)
+UPDATE fcalls c SET status = 'done', output = %(call_output)s, finished_at = now()
+FROM f WHERE c.turn_id = f.id AND c.round = 1 AND c.ref = %(ref)s RETURNING c.turn_id"""
+
 _TRANSFER = re.compile(r"transfer \$?(\d+) to (.+)", re.IGNORECASE)
 
 
@@ -140,8 +179,22 @@ def _response(ref: str, name: str, output: Any) -> dict[str, Any]:
     return {"toolResponse": {"ref": ref, "name": name, "output": output}}
 
 
-async def _run_turn(connection: psycopg.AsyncConnection[Any], row: tuple[Any, ...]) -> None:
-    """Run one claimed turn: the scripted model's two steps, settled in one statement."""
+async def _fenced(
+    connection: psycopg.AsyncConnection[Any], sql: str, params: dict[str, Any]
+) -> bool:
+    """Run a fenced write; False when it wrote nothing (the lease was lost)."""
+    cursor = await connection.execute(sql, params)
+    if await cursor.fetchone() is None:
+        print(f"floor worker: lease on {params['id']} lost", flush=True)
+        return False
+    return True
+
+
+async def _run_turn(
+    connection: psycopg.AsyncConnection[Any], row: tuple[Any, ...], *, checkpoints: bool
+) -> None:
+    """Run one claimed turn: the scripted model's steps; with ``checkpoints`` the transfer's
+    round is written before the tool runs and before the model is asked again."""
     turn_id, parent_id, turn_input, token = row
     params: dict[str, Any] = {"id": turn_id, "token": token, "interrupt": None}
     if parent_id is None:  # a send: the model asks for approval, the turn pauses
@@ -158,45 +211,53 @@ async def _run_turn(connection: psycopg.AsyncConnection[Any], row: tuple[Any, ..
             call_output=None,
             interrupt=Jsonb(True),
         )
-    else:  # a resume: read the paused message, transfer (idempotency key), answer
-        cursor = await connection.execute("SELECT output FROM fturns WHERE id = %s", (parent_id,))
-        found = await cursor.fetchone()
-        assert found is not None, parent_id
-        paused_part = found[0][-1]["content"][0]
-        approval = paused_part["toolRequest"]["input"]
-        decision = turn_input["respond"][0]["toolResponse"]["output"]
-        match = _TRANSFER.search(approval["details"])
-        assert match is not None and decision["approved"] is True
-        transfer = {"amount": int(match[1]), "toAccount": match[2]}
-        account = re.sub(r"[^a-z0-9]+", "-", match[2].lower()).strip("-")
-        receipt = {"success": True, "transactionId": f"txn-{match[1]}-{account}"}
-        amended = dict(paused_part, metadata={"resolvedInterrupt": True})
-        messages = [
-            {"role": "model", "content": [amended]},
-            {
-                "role": "tool",
-                "content": [_response("approval-1", "userApproval", decision)],
-                "metadata": {"resumed": True},
-            },
-            {"role": "model", "content": [_request("transfer-1", "transferMoney", transfer)]},
-            {"role": "tool", "content": [_response("transfer-1", "transferMoney", receipt)]},
-            {
-                "role": "model",
-                "content": [{"text": f"Done. Transaction {receipt['transactionId']}."}],
-            },
-        ]
-        params.update(
-            finish="stop",
-            output=Jsonb(messages),
-            ref="transfer-1",
-            name="transferMoney",
-            call_input=Jsonb(transfer),
-            call_status="done",
-            call_output=Jsonb(receipt),
-        )
-    cursor = await connection.execute(SETTLE, params)
-    if await cursor.fetchone() is None:
-        print(f"floor worker: lease on {turn_id} lost", flush=True)
+        await _fenced(connection, SETTLE, params)
+        return
+    # A resume: read the paused message, transfer (idempotency key), answer.
+    cursor = await connection.execute("SELECT output FROM fturns WHERE id = %s", (parent_id,))
+    found = await cursor.fetchone()
+    assert found is not None, parent_id
+    paused_part = found[0][-1]["content"][0]
+    approval = paused_part["toolRequest"]["input"]
+    decision = turn_input["respond"][0]["toolResponse"]["output"]
+    match = _TRANSFER.search(approval["details"])
+    assert match is not None and decision["approved"] is True
+    transfer = {"amount": int(match[1]), "toAccount": match[2]}
+    amended = dict(paused_part, metadata={"resolvedInterrupt": True})
+    messages: list[dict[str, Any]] = [
+        {"role": "model", "content": [amended]},
+        {
+            "role": "tool",
+            "content": [_response("approval-1", "userApproval", decision)],
+            "metadata": {"resumed": True},
+        },
+        {"role": "model", "content": [_request("transfer-1", "transferMoney", transfer)]},
+    ]
+    call = {"ref": "transfer-1", "name": "transferMoney", "call_input": Jsonb(transfer)}
+    if checkpoints and not await _fenced(
+        connection, OPEN_ROUND, {**params, **call, "output": Jsonb(messages)}
+    ):
+        return
+    account = re.sub(r"[^a-z0-9]+", "-", match[2].lower()).strip("-")
+    receipt = {"success": True, "transactionId": f"txn-{match[1]}-{account}"}
+    messages.append(
+        {"role": "tool", "content": [_response("transfer-1", "transferMoney", receipt)]}
+    )
+    if checkpoints and not await _fenced(
+        connection,
+        CLOSE_ROUND,
+        {**params, "ref": "transfer-1", "call_output": Jsonb(receipt), "output": Jsonb(messages)},
+    ):
+        return
+    messages.append(
+        {"role": "model", "content": [{"text": f"Done. Transaction {receipt['transactionId']}."}]}
+    )
+    params.update(finish="stop", output=Jsonb(messages))
+    if checkpoints:
+        await _fenced(connection, SETTLE_TURN, params)
+        return
+    params.update(call, call_status="done", call_output=Jsonb(receipt))
+    await _fenced(connection, SETTLE, params)
 
 
 def _append(path: str, lines: list[str]) -> None:
@@ -214,8 +275,11 @@ async def _first(*events: asyncio.Event, timeout: float) -> None:
         await asyncio.gather(*waiters, return_exceptions=True)
 
 
-async def serve(dsn: str, slots: int, claim_log: str, poll: float = 1.0) -> None:
-    """One floor worker process: claim up to the free slots, run each in its own connection."""
+async def serve(
+    dsn: str, slots: int, claim_log: str, poll: float = 1.0, *, checkpoints: bool = True
+) -> None:
+    """One floor worker process: claim up to the free slots, run each in its own connection
+    (``checkpoints``: see :func:`_run_turn`)."""
     stop, work, freed = asyncio.Event(), asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -236,7 +300,7 @@ async def serve(dsn: str, slots: int, claim_log: str, poll: float = 1.0) -> None
     async def run(row: tuple[Any, ...]) -> None:
         connection = await idle.get()
         try:
-            await _run_turn(connection, row)
+            await _run_turn(connection, row, checkpoints=checkpoints)
         finally:
             idle.put_nowait(connection)
 
@@ -384,15 +448,20 @@ class FloorClient:
 
 
 def main() -> None:
-    """``python -m bench.floor worker --dsn DSN --slots S --claim-log PATH``."""
+    """``python -m bench.floor worker --dsn DSN --slots S --claim-log PATH [--settle-only]``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     commands = parser.add_subparsers(dest="command", required=True)
     worker = commands.add_parser("worker", help="run one floor worker process")
     worker.add_argument("--dsn", required=True)
     worker.add_argument("--slots", type=int, default=1)
     worker.add_argument("--claim-log", required=True)
+    worker.add_argument(
+        "--settle-only",
+        action="store_true",
+        help="no round checkpoints (the floor of earlier rounds, without their guarantees)",
+    )
     args = parser.parse_args()
-    asyncio.run(serve(args.dsn, args.slots, args.claim_log))
+    asyncio.run(serve(args.dsn, args.slots, args.claim_log, checkpoints=not args.settle_only))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,15 @@ from dataclasses import dataclass, field
 
 from bench.common import Sample, ServerStats, fmt, percentile, render_table
 
-__all__ = ["Latencies", "Result", "report"]
+__all__ = ["SETTLE_ONLY", "Latencies", "Result", "is_floor", "report"]
+
+#: The floor without the transfer round's checkpoints (see ``bench/floor.py``).
+SETTLE_ONLY = "floor-settle-only"
+
+
+def is_floor(impl: str) -> bool:
+    """Whether ``impl`` names one of the floors (not the product)."""
+    return impl.startswith("floor")
 
 
 @dataclass
@@ -66,7 +74,8 @@ class Latencies:
 
 @dataclass
 class Result:
-    """One implementation (``turnstile`` or ``floor``) on one configuration."""
+    """One implementation (``turnstile``, ``floor`` or ``floor-settle-only``) on one
+    configuration."""
 
     impl: str
     processes: int
@@ -113,23 +122,30 @@ def _verdict(met: bool, value: float) -> str:
 
 def report(results: list[Result]) -> str:
     """The throughput, latency and cost tables, and the target checks."""
+
     # A round's turnstile run is compared with the same round's floor: they ran one after
     # the other, so a machine whose speed drifts affects both alike.
-    floors = {(r.processes, r.slots, r.round): r.rate for r in results if r.impl == "floor"}
+    # The target's floor keeps the product's recovery guarantees; the settle-only floor
+    # (earlier rounds') is shown beside it when it was measured.
+    def rates(impl: str) -> dict[tuple[int, int, int | None], float]:
+        return {(r.processes, r.slots, r.round): r.rate for r in results if r.impl == impl}
 
-    def share(r: Result) -> float:
-        base = floors.get((r.processes, r.slots, r.round))
+    floors, settle_only = rates("floor"), rates(SETTLE_ONLY)
+
+    def share(r: Result, of: dict[tuple[int, int, int | None], float] = floors) -> float:
+        base = of.get((r.processes, r.slots, r.round))
         return 100 * r.rate / base if base else math.nan
 
-    speed = [
-        [
-            r.label,
-            fmt(r.rate),
-            "" if r.impl == "floor" else _percent(share(r)),
-            str(len(r.errors)),
-        ]
-        for r in results
-    ]
+    speed_header = ["config", "workflows/s", "of floor"]
+    if settle_only:
+        speed_header.append("of settle-only floor")
+    speed_header.append("errors")
+    speed = []
+    for r in results:
+        row = [r.label, fmt(r.rate), "" if is_floor(r.impl) else _percent(share(r))]
+        if settle_only:
+            row.append("" if is_floor(r.impl) else _percent(share(r, settle_only)))
+        speed.append([*row, str(len(r.errors))])
     latency = []
     for r in results:
         latency.append([r.label, "idle", *r.idle.cells()])
@@ -153,7 +169,7 @@ def report(results: list[Result]) -> str:
         )
     lines = [
         "Throughput (all clients at once)",
-        render_table(["config", "workflows/s", "of floor", "errors"], speed),
+        render_table(speed_header, speed),
         "",
         "Latency in ms from the resume call's start (idle: one workflow at a time;"
         " loaded: all clients at once)",
@@ -194,7 +210,7 @@ def report(results: list[Result]) -> str:
     ]
     configs: dict[str, list[Result]] = {}
     for r in results:
-        if r.impl != "floor":
+        if not is_floor(r.impl):
             configs.setdefault(r.config, []).append(r)
     for config, runs in configs.items():
         # Several rounds: the median of their ratios, and the p50 of all their idle pickups.
@@ -211,6 +227,13 @@ def report(results: list[Result]) -> str:
             f"(target >= 50%: {_verdict(ratio >= 50, ratio)}); idle resume->pickup p50 "
             f"{fmt(pickup, 2)} ms (target <= 5 ms: {_verdict(pickup <= 5, pickup)})"
         )
+        if settle_only:
+            others = [share(r, settle_only) for r in runs]
+            other = percentile(others, 50) if not any(map(math.isnan, others)) else math.nan
+            lines.append(
+                f"  {config} turnstile: {_percent(other)} of the settle-only floor's "
+                f"(for comparison with earlier rounds; not the target's floor)"
+            )
     for r in results:
         missing = r.loaded.missing_pickups + r.idle.missing_pickups
         if r.errors or missing:
