@@ -60,13 +60,8 @@ from bench.common import (
     url_for,
     wait_until_idle,
 )
-from bench.report import SETTLE_ONLY, Latencies, Result, report
+from bench.report import IMPLS, SETTLE_ONLY, Latencies, Result, is_floor, report
 from stores.notify import LISTEN_STATEMENT
-
-#: The floors: with the round checkpoints the product's guarantees need (the target's), and
-#: without them (earlier rounds' floor, for comparison).
-FLOORS = ("floor", SETTLE_ONLY)
-IMPLS = ("turnstile", *FLOORS)
 
 Workflow = Callable[[int, int], Awaitable[Sample]]
 Phases = tuple[list[Sample], list[Sample], list[str], float]
@@ -153,7 +148,7 @@ def _start_workers(
     for number in range(processes):
         claim_log = logs / f"claims-{number}.log"
         env = dict(os.environ, TURNSTILE_BENCH_CLAIM_LOG=str(claim_log))
-        if impl in FLOORS:
+        if is_floor(impl):
             argv = ["bench.floor", "worker", "--dsn", dsn, "--claim-log", str(claim_log)]
             argv += ["--slots", str(slots)]
             if impl == SETTLE_ONLY:
@@ -165,7 +160,7 @@ def _start_workers(
             out = profile / f"{impl}-{processes}p{slots}s-w{number}.prof"
             argv = ["bench.profiled", str(out), *argv]
         children.start([sys.executable, "-m", *argv], env=env, log=logs / f"w{number}.log")
-    ready = floor.READY_QUERY if impl in FLOORS else LISTEN_STATEMENT
+    ready = floor.READY_QUERY if is_floor(impl) else LISTEN_STATEMENT
     deadline = time.monotonic() + 60
     while count_backends(name, ready) < processes:
         children.check()
@@ -208,7 +203,7 @@ def measure(bench: Bench, impl: str, processes: int, slots: int, round: int = 1)
     logs.mkdir()
     dsn = dsn_for(name)
     try:
-        if impl in FLOORS:
+        if is_floor(impl):
             with psycopg.connect(dsn, autocommit=True) as connection:
                 connection.execute(floor.SCHEMA)
         checkpoint()
@@ -220,8 +215,8 @@ def measure(bench: Bench, impl: str, processes: int, slots: int, round: int = 1)
             # CPU for each of our workers), counted apart so four processes do not look
             # like four times the cost per workflow.
             start_up = children.cpu_seconds()
-            clients = _floor_clients if impl in FLOORS else _turnstile_clients
-            target = dsn if impl in FLOORS else url_for(name)
+            clients = _floor_clients if is_floor(impl) else _turnstile_clients
+            target = dsn if is_floor(impl) else url_for(name)
             loaded, idle, errors, seconds = asyncio.run(clients(target, args, children.check))
         finally:
             children.stop()
@@ -234,7 +229,7 @@ def measure(bench: Bench, impl: str, processes: int, slots: int, round: int = 1)
         )
         claims = read_claims(logs)
         ids = [s.resumed_turn for s in loaded + idle]
-        created, settled = _turn_times(dsn, "fturns" if impl in FLOORS else "turns", ids)
+        created, settled = _turn_times(dsn, "fturns" if is_floor(impl) else "turns", ids)
         return Result(
             impl=impl,
             processes=processes,
@@ -312,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     spelled = args.impl.replace("both", "turnstile,floor").replace("all", ",".join(IMPLS))
     asked = set(spelled.split(","))
     impls = [i for i in IMPLS if i in asked]
-    if not impls or not asked <= set(IMPLS):
+    if not asked <= set(IMPLS):
         parser.error(f"--impl {args.impl!r}: expected some of {', '.join(IMPLS)}, both or all")
     raise_on_sigterm()
     databases = Databases(f"turnstile_bench_{os.getpid()}")

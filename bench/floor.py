@@ -127,11 +127,18 @@ WHERE id IN (
     ORDER BY run_after, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
 RETURNING id, parent_id, input, lease_token"""
 
-SETTLE = """WITH s AS (
-    UPDATE fturns SET status = 'completed', finish_reason = %(finish)s, output = %(output)s,
-        lease_owner = NULL, lease_expires_at = NULL, lease_token = lease_token + 1,
-        settled_at = now()
-    WHERE id = %(id)s AND lease_token = %(token)s AND status = 'pending' RETURNING id),
+#: The fence every worker write after the claim carries: the turn still pending under the
+#: lease token the claim handed out (no row: the lease was lost).
+_FENCE = "WHERE id = %(id)s AND lease_token = %(token)s AND status = 'pending' RETURNING id"
+
+_SETTLED = f"""UPDATE fturns SET status = 'completed', finish_reason = %(finish)s,
+        output = %(output)s, lease_owner = NULL, lease_expires_at = NULL,
+        lease_token = lease_token + 1, settled_at = now()
+    {_FENCE}"""
+
+#: The settle that also writes the turn's one call row (the paused turn's interrupt, or the
+#: settle-only floor's transfer).
+SETTLE = f"""WITH s AS ({_SETTLED}),
 c AS (
     INSERT INTO fcalls (turn_id, round, ref, name, input, status, output, interrupt,
                         idempotency_key, finished_at, created_at)
@@ -140,18 +147,12 @@ c AS (
 SELECT pg_notify('floor_turn', id) FROM s"""
 
 #: The settle of a turn whose call rows its round checkpoints already wrote.
-SETTLE_TURN = """WITH s AS (
-    UPDATE fturns SET status = 'completed', finish_reason = %(finish)s, output = %(output)s,
-        lease_owner = NULL, lease_expires_at = NULL, lease_token = lease_token + 1,
-        settled_at = now()
-    WHERE id = %(id)s AND lease_token = %(token)s AND status = 'pending' RETURNING id)
+SETTLE_TURN = f"""WITH s AS ({_SETTLED})
 SELECT pg_notify('floor_turn', id) FROM s"""
 
 #: A round's checkpoint before its tool runs: the conversation so far and the ``running``
-#: call, fenced by the lease token (no row back: the lease was lost).
-OPEN_ROUND = """WITH f AS (
-    UPDATE fturns SET output = %(output)s
-    WHERE id = %(id)s AND lease_token = %(token)s AND status = 'pending' RETURNING id)
+#: call, fenced.
+OPEN_ROUND = f"""WITH f AS (UPDATE fturns SET output = %(output)s {_FENCE})
 INSERT INTO fcalls (turn_id, round, ref, name, input, status, idempotency_key, started_at,
                     created_at)
 SELECT id, 1, %(ref)s, %(name)s, %(call_input)s, 'running', id || ':' || %(ref)s, now(), now()
@@ -159,9 +160,7 @@ FROM f RETURNING turn_id"""
 
 #: A round's checkpoint before the model is asked again: the tool's answer, and the call
 #: ``done``, fenced.
-CLOSE_ROUND = """WITH f AS (
-    UPDATE fturns SET output = %(output)s
-    WHERE id = %(id)s AND lease_token = %(token)s AND status = 'pending' RETURNING id)
+CLOSE_ROUND = f"""WITH f AS (UPDATE fturns SET output = %(output)s {_FENCE})
 UPDATE fcalls c SET status = 'done', output = %(call_output)s, finished_at = now()
 FROM f WHERE c.turn_id = f.id AND c.round = 1 AND c.ref = %(ref)s RETURNING c.turn_id"""
 
@@ -246,7 +245,7 @@ async def _run_turn(
     if checkpoints and not await _fenced(
         connection,
         CLOSE_ROUND,
-        {**params, "ref": "transfer-1", "call_output": Jsonb(receipt), "output": Jsonb(messages)},
+        {**params, **call, "call_output": Jsonb(receipt), "output": Jsonb(messages)},
     ):
         return
     messages.append(

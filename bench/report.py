@@ -7,15 +7,19 @@ from dataclasses import dataclass, field
 
 from bench.common import Sample, ServerStats, fmt, percentile, render_table
 
-__all__ = ["SETTLE_ONLY", "Latencies", "Result", "is_floor", "report"]
+__all__ = ["FLOORS", "IMPLS", "SETTLE_ONLY", "Latencies", "Result", "is_floor", "report"]
 
 #: The floor without the transfer round's checkpoints (see ``bench/floor.py``).
 SETTLE_ONLY = "floor-settle-only"
+#: The floors: with the round checkpoints the product's guarantees need (the target's), and
+#: without them (earlier rounds' floor, for comparison).
+FLOORS = ("floor", SETTLE_ONLY)
+IMPLS = ("turnstile", *FLOORS)
 
 
 def is_floor(impl: str) -> bool:
     """Whether ``impl`` names one of the floors (not the product)."""
-    return impl.startswith("floor")
+    return impl in FLOORS
 
 
 @dataclass
