@@ -32,6 +32,7 @@ from engine.response import AgentChunk, AgentResponse, interrupts_of
 from engine.resume import plan_continuation
 from engine.runner import ChunkCallback, RunnerConfig
 from engine.schemas import Schema
+from engine.signals import AbortSignal
 from engine.signing import StateSigner, canonical_json
 from engine.snapshots import SessionSnapshot, SessionState, restore_client_state
 from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus
@@ -96,7 +97,7 @@ class Agent:
         retry: RetryPolicy | None = None,
         lease: LeaseSettings | None = None,
         owner: str = "inline",
-        local_aborts: dict[str, asyncio.Event] | None = None,
+        local_aborts: dict[str, AbortSignal] | None = None,
         execution: str = "auto",
         poll_interval: float = 1.0,
     ) -> None:
@@ -289,7 +290,7 @@ class Agent:
         finally:
             for waiter in listening:
                 waiter.cancel()
-        signal = asyncio.Event()
+        signal = AbortSignal()
         self._local_aborts[started.turn.id] = signal
         try:
             # Shielded: a caller that stops waiting does not stop the turn (it settles and

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import socket
 from collections.abc import Callable, Mapping, Sequence
@@ -12,6 +11,7 @@ from engine.agent import Agent
 from engine.executor import LeaseSettings, RetryPolicy
 from engine.model import Model
 from engine.schemas import SchemaSpec
+from engine.signals import AbortSignal
 from engine.signing import StateSigner
 from engine.store import SessionStore
 from engine.tools import InterruptTool, Tool, ToolFn
@@ -38,7 +38,7 @@ class Engine:
         self.tools: dict[str, Tool] = {}
         self.agents: dict[str, Agent] = {}
         #: Abort signals of the turns running in this process, by turn id.
-        self.local_aborts: dict[str, asyncio.Event] = {}
+        self.local_aborts: dict[str, AbortSignal] = {}
         self.owner = f"{socket.gethostname()}:{os.getpid()}"
 
     def _register(self, tool: Tool) -> Tool:

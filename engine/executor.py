@@ -10,13 +10,17 @@ model or a tool runs; every store call is its own short write.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from engine.errors import StaleTransitionError
 from engine.runner import ChunkCallback, RunnerConfig, TurnOutcome, TurnRunner
+from engine.signals import AbortSignal
 from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus
 from engine.store import FollowOnClaim, SessionStore, TurnRecord
 
@@ -24,7 +28,8 @@ __all__ = ["LeaseSettings", "RetryPolicy", "execute_claimed", "run_inline"]
 
 logger = logging.getLogger("turnstile.executor")
 
-#: The fastest an executor re-reads its turn's status between heartbeats (abort detection).
+#: The fastest an executor re-reads its turn's status between heartbeats (abort detection),
+#: and when it first reads it: an abort from another process stops a turn within this time.
 MIN_STATUS_CHECK_INTERVAL = 0.25
 
 
@@ -63,7 +68,7 @@ async def execute_claimed(
     turn: TurnRecord,
     *,
     on_chunk: ChunkCallback | None = None,
-    abort_signal: asyncio.Event | None = None,
+    abort_signal: AbortSignal | None = None,
     lease: LeaseSettings | None = None,
     retry: RetryPolicy | None = None,
     then_claim: FollowOnClaim | None = None,
@@ -106,21 +111,17 @@ async def execute_claimed(
                 return
             await asyncio.sleep(lease.heartbeat_interval)
 
-    async def watch_abort(signal: asyncio.Event) -> None:
-        await signal.wait()
+    def abort_here() -> None:  # an abort requested in this process (AbortSignal.set)
         stop("abort")
 
     async def watch_store() -> None:
-        # Another process may request the abort: the store's change notification (NOTIFY)
-        # wakes us at once; the heartbeat's status check is the fallback.
+        # Another process may request the abort: read the status now (an abort requested
+        # before we watched sent a notification nobody here waited for), then at each
+        # change notification (NOTIFY) for the turn; the heartbeat's check is the fallback.
         loop = asyncio.get_running_loop()
         while not work.done():
             started = loop.time()
             try:
-                await store.wait_for_change(turn.id, lease.heartbeat_interval)
-                # A store without notifications (SQLite) returns from every short poll: read
-                # the status at most a few times a second, not once per poll.
-                await asyncio.sleep(max(0.0, MIN_STATUS_CHECK_INTERVAL - (loop.time() - started)))
                 current = await store.get_turn(turn.id)
             except Exception:
                 logger.warning("turn %s: status check failed; retrying", turn.id, exc_info=True)
@@ -129,18 +130,30 @@ async def execute_claimed(
             if current is not None and current.status is TurnStatus.ABORTING:
                 stop("abort")
                 return
+            with contextlib.suppress(Exception):  # a failed wait is a poll: read again
+                await store.wait_for_change(turn.id, lease.heartbeat_interval)
+            # A store without notifications (SQLite) returns from every short poll: read the
+            # status at most a few times a second, not once per poll.
+            await asyncio.sleep(max(0.0, MIN_STATUS_CHECK_INTERVAL - (loop.time() - started)))
 
-    helpers = [asyncio.create_task(watch_store())]
     if abort_signal is not None:
-        helpers.append(asyncio.create_task(watch_abort(abort_signal)))
+        abort_signal.add_listener(abort_here)
+    helpers: list[asyncio.Task[None]] = []
 
-    def start_heartbeat() -> None:
+    def start_helper(helper: Callable[[], Coroutine[Any, Any, None]]) -> None:
         if not work.done():
-            helpers.append(asyncio.create_task(heartbeat()))
+            helpers.append(asyncio.create_task(helper()))
 
-    # Most turns settle long before the first renewal is due: a timer, not a task, waits
-    # for it (a task per turn that only ever sleeps and is cancelled costs more).
-    heartbeat_due = asyncio.get_running_loop().call_later(lease.heartbeat_interval, start_heartbeat)
+    # Most turns settle long before anything else here is due: timers, not tasks, wait for
+    # the store watch and the first renewal (a task per turn that only waits and is
+    # cancelled cost 3% of a workflow's instructions, bench/in_process.py --instructions).
+    # An abort from another process in the watch's first MIN_STATUS_CHECK_INTERVAL is seen
+    # by its first read; one from this process is immediate (abort_here).
+    loop = asyncio.get_running_loop()
+    timers = [
+        loop.call_later(MIN_STATUS_CHECK_INTERVAL, start_helper, watch_store),
+        loop.call_later(lease.heartbeat_interval, start_helper, heartbeat),
+    ]
     outcome: TurnOutcome | None = None
     try:
         outcome = await work
@@ -153,7 +166,10 @@ async def execute_claimed(
         logger.warning("turn %s: %s; stopping", turn.id, refused)
         stop_reason.insert(0, "lease lost")
     finally:
-        heartbeat_due.cancel()
+        if abort_signal is not None:
+            abort_signal.remove_listener(abort_here)
+        for timer in timers:
+            timer.cancel()
         for helper in helpers:
             helper.cancel()
         # A helper's own failure must never replace the turn's outcome.
@@ -220,7 +236,7 @@ async def run_inline(
     *,
     owner: str,
     on_chunk: ChunkCallback | None = None,
-    abort_signal: asyncio.Event | None = None,
+    abort_signal: AbortSignal | None = None,
     lease: LeaseSettings | None = None,
     retry: RetryPolicy | None = None,
 ) -> TurnRecord:

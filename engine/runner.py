@@ -531,7 +531,10 @@ class TurnRunner:
             require_pending=False,
         )
         origin = {c.ref: c for c in parent_calls}
-        amended = paused.model_copy(deep=True)
+        # Changed in place: read_progress hands its caller a copy of its own (see
+        # SessionStore.read_progress), and a deep copy here was 3.6% of a workflow's
+        # instructions (client and worker, bench/in_process.py --instructions).
+        amended = paused
         results: dict[str, _Result] = {}
         rows: list[ToolCallRecord] = []
         restarts: dict[str, Any] = {}

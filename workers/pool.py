@@ -26,6 +26,7 @@ from types import TracebackType
 from engine import Agent, Engine, SessionStore, StaleTransitionError, TurnStatus
 from engine.executor import execute_claimed
 from engine.response import AgentChunk
+from engine.signals import AbortSignal
 from engine.status import SETTLED_STATUSES, FinishReason
 from engine.store import FollowOnClaim, TurnRecord
 from workers.scheduler import MaintenanceScheduler
@@ -436,7 +437,7 @@ class WorkerPool:
             logger.error("turn %s belongs to agent %s, not served here", turn.id, turn.agent)
             await self._hand_back(turn, note="agent not served by this worker")
             return
-        signal = asyncio.Event()
+        signal = AbortSignal()
         # Registered so agent.abort() in this process stops the turn at once; an abort from
         # another process arrives through the store (change notification or heartbeat).
         self.engine.local_aborts[turn.id] = signal

@@ -1426,6 +1426,36 @@ async def test_read_progress_is_what_a_worker_reads_to_run_a_turn(store: Session
     assert await store.read_progress("nope") is None
 
 
+async def test_read_progress_hands_out_a_copy_the_runner_may_change(store: SessionStore) -> None:
+    """What read_progress returns right after a claim (the SQL store keeps it from the claim)
+    is the caller's own: the runner answers the paused message in place, and neither the
+    stored conversation and journal nor a later read_progress see the change."""
+    await paused_turn(store, "root", interrupted=("r1",))
+    await store.create_turn(
+        new_turn("child", kind="resume", parent_id="root", history_length=1),
+        answers=[answer("root", "r1")],
+    )
+    await claim(store, "child")
+    conversation, journal = (
+        wire(await store.load_conversation("root")),
+        await store.list_calls("root"),
+    )
+
+    progress = await store.read_progress("child")
+    assert progress is not None and progress.parent_conversation
+    paused = progress.parent_conversation[-1]
+    paused.content[0].metadata = {"tampered": True}
+    paused.content.append(Part.of_text("extra"))
+    progress.parent_journal[0].status = ToolCallStatus.FAILED
+
+    assert wire(await store.load_conversation("root")) == conversation
+    assert await store.list_calls("root") == journal
+    again = await store.read_progress("child")
+    assert again is not None
+    assert wire(again.parent_conversation) == conversation
+    assert again.parent_journal == journal
+
+
 # -- copies ------------------------------------------------------------------------------
 
 

@@ -251,6 +251,28 @@ async def test_abort_from_outside_stops_a_queued_running_turn() -> None:
     assert pool.settled_total == 1
 
 
+async def test_abort_through_the_store_alone_stops_a_turn_that_just_started() -> None:
+    """An abort requested in the store as another process would (no signal in this one), the
+    moment the turn's tool starts, before anything here waits for change notifications:
+    the executor's first status read finds it, well before the first heartbeat (5 s)."""
+    store = InMemorySessionStore()
+    ai = Engine(model=ListModel([ask(("hang", "h1", {}))]))
+    started = asyncio.Event()
+
+    async def hang(_: Any) -> dict[str, bool]:
+        started.set()
+        await asyncio.Event().wait()
+        return {}
+
+    agent = queued_agent(ai, store, [ai.define_tool(name="hang", fn=hang)])
+    turn_id = str((await agent.chat().send("go", wait=False)).snapshot_id)
+    async with WorkerPool(ai, store, **FAST):
+        await asyncio.wait_for(started.wait(), 2)
+        assert await store.request_abort(turn_id) is TurnStatus.ABORTING
+        res = await agent.wait(turn_id, timeout=2)
+    assert res.status is TurnStatus.ABORTED
+
+
 def expiring_app(on_timeout: Any) -> tuple[Engine, Agent, list[str]]:
     """A banking agent whose approval expires after 0.2 s with ``on_timeout``."""
     ai = Engine(model=ScriptedModel(), state_keys=TEST_STATE_KEYS)

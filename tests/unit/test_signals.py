@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from engine.signals import BroadcastSignal, KeyedSignals, WakeEvent
+from engine.signals import AbortSignal, BroadcastSignal, KeyedSignals, WakeEvent
 
 
 async def test_a_fire_wakes_every_current_waiter_and_not_later_ones() -> None:
@@ -82,3 +82,20 @@ async def test_fire_all_wakes_waiters_of_every_key() -> None:
     signals.fire_all()
     await asyncio.wait_for(asyncio.gather(*waiters), 0.5)
     assert len(signals) == 0
+
+
+def test_an_abort_signal_calls_each_listener_once_and_late_ones_at_once() -> None:
+    """set() calls the listeners added before it, once even if set again; a listener added
+    after it is called on the spot; a removed one is never called."""
+    signal, calls = AbortSignal(), []
+    signal.add_listener(lambda: calls.append("early"))
+    removed = lambda: calls.append("removed")  # noqa: E731
+    signal.add_listener(removed)
+    signal.remove_listener(removed)
+    assert not signal.is_set() and calls == []
+    signal.set()
+    signal.set()
+    assert signal.is_set() and calls == ["early"]
+    signal.add_listener(lambda: calls.append("late"))
+    assert calls == ["early", "late"]
+    signal.remove_listener(removed)  # not there any more: no error
