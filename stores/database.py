@@ -22,6 +22,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 
 from engine.errors import StoreError, TurnstileError
+from stores import json_codec
 from stores.pg import PgConnections
 
 __all__ = [
@@ -85,6 +86,14 @@ def _configure_sqlite(engine: Engine) -> None:
         connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
+#: Every engine's JSON columns written and read as the hot path's statements do (stores/pg.py),
+#: so a payload is stored alike whichever path wrote it.
+_JSON_CODEC: dict[str, Any] = {
+    "json_serializer": json_codec.dumps,
+    "json_deserializer": json_codec.loads,
+}
+
+
 class Database:
     """An engine plus the helpers every store module uses."""
 
@@ -102,6 +111,7 @@ class Database:
                 # Our transactions last milliseconds; a worker frozen inside one (SIGSTOP, a
                 # swapped-out VM) must not keep its row locks — and its turn — forever.
                 connect_args={"options": "-c idle_in_transaction_session_timeout=30000"},
+                **_JSON_CODEC,
             )
             # Reads get their own pool of autocommit connections: a one-statement read is
             # then one round trip, where a transaction costs three (psycopg sends BEGIN on
@@ -114,6 +124,7 @@ class Database:
                 max_overflow=pool_size,
                 echo=echo,
                 isolation_level="AUTOCOMMIT",
+                **_JSON_CODEC,
             )
             # The common path's single statements run on psycopg's async connections, in
             # the event loop (stores/pg.py says why).
@@ -127,6 +138,7 @@ class Database:
                 self.url,
                 echo=echo,
                 connect_args={"check_same_thread": False, "timeout": 30},
+                **_JSON_CODEC,
             )
             _configure_sqlite(self.engine)
             # SQLite reads stay in a transaction: it is in-process, so the round trips a

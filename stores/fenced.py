@@ -17,7 +17,6 @@ decides what a transition sets), the same ``turn_events`` row and notifications.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Collection, Sequence
 from datetime import datetime
@@ -32,6 +31,7 @@ from engine.model import ModelUsage
 from engine.status import FinishReason, TurnStatus, can_transition
 from engine.store import RoundRecord, ToolCallRecord, TurnError, TurnRecord
 from engine.store_rules import transition_changes
+from stores import json_codec
 from stores import messages as message_sql
 from stores import turn_claims as claim_sql
 from stores import turns as turn_sql
@@ -127,17 +127,19 @@ def _write_params(
     params: dict[str, Any] = {"turn_id": turn_id, "saved_at": saved_at}
     if rounds:
         params.update(
-            messages=json.dumps(
+            messages=json_codec.dumps(
                 [
                     {**row, "round": r.round, "committed": r.committed}
                     for r in rounds
                     for row in message_sql.message_rows(r.messages)
                 ]
             ),
-            round_sizes=json.dumps([{"round": r.round, "size": len(r.messages)} for r in rounds]),
+            round_sizes=json_codec.dumps(
+                [{"round": r.round, "size": len(r.messages)} for r in rounds]
+            ),
         )
     if calls:
-        params["calls"] = json.dumps(
+        params["calls"] = json_codec.dumps(
             [call.model_dump(mode="json", exclude={"turn_id", "created_at"}) for call in calls]
         )
     return params
@@ -256,7 +258,7 @@ async def transition_fenced(
         if isinstance(value, StrEnum):
             value = value.value
         elif isinstance(value, TurnError):
-            value = json.dumps(value.model_dump(mode="json"))
+            value = json_codec.dumps(value.model_dump(mode="json"))
         params[f"set_{key}"] = value
     counted = _counted(usage)
     if counted:

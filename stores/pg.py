@@ -32,17 +32,20 @@ import sqlalchemy as sa
 from psycopg import abc as psycopg_abc
 from psycopg import pq
 from psycopg.adapt import PyFormat, Transformer
+from psycopg.types.json import set_json_loads
 from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 from sqlalchemy.sql.compiler import SQLCompiler
 
 from engine.errors import StoreError
+from stores import json_codec
 
 __all__ = ["SESSION_SETTINGS", "PgConnections", "PgStatement", "StatementRefused"]
 
 logger = logging.getLogger("turnstile.store")
 
-# SQLAlchemy's dialect classes are untyped; this one only compiles, it never connects.
-_DIALECT = PGDialect_psycopg()  # type: ignore[no-untyped-call]
+# SQLAlchemy's dialect classes are untyped; this one only compiles, it never connects (its JSON
+# serializer is what the JSON columns' bind processors call).
+_DIALECT = PGDialect_psycopg(json_serializer=json_codec.dumps)  # type: ignore[no-untyped-call]
 
 Row = dict[str, Any]
 
@@ -241,11 +244,13 @@ class PgConnections:
         return self._slots
 
     async def _connect(self) -> psycopg.AsyncConnection[Any]:
-        return await psycopg.AsyncConnection.connect(
+        connection = await psycopg.AsyncConnection.connect(
             self._dsn,
             autocommit=True,
             options=" ".join(f"-c {name}={value}" for name, value in SESSION_SETTINGS.items()),
         )
+        set_json_loads(json_codec.loads, connection)  # its json and jsonb columns
+        return connection
 
     async def close(self) -> None:
         """Close the idle connections; busy ones close when their statement returns. The

@@ -12,7 +12,6 @@ succeeds, if the conflict it saw is already gone).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from datetime import datetime
 
@@ -22,6 +21,7 @@ from sqlalchemy.engine import Connection
 from engine.errors import InvalidArgumentError, SessionBusyError
 from engine.store import InterruptAnswer, NewTurn, RoundRecord, TurnRecord
 from engine.store_rules import check_session
+from stores import json_codec
 from stores import messages as message_sql
 from stores import sessions as session_sql
 from stores import tool_calls as call_sql
@@ -109,9 +109,9 @@ async def create_turn_in_one_statement(
             "max_attempts": turn.max_attempts,
             "now": now,
             # Serialised here: jsonb_to_recordset takes one JSON document per parameter.
-            "answers": json.dumps(answered),
+            "answers": json_codec.dumps(answered),
             "answer_count": len(answered),
-            "messages": json.dumps(opening),
+            "messages": json_codec.dumps(opening),
             "work_channel": WORK_CHANNEL,
         },
     )

@@ -1459,6 +1459,48 @@ async def test_read_progress_hands_out_a_copy_the_runner_may_change(store: Sessi
 # -- copies ------------------------------------------------------------------------------
 
 
+#: A payload whose every value a careless JSON path changes: integers beyond 64 bits (2**100
+#: + 1 has no float form; 2**63 is one past the signed range), a float that is not an
+#: integer, a string of digits, text beyond ASCII, nesting and null.
+EXACT_PAYLOAD = {
+    "big": 2**100 + 1,
+    "negative": -(2**70) - 1,
+    "edge": 2**63,
+    "float": 0.1,
+    "digits": "12345678901234567890123",
+    "text": "Überweisung ✓ \u2028",
+    "nested": [[{"none": None, "yes": True}]],
+}
+
+
+async def test_json_payloads_come_back_exactly(store: SessionStore) -> None:
+    """A round's messages and journal rows come back exactly as written, through the reads a
+    worker and a client make: big integers stay integers, floats floats, text text."""
+    token = (await turn_in(store, PENDING)).lease_token
+    request = Message(role="model", content=[Part.of_request("transferMoney", "r1", EXACT_PAYLOAD)])
+    await store.save_round(
+        "t1",
+        lease_token=token,
+        round=RoundRecord(round=1, messages=[request], committed=True),
+        calls=[tool_call("t1", 1, "r1", output=EXACT_PAYLOAD)],
+    )
+
+    def exact(value: Any) -> bool:
+        return value == EXACT_PAYLOAD and all(
+            type(value[key]) is type(written) for key, written in EXACT_PAYLOAD.items()
+        )
+
+    conversation = await store.load_conversation("t1")
+    request_part = conversation[-1].content[0].tool_request
+    assert request_part is not None and exact(request_part.input)
+    assert exact((await store.list_calls("t1"))[0].output)
+    progress = await store.read_progress("t1")
+    assert progress is not None
+    assert exact(progress.journal[0].output)
+    saved = progress.rounds[-1].messages[0].content[0].tool_request
+    assert saved is not None and exact(saved.input)
+
+
 async def test_returned_messages_and_rows_are_copies(store: SessionStore) -> None:
     """Mutating messages, rounds or journal rows a store returned does not change the store."""
     token = (await turn_in(store, PENDING)).lease_token
