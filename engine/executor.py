@@ -111,6 +111,8 @@ async def execute_claimed(
                 return
             await asyncio.sleep(lease.heartbeat_interval)
 
+    loop = asyncio.get_running_loop()
+
     def abort_here() -> None:  # an abort requested in this process (AbortSignal.set)
         stop("abort")
 
@@ -118,7 +120,6 @@ async def execute_claimed(
         # Another process may request the abort: read the status now (an abort requested
         # before we watched sent a notification nobody here waited for), then at each
         # change notification (NOTIFY) for the turn; the heartbeat's check is the fallback.
-        loop = asyncio.get_running_loop()
         while not work.done():
             started = loop.time()
             try:
@@ -145,11 +146,11 @@ async def execute_claimed(
             helpers.append(asyncio.create_task(helper()))
 
     # Most turns settle long before anything else here is due: timers, not tasks, wait for
-    # the store watch and the first renewal (a task per turn that only waits and is
-    # cancelled cost 3% of a workflow's instructions, bench/in_process.py --instructions).
-    # An abort from another process in the watch's first MIN_STATUS_CHECK_INTERVAL is seen
-    # by its first read; one from this process is immediate (abort_here).
-    loop = asyncio.get_running_loop()
+    # the store watch and the first renewal (the watch's task, started with every turn and
+    # nearly always cancelled unused, cost 1.3% of a workflow's instructions,
+    # bench/in_process.py --instructions). An abort from another process in the watch's
+    # first MIN_STATUS_CHECK_INTERVAL is seen by its first read; one from this process is
+    # immediate (abort_here).
     timers = [
         loop.call_later(MIN_STATUS_CHECK_INTERVAL, start_helper, watch_store),
         loop.call_later(lease.heartbeat_interval, start_helper, heartbeat),

@@ -20,7 +20,7 @@ class AbortSignal:
 
     A listener, not a waiter: an :class:`asyncio.Event` needs a task waiting on it for every
     running turn, which almost always ends cancelled, unset; the task, its start and its
-    cancellation were 1.7% of a workflow's instructions (``bench/in_process.py
+    cancellation were 0.6% of a workflow's instructions (``bench/in_process.py
     --instructions``).
     """
 

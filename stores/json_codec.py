@@ -1,9 +1,10 @@
 """JSON text for the database: orjson where it gives the same value, the standard library
 where it would not.
 
-Every JSON payload the SQL store writes (parameters, the one-statement forms' JSON
-documents) or reads (``jsonb`` columns on PostgreSQL, JSON text on SQLite) passes through
-:func:`dumps` and :func:`loads`. Why not the standard library alone: on the approval
+Every JSON payload the SQL store writes to its tables (parameters, the one-statement forms'
+JSON documents) or reads from them (``jsonb`` columns on PostgreSQL, JSON text on SQLite,
+views included) passes through :func:`dumps` and :func:`loads`; notification payloads, which
+are never stored, keep the standard library. Why not the standard library alone: on the approval
 workflow, writing and reading payloads with it was 8% of the instructions the client and the
 worker spend (``bench/in_process.py --instructions``, ``docs/performance.md``); orjson does
 the same work in a fraction of that.

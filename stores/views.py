@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 from typing import Any
 
@@ -10,6 +9,7 @@ import sqlalchemy as sa
 from pydantic import BaseModel
 from sqlalchemy.engine import Connection
 
+from stores import json_codec
 from stores.database import utc
 
 __all__ = [
@@ -84,7 +84,7 @@ def open_approvals(connection: Connection, agent: str | None = None) -> list[Ope
             row[key] = _parse_time(row[key])
         for key in ("input", "metadata"):
             if isinstance(row[key], str):
-                row[key] = json.loads(row[key])
+                row[key] = json_codec.loads(row[key])
     return [OpenApproval.model_validate(r) for r in rows]
 
 
