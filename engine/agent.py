@@ -22,6 +22,7 @@ from engine.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
+    SessionBusyError,
     SnapshotNotResumableError,
     TurnFailedError,
 )
@@ -543,6 +544,13 @@ class Agent:
     ) -> _Started:
         store, base, session_id, stored = await self._base(request, recalled)
         turn_input = request.input
+        if base is not None and base.status in ACTIVE_STATUSES and request.snapshot_id is None:
+            # Named by session: its latest turn is still running, a conflict to retry.
+            raise SessionBusyError(
+                f"Session {session_id} already has a running turn ({base.id}, "
+                f"{base.status.value}); wait for it to settle or abort it.",
+                snapshot_id=base.id,
+            )
         if base is not None and base.status in ACTIVE_STATUSES:
             raise SnapshotNotResumableError(
                 f"Snapshot {base.id} is still {base.status.value}: wait for it to settle or "

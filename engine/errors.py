@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 __all__ = [
     "AgentError",
     "ApprovalNotPendingError",
+    "DecisionConflictError",
     "FailedPreconditionError",
     "InvalidArgumentError",
     "InvalidStateError",
@@ -22,6 +23,7 @@ __all__ = [
     "ResumeValidationError",
     "SessionBusyError",
     "SnapshotNotResumableError",
+    "StaleSnapshotError",
     "StaleTransitionError",
     "StoreError",
     "ToolError",
@@ -104,10 +106,24 @@ class SessionBusyError(AgentError):
     default_status = "ABORTED"
 
 
+class StaleSnapshotError(AgentError):
+    """The snapshot a new turn would continue is no longer its session's latest: another
+    send or resume continued the session first. Retryable: continue from the latest
+    snapshot (``snapshot_id``), never from the stale one, so no message is lost."""
+
+    default_status = "ABORTED"
+
+
 class ApprovalNotPendingError(AgentError):
     """An interrupt was already answered (or is no longer pending): it can be decided once."""
 
     default_status = "ABORTED"
+
+
+class DecisionConflictError(ApprovalNotPendingError):
+    """An interrupt already has a recorded decision and the request answers it differently:
+    a recorded answer is final, whichever path (chat resume, remote resume, inbox) tries
+    to change it."""
 
 
 class InvalidStateError(InvalidArgumentError):

@@ -26,6 +26,7 @@ from engine.errors import (
 from engine.model import ModelUsage
 from engine.parts import Message
 from engine.relay import ChunkBroker, ChunkSubscription
+from engine.resume import check_recorded
 from engine.signals import KeyedSignals, WakeEvent
 from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus
 from engine.store import (
@@ -47,6 +48,7 @@ from engine.store import (
 from engine.store_rules import (
     abort_target,
     check_answers,
+    check_parent,
     check_session,
     check_transition,
     claim_after,
@@ -115,7 +117,10 @@ class InMemorySessionStore:
                     f"Interrupt '{answer.ref}' of snapshot {answer.turn_id} is not pending "
                     f"(it is {state}); it may have been answered already."
                 )
+            check_recorded(call, answer.answer, answer.turn_id)
             answered.append((call, answer))
+        order = self._turn_order.get(turn.session_id, [])
+        check_parent(turn, order[-1] if order else None)
         if session is None:
             session = SessionRecord(
                 id=turn.session_id,
@@ -130,8 +135,8 @@ class InMemorySessionStore:
                 update={
                     "status": ToolCallStatus.ANSWERED,
                     "answer": answer.answer,
-                    "decided_by": answer.decided_by,
-                    # An inbox decision recorded earlier keeps its own moment.
+                    # An inbox decision recorded earlier keeps its approver and moment.
+                    "decided_by": call.decided_by if call.decided_at else answer.decided_by,
                     "decided_at": call.decided_at or now,
                 }
             )

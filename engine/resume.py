@@ -13,6 +13,7 @@ from typing import Any
 
 from engine.errors import (
     ApprovalNotPendingError,
+    DecisionConflictError,
     FailedPreconditionError,
     InvalidArgumentError,
     ResumeValidationError,
@@ -26,10 +27,12 @@ from engine.tools import Tool
 __all__ = [
     "NOT_RESUMABLE_MESSAGE",
     "ResumePlan",
+    "check_recorded",
     "expiry_decisions",
     "paused_calls",
     "plan_continuation",
     "plan_resume",
+    "same_answer",
 ]
 
 NOT_RESUMABLE_MESSAGE = (
@@ -212,8 +215,28 @@ def plan_resume(
                 f"is not pending ({state}); it was answered already.",
                 snapshot_id=snapshot_id,
             )
+        check_recorded(row, {answers[row.ref][0]: answers[row.ref][1]}, snapshot_id)
         closed.append(row)
     return ResumePlan(answers=answers, journal=closed)
+
+
+def check_recorded(row: ToolCallRecord, answer: Any, snapshot_id: str | None = None) -> None:
+    """Refuse ``answer`` for a call whose recorded decision (an approver's, through the
+    inbox) says something else: a recorded answer is final on every path."""
+    if row.decided_at is None or same_answer(row.answer, answer):
+        return
+    raise DecisionConflictError(
+        f"Interrupt '{row.name}' (ref: {row.ref}) was already decided by "
+        f"{row.decided_by or 'an anonymous approver'} with {json.dumps(row.answer)}; a "
+        "different answer is refused. Resume with the recorded answer, or leave it to the "
+        "inbox.",
+        snapshot_id=snapshot_id,
+    )
+
+
+def same_answer(recorded: Any, answer: Any) -> bool:
+    """Whether two journal answers are the same decision (deep JSON equality)."""
+    return _same_json(recorded, answer)
 
 
 def strip_pending(part: Part) -> Part:

@@ -15,6 +15,7 @@ from engine.errors import (
     InvalidArgumentError,
     LeaseLostError,
     NotFoundError,
+    StaleSnapshotError,
     StaleTransitionError,
 )
 from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus, can_transition
@@ -31,6 +32,7 @@ from engine.store import (
 __all__ = [
     "abort_target",
     "check_answers",
+    "check_parent",
     "check_session",
     "check_transition",
     "claim_after",
@@ -47,6 +49,25 @@ def check_session(session: SessionRecord, turn: NewTurn) -> None:
         )
     if turn.owner is not None and session.owner != turn.owner:
         raise NotFoundError(f"Session '{turn.session_id}' not found for agent '{turn.agent}'.")
+
+
+def check_parent(turn: NewTurn, latest_id: str | None) -> None:
+    """A new turn continues its session's latest turn (a first turn: an empty session).
+
+    Checked where the turn is created, under the session's lock: two sends that both read
+    the same latest snapshot cannot both continue it, so no message is left off the
+    conversation by a turn that continued a stale parent.
+    """
+    if turn.parent_id == latest_id:
+        return
+    if turn.parent_id is None:
+        detail = f"it already has turns (latest: {latest_id})"
+    else:
+        detail = f"snapshot {turn.parent_id} is no longer its latest ({latest_id} is)"
+    raise StaleSnapshotError(
+        f"Session {turn.session_id} moved on: {detail}. Continue from the latest snapshot.",
+        snapshot_id=latest_id,
+    )
 
 
 def check_answers(turn: NewTurn, answers: Sequence[InterruptAnswer]) -> None:

@@ -10,6 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from engine.errors import ApprovalNotPendingError
+from engine.resume import check_recorded
 from engine.status import FinishReason, TurnStatus
 from engine.store import InterruptAnswer, ToolCallRecord, ToolCallStatus, TurnError
 from stores.database import upsert_statement, utc
@@ -86,49 +87,47 @@ def list_calls(connection: Connection, turn_id: str) -> list[ToolCallRecord]:
 
 
 def answer_calls(connection: Connection, answers: Sequence[InterruptAnswer], now: datetime) -> None:
-    """Mark each answered call ``answered`` — only if it is still ``interrupted``.
+    """Mark each answered call ``answered`` — only if it is still ``interrupted`` and, when
+    an approver already recorded a decision on it, only with that same answer.
 
-    The guard makes an approval decidable once: of two concurrent resumes, the second finds
-    zero rows and raises, rolling its whole transaction back.
+    Each row is read under its row lock (SQLite: the transaction's write lock) before it is
+    changed, so of two concurrent resumes the second finds it answered and raises, rolling
+    its whole transaction back; a recorded decision keeps its approver.
     """
     for answer in answers:
-        result = connection.execute(
-            _ANSWER,
-            {
-                "a_turn_id": answer.turn_id,
-                "a_round": answer.round,
-                "a_ref": answer.ref,
-                "answer": answer.answer,
-                "decided_by": answer.decided_by,
-                "a_decided_at": now,
-            },
-        )
-        if result.rowcount != 1:
-            current = connection.execute(
-                sa.select(tool_calls.c.status).where(
-                    tool_calls.c.turn_id == answer.turn_id,
-                    tool_calls.c.round == answer.round,
-                    tool_calls.c.ref == answer.ref,
-                )
-            ).first()
-            state = "unknown" if current is None else current[0]
+        key = {"a_turn_id": answer.turn_id, "a_round": answer.round, "a_ref": answer.ref}
+        row = connection.execute(_LOCK_CALL, key).first()
+        current = record_of(row) if row is not None else None
+        if current is None or current.status is not ToolCallStatus.INTERRUPTED:
+            state = "unknown" if current is None else current.status.value
             raise ApprovalNotPendingError(
                 f"Interrupt '{answer.ref}' of snapshot {answer.turn_id} is not pending "
                 f"(it is {state}); it may have been answered already."
             )
+        check_recorded(current, answer.answer, answer.turn_id)
+        connection.execute(
+            _ANSWER,
+            {
+                **key,
+                "answer": answer.answer,
+                "decided_by": current.decided_by if current.decided_at else answer.decided_by,
+                "a_decided_at": now,
+            },
+        )
 
 
-# Built once (statement construction costs more CPU than these queries). The guard on
-# status 'interrupted' is what makes an approval decidable once (see answer_calls).
+# Built once (statement construction costs more CPU than these queries). The locked read
+# before each answer is what makes an approval decidable once (see answer_calls).
 _BY_TURN = sa.select(tool_calls).where(tool_calls.c.turn_id == sa.bindparam("turn_id"))
+_CALL_KEY = (
+    tool_calls.c.turn_id == sa.bindparam("a_turn_id"),
+    tool_calls.c.round == sa.bindparam("a_round"),
+    tool_calls.c.ref == sa.bindparam("a_ref"),
+)
+_LOCK_CALL = sa.select(tool_calls).where(*_CALL_KEY).with_for_update()
 _ANSWER = (
     sa.update(tool_calls)
-    .where(
-        tool_calls.c.turn_id == sa.bindparam("a_turn_id"),
-        tool_calls.c.round == sa.bindparam("a_round"),
-        tool_calls.c.ref == sa.bindparam("a_ref"),
-        tool_calls.c.status == ToolCallStatus.INTERRUPTED.value,
-    )
+    .where(*_CALL_KEY)
     .values(
         status=ToolCallStatus.ANSWERED.value,
         # An inbox decision recorded earlier keeps its own moment.

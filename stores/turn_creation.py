@@ -20,7 +20,7 @@ from sqlalchemy.engine import Connection
 
 from engine.errors import InvalidArgumentError, SessionBusyError
 from engine.store import InterruptAnswer, NewTurn, RoundRecord, TurnRecord
-from engine.store_rules import check_session
+from engine.store_rules import check_parent, check_session
 from stores import json_codec
 from stores import messages as message_sql
 from stores import sessions as session_sql
@@ -58,9 +58,13 @@ def create_turn(
             snapshot_id=active_id,
         )
     call_sql.answer_calls(connection, answers, now)
+    # The session row is locked above, so no other turn can join the session meanwhile.
+    latest = turn_sql.latest_turn_id(connection, turn.session_id)
     # A duplicate id fails on the primary key (mapped by the store), rolling back the
     # session row too: no separate existence check (one round trip less).
     created = turn_sql.insert_turn(connection, turn, now)
+    # Checked after the insert so a duplicate id is reported as such; raising rolls it back.
+    check_parent(turn, latest)
     if turn.initial_messages:
         message_sql.save_round(
             connection,
@@ -78,7 +82,8 @@ async def create_turn_in_one_statement(
     """Try the whole creation as one statement (PostgreSQL, autocommit connection).
 
     Returns the created turn, or ``None`` when a rule refused it (unknown agent for the
-    session, a running turn) — nothing was written then. Raises
+    session, a running turn, a parent that is not the session's latest) — nothing was
+    written then. Raises
     :class:`~stores.pg.StatementRefused` when a constraint refused it: a duplicate id, a
     concurrent creator (``seq`` or the one-running-turn index), or an answer no longer
     pending (see ``_CREATE``); the statement rolled back.
@@ -119,8 +124,9 @@ async def create_turn_in_one_statement(
 
 
 # The CTEs run as one statement, all on one snapshot:
-# - `ready` is one row when the session is new or the agent's, and has no running turn;
-#   every write below joins it, so a refused request writes nothing at all.
+# - `ready` is one row when the session is new or the agent's, has no running turn and its
+#   latest turn is the new turn's parent; every write below joins it, so a refused request
+#   writes nothing at all.
 # - `session` creates the session or takes its row lock (as the transaction's first
 #   statement does); `created` reads it first, so the lock is taken before any journal row
 #   is (the order the transaction uses too: no lock-order deadlock between the two forms).
@@ -129,7 +135,8 @@ async def create_turn_in_one_statement(
 # - `answered` flips each answer's row from interrupted to answered; a row another resume
 #   answered first is re-checked after its lock and skipped. Then fewer rows than answers
 #   leave the new turn's id NULL, and its NOT NULL constraint fails the statement, undoing
-#   every write in it: the answers are decided once, all together or not at all.
+#   every write in it: the answers are decided once, all together or not at all. A row an
+#   approver already decided is answered only with that decision, and keeps its approver.
 def _create_statement(*, answers: bool, opening: bool) -> sa.TextClause:
     """The statement for a request with or without answers and an opening message: a part
     with nothing to write is left out, so the statement does not even lock its table."""
@@ -140,7 +147,9 @@ WITH ready AS (
     WHERE COALESCE((SELECT agent = :agent FROM sessions WHERE id = :session_id), true)
       AND NOT EXISTS (
           SELECT 1 FROM turns
-          WHERE session_id = :session_id AND status IN ('pending', 'aborting'))),
+          WHERE session_id = :session_id AND status IN ('pending', 'aborting'))
+      AND (SELECT id FROM turns WHERE session_id = :session_id ORDER BY seq DESC LIMIT 1)
+          IS NOT DISTINCT FROM CAST(:parent_id AS text)),
 session AS (
     INSERT INTO sessions (id, agent, owner, created_at, updated_at)
     SELECT :session_id, :agent, NULL, :now, :now FROM ready
@@ -152,7 +161,8 @@ session AS (
             """
 answered AS (
     UPDATE tool_calls AS c
-    SET status = 'answered', answer = a.answer, decided_by = a.decided_by,
+    SET status = 'answered', answer = a.answer,
+        decided_by = CASE WHEN c.decided_at IS NULL THEN a.decided_by ELSE c.decided_by END,
         decided_at = COALESCE(c.decided_at, :now)
     FROM jsonb_to_recordset(CAST(:answers AS jsonb))
              AS a(turn_id text, round integer, ref text, answer jsonb, decided_by text),
@@ -164,6 +174,7 @@ answered AS (
     WHERE c.turn_id = :parent_id
       AND c.turn_id = a.turn_id AND c.round = a.round AND c.ref = a.ref
       AND c.status = 'interrupted'
+      AND (c.decided_at IS NULL OR c.answer = a.answer)
     RETURNING c.ref),"""
         )
     turn_id = (

@@ -95,6 +95,19 @@ def latest_turn(connection: Connection, session_id: str) -> TurnRecord | None:
     return record(row) if row else None
 
 
+def latest_turn_id(connection: Connection, session_id: str) -> str | None:
+    """The id of the session's newest turn (``None``: no turn yet)."""
+    return connection.execute(_LATEST_ID, {"session_id": session_id}).scalar()
+
+
+_LATEST_ID = (
+    sa.select(turns.c.id)
+    .where(turns.c.session_id == sa.bindparam("session_id"))
+    .order_by(turns.c.seq.desc())
+    .limit(1)
+)
+
+
 def active_turn(connection: Connection, session_id: str) -> tuple[str, TurnStatus] | None:
     """The id and status of the session's pending or aborting turn, if any (only what the
     "session busy" error names: no full record is built)."""

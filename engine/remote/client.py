@@ -40,6 +40,8 @@ _BY_NAME: dict[str, type[AgentError]] = {
         errors.SnapshotNotResumableError,
         errors.SessionBusyError,
         errors.ApprovalNotPendingError,
+        errors.DecisionConflictError,
+        errors.StaleSnapshotError,
         errors.InvalidStateError,
         errors.ToolError,
     )

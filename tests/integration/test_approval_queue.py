@@ -155,13 +155,13 @@ async def test_the_queue_follows_a_workload_through_the_store(kind: str) -> None
 
         # A new message in s2 supersedes the paused q1; then it pauses with its calls written
         # before the settle (calls first).
-        await store.create_turn(new_turn("q2", "s2"))
+        await store.create_turn(new_turn("q2", "s2", parent_id="q1"))
         assert assert_exact(store) == [("p2", "d"), ("p2", "e")]
         await settle_paused(store, "q2", "x", calls_first=True)
         assert assert_exact(store) == [("p2", "d"), ("p2", "e"), ("q2", "x")]
 
         # A send in s2 that is aborted before it ran: q2 stays superseded.
-        await store.create_turn(new_turn("q3", "s2"))
+        await store.create_turn(new_turn("q3", "s2", parent_id="q2"))
         assert await store.request_abort("q3") is not None
         assert assert_exact(store) == [("p2", "d"), ("p2", "e")]
 

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
+from engine.errors import DecisionConflictError
+from engine.parts import Part
 from engine.remote.auth import OwnerInboxPolicy, Principal, RoleInboxPolicy
 from engine.store import PendingApproval, ToolCallStatus
 from tests.http_fixtures import AUDIT_AGENT, Served, bearer, serve_banking, token_auth
@@ -30,6 +33,51 @@ async def served(request: pytest.FixtureRequest) -> AsyncIterator[Served]:
         request.param, auth=token_auth(), inbox_policy=RoleInboxPolicy("approver")
     ) as served:
         yield served
+
+
+@pytest.fixture(params=["memory", "postgres", "postgres-queued"])
+async def audited(request: pytest.FixtureRequest) -> AsyncIterator[Served]:
+    """:func:`served`, and also with turns queued for a worker pool (the default path of
+    ``turnstile serve`` plus ``turnstile worker``), where the server waits for its turns."""
+    kind, _, queued = str(request.param).partition("-")
+    async with contextlib.AsyncExitStack() as stack:
+        served = await stack.enter_async_context(
+            serve_banking(
+                kind,
+                auth=token_auth(),
+                inbox_policy=RoleInboxPolicy("approver"),
+                execution="workers" if queued else "inline",
+            )
+        )
+        if queued:
+            pool = WorkerPool(served.app.ai, served.store, poll_interval=0.05, scheduler=False)
+            await stack.enter_async_context(pool)
+        yield served
+
+
+async def settled(served: Served, snapshot_id: str, token: str) -> dict[str, Any]:
+    """The snapshot once it is no longer pending (a worker may still be running it)."""
+    for _ in range(200):
+        snapshot = await served.snapshot(snapshot_id, token=token)
+        if snapshot["status"] != "pending":
+            return snapshot
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{snapshot_id} did not settle")
+
+
+def resume_body(snapshot_id: str, *approved: bool) -> dict[str, Any]:
+    """A wire resume answering ``approval-1``, ``approval-2``, … with ``approved``."""
+    respond = [
+        {
+            "toolResponse": {
+                "name": "userApproval",
+                "ref": f"approval-{n}",
+                "output": {"approved": value},
+            }
+        }
+        for n, value in enumerate(approved, start=1)
+    ]
+    return {"data": {"resume": {"respond": respond}}, "init": {"snapshotId": snapshot_id}}
 
 
 def ids(page: dict[str, Any]) -> list[str]:
@@ -275,8 +323,10 @@ async def test_a_two_interrupt_turn_resumes_after_its_second_decision(served: Se
     assert (calls["approval-1"].decided_by, calls["approval-2"].decided_by) == ("carol", "alice")
 
 
-async def test_decisions_record_who_decided_and_when(served: Served) -> None:
-    """Each decision keeps its decider and moment on the journal row, through the resume."""
+async def test_decisions_record_who_decided_and_when(audited: Served) -> None:
+    """Each decision keeps its decider and moment on the journal row, through the resume,
+    whether the server runs the resume itself or queues it for a worker."""
+    served = audited
     paused = await pause(served, "transfer $10 to a and $20 to b", "tok-alice")
     first = await served.decide(
         f"{paused}:approval-1", {"respond": {"approved": True}}, token=CAROL
@@ -306,6 +356,56 @@ async def test_decisions_record_who_decided_and_when(served: Served) -> None:
         assert rows[0].decided_at < rows[1].decided_at
         assert rows[0].decided_at.isoformat() == first.json()["decidedAt"]
         assert rows[1].answer == {"respond": {"approved": False}}
+
+
+async def test_a_recorded_decision_cannot_be_overwritten_by_a_resume(audited: Served) -> None:
+    """After an approver decided one approval, a chat resume (local or over HTTP) answering
+    it differently is a 409 that changes nothing; one repeating the decision goes through
+    and the record still names the approver."""
+    served = audited
+    paused = await pause(served, "transfer $10 to a and $20 to b", "tok-alice")
+    rejected = await served.decide(
+        f"{paused}:approval-1", {"respond": {"approved": False}}, token=CAROL
+    )
+    assert rejected.status_code == 200, rejected.text
+
+    remote = await served.http.post(
+        served.agent_url, json=resume_body(paused, True, True), headers=bearer("tok-alice")
+    )
+    # Over Genkit's protocol a refused turn is a failed result carrying the typed conflict.
+    refusal = remote.json()["result"]
+    assert refusal["finishReason"] == "failed", remote.text
+    assert refusal["error"]["status"] == "ABORTED"
+    assert refusal["error"]["details"] == {"type": "DecisionConflictError"}
+    assert "already decided by carol" in refusal["error"]["message"]
+    chat = served.app.banking_agent.chat(snapshot_id=paused)
+    with pytest.raises(DecisionConflictError):
+        await chat.resume(
+            respond=[
+                Part.of_response("userApproval", "approval-1", {"approved": True}),
+                Part.of_response("userApproval", "approval-2", {"approved": True}),
+            ]
+        )
+    calls = {c.ref: c for c in await served.store.list_calls(paused)}
+    assert calls["approval-1"].status is ToolCallStatus.INTERRUPTED
+    assert (calls["approval-1"].answer, calls["approval-1"].decided_by) == (
+        {"respond": {"approved": False}},
+        "carol",
+    )
+    assert served.app.transfers == []
+
+    agreeing = await served.http.post(
+        served.agent_url, json=resume_body(paused, False, True), headers=bearer("tok-alice")
+    )
+    assert agreeing.status_code == 200, agreeing.text
+    resumed = await settled(served, agreeing.json()["result"]["snapshotId"], "tok-alice")
+    assert resumed["status"] == "completed", resumed
+    assert [t.toAccount for _key, t in served.app.transfers] == ["b"]
+    calls = {c.ref: c for c in await served.store.list_calls(paused)}
+    assert [(calls[r].status, calls[r].decided_by) for r in ("approval-1", "approval-2")] == [
+        (ToolCallStatus.ANSWERED, "carol"),
+        (ToolCallStatus.ANSWERED, "alice"),
+    ]
 
 
 async def test_a_second_decision_on_the_same_approval_is_a_409(served: Served) -> None:

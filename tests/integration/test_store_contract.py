@@ -27,6 +27,7 @@ from engine.errors import (
     LeaseLostError,
     NotFoundError,
     SessionBusyError,
+    StaleSnapshotError,
     StaleTransitionError,
 )
 from engine.memory_store import InMemorySessionStore
@@ -484,20 +485,49 @@ async def test_reads_of_unknown_ids_return_none(store: SessionStore) -> None:
     assert await store.latest_turn("nope") is None
 
 
-async def test_latest_turn_is_newest_created_even_after_branching(store: SessionStore) -> None:
-    """latest_turn returns the session's newest turn, also when it branches from an older one."""
+async def test_latest_turn_is_newest_created(store: SessionStore) -> None:
+    """latest_turn returns the session's newest turn."""
     await store.create_turn(new_turn("root"))
     assert await latest_id(store) == "root"
     await settle(store, "root")
     await store.create_turn(new_turn("child", parent_id="root", history_length=1))
     await settle(store, "child")
-    assert await latest_id(store) == "child"
-
-    await store.create_turn(new_turn("branch", parent_id="root", history_length=1))
 
     latest = await store.latest_turn("s1")
-    assert latest is not None and latest.id == "branch"
+    assert latest is not None and latest.id == "child"
     assert latest.parent_id == "root"
+
+
+async def test_a_turn_continuing_an_older_snapshot_is_refused(store: SessionStore) -> None:
+    """A new turn whose parent is no longer the session's latest gets StaleSnapshotError
+    naming the latest, and nothing is written (no branch that would drop a message)."""
+    await store.create_turn(new_turn("root"))
+    await settle(store, "root")
+    await store.create_turn(new_turn("child", parent_id="root", history_length=1))
+    await settle(store, "child")
+    session_before = await store.get_session("s1")
+
+    with pytest.raises(StaleSnapshotError) as refused:
+        await store.create_turn(new_turn("branch", parent_id="root", history_length=1))
+
+    assert refused.value.snapshot_id == "child"
+    assert refused.value.status == "ABORTED"
+    assert await store.get_turn("branch") is None
+    assert await latest_id(store) == "child"
+    assert await store.get_session("s1") == session_before
+
+
+async def test_a_first_turn_in_a_session_with_turns_is_refused(store: SessionStore) -> None:
+    """A turn with no parent cannot join a session that already has turns: it would start
+    the conversation over and hide the earlier messages."""
+    await store.create_turn(new_turn("root"))
+    await settle(store, "root")
+
+    with pytest.raises(StaleSnapshotError):
+        await store.create_turn(new_turn("again"))
+
+    assert await store.get_turn("again") is None
+    assert await latest_id(store) == "root"
 
 
 # -- claiming ----------------------------------------------------------------------------
@@ -1776,4 +1806,4 @@ async def test_a_claim_settles_an_aborting_turn_whose_worker_died(store: Session
     settled = await store.get_turn("t1")
     assert settled is not None and settled.status is TurnStatus.ABORTED
     assert settled.finish_reason is FinishReason.ABORTED
-    await store.create_turn(new_turn("t2"))  # the session is free again
+    await store.create_turn(new_turn("t2", parent_id="t1"))  # the session is free again

@@ -12,6 +12,7 @@ from engine import (
     ScriptedModel,
     SessionBusyError,
     SnapshotNotResumableError,
+    StaleSnapshotError,
     TurnFailedError,
     TurnStatus,
 )
@@ -94,17 +95,21 @@ async def test_aborted_snapshot_is_resumable_by_a_bare_send() -> None:
 
 
 async def test_pending_snapshot_cannot_be_continued_until_it_settles() -> None:
-    """A pending snapshot is rejected with FAILED_PRECONDITION, by snapshot id or session id."""
+    """Continuing a pending snapshot by its id is FAILED_PRECONDITION; sending to its session
+    by the session's id is the retryable conflict of a busy session."""
     app = slow_app()
     agent = app.banking_agent
     chat = agent.chat()
     task = asyncio.create_task(chat.send("slow a b c d"))
     running = await wait_until_running(chat)
-    for other in (agent.chat(snapshot_id=running), agent.chat(session_id=chat.session_id)):
-        with pytest.raises(SnapshotNotResumableError) as caught:
-            await other.send("hello")
-        assert caught.value.status == "FAILED_PRECONDITION"
-        assert "still pending" in caught.value.message
+    with pytest.raises(SnapshotNotResumableError) as by_snapshot:
+        await agent.chat(snapshot_id=running).send("hello")
+    assert by_snapshot.value.status == "FAILED_PRECONDITION"
+    assert "still pending" in by_snapshot.value.message
+    with pytest.raises(SessionBusyError) as by_session:
+        await agent.chat(session_id=chat.session_id).send("hello")
+    assert by_session.value.status == "ABORTED"
+    assert by_session.value.snapshot_id == running
     await task
 
 
@@ -125,7 +130,10 @@ async def test_one_turn_at_a_time_per_session() -> None:
     assert "already has a running turn" in other_chat.value.message
     first = await task
     assert first.text == "Echo: slow a b c d"
-    later = await twin.send("now it is my turn")
+    with pytest.raises(StaleSnapshotError) as stale:
+        await twin.send("now it is my turn")
+    assert stale.value.snapshot_id == first.snapshot_id
+    later = await agent.chat(session_id=chat.session_id).send("now it is my turn")
     assert later.text == "Echo: now it is my turn"
 
 
