@@ -224,11 +224,20 @@ async def test_random_resumes_are_either_valid_or_rejected_cleanly(
             original = originals.get(e["ref"])
             value = original.raw_input if e["payload"] == "original" and original else e["payload"]
             restart.append(Part.of_request(e["name"], e["ref"], value))
+    # Valid: each paused call answered once, by a respond within the output schema or by a
+    # restart with its original input (a pure interrupt restarted just asks again).
+    answered = [str(p.tool_response.ref) for p in respond if p.tool_response] + [
+        str(p.tool_request.ref) for p in restart if p.tool_request
+    ]
     valid = (
-        not restart
-        and sorted(str(p.tool_response.ref) for p in respond) == ["approval-1", "approval-2"]
+        sorted(answered) == ["approval-1", "approval-2"]
         and all(p.tool_response.name == "userApproval" for p in respond)
         and all(_satisfies_schema(p.tool_response.output) for p in respond)
+        and all(
+            p.tool_request.name == "userApproval"
+            and p.tool_request.input == originals[str(p.tool_request.ref)].raw_input
+            for p in restart
+        )
     )
     before = await turn_count(app, res.session_id)
     try:
