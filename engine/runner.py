@@ -160,6 +160,11 @@ class TurnRunner:
             for message in saved.messages:
                 self._note_refs(message)
 
+        if turn.input.kind == "retry" and not rounds and turn.parent_id is not None:
+            adopted = await self._adopt_open_round(turn.parent_id)
+            if adopted is not None:
+                rounds[1], adopted_calls = adopted
+                calls = {(c.round, c.ref): c for c in adopted_calls}
         if turn.input.kind == "expire":
             raise AgentError(turn.input.reason or "Approval expired.", status="DEADLINE_EXCEEDED")
         if turn.input.kind == "resume":
@@ -226,6 +231,38 @@ class TurnRunner:
                 return replace(closed, usage=self._writes.take_usage(None))
             history.extend(closed)
             number += 1
+
+    async def _adopt_open_round(
+        self, parent_id: str
+    ) -> tuple[RoundRecord, list[ToolCallRecord]] | None:
+        """Continue the round the failed or aborted parent left open, as crash recovery
+        continues a turn's own: its model message becomes this turn's first round and its
+        journal rows come along with their idempotency keys, so a finished call is not run
+        again, a started one re-runs under the same key (or, not idempotent, asks a human)
+        and the model is not asked again for a round whose calls may have had an effect.
+
+        ``None`` when the parent left no open round (it settled at a round boundary)."""
+        saved = await self.store.load_rounds(parent_id)
+        if not saved or saved[-1].committed or not saved[-1].messages:
+            return None
+        open_round = saved[-1]
+        model_message = open_round.messages[0].copy_deep()
+        if model_message.role != "model" or not model_message.tool_requests:
+            return None
+        rows = [
+            _adopted(call, self.turn.id)
+            for call in self._parent_journal
+            if call.round == open_round.round
+        ]
+        await self._writes.save(1, [model_message], committed=False, calls=rows)
+        logger.info(
+            "turn %s continues the open round %d of %s (%d journaled calls)",
+            self.turn.id,
+            open_round.round,
+            parent_id,
+            len(rows),
+        )
+        return RoundRecord(round=1, messages=[model_message], committed=False), rows
 
     # -- model ------------------------------------------------------------------------
 
@@ -375,7 +412,10 @@ class TurnRunner:
                 pending.append((part, row))
         defer = len(pending) == 1
         outcomes = await asyncio.gather(
-            *(self._execute(row, restarts.get(row.ref), defer=defer) for _, row in pending),
+            *(
+                self._execute(row, restarts.get(row.ref, row.resumed), defer=defer)
+                for _, row in pending
+            ),
             return_exceptions=True,
         )
         failure: BaseException | None = None
@@ -598,3 +638,12 @@ class TurnRunner:
         calls_now = {**{(0, r.ref): r for r in rows}, **existing}
         results.update(await self._run_calls(0, to_run, calls_now, restarts))
         return await self._close_round(0, amended, results)
+
+
+def _adopted(call: ToolCallRecord, turn_id: str) -> ToolCallRecord:
+    """``call`` of a parent's open round as a journal row of round 1 of ``turn_id``: same
+    ref, input and idempotency key; a call that failed is run again (that is the retry)."""
+    changes: dict[str, Any] = {"turn_id": turn_id, "round": 1}
+    if call.status is ToolCallStatus.FAILED:
+        changes.update(status=ToolCallStatus.REQUESTED, error=None, finished_at=None)
+    return call.model_copy(update=changes, deep=True)
