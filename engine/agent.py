@@ -574,14 +574,7 @@ class Agent:
             decided_by=request.decided_by,
         )
         if self.store is None and base is not None:
-            # Client-managed: the same blob answered the same way yields the same turn id and
-            # hence the same idempotency keys, so a replayed resume cannot repeat an effect
-            # through a tool that honours its key (see docs/decisions.md).
-            replay = (
-                base.id
-                + canonical_json(turn_input.model_dump(mode="json", exclude={"relay"})).decode()
-            )
-            turn_id = "client-" + hashlib.sha256(replay.encode()).hexdigest()[:24]
+            turn_id = _client_turn_id(base.id, turn_input)
         else:
             turn_id = request.turn_id or str(uuid.uuid4())
         new = NewTurn(
@@ -608,3 +601,25 @@ class Agent:
             self.name,
         )
         return _Started(store=store, turn=turn)
+
+
+def _client_turn_id(base_id: str, turn_input: TurnInput) -> str:
+    """The id of a client-managed turn continuing the verified snapshot ``base_id``.
+
+    Without server state a signed blob can be replayed, so the id — and with it every
+    idempotency key the turn hands out — is derived from what was continued: a replayed
+    resume gets the same keys and cannot repeat an effect through a tool that honours its
+    key. A resume counts by which calls it answers and how (respond or restart), not by
+    what the answers say: free text such as ``feedback`` must not mint fresh keys for the
+    same approval (see docs/decisions.md).
+    """
+    if turn_input.kind == "resume":
+        answered = sorted(
+            [("respond", str(p.tool_response.ref)) for p in turn_input.respond if p.tool_response]
+            + [("restart", str(p.tool_request.ref)) for p in turn_input.restart if p.tool_request]
+        )
+        what: Any = {"kind": "resume", "answered": answered}
+    else:
+        what = turn_input.model_dump(mode="json", exclude={"relay"})
+    replay = base_id.encode() + canonical_json(what)
+    return "client-" + hashlib.sha256(replay).hexdigest()[:24]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,7 +17,7 @@ from engine.errors import FailedPreconditionError, InvalidStateError, SnapshotNo
 from engine.response import AgentResponse
 from engine.signing import SIGNATURE_FIELD
 from engine.status import FinishReason, TurnStatus
-from examples.banking import BankingApp, build
+from examples.banking import BankingApp, build, read_ledger
 from tests.unit.test_signing import mutated_blobs
 
 KEYS = {"k1": "secret-one-0123456789"}
@@ -379,3 +380,23 @@ async def test_replayed_resume_reuses_idempotency_keys() -> None:
         await chat.resume(respond=[paused.interrupts[0].respond({"approved": True})])
     keys = [key for key, _ in app.transfers]
     assert len(keys) == 2 and keys[0] == keys[1]
+
+
+async def test_a_replayed_resume_with_other_feedback_books_one_transfer(tmp_path: Path) -> None:
+    """Replaying one paused blob with different free-text feedback (or a denial first) reuses
+    the transfer's idempotency key, so the ledger books the approval once."""
+    ledger = tmp_path / "ledger.jsonl"
+    app = build(state_keys={"k1": "secret-one-0123456789"}, ledger=ledger)
+    agent = app.banking_agent_stateless
+    paused = await agent.chat().send("Transfer $500 to my savings account")
+    answers = [
+        {"approved": False, "feedback": "not now"},
+        {"approved": True, "feedback": "ok"},
+        {"approved": True, "feedback": "fine, really"},
+        {"approved": True},
+    ]
+    for answer in answers:
+        await agent.chat(state=paused.state).resume(respond=[paused.interrupts[0].respond(answer)])
+    keys = {key for key, _ in app.transfers}
+    assert len(app.transfers) == 3 and len(keys) == 1
+    assert [entry["key"] for entry in read_ledger(ledger)] == list(keys)
