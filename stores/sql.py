@@ -325,8 +325,11 @@ class SqlSessionStore:
         """See :meth:`engine.store.SessionStore.request_abort`."""
 
         def abort(connection: sa.Connection) -> TurnStatus:
+            # Decided on the locked row: a claim or a settle committing meanwhile would
+            # otherwise turn "not leased" into "aborted under a worker", or make the guarded
+            # move below match nothing.
+            current = turn_sql.lock_turn(connection, turn_id)
             now = _now()
-            current = turn_sql.get_turn(connection, turn_id)
             if current is None:
                 raise NotFoundError(f"Snapshot {turn_id} not found.")
             target = abort_target(current, now)

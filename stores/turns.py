@@ -95,6 +95,12 @@ def latest_turn(connection: Connection, session_id: str) -> TurnRecord | None:
     return record(row) if row else None
 
 
+def lock_turn(connection: Connection, turn_id: str) -> TurnRecord | None:
+    """The turn, its row locked until the transaction ends (``None``: unknown)."""
+    row = connection.execute(_LOCK_BY_ID, {"turn_id": turn_id}).first()
+    return record(row) if row else None
+
+
 def latest_turn_id(connection: Connection, session_id: str) -> str | None:
     """The id of the session's newest turn (``None``: no turn yet)."""
     return connection.execute(_LATEST_ID, {"session_id": session_id}).scalar()
