@@ -2,7 +2,8 @@
 
 * ``GET /inbox`` — open approvals across sessions, oldest first. Query parameters: ``agent``,
   ``interrupt``, ``owner``, ``min_age`` (seconds), ``limit`` (1 to 200, default 50), ``cursor``
-  (from the previous page's ``nextCursor``).
+  (from the previous page's ``nextCursor``). Filters and the ids in a path or a cursor follow
+  the wire's id rule (:data:`~engine.remote.wire.ID_RULE`): anything else is a 400.
 * ``GET /inbox/{id}`` — one approval with its turn's conversation.
 * ``POST /inbox/{id}/decision`` — ``{"respond": output}`` or ``{"restart": true}``; 409 when
   the approval was decided or answered already. When it was the last undecided call of its
@@ -22,6 +23,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import ValidationError
+from starlette.convertors import Convertor, register_url_convertor
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -30,12 +32,33 @@ from engine.engine import Engine
 from engine.errors import AgentError, ApprovalNotPendingError, InvalidArgumentError, NotFoundError
 from engine.inbox import Decision, approval_id, decide, find_approval, parse_approval_id
 from engine.remote.auth import InboxPolicy, Principal
-from engine.remote.wire import check_text, error_response, read_json
+from engine.remote.wire import check_id, check_text, error_response, id_problem, read_json
 from engine.store import ApprovalQuery, PendingApproval, SessionStore
 
 __all__ = ["InboxRoutes"]
 
 MAX_PAGE = 200
+#: A cursor is base64 of JSON holding a timestamp and two ids (a character escapes to <= 12).
+MAX_CURSOR_LENGTH = 8192
+#: The filters that name an agent, an interrupt or a principal: ids, bounded as ids are.
+ID_FILTERS = ("agent", "interrupt", "owner")
+
+
+class _AnyText(Convertor[str]):
+    """Starlette's ``path`` convertor, but matching newlines too: an approval id holding one
+    must reach the id check (a 400), not miss every route (a 404 "no route")."""
+
+    regex = "(?s:.*)"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+# Registered under a name of our own, so Starlette's "path" is unchanged for other apps.
+register_url_convertor("turnstile_any", _AnyText())
 
 
 def _wire(approval: PendingApproval, now: datetime) -> dict[str, Any]:
@@ -67,6 +90,8 @@ def _encode_cursor(approval: PendingApproval) -> str:
 
 def _decode_cursor(cursor: str) -> tuple[datetime, str, str]:
     refused = InvalidArgumentError("cursor is not one this server handed out.")
+    if len(cursor) > MAX_CURSOR_LENGTH:
+        raise refused
     try:
         padded = cursor + "=" * (-len(cursor) % 4)
         created, turn_id, ref = json.loads(base64.urlsafe_b64decode(padded.encode()))
@@ -74,10 +99,11 @@ def _decode_cursor(cursor: str) -> tuple[datetime, str, str]:
     except (ValueError, TypeError, binascii.Error, UnicodeDecodeError) as exc:
         raise refused from exc
     # A forged cursor can be well-formed and still unusable: a moment without an offset cannot
-    # be compared with the stored (aware) ones, and a NUL cannot be sent to PostgreSQL.
+    # be compared with the stored (aware) ones, and an id no client may send (a NUL, a lone
+    # surrogate PostgreSQL cannot encode, 3,000 characters) is no key the server handed out.
     if moment.tzinfo is None or not isinstance(turn_id, str) or not isinstance(ref, str):
         raise refused
-    if "\x00" in turn_id or "\x00" in ref:
+    if id_problem(turn_id) is not None or id_problem(ref) is not None:
         raise refused
     return moment, turn_id, ref
 
@@ -114,8 +140,8 @@ class InboxRoutes:
         """The Starlette routes (the decision route first: ids may hold slashes)."""
         return [
             Route("/inbox", self.list, methods=["GET"]),
-            Route("/inbox/{approval_id:path}/decision", self.decision, methods=["POST"]),
-            Route("/inbox/{approval_id:path}", self.show, methods=["GET"]),
+            Route("/inbox/{approval_id:turnstile_any}/decision", self.decision, methods=["POST"]),
+            Route("/inbox/{approval_id:turnstile_any}", self.show, methods=["GET"]),
         ]
 
     def _stores(self, agent: str | None) -> list[tuple[SessionStore, tuple[str, ...]]]:
@@ -133,6 +159,9 @@ class InboxRoutes:
             params = request.query_params
             for name, value in params.multi_items():
                 check_text(value, f"Query parameter {name!r}")
+                # An empty filter means "no filter", as it always has.
+                if name in ID_FILTERS and value:
+                    check_id(value, f"Query parameter {name!r}")
             limit = int(_number(request, "limit", 50, 1, MAX_PAGE))
             min_age = _number(request, "min_age", 0, 0, 10 * 365 * 86400)
             now = datetime.now(UTC)
@@ -186,6 +215,8 @@ class InboxRoutes:
         self, request: Request, principal: Principal | None
     ) -> tuple[PendingApproval, bool, SessionStore]:
         turn_id, ref = parse_approval_id(request.path_params["approval_id"])
+        check_id(turn_id, "The turn id of the approval id")
+        check_id(ref, "The ref of the approval id")
         for store, _agents in self._stores(None):
             found = await find_approval(store, turn_id, ref)
             if found is None:

@@ -8,11 +8,13 @@ Per agent, three routes, exactly as the genuine ``genkit/beta/client`` calls the
 * ``POST /api/<agent>/getSnapshot`` — ``{"data": {"snapshotId"} | {"sessionId"}}``.
 * ``POST /api/<agent>/abort`` — ``{"data": {"snapshotId"}}``.
 
-Failures follow Genkit: a request that cannot be read (auth, size, JSON, schema, unknown
-agent) is a 4xx JSON error before any frame; misuse of ``init`` is an error frame; a turn that
-is refused (bad resume, busy session, unknown snapshot) or fails is a *result* with
-``finishReason: "failed"`` and ``error``. Nothing is written for a refused request. A client
-that goes away does not stop its turn: it settles and persists (``abort`` stops a turn).
+Failures follow Genkit: a request that cannot be read (auth, size, JSON, schema, an unfit
+id, unknown agent) is a 4xx JSON error before any frame; misuse Genkit throws on (``init`` that
+does not fit the agent, a snapshot of another session, a detach with no turn to detach) is an
+error frame; a turn that is refused (bad resume, busy session, unknown snapshot) or fails is a
+*result* with ``finishReason: "failed"`` and ``error``. Nothing is written for a refused
+request. A client that goes away does not stop its turn: it settles and persists (``abort``
+stops a turn). Client text reaches the log only escaped (:mod:`engine.remote.logsafe`).
 """
 
 from __future__ import annotations
@@ -24,10 +26,12 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
-from starlette.types import Lifespan
+from starlette.types import ASGIApp, Lifespan, Receive, Scope, Send
+from starlette.types import Message as ASGIMessage
 
 from engine.agent import Agent, TurnRequest
 from engine.engine import Engine
@@ -40,6 +44,7 @@ from engine.errors import (
 )
 from engine.remote.auth import Authenticator, InboxPolicy, OwnerInboxPolicy, Principal
 from engine.remote.inbox_routes import InboxRoutes
+from engine.remote.logsafe import escaped, escaped_traceback
 from engine.remote.wire import (
     AbortBody,
     SnapshotBody,
@@ -65,8 +70,9 @@ logger = logging.getLogger("turnstile.http")
 DEFAULT_MAX_BODY_BYTES = 1_000_000
 
 
-class _InitMisuse(AgentError):
-    """``init`` does not fit the agent (Genkit throws these: an error frame, not a result)."""
+class _Misuse(AgentError):
+    """A request Genkit throws on rather than answering with a result: ``init`` that does not
+    fit the agent or its session, or an input with no turn to run (an error frame)."""
 
     default_status = "FAILED_PRECONDITION"
 
@@ -98,6 +104,7 @@ def create_app(
     app = Starlette(
         routes=list(routes),
         lifespan=lifespan,
+        middleware=[Middleware(_EscapedErrors)],
         exception_handlers={HTTPException: _http_error, Exception: _internal_error},
     )
     app.state.turnstile = server
@@ -123,9 +130,46 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     )
 
 
-async def _internal_error(_request: Request, exc: Exception) -> Response:
-    """A bug is still a 500, but a JSON one; Starlette logs the traceback."""
+def _internal_error_response() -> Response:
     return JSONResponse({"status": "INTERNAL", "message": "Internal error."}, status_code=500)
+
+
+async def _internal_error(_request: Request, exc: Exception) -> Response:
+    """A bug outside the routes (in middleware) is still a 500, but a JSON one."""
+    return _internal_error_response()
+
+
+class _EscapedErrors:
+    """A route's unexpected exception becomes a JSON 500, logged here with its messages
+    escaped: Starlette would re-raise it for the ASGI server to log raw, and its message can
+    quote client text (a plugin echoing a header, a database error quoting a key)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message: ASGIMessage) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as error:
+            logger.error(
+                "%s %s failed\n%s",
+                scope.get("method"),
+                escaped(scope.get("path")),
+                escaped_traceback(error),
+            )
+            # Once the head is sent the status cannot change: the connection just ends.
+            if not started:
+                await _internal_error_response()(scope, receive, tracked)
 
 
 class _Server:
@@ -209,6 +253,8 @@ class _Server:
         try:
             agent, body, principal = await self._handle(request, TurnBody)
             turn_request, detach = _turn_request(agent, body, principal)
+            if isinstance(turn_request, TurnRequest):
+                turn_request = await self._foreign_snapshot(agent, turn_request) or turn_request
         except AgentError as error:
             return error_response(error)
         events = self._turn_events(agent, turn_request, detach, body.init.state)
@@ -225,12 +271,12 @@ class _Server:
     async def _turn_events(
         self,
         agent: Agent,
-        turn_request: TurnRequest | _InitMisuse,
+        turn_request: TurnRequest | _Misuse,
         detach: bool,
         echo_state: Any,
     ) -> AsyncIterator[tuple[str, Any]]:
         """``("message", chunk)``... then ``("result", output)`` or ``("error", AgentError)``."""
-        if isinstance(turn_request, _InitMisuse):
+        if isinstance(turn_request, _Misuse):
             yield "error", turn_request
             return
         if detach:
@@ -277,6 +323,25 @@ class _Server:
             yield "message", extra
         yield "result", response.to_wire()
 
+    async def _foreign_snapshot(self, agent: Agent, request: TurnRequest) -> _Misuse | None:
+        """The misuse of naming a snapshot with the id of another session (Genkit throws it:
+        an error frame); ``None`` when the ids agree or the snapshot is not the caller's to
+        see, which the turn then refuses as "not found" without revealing anything."""
+        if agent.store is None or request.snapshot_id is None or request.session_id is None:
+            return None
+        turn = await agent.store.get_turn(request.snapshot_id)
+        if turn is None or turn.agent != agent.name or turn.session_id == request.session_id:
+            return None
+        if request.owner is not None:
+            session = await agent.store.get_session(turn.session_id)
+            if session is None or session.owner != request.owner:
+                return None
+        return _Misuse(
+            f"Snapshot {turn.id} does not belong to session {request.session_id} "
+            f"(it belongs to {turn.session_id}).",
+            status="INVALID_ARGUMENT",
+        )
+
     async def _detached(self, agent: Agent, turn_request: TurnRequest) -> tuple[str, Any]:
         """Start the turn and answer at once with its pending snapshot."""
         if agent.queued:
@@ -320,7 +385,7 @@ def _owner(principal: Principal | None) -> str | None:
 
 def _turn_request(
     agent: Agent, body: TurnBody, principal: Principal | None
-) -> tuple[TurnRequest | _InitMisuse, bool]:
+) -> tuple[TurnRequest | _Misuse, bool]:
     """The engine request for a turn body (parts/message errors raise: HTTP 400)."""
     data, init = body.data, body.init
     if data.resume is not None:
@@ -337,19 +402,27 @@ def _turn_request(
     detach = bool(data.detach)
     if agent.store is None and (init.snapshotId or init.sessionId):
         which = "snapshotId" if init.snapshotId else "sessionId"
-        return _InitMisuse(
+        return _Misuse(
             f"Cannot use '{which}' with agent '{agent.name}': this agent has no store configured "
             "(client-managed state). Send 'state' instead."
         ), detach
     if agent.store is not None and init.state is not None:
-        return _InitMisuse(
+        return _Misuse(
             f"Cannot send 'state' to agent '{agent.name}': this agent uses a server-managed "
             "store. Send 'snapshotId' or 'sessionId' instead."
         ), detach
     if detach and agent.store is None:
-        return _InitMisuse(
+        return _Misuse(
             f"Cannot detach a turn of agent '{agent.name}': detached turns need a store "
             "(client-managed state has nowhere to keep a running turn)."
+        ), detach
+    if detach and data.message is None and data.resume is None:
+        # Genkit's detach-only input starts no turn (it detaches one already running, and an
+        # HTTP request carries no other): refused, rather than run as a retry.
+        return _Misuse(
+            "data.detach needs a turn to detach: send it with data.message or data.resume "
+            "(a detach-only input starts no turn).",
+            status="INVALID_ARGUMENT",
         ), detach
     return (
         TurnRequest(
@@ -416,8 +489,8 @@ async def _frames(events: AsyncIterator[tuple[str, Any]]) -> AsyncIterator[bytes
                 return
     except AgentError as error:
         yield frame({"error": error.to_wire()}, field="error")
-    except Exception:
-        logger.exception("turn stream failed")
+    except Exception as error:
+        logger.error("turn stream failed\n%s", escaped_traceback(error))
         yield frame({"error": {"status": "INTERNAL", "message": "Internal error."}}, field="error")
 
 
@@ -426,4 +499,4 @@ def _log_unexpected(task: asyncio.Task[Any]) -> None:
         return
     error = task.exception()
     if error is not None and not isinstance(error, AgentError):
-        logger.error("turn task failed", exc_info=error)
+        logger.error("turn task failed\n%s", escaped_traceback(error))

@@ -8,9 +8,10 @@ problem (HTTP 400), never a 500 and never a half-started turn. See ``docs/http.m
 from __future__ import annotations
 
 import json
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, StrictBool, StrictStr, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, StrictBool, StrictStr, ValidationError
+from pydantic_core import PydanticCustomError
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 
@@ -20,16 +21,20 @@ from engine.parts import Message, Part
 M = TypeVar("M", bound=BaseModel)
 
 __all__ = [
+    "ID_RULE",
+    "MAX_ID_LENGTH",
     "MAX_JSON_DEPTH",
     "AbortBody",
     "BodyTooLargeError",
     "SnapshotBody",
     "TurnBody",
+    "check_id",
     "check_storable",
     "check_text",
     "error_response",
     "frame",
     "http_status",
+    "id_problem",
     "parse_body",
     "read_json",
     "to_message",
@@ -150,6 +155,50 @@ def check_text(text: str, where: str = "Request body") -> None:
         ) from None
 
 
+#: The longest id a client may send: session, snapshot and turn ids, refs, inbox filters (the
+#: server's own ids are 36-character UUIDs; a longer key would also overflow PostgreSQL's index).
+MAX_ID_LENGTH = 200
+ID_RULE = (
+    f"ids are 1 to {MAX_ID_LENGTH} printable characters, without control or other "
+    "non-printable characters"
+)
+
+
+def id_problem(value: str) -> str | None:
+    """What makes ``value`` unfit to be an id (``None``: it is fit), as a predicate."""
+    if not value:
+        return "is empty"
+    if len(value) > MAX_ID_LENGTH:
+        return f"is too long ({len(value)} characters)"
+    # False for control, format, line/paragraph separator, surrogate and unassigned characters
+    # (so an id cannot break a log line or smuggle a terminal escape), true for the space.
+    if not value.isprintable():
+        return "holds a control or other non-printable character"
+    return None
+
+
+def check_id(value: str, where: str) -> str:
+    """``value`` if it is fit to be an id; else an :class:`InvalidArgumentError` naming it."""
+    problem = id_problem(value)
+    if problem is not None:
+        raise InvalidArgumentError(f"{where} {problem}; {ID_RULE}.")
+    return value
+
+
+def _wire_id(value: str) -> str:
+    problem = id_problem(value)
+    if problem is not None:
+        # A custom error keeps pydantic's field location but not its "Value error, " prefix.
+        raise PydanticCustomError(
+            "invalid_id", "the id {problem}; {rule}", {"problem": problem, "rule": ID_RULE}
+        )
+    return value
+
+
+#: An id field of a request body (refused with a 400 naming the field when unfit).
+WireId = Annotated[StrictStr, AfterValidator(_wire_id)]
+
+
 def check_storable(value: Any) -> None:
     """Every string of a decoded body (keys too) storable, and the nesting bounded.
 
@@ -206,8 +255,8 @@ class WireAgentInput(_Open):
 
 
 class WireAgentInit(_Open):
-    snapshotId: StrictStr | None = None  # Genkit's field names
-    sessionId: StrictStr | None = None
+    snapshotId: WireId | None = None  # Genkit's field names
+    sessionId: WireId | None = None
     state: dict[str, Any] | None = None
 
 
@@ -219,8 +268,8 @@ class TurnBody(_Open):
 
 
 class SnapshotSelector(_Open):
-    snapshotId: StrictStr | None = None
-    sessionId: StrictStr | None = None
+    snapshotId: WireId | None = None
+    sessionId: WireId | None = None
 
 
 class SnapshotBody(_Open):
@@ -230,7 +279,7 @@ class SnapshotBody(_Open):
 
 
 class AbortSelector(_Open):
-    snapshotId: StrictStr
+    snapshotId: WireId
 
 
 class AbortBody(_Open):
