@@ -480,7 +480,12 @@ class Agent:
             verified = self.signer.verify(request.state, agent=self.name)
             signature = str(request.state.get("signature"))
             restored = await restore_client_state(
-                scratch, verified, signature, agent=self.name, owner=self._owner
+                scratch,
+                verified,
+                signature,
+                agent=self.name,
+                owner=self._owner,
+                session_owner=request.owner,
             )
             return scratch, restored, str(verified["sessionId"]), None
         if request.snapshot_id is not None:
@@ -594,7 +599,7 @@ class Agent:
             listen.append(asyncio.ensure_future(store.wait_for_change(new.id, self.poll_interval)))
         turn = await store.create_turn(new, answers=answers)
         logger.info(
-            "turn %s (%s) created in session %s for agent %s",
+            "turn %s (%s) created in session %r for agent %s",
             turn.id,
             turn_input.kind,
             session_id,

@@ -124,9 +124,13 @@ async def restore_client_state(
     *,
     agent: str,
     owner: str,
+    session_owner: str | None = None,
 ) -> TurnRecord:
     """Rebuild the settled snapshot a verified client-managed state blob describes, in a
-    scratch store, so a client-managed turn runs on the same runner as a stored one."""
+    scratch store, so a client-managed turn runs on the same runner as a stored one.
+
+    ``owner`` leases the rebuilt turn; ``session_owner`` is the principal continuing it,
+    whose session the scratch one is (the blob itself is the client's to hold)."""
     try:
         messages = [Message.model_validate(m) for m in state.get("messages") or []]
     except ValueError as exc:
@@ -141,6 +145,7 @@ async def restore_client_state(
             agent=agent,
             input=TurnInput(kind="restore"),
             initial_messages=messages,
+            owner=session_owner,
         )
     )
     claimed = await scratch.claim_turn(turn_id, owner=owner, lease_seconds=60)

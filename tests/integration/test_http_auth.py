@@ -300,3 +300,34 @@ async def test_an_open_server_without_auth_still_serves_everyone() -> None:
         assert reply.status_code == 200, reply.text
         assert reply.json()["decidedBy"] is None
     assert len(served.app.transfers) == 1
+
+
+async def test_a_client_managed_agent_continues_under_an_authenticator(served: Served) -> None:
+    """Behind bearer tokens, a client-managed turn resumes from its untouched signed state:
+    the rebuilt session is the requester's own, not an unknown one."""
+    paused = await served.send("transfer $40 to carol", token=ALICE, agent="bankingAgentStateless")
+    assert paused["finishReason"] == "interrupted", paused
+    resume = {
+        "data": {
+            "resume": {
+                "respond": [
+                    {
+                        "toolResponse": {
+                            "name": "userApproval",
+                            "ref": "approval-1",
+                            "output": {"approved": True},
+                        }
+                    }
+                ]
+            }
+        },
+        "init": {"state": paused["state"]},
+    }
+    for token in (ALICE, BOB):
+        reply = await served.http.post(
+            f"{served.url}/api/bankingAgentStateless", json=resume, headers=bearer(token)
+        )
+        result = reply.json()["result"]
+        assert result["finishReason"] == "stop", reply.text
+        assert "Done. Transaction txn-40-carol." in result["message"]["content"][0]["text"]
+    assert len({key for key, _ in served.app.transfers}) == 1
