@@ -24,6 +24,7 @@ from engine.errors import (
     NotFoundError,
     SessionBusyError,
     SnapshotNotResumableError,
+    StoreError,
     TurnFailedError,
 )
 from engine.executor import LeaseSettings, RetryPolicy, run_inline
@@ -74,12 +75,17 @@ class TurnRequest:
     owner: str | None = None
     #: The new turn's id, chosen by the caller (e.g. to subscribe to its chunks first).
     turn_id: str | None = None
+    #: The caller's key for this request: the same key again (a retry after a timeout or a
+    #: lost answer) returns the turn the first request created instead of creating another.
+    idempotency_key: str | None = None
 
 
 @dataclass
 class _Started:
     store: SessionStore
     turn: TurnRecord
+    #: Created by an earlier request with the same idempotency key, not by this one.
+    repeated: bool = False
 
 
 class Agent:
@@ -275,17 +281,18 @@ class Agent:
             started = await self._start(request, listen=listening if self.queued and wait else None)
             if on_started is not None:
                 on_started(started.store, started.turn)
-            if self.queued:
-                if not wait:
+            if self.queued or started.repeated:
+                # A repeated request for a settled turn answers with it, as the first did.
+                if not wait and started.turn.status in ACTIVE_STATUSES:
                     return AgentResponse(
                         session_id=started.turn.session_id,
                         snapshot_id=started.turn.id,
-                        status=TurnStatus.PENDING,
+                        status=started.turn.status,
                         finish_reason=None,
                         messages=[],
                     )
                 settled = await self.wait_settled(
-                    started.store, started.turn.id, listening=listening[0]
+                    started.store, started.turn.id, listening=listening[0] if listening else None
                 )
                 return await self.respond_for(started.store, settled)
         finally:
@@ -318,7 +325,9 @@ class Agent:
         """A queued turn whose caller streams: subscribe to its chunks *before* it exists
         (so the worker cannot publish one we miss), then forward them until it settles."""
         store = self._require_store("streaming a queued turn")
-        turn_id = request.turn_id or str(uuid.uuid4())
+        turn_id = request.turn_id or (
+            self._keyed_id(request) if request.idempotency_key is not None else str(uuid.uuid4())
+        )
         request = replace(
             request, turn_id=turn_id, input=request.input.model_copy(update={"relay": True})
         )
@@ -467,6 +476,56 @@ class Agent:
         while len(self._recent) > RECENT_SNAPSHOTS:
             self._recent.popitem(last=False)
 
+    def _keyed_id(self, request: TurnRequest) -> str:
+        """The turn id of a request under an idempotency key: one per agent and principal."""
+        assert request.idempotency_key is not None
+        scope = f"{self.name}\x00{request.owner or ''}\x00{request.idempotency_key}"
+        return "key-" + hashlib.sha256(scope.encode()).hexdigest()[:32]
+
+    async def _repeated(self, store: SessionStore, request: TurnRequest) -> TurnRecord | None:
+        """The turn an earlier request with ``request``'s idempotency key created (``None``:
+        none yet); a different request under the same key is refused."""
+        assert request.turn_id is not None
+        earlier = await store.get_turn(request.turn_id)
+        if earlier is None:
+            return None
+        same = (
+            earlier.agent == self.name
+            and request.session_id in (None, earlier.session_id)
+            and request.snapshot_id in (None, earlier.parent_id)
+            and _same_input(earlier.input, request.input)
+            and await self._owned_by(store, earlier.session_id, request.owner)
+        )
+        if not same:
+            raise InvalidArgumentError(
+                f"Idempotency key {request.idempotency_key!r} was already used for a different "
+                "request; use a new key for a new request."
+            )
+        logger.info("turn %s: repeated request (same idempotency key)", earlier.id)
+        return earlier
+
+    async def _created_already(
+        self, store: SessionStore, new: NewTurn, refused: AgentError
+    ) -> TurnRecord:
+        """``new`` as the store holds it, if the refused creation had in fact happened (the
+        same turn: id, session, parent and input); else ``refused`` is raised."""
+        try:
+            existing = await store.get_turn(new.id)
+        except StoreError:
+            raise refused from None
+        if (
+            existing is None
+            or existing.session_id != new.session_id
+            or existing.parent_id != new.parent_id
+            or not _same_input(existing.input, new.input)
+        ):
+            if isinstance(refused, StoreError) and refused.may_have_applied:
+                # Read back: the turn does not exist, so the write did not apply.
+                raise StoreError(refused.message, may_have_applied=False) from refused
+            raise refused
+        logger.info("turn %s: created by an earlier attempt of this request", new.id)
+        return existing
+
     async def _base(
         self, request: TurnRequest, recalled: StoredSnapshot | None = None
     ) -> tuple[SessionStore, TurnRecord | None, str, StoredSnapshot | None]:
@@ -525,6 +584,11 @@ class Agent:
         on that recalled copy, the request is checked once more on a fresh read, so the
         caller gets exactly the error (or success) it would have got without the recall.
         """
+        if request.idempotency_key is not None and self.store is not None:
+            request = replace(request, turn_id=request.turn_id or self._keyed_id(request))
+            earlier = await self._repeated(self.store, request)
+            if earlier is not None:
+                return _Started(store=self.store, turn=earlier, repeated=True)
         recalled = (
             self._recent.pop(request.snapshot_id, None)
             if request.snapshot_id is not None and request.state is None
@@ -597,7 +661,13 @@ class Agent:
             # Wait for the turn's change notification from before it exists: nothing can be
             # missed, so wait_settled's first check needs no read.
             listen.append(asyncio.ensure_future(store.wait_for_change(new.id, self.poll_interval)))
-        turn = await store.create_turn(new, answers=answers)
+        try:
+            turn = await store.create_turn(new, answers=answers)
+        except AgentError as refused:
+            # The creation may be this request's own: committed by an attempt whose answer
+            # was lost (the store retried it and found it done), or by the first request
+            # under the same idempotency key. Then it is a success, not a conflict.
+            turn = await self._created_already(store, new, refused)
         logger.info(
             "turn %s (%s) created in session %r for agent %s",
             turn.id,
@@ -628,3 +698,10 @@ def _client_turn_id(base_id: str, turn_input: TurnInput) -> str:
         what = turn_input.model_dump(mode="json", exclude={"relay"})
     replay = base_id.encode() + canonical_json(what)
     return "client-" + hashlib.sha256(replay).hexdigest()[:24]
+
+
+def _same_input(stored: TurnInput, requested: TurnInput) -> bool:
+    """Whether two turn inputs ask for the same thing (streaming or not is no difference)."""
+    return stored.model_dump(mode="json", exclude={"relay"}) == requested.model_dump(
+        mode="json", exclude={"relay"}
+    )

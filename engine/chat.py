@@ -78,6 +78,7 @@ class ChatAPI(ABC):
         *,
         resume: Mapping[str, Sequence[Part]] | None = None,
         wait: bool = True,
+        idempotency_key: str | None = None,
     ) -> AgentResponse:
         """Send a user message (or, with ``resume``, answer the paused interrupts).
 
@@ -85,8 +86,12 @@ class ChatAPI(ABC):
         holds the conversation up to its last completed round). With ``wait=False`` (agents
         whose turns run in workers) the call returns the ``pending`` snapshot at once;
         ``agent.wait(snapshot_id)`` later returns its settled response.
+
+        ``idempotency_key`` (agents with a store): sending the same request again under the
+        same key — after a timeout or a lost answer — answers with the turn the first one
+        created rather than creating a second; another request under it is refused.
         """
-        return await self._guarded(message, resume, None, wait)
+        return await self._guarded(message, resume, None, wait, idempotency_key)
 
     def send_stream(
         self,
@@ -102,17 +107,26 @@ class ChatAPI(ABC):
 
         async def run() -> AgentResponse:
             try:
-                return await self._guarded(message, resume, sink, True)
+                return await self._guarded(message, resume, sink, True, None)
             finally:
                 queue.put_nowait(END_OF_STREAM)
 
         return AgentTurn(queue, asyncio.create_task(run()))
 
     async def resume(
-        self, *, respond: Sequence[Part] = (), restart: Sequence[Part] = (), wait: bool = True
+        self,
+        *,
+        respond: Sequence[Part] = (),
+        restart: Sequence[Part] = (),
+        wait: bool = True,
+        idempotency_key: str | None = None,
     ) -> AgentResponse:
         """Answer the paused interrupts: sugar for ``send(resume={...})``."""
-        return await self.send(resume={"respond": respond, "restart": restart}, wait=wait)
+        return await self.send(
+            resume={"respond": respond, "restart": restart},
+            wait=wait,
+            idempotency_key=idempotency_key,
+        )
 
     def resume_stream(
         self, *, respond: Sequence[Part] = (), restart: Sequence[Part] = ()
@@ -126,6 +140,7 @@ class ChatAPI(ABC):
         resume: Mapping[str, Sequence[Part]] | None,
         sink: ChunkSink | None,
         wait: bool,
+        idempotency_key: str | None,
     ) -> AgentResponse:
         if self._busy:
             raise SessionBusyError(
@@ -134,7 +149,7 @@ class ChatAPI(ABC):
             )
         self._busy = True
         try:
-            return await self._turn(message, resume, sink, wait)
+            return await self._turn(message, resume, sink, wait, idempotency_key)
         finally:
             self._busy = False
 
@@ -145,6 +160,7 @@ class ChatAPI(ABC):
         resume: Mapping[str, Sequence[Part]] | None,
         sink: ChunkSink | None,
         wait: bool,
+        idempotency_key: str | None = None,
     ) -> AgentResponse:
         """Run one turn (the busy guard is already held)."""
 
@@ -206,6 +222,7 @@ class Chat(ChatAPI):
         resume: Mapping[str, Sequence[Part]] | None,
         sink: ChunkSink | None,
         wait: bool,
+        idempotency_key: str | None = None,
     ) -> AgentResponse:
         from engine.agent import TurnRequest
 
@@ -215,6 +232,7 @@ class Chat(ChatAPI):
                 session_id=self.session_id,
                 snapshot_id=self.snapshot_id,
                 state=self.state,
+                idempotency_key=idempotency_key,
             )
 
             def started(store: SessionStore, turn: TurnRecord) -> None:

@@ -162,12 +162,45 @@ class TurnFailedError(AgentError):
         self.response = response
 
 
-class StoreError(TurnstileError):
-    """A store operation failed for a reason other than a lost race (driver errors are wrapped)."""
+class StoreError(AgentError):
+    """A store operation failed for a reason other than a lost race (driver errors are
+    wrapped): status ``UNAVAILABLE``, worth retrying once the database is back.
+
+    ``may_have_applied`` says whether a write may have taken effect all the same: ``True``
+    when the connection was lost while the request was in flight (its commit may have
+    landed), ``False`` when the database certainly did not apply it. Before retrying a
+    write that may have applied, read it back (a turn by its snapshot id), or retry with
+    the same idempotency key, which is safe either way.
+    """
+
+    default_status = "UNAVAILABLE"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        may_have_applied: bool = False,
+        status: str | None = None,
+        snapshot_id: str | None = None,
+    ) -> None:
+        super().__init__(message, status=status, snapshot_id=snapshot_id)
+        self.may_have_applied = may_have_applied
+
+    def to_wire(self) -> dict[str, Any]:
+        """As :meth:`AgentError.to_wire`, saying whether the request may have applied."""
+        wire = super().to_wire()
+        if self.may_have_applied:
+            wire["message"] = (
+                f"{self.message} The request may have been applied: read it back, or retry "
+                "with the same idempotency key."
+            )
+        return wire
 
 
 class StaleTransitionError(StoreError):
     """A guarded status transition matched zero rows: the turn is not in the expected state."""
+
+    default_status = "ABORTED"
 
     def __init__(self, turn_id: str, message: str) -> None:
         super().__init__(message)

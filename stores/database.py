@@ -189,7 +189,9 @@ class Database:
                     logger.warning("database connection lost; retrying (%d/%d)", attempt, retries)
                     await asyncio.sleep(0.05 * 2**attempt)
                     continue
-                raise StoreError(f"Database error: {exc.orig!r}") from exc
+                raise StoreError(
+                    f"Database error: {exc.orig!r}", may_have_applied=exc.connection_invalidated
+                ) from exc
             except sa.exc.SQLAlchemyError as exc:
                 raise StoreError(f"Database error: {exc}") from exc
 

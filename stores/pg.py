@@ -214,11 +214,12 @@ class PgConnections:
                     continue
                 raise StoreError(f"Database error: {exc!r}") from exc
             except psycopg.OperationalError as exc:
-                if attempt <= retries and _connection_lost(exc):
+                lost = _connection_lost(exc)
+                if attempt <= retries and lost:
                     logger.warning("database connection lost; retrying (%d/%d)", attempt, retries)
                     await asyncio.sleep(0.05 * 2**attempt)
                     continue
-                raise StoreError(f"Database error: {exc!r}") from exc
+                raise StoreError(f"Database error: {exc!r}", may_have_applied=lost) from exc
             except psycopg.Error as exc:
                 raise StoreError(f"Database error: {exc!r}") from exc
 

@@ -20,6 +20,7 @@ from engine import errors
 from engine.chat import ChatAPI, ChunkSink, MessageLike
 from engine.errors import AgentError, InvalidArgumentError, TurnFailedError
 from engine.parts import Message, Part
+from engine.remote.wire import IDEMPOTENCY_HEADER
 from engine.response import AgentChunk, AgentInterrupt, AgentResponse
 from engine.schemas import Schema, SchemaSpec
 from engine.snapshots import SessionSnapshot, coerce_message
@@ -207,10 +208,14 @@ class RemoteAgent:
         data: Mapping[str, Any],
         init: Mapping[str, Any],
         on_chunk: ChunkSink | None,
+        idempotency_key: str | None = None,
     ) -> Mapping[str, Any]:
         """One turn over the streaming protocol; the ``result`` object."""
         body = {"data": dict(data), "init": dict(init)}
-        headers = self.headers({"accept": "text/event-stream"})
+        extra = {"accept": "text/event-stream"}
+        if idempotency_key is not None:
+            extra[IDEMPOTENCY_HEADER] = idempotency_key
+        headers = self.headers(extra)
         try:
             async with self._http.stream("POST", self.url, json=body, headers=headers) as reply:
                 if reply.status_code != 200:
@@ -415,9 +420,10 @@ class RemoteChat(ChatAPI):
         resume: Mapping[str, Sequence[Part]] | None,
         sink: ChunkSink | None,
         wait: bool,
+        idempotency_key: str | None = None,
     ) -> AgentResponse:
         data, user = self._data(message, resume, wait)
-        result = await self.agent.run(data, self._init(), sink)
+        result = await self.agent.run(data, self._init(), sink, idempotency_key)
         history = None
         settled = (
             result.get("snapshotId")

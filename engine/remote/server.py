@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 from starlette.applications import Starlette
@@ -46,9 +47,11 @@ from engine.remote.auth import Authenticator, InboxPolicy, OwnerInboxPolicy, Pri
 from engine.remote.inbox_routes import InboxRoutes
 from engine.remote.logsafe import escaped, escaped_traceback
 from engine.remote.wire import (
+    IDEMPOTENCY_HEADER,
     AbortBody,
     SnapshotBody,
     TurnBody,
+    check_id,
     error_response,
     frame,
     parse_body,
@@ -254,6 +257,10 @@ class _Server:
             agent, body, principal = await self._handle(request, TurnBody)
             turn_request, detach = _turn_request(agent, body, principal)
             if isinstance(turn_request, TurnRequest):
+                key = request.headers.get(IDEMPOTENCY_HEADER)
+                if key is not None:
+                    key = check_id(key, "The Idempotency-Key header")
+                    turn_request = replace(turn_request, idempotency_key=key)
                 turn_request = await self._foreign_snapshot(agent, turn_request) or turn_request
         except AgentError as error:
             return error_response(error)

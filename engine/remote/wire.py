@@ -21,6 +21,7 @@ from engine.parts import Message, Part
 M = TypeVar("M", bound=BaseModel)
 
 __all__ = [
+    "IDEMPOTENCY_HEADER",
     "ID_RULE",
     "MAX_ID_LENGTH",
     "MAX_JSON_DEPTH",
@@ -158,6 +159,8 @@ def check_text(text: str, where: str = "Request body") -> None:
 #: The longest id a client may send: session, snapshot and turn ids, refs, inbox filters (the
 #: server's own ids are 36-character UUIDs; a longer key would also overflow PostgreSQL's index).
 MAX_ID_LENGTH = 200
+#: The request header carrying a turn request's idempotency key (the same id rule applies).
+IDEMPOTENCY_HEADER = "idempotency-key"
 ID_RULE = (
     f"ids are 1 to {MAX_ID_LENGTH} printable characters, without control or other "
     "non-printable characters"
