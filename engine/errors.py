@@ -186,6 +186,10 @@ class StoreError(AgentError):
         super().__init__(message, status=status, snapshot_id=snapshot_id)
         self.may_have_applied = may_have_applied
 
+    def __str__(self) -> str:
+        # The driver's or the race's own words, as logs and tracebacks have always shown them.
+        return self.message
+
     def to_wire(self) -> dict[str, Any]:
         """As :meth:`AgentError.to_wire`, saying whether the request may have applied."""
         wire = super().to_wire()
