@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,7 +23,7 @@ from sqlalchemy.engine import URL, Connection, Engine, make_url
 
 from engine.errors import StoreError, TurnstileError
 from stores import json_codec
-from stores.pg import PgConnections
+from stores.pg import PgConnections, StatementRefused
 
 __all__ = [
     "DEFAULT_SQLITE_PATH",
@@ -97,7 +97,14 @@ _JSON_CODEC: dict[str, Any] = {
 class Database:
     """An engine plus the helpers every store module uses."""
 
-    def __init__(self, url: str | URL, *, pool_size: int = 10, echo: bool = False) -> None:
+    def __init__(
+        self,
+        url: str | URL,
+        *,
+        pool_size: int = 10,
+        echo: bool = False,
+        planner_settings: Mapping[str, str] | None = None,
+    ) -> None:
         self.url = normalise_url(url)
         self.is_postgres = self.url.get_backend_name() == "postgresql"
         if self.is_postgres:
@@ -127,9 +134,11 @@ class Database:
                 **_JSON_CODEC,
             )
             # The common path's single statements run on psycopg's async connections, in
-            # the event loop (stores/pg.py says why).
+            # the event loop, with no thread hop (stores/pg.py).
             dsn = self.url.set(drivername="postgresql").render_as_string(hide_password=False)
-            self.pg: PgConnections | None = PgConnections(dsn, size=2 * pool_size)
+            self.pg: PgConnections | None = PgConnections(
+                dsn, size=2 * pool_size, settings=planner_settings
+            )
         else:
             database = self.url.database
             if database and database != ":memory:":
@@ -184,6 +193,8 @@ class Database:
                 return await asyncio.to_thread(operation)
             except TurnstileError:
                 raise
+            except sa.exc.IntegrityError as exc:
+                raise _refused(exc.orig) from exc
             except sa.exc.DBAPIError as exc:
                 if exc.connection_invalidated and attempt <= retries:
                     logger.warning("database connection lost; retrying (%d/%d)", attempt, retries)
@@ -271,3 +282,14 @@ def upsert_statement(
         *(sa.bindparam(c.name, type_=c.type) for c in table.columns)
     )
     return returning_sql.columns(table.c[returning])
+
+
+def _refused(error: BaseException | None) -> StatementRefused:
+    """A driver's integrity error as :class:`StatementRefused`, with the server's own codes."""
+    diag = getattr(error, "diag", None)
+    return StatementRefused(
+        f"Database error: {error!r}",
+        sqlstate=getattr(diag, "sqlstate", None),
+        constraint=getattr(diag, "constraint_name", None),
+        sqlite_error=getattr(error, "sqlite_errorname", None),
+    )

@@ -15,7 +15,6 @@ from typing import Any
 
 import psycopg
 import sqlalchemy as sa
-from psycopg import pq
 from sqlalchemy.engine import URL, Connection
 
 from engine.relay import ChunkBroker
@@ -131,7 +130,7 @@ class Listener:
                     # Anything sent while we were disconnected is lost: wake every waiter so
                     # it re-reads the database now.
                     self._fire_all()
-                    await self._receive(connection.pgconn)
+                    await self._receive(connection)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the server restarted or our backend was terminated
@@ -141,40 +140,17 @@ class Listener:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
 
-    async def _receive(self, pgconn: pq.abc.PGconn) -> None:
-        """Dispatch notifications as they arrive, until the connection breaks.
-
-        Straight on libpq's connection, with the socket watched once for the connection's
-        life: psycopg's ``notifies()`` registers and removes a reader for every wait, and
-        every process receives every notification of the three channels, so this loop runs
-        several times per approval workflow in each of them.
-        """
-        loop = asyncio.get_running_loop()
-        arrived: asyncio.Future[None] = loop.create_future()
-
-        def readable() -> None:
-            if not arrived.done():
-                arrived.set_result(None)
-
-        socket = pgconn.socket
-        loop.add_reader(socket, readable)
-        try:
-            while True:
-                pgconn.consume_input()  # raises OperationalError when the connection is gone
-                while (note := pgconn.notifies()) is not None:
-                    channel, payload = note.relname.decode(), note.extra.decode()
-                    if channel == WORK_CHANNEL:
-                        self._hint(payload)
-                    elif channel == CHUNK_CHANNEL:
-                        self._relay(payload)
-                    else:
-                        self._changes.fire(payload)
-                if pgconn.status != pq.ConnStatus.OK:
-                    raise psycopg.OperationalError("the LISTEN connection was closed")
-                await arrived
-                arrived = loop.create_future()
-        finally:
-            loop.remove_reader(socket)
+    async def _receive(self, connection: psycopg.AsyncConnection[Any]) -> None:
+        """Dispatch notifications as they arrive, until the connection breaks (psycopg's
+        ``notifies()`` raises then)."""
+        async for note in connection.notifies():
+            if note.channel == WORK_CHANNEL:
+                self._hint(note.payload)
+            elif note.channel == CHUNK_CHANNEL:
+                self._relay(note.payload)
+            else:
+                self._changes.fire(note.payload)
+        raise psycopg.OperationalError("the LISTEN connection was closed")
 
     def _hint(self, turn_id: str) -> None:
         if len(self._hints) < MAX_WORK_HINTS:

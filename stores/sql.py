@@ -14,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Collection, Sequence
+import os
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -61,9 +62,12 @@ from stores import turns as turn_sql
 from stores import views
 from stores.database import Database, default_url
 from stores.notify import CHUNK_CHANNEL, Listener, chunk_payloads, notify
-from stores.pg import PgConnections, StatementRefused
+from stores.pg import PLANNER_SETTINGS, PgConnections, StatementRefused
 
-__all__ = ["SqlSessionStore"]
+__all__ = ["PLANNER_ENV", "SqlSessionStore"]
+
+#: ``hot-path`` gives the PostgreSQL hot path's connections :data:`PLANNER_SETTINGS`.
+PLANNER_ENV = "TURNSTILE_PG_PLANNER"
 
 logger = logging.getLogger("turnstile.store")
 
@@ -91,15 +95,26 @@ class SqlSessionStore:
     ``url`` defaults to ``TURNSTILE_DATABASE_URL``, else ``sqlite:///.turnstile/turnstile.db``.
     The schema must exist: run ``turnstile migrate`` (or ``alembic upgrade head``).
     ``poll_interval`` bounds how long a missed notification can delay a waiter (SQLite has
-    no notifications, so waiters poll at this interval there).
+    no notifications, so waiters poll at this interval there). ``planner_settings``
+    (PostgreSQL): server settings for the hot path's connections, such as
+    :data:`stores.pg.PLANNER_SETTINGS`, which ``TURNSTILE_PG_PLANNER=hot-path`` selects.
     """
 
     durable = True
 
     def __init__(
-        self, url: str | URL | None = None, *, pool_size: int = 10, poll_interval: float = 0.05
+        self,
+        url: str | URL | None = None,
+        *,
+        pool_size: int = 10,
+        poll_interval: float = 0.05,
+        planner_settings: Mapping[str, str] | None = None,
     ) -> None:
-        self.db = Database(url or default_url(), pool_size=pool_size)
+        if planner_settings is None and os.environ.get(PLANNER_ENV) == "hot-path":
+            planner_settings = PLANNER_SETTINGS
+        self.db = Database(
+            url or default_url(), pool_size=pool_size, planner_settings=planner_settings
+        )
         self.poll_interval = poll_interval
         self._chunks = ChunkBroker()
         self._listener = Listener(self.db.url, self._chunks) if self.db.is_postgres else None
@@ -137,13 +152,14 @@ class SqlSessionStore:
                 if created is not None:
                     return created
             return await self._write(lambda c: creation_sql.create_turn(c, turn, answers, _now()))
-        except Exception as exc:
+        except StatementRefused as exc:
             # The partial unique index is the backstop for "one running turn per session".
-            if "ux_turns_one_active_per_session" in str(exc):
+            if exc.constraint == "ux_turns_one_active_per_session":
                 raise SessionBusyError(
                     f"Session {turn.session_id} already has a running turn."
                 ) from exc
-            if "pk_turns" in str(exc) or "UNIQUE constraint failed: turns.id" in str(exc):
+            if exc.constraint == "pk_turns" or exc.sqlite_error == "SQLITE_CONSTRAINT_PRIMARYKEY":
+                # SQLite names no constraint; the only key a creation can repeat is the turn's.
                 raise InvalidArgumentError(f"Turn {turn.id} already exists.") from exc
             raise
 

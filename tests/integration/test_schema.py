@@ -14,7 +14,7 @@ from sqlalchemy.dialects import postgresql
 from stores import SchemaNotAtHeadError, ensure_at_head, migrate, snapshots, turn_creation, turns
 from stores import turn_claims as claim_sql
 from stores.migrate import _config, current_revision, head_revision
-from stores.pg import SESSION_SETTINGS
+from stores.pg import PLANNER_SETTINGS
 from stores.turn_claims import ClaimRequest, claim_statement
 from tests.databases import libpq_dsn, new_sqlite_database, postgres_url
 
@@ -162,7 +162,7 @@ def _explained(
     connection.execute("SET auto_explain.log_min_duration = 0")
     connection.execute("SET auto_explain.log_analyze = on")
     connection.execute("SET client_min_messages = log")
-    named = dict(zip(statement.parameter_names, statement.arguments(values), strict=True))
+    named = statement.arguments(values)
     for _ in range(runs):
         connection.execute(statement.sql, named, prepare=prepare)
     connection.execute("RESET client_min_messages")
@@ -172,7 +172,7 @@ def _explained(
 def _generic_plan(connection: psycopg.Connection[Any], statement: Any, values: Any) -> str:
     """The plan ``statement`` runs with once its plan is cached for any values, with
     stores/pg.py's connection settings."""
-    for name, value in SESSION_SETTINGS.items():
+    for name, value in PLANNER_SETTINGS.items():
         connection.execute(f"SET {name} = {value}")
     # psycopg prepares it (prepare=True), then it runs from the cache
     return _explained(connection, statement, values, prepare=True, runs=3)
@@ -265,7 +265,7 @@ def test_a_resume_finds_its_answers_by_the_parents_key_however_many_approvals_ar
             "UPDATE tool_calls SET status = 'interrupted' WHERE turn_id LIKE '%0'"
         )  # one call in ten waits for an answer
         connection.execute("ANALYZE")
-        for name, value in SESSION_SETTINGS.items():
+        for name, value in PLANNER_SETTINGS.items():
             connection.execute(f"SET {name} = {value}")
         statement = turn_creation._CREATE[True, False]
         connection.execute(b"PREPARE resume AS " + statement.wire_sql)
