@@ -194,6 +194,19 @@ def plan_resume(
             to_jsonable(resumed) if resumed is not None else True,
         )
 
+    closed = _answered_rows(paused, answers, rows, snapshot_id, require_pending)
+    return ResumePlan(answers=answers, journal=closed)
+
+
+def _answered_rows(
+    paused: Sequence[Part],
+    answers: Mapping[str, tuple[str, Any]],
+    rows: Mapping[tuple[str, str], ToolCallRecord],
+    snapshot_id: str,
+    require_pending: bool,
+) -> list[ToolCallRecord]:
+    """Check that every paused call is answered and — with ``require_pending`` — still
+    pending in the journal, without a different recorded decision; the rows answered."""
     closed: list[ToolCallRecord] = []
     for p in paused:
         request = p.tool_request
@@ -217,7 +230,7 @@ def plan_resume(
             )
         check_recorded(row, {answers[row.ref][0]: answers[row.ref][1]}, snapshot_id)
         closed.append(row)
-    return ResumePlan(answers=answers, journal=closed)
+    return closed
 
 
 def check_recorded(row: ToolCallRecord, answer: Any, snapshot_id: str | None = None) -> None:

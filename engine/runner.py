@@ -145,59 +145,77 @@ class TurnRunner:
         progress = await self.store.read_progress(turn.id)
         if progress is None:
             raise NotFoundError(f"Snapshot {turn.id} not found.")
-        parent_conversation, saved_rounds, saved_calls = (
-            progress.parent_conversation,
-            progress.rounds,
-            progress.journal,
-        )
         self._parent_journal = progress.parent_journal
-        history = parent_conversation[: turn.history_length]
-        rounds = {r.round: r for r in saved_rounds}
-        calls = {(c.round, c.ref): c for c in saved_calls}
-        for message in parent_conversation:
+        history = progress.parent_conversation[: turn.history_length]
+        rounds = {r.round: r for r in progress.rounds}
+        calls = {(c.round, c.ref): c for c in progress.journal}
+        for message in progress.parent_conversation:
             self._note_refs(message)
         for saved in rounds.values():
             for message in saved.messages:
                 self._note_refs(message)
+        begun = await self._begin(progress.parent_conversation, rounds, calls)
+        if isinstance(begun, TurnOutcome):
+            return begun
+        calls = begun
+        if 0 in rounds and rounds[0].committed:
+            history.extend(rounds[0].messages)
+        return await self._rounds(history, rounds, calls)
 
+    async def _begin(
+        self,
+        parent_conversation: list[Message],
+        rounds: dict[int, RoundRecord],
+        calls: dict[tuple[int, str], ToolCallRecord],
+    ) -> dict[tuple[int, str], ToolCallRecord] | TurnOutcome:
+        """What the turn's input does before its model rounds: a retry adopts its parent's
+        open round, an expiry fails, a resume answers the paused message as round 0 (which
+        may pause again). Updates ``rounds``; returns the journal, or the turn's outcome."""
+        turn = self.turn
         if turn.input.kind == "retry" and not rounds and turn.parent_id is not None:
             adopted = await self._adopt_open_round(turn.parent_id)
             if adopted is not None:
                 rounds[1], adopted_calls = adopted
-                calls = {(c.round, c.ref): c for c in adopted_calls}
+                return {(c.round, c.ref): c for c in adopted_calls}
         if turn.input.kind == "expire":
             raise AgentError(turn.input.reason or "Approval expired.", status="DEADLINE_EXCEEDED")
-        if turn.input.kind == "resume":
-            done = rounds.get(0)
-            if done is None or not done.committed:
-                paused = parent_conversation[turn.history_length]
-                resumed = await self._resume_round(paused, calls)
-                if isinstance(resumed, TurnOutcome):
-                    return resumed
-                # Exactly what _resume_round just committed: no need to read it back.
-                rounds[0] = RoundRecord(round=0, messages=resumed, committed=True)
-            elif paused_calls(done.messages[-1]):
+        if turn.input.kind != "resume":
+            return calls
+        done = rounds.get(0)
+        if done is not None and done.committed:
+            if paused_calls(done.messages[-1]):
                 return TurnOutcome(TurnStatus.COMPLETED, FinishReason.INTERRUPTED)
-        if 0 in rounds and rounds[0].committed:
-            history.extend(rounds[0].messages)
+            return calls
+        paused = parent_conversation[turn.history_length]
+        resumed = await self._resume_round(paused, calls)
+        if isinstance(resumed, TurnOutcome):
+            return resumed
+        # Exactly what _resume_round just committed: no need to read it back.
+        rounds[0] = RoundRecord(round=0, messages=resumed, committed=True)
+        return calls
 
+    async def _rounds(
+        self,
+        history: list[Message],
+        rounds: Mapping[int, RoundRecord],
+        calls: dict[tuple[int, str], ToolCallRecord],
+    ) -> TurnOutcome:
+        """The model rounds from round 1: committed ones replayed into ``history``, an open
+        one continued (its model message kept), then new ones until the model stops."""
         number = 1
         while True:
-            record: RoundRecord | None = rounds.get(number)
+            record = rounds.get(number)
             if record is not None and record.committed:
                 history.extend(record.messages)
                 last = record.messages[-1]
                 if last.role == "model":
-                    if paused_calls(last):
-                        return TurnOutcome(TurnStatus.COMPLETED, FinishReason.INTERRUPTED)
-                    return TurnOutcome(TurnStatus.COMPLETED, FinishReason.STOP)
+                    reason = FinishReason.INTERRUPTED if paused_calls(last) else FinishReason.STOP
+                    return TurnOutcome(TurnStatus.COMPLETED, reason)
                 number += 1
                 continue
             if record is not None:
                 # Recovery: the model already answered this round; never ask it again.
-                model_message = record.messages[0]
-                finish = FinishReason.STOP
-                usage = None
+                model_message, finish, usage = record.messages[0], FinishReason.STOP, None
             else:
                 model_message, finish, usage = await self._call_model(history)
             requests = model_message.tool_requests
@@ -215,22 +233,28 @@ class TurnRunner:
                     status="ABORTED",
                 )
             if record is None:
-                opened = [self._opening(number, p) for p in requests]
-                if self._only_pauses(requests):
-                    # Nothing runs before the settle writes this round: a crash in between
-                    # loses only the model's answer (asked again), never a tool's effect.
-                    self._writes.unsaved_usage = usage
-                else:
-                    await self._writes.save(
-                        number, [model_message], committed=False, calls=opened, usage=usage
-                    )
-                calls = {**calls, **{(number, row.ref): row for row in opened}}
+                calls.update(await self._open_round(number, model_message, requests, usage))
             results = await self._run_calls(number, requests, calls, restarts={})
             closed = await self._close_round(number, model_message, results)
             if isinstance(closed, TurnOutcome):
                 return replace(closed, usage=self._writes.take_usage(None))
             history.extend(closed)
             number += 1
+
+    async def _open_round(
+        self, number: int, model_message: Message, requests: list[Part], usage: ModelUsage | None
+    ) -> dict[tuple[int, str], ToolCallRecord]:
+        """Journal a new round's calls (with its model message, before any runs); the rows."""
+        opened = [self._opening(number, p) for p in requests]
+        if self._only_pauses(requests):
+            # Nothing runs before the settle writes this round: a crash in between loses
+            # only the model's answer (asked again), never a tool's effect.
+            self._writes.unsaved_usage = usage
+        else:
+            await self._writes.save(
+                number, [model_message], committed=False, calls=opened, usage=usage
+            )
+        return {(number, row.ref): row for row in opened}
 
     async def _adopt_open_round(
         self, parent_id: str

@@ -189,17 +189,10 @@ class AnthropicModel(ProviderModel):
                         output_tokens = event.usage.output_tokens
                     input_tokens = _input_tokens(event.usage) or input_tokens
         content: list[Part] = []
-        requests: list[Part] = []
         text = "".join("".join(b.text) for _, b in sorted(blocks.items()) if b.kind == "text")
         if text:
             content.append(Part.of_text(text))
-        for _, block in sorted(blocks.items()):
-            if block.kind != "tool_use":
-                continue
-            if block.partial_json:
-                requests.append(request_part(block.name, block.ref, "".join(block.partial_json)))
-            else:
-                requests.append(Part.of_request(block.name, block.ref, block.start_input or {}))
+        requests = [_request_of(b) for _, b in sorted(blocks.items()) if b.kind == "tool_use"]
         if requests:
             await on_chunk([p.model_copy(deep=True) for p in requests])
         content.extend(requests)
@@ -321,3 +314,11 @@ def _response(message: Any) -> ModelResponse:
         if usage is not None
         else None,
     )
+
+
+def _request_of(block: _Block) -> Part:
+    """The tool request a streamed ``tool_use`` block made: its input from the JSON deltas,
+    or, when none came, from the block's start."""
+    if block.partial_json:
+        return request_part(block.name, block.ref, "".join(block.partial_json))
+    return Part.of_request(block.name, block.ref, block.start_input or {})

@@ -172,19 +172,7 @@ class OpenAIChatModel(ProviderModel):
                     texts.append(delta.refusal)
                     await on_chunk([Part.of_text(delta.refusal)])
                 for fragment in (delta.tool_calls if delta is not None else None) or []:
-                    index = getattr(fragment, "index", None)
-                    if index is None:  # a lax server: a new id starts a call, else continue one
-                        index = len(calls) if fragment.id or not calls else max(calls)
-                    pending = calls.setdefault(index, _PendingCall())
-                    if fragment.id:
-                        pending.ref = fragment.id
-                    function = fragment.function
-                    if function is not None:
-                        if function.name:
-                            # Sent whole in the first fragment; some servers repeat it.
-                            pending.name = function.name
-                        if function.arguments:
-                            pending.arguments.append(function.arguments)
+                    _merge_fragment(calls, fragment)
                 if choice.finish_reason:
                     finish = choice.finish_reason
         content: list[Part] = []
@@ -311,3 +299,20 @@ def _response(completion: Any) -> ModelResponse:
         finish_reason="blocked" if refusal else _finish(choice.finish_reason),
         usage=_usage(completion.usage) if completion.usage is not None else None,
     )
+
+
+def _merge_fragment(calls: dict[int, _PendingCall], fragment: Any) -> None:
+    """Add one streamed tool-call fragment to the call it continues (or starts)."""
+    index = getattr(fragment, "index", None)
+    if index is None:  # a lax server: a new id starts a call, else continue one
+        index = len(calls) if fragment.id or not calls else max(calls)
+    pending = calls.setdefault(index, _PendingCall())
+    if fragment.id:
+        pending.ref = fragment.id
+    function = fragment.function
+    if function is not None:
+        if function.name:
+            # Sent whole in the first fragment; some servers repeat it.
+            pending.name = function.name
+        if function.arguments:
+            pending.arguments.append(function.arguments)
