@@ -56,10 +56,126 @@ class RetryPolicy:
 
 @dataclass(frozen=True)
 class LeaseSettings:
-    """How long a claim lasts without renewal, and how often the runner renews it."""
+    """How long a claim lasts without renewal, and how often the runner renews it.
+
+    A renewal that fails is retried after :meth:`retry_delay`, starting from
+    ``renewal_retry_delay`` seconds.
+    """
 
     lease_seconds: float = 30.0
     heartbeat_interval: float = 5.0
+    renewal_retry_delay: float = 0.05
+
+    def retry_delay(self, failures: int, lease_left: float) -> float:
+        """Seconds to wait after ``failures`` failed renewals in a row, when the lease
+        expires in ``lease_left`` seconds.
+
+        Doubles from ``renewal_retry_delay`` up to ``heartbeat_interval``, and is at most half
+        the lease left, so a store that comes back before the lease expires still gets a
+        renewal in time; it never drops below ``renewal_retry_delay``, so a store that fails
+        at once cannot keep the event loop spinning.
+        """
+        # The exponent is capped so that a long outage cannot overflow the float.
+        delay = self.renewal_retry_delay * 2.0 ** min(max(0, failures - 1), 32)
+        delay = min(delay, self.heartbeat_interval)
+        if lease_left > 0:
+            delay = min(delay, lease_left / 2)
+        return max(self.renewal_retry_delay, delay)
+
+
+#: A task running beside a turn: ``(store, turn, lease, work, stop)``, where ``work`` is the
+#: runner's task and ``stop(reason)`` cancels it.
+_Helper = Callable[
+    [SessionStore, TurnRecord, LeaseSettings, "asyncio.Task[TurnOutcome]", Callable[[str], None]],
+    Coroutine[Any, Any, None],
+]
+
+
+async def _heartbeat(
+    store: SessionStore,
+    turn: TurnRecord,
+    lease: LeaseSettings,
+    work: asyncio.Task[TurnOutcome],
+    stop: Callable[[str], None],
+) -> None:
+    """Renew the turn's lease while ``work`` runs; stop it when the lease is lost or an abort
+    was requested. Failed renewals back off and are logged once per outage."""
+    loop = asyncio.get_running_loop()
+    # Where the lease stands on this process's clock: renewals are written with the
+    # writer's clock too, so the claim's expiry and ours agree.
+    lease_left = lease.lease_seconds
+    if turn.lease_expires_at is not None:
+        lease_left = (turn.lease_expires_at - datetime.now(UTC)).total_seconds()
+    expires = loop.time() + lease_left
+    failures = 0
+    outage_started = 0.0
+    while not work.done():
+        attempted = loop.time()
+        try:
+            current = await store.renew_lease(
+                turn.id, lease_token=turn.lease_token, lease_seconds=lease.lease_seconds
+            )
+        except StaleTransitionError:
+            logger.warning("turn %s: lease %s lost; stopping", turn.id, turn.lease_token)
+            stop("lease lost")
+            return
+        except Exception as exc:
+            # The database hiccuped: keep heartbeating, with backoff. Giving up would let
+            # the lease expire under a live runner and another worker repeat its tool call.
+            failures += 1
+            if failures == 1:
+                outage_started = attempted
+                logger.warning(
+                    "turn %s: lease renewal failing (%s); retrying with backoff", turn.id, exc
+                )
+            else:
+                logger.debug("turn %s: lease renewal failed again (%s)", turn.id, exc)
+            # Always awaited, so a store that raises without awaiting cannot livelock us.
+            await asyncio.sleep(lease.retry_delay(failures, expires - loop.time()))
+            continue
+        if failures:
+            logger.info(
+                "turn %s: lease renewed again after %d failed attempt(s) over %.1fs",
+                turn.id,
+                failures,
+                attempted - outage_started,
+            )
+            failures = 0
+        expires = attempted + lease.lease_seconds
+        if current.status is TurnStatus.ABORTING:
+            stop("abort")
+            return
+        await asyncio.sleep(lease.heartbeat_interval)
+
+
+async def _watch_store(
+    store: SessionStore,
+    turn: TurnRecord,
+    lease: LeaseSettings,
+    work: asyncio.Task[TurnOutcome],
+    stop: Callable[[str], None],
+) -> None:
+    """Stop ``work`` when another process requests the turn's abort."""
+    loop = asyncio.get_running_loop()
+    # Read the status now (an abort requested before we watched sent a notification nobody
+    # here waited for), then at each change notification (NOTIFY) for the turn; the
+    # heartbeat's check is the fallback.
+    while not work.done():
+        started = loop.time()
+        try:
+            current = await store.get_turn(turn.id)
+        except Exception:
+            logger.warning("turn %s: status check failed; retrying", turn.id, exc_info=True)
+            await asyncio.sleep(lease.heartbeat_interval)
+            continue
+        if current is not None and current.status is TurnStatus.ABORTING:
+            stop("abort")
+            return
+        with contextlib.suppress(Exception):  # a failed wait is a poll: read again
+            await store.wait_for_change(turn.id, lease.heartbeat_interval)
+        # A store without notifications (SQLite) returns from every short poll: read the
+        # status at most a few times a second, not once per poll.
+        await asyncio.sleep(max(0.0, MIN_STATUS_CHECK_INTERVAL - (loop.time() - started)))
 
 
 async def execute_claimed(
@@ -91,59 +207,18 @@ async def execute_claimed(
             stop_reason.append(reason)
             work.cancel()
 
-    async def heartbeat() -> None:
-        while not work.done():
-            try:
-                current = await store.renew_lease(
-                    turn.id, lease_token=turn.lease_token, lease_seconds=lease.lease_seconds
-                )
-            except StaleTransitionError:
-                logger.warning("turn %s: lease %s lost; stopping", turn.id, turn.lease_token)
-                stop("lease lost")
-                return
-            except Exception:
-                # The database hiccuped: keep heartbeating. Giving up here would let the lease
-                # expire under a live runner and another worker repeat its tool call.
-                logger.warning("turn %s: lease renewal failed; retrying", turn.id, exc_info=True)
-                continue
-            if current.status is TurnStatus.ABORTING:
-                stop("abort")
-                return
-            await asyncio.sleep(lease.heartbeat_interval)
-
     loop = asyncio.get_running_loop()
 
     def abort_here() -> None:  # an abort requested in this process (AbortSignal.set)
         stop("abort")
 
-    async def watch_store() -> None:
-        # Another process may request the abort: read the status now (an abort requested
-        # before we watched sent a notification nobody here waited for), then at each
-        # change notification (NOTIFY) for the turn; the heartbeat's check is the fallback.
-        while not work.done():
-            started = loop.time()
-            try:
-                current = await store.get_turn(turn.id)
-            except Exception:
-                logger.warning("turn %s: status check failed; retrying", turn.id, exc_info=True)
-                await asyncio.sleep(lease.heartbeat_interval)
-                continue
-            if current is not None and current.status is TurnStatus.ABORTING:
-                stop("abort")
-                return
-            with contextlib.suppress(Exception):  # a failed wait is a poll: read again
-                await store.wait_for_change(turn.id, lease.heartbeat_interval)
-            # A store without notifications (SQLite) returns from every short poll: read the
-            # status at most a few times a second, not once per poll.
-            await asyncio.sleep(max(0.0, MIN_STATUS_CHECK_INTERVAL - (loop.time() - started)))
-
     if abort_signal is not None:
         abort_signal.add_listener(abort_here)
     helpers: list[asyncio.Task[None]] = []
 
-    def start_helper(helper: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    def start_helper(helper: _Helper) -> None:
         if not work.done():
-            helpers.append(asyncio.create_task(helper()))
+            helpers.append(asyncio.create_task(helper(store, turn, lease, work, stop)))
 
     # Most turns settle long before anything else here is due: timers, not tasks, wait for
     # the store watch and the first renewal (the watch's task, started with every turn and
@@ -152,8 +227,8 @@ async def execute_claimed(
     # first MIN_STATUS_CHECK_INTERVAL is seen by its first read; one from this process is
     # immediate (abort_here).
     timers = [
-        loop.call_later(MIN_STATUS_CHECK_INTERVAL, start_helper, watch_store),
-        loop.call_later(lease.heartbeat_interval, start_helper, heartbeat),
+        loop.call_later(MIN_STATUS_CHECK_INTERVAL, start_helper, _watch_store),
+        loop.call_later(lease.heartbeat_interval, start_helper, _heartbeat),
     ]
     outcome: TurnOutcome | None = None
     try:
@@ -176,6 +251,19 @@ async def execute_claimed(
         # A helper's own failure must never replace the turn's outcome.
         await asyncio.gather(*helpers, return_exceptions=True)
 
+    return await _settle(store, turn, outcome, stop_reason, retry, then_claim)
+
+
+async def _settle(
+    store: SessionStore,
+    turn: TurnRecord,
+    outcome: TurnOutcome | None,
+    stop_reason: list[str],
+    retry: RetryPolicy,
+    then_claim: FollowOnClaim | None,
+) -> TurnRecord:
+    """The settling transition of a run that ended with ``outcome`` (``None``: stopped for
+    ``stop_reason[0]``), fenced by the turn's lease token."""
     try:
         if outcome is None:
             if stop_reason[0] == "lease lost":

@@ -3,8 +3,10 @@
 Every command takes ``--db URL``; without it the URL comes from ``TURNSTILE_DATABASE_URL``,
 else an SQLite file under ``.turnstile/``. ``turnstile worker --app module:engine`` exports the
 resolved URL as ``TURNSTILE_DATABASE_URL`` *before* importing the app, so the app builds its
-store from it (see :func:`resolve_db_url`), refuses to start against a database that is not at
-the head migration, and stops gracefully on SIGTERM/SIGINT (a second signal skips the grace).
+store from it (see :func:`resolve_db_url`), waits up to ``--connect-timeout`` seconds for a
+database that cannot be reached yet (down, starting, recovering), refuses to start against one
+that is not at the head migration, and stops gracefully on SIGTERM/SIGINT (a second signal
+skips the grace).
 """
 
 from __future__ import annotations
@@ -18,26 +20,44 @@ import logging
 import os
 import re
 import signal
+import socket
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from engine import Engine
 from workers.pool import WorkerPool
 
-__all__ = ["DATABASE_URL_ENV", "DEFAULT_DB_URL", "main", "redact_url", "resolve_db_url"]
+__all__ = [
+    "DATABASE_URL_ENV",
+    "DEFAULT_CONNECT_TIMEOUT",
+    "DEFAULT_DB_URL",
+    "main",
+    "redact_url",
+    "resolve_db_url",
+]
 
 #: The environment variable holding the database URL.
 DATABASE_URL_ENV = "TURNSTILE_DATABASE_URL"
 #: The embedded default: an SQLite file in ``.turnstile/`` under the current directory.
 DEFAULT_DB_URL = "sqlite:///.turnstile/turnstile.db"
+#: How long a starting process waits, by default, for a database it cannot reach.
+DEFAULT_CONNECT_TIMEOUT = 60.0
+#: The first pause between connection attempts at start; it doubles up to the maximum.
+CONNECT_RETRY_DELAY = 0.5
+MAX_CONNECT_RETRY_DELAY = 2.0
 
 logger = logging.getLogger("turnstile.cli")
 
 
 class _UsageError(Exception):
     """A problem to report on stderr with exit status 2 (no traceback)."""
+
+
+class _DatabaseUnreachable(Exception):
+    """The database could not be reached within the connect timeout: exit status 1."""
 
 
 def resolve_db_url(arg: str | None) -> str:
@@ -97,13 +117,89 @@ def _load_app(spec: str) -> Engine:
     return app
 
 
-def _check_at_head(url: str) -> None:
+def _unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) means the database could not be reached — refused,
+    starting up, recovering, timed out — rather than that it answered and was found wanting."""
+    import sqlite3
+
+    import psycopg
+    import sqlalchemy.exc
+
+    kinds = (
+        sqlalchemy.exc.OperationalError,
+        psycopg.OperationalError,
+        sqlite3.OperationalError,
+        ConnectionError,
+        TimeoutError,
+        socket.gaierror,
+    )
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, kinds):
+            return True
+        seen = seen.__cause__
+    return False
+
+
+def _reason(exc: BaseException) -> str:
+    """The driver's own message for ``exc``, on one line."""
+    orig = getattr(exc, "orig", None)  # SQLAlchemy's wrapper adds SQL and a link to its docs
+    return " ".join(str(orig if isinstance(orig, BaseException) else exc).split())
+
+
+@contextlib.contextmanager
+def _attempt_timeout(seconds: float) -> Iterator[None]:
+    """Bound each connection attempt by the wait left (at most 10 s, libpq's minimum 2 s):
+    otherwise one attempt on a host that drops packets could outlast the whole wait."""
+    if "PGCONNECT_TIMEOUT" in os.environ:
+        yield
+        return
+    os.environ["PGCONNECT_TIMEOUT"] = str(max(2, min(10, int(seconds + 1))))
+    try:
+        yield
+    finally:
+        del os.environ["PGCONNECT_TIMEOUT"]
+
+
+def _check_at_head(url: str, connect_timeout: float) -> None:
+    """Refuse to start unless the schema is at head, waiting with backoff for up to
+    ``connect_timeout`` seconds while the database cannot be reached."""
     check = _store_hook("ensure_at_head")
-    if check is not None:
+    if check is None:
+        return
+    started = time.monotonic()
+    deadline = started + connect_timeout
+    delay = CONNECT_RETRY_DELAY
+    waited = False
+    while True:
         try:
-            _call(check, url)
+            with _attempt_timeout(deadline - time.monotonic()):
+                _call(check, url)
         except Exception as exc:
-            raise _UsageError(f"refusing to start: {exc}") from exc
+            if not _unreachable(exc):
+                raise _UsageError(f"refusing to start: {exc}") from exc
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise _DatabaseUnreachable(
+                    f"database {redact_url(url)} not reachable after {connect_timeout:g}s "
+                    f"({_reason(exc)}); giving up (see --connect-timeout)"
+                ) from exc
+            pause = min(delay, left)
+            logger.warning(
+                "database %s not reachable (%s); retrying in %.1fs",
+                redact_url(url),
+                _reason(exc),
+                pause,
+            )
+            waited = True
+            time.sleep(pause)
+            delay = min(2 * delay, MAX_CONNECT_RETRY_DELAY)
+            continue
+        if waited:
+            logger.info(
+                "database %s reachable after %.1fs", redact_url(url), time.monotonic() - started
+            )
+        return
 
 
 def _configure_logging(level: str) -> None:
@@ -112,15 +208,18 @@ def _configure_logging(level: str) -> None:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
     )
-    # APScheduler logs every job run at INFO (every few seconds): keep it for --log-level DEBUG.
+    # APScheduler logs every job run at INFO (every few seconds), Alembic's schema check a
+    # few lines per start: keep them for --log-level DEBUG.
     if logging.getLogger().level > logging.DEBUG:
         logging.getLogger("apscheduler").setLevel(logging.WARNING)
+        logging.getLogger("alembic").setLevel(logging.WARNING)
 
 
 def _worker(args: argparse.Namespace, url: str) -> int:
     os.environ[DATABASE_URL_ENV] = url  # read by the app module at import time
     app = _load_app(args.app)
-    _check_at_head(url)
+    _configure_logging(args.log_level)  # before the wait for the database, which it reports
+    _check_at_head(url, args.connect_timeout)
     try:
         pool = WorkerPool(
             app,
@@ -132,7 +231,6 @@ def _worker(args: argparse.Namespace, url: str) -> int:
         )
     except ValueError as exc:
         raise _UsageError(str(exc)) from exc
-    _configure_logging(args.log_level)
     logger.info("worker %s on %s", pool.owner, redact_url(url))
     asyncio.run(_serve(pool))
     return 0
@@ -169,8 +267,9 @@ def _serve_http(args: argparse.Namespace, url: str) -> int:
 
     os.environ[DATABASE_URL_ENV] = url  # read by the app module at import time
     app = _load_app(args.app)
+    _configure_logging(args.log_level)  # before the wait for the database, which it reports
     if any(agent.store is not None and agent.store.durable for agent in app.agents.values()):
-        _check_at_head(url)
+        _check_at_head(url, args.connect_timeout)
     auth = _load_attr(args.auth, "--auth") if args.auth else None
     if auth is not None and not callable(auth):
         raise _UsageError(f"--auth {args.auth} is not callable (an Authenticator).")
@@ -180,7 +279,6 @@ def _serve_http(args: argparse.Namespace, url: str) -> int:
             pool = WorkerPool(app, concurrency=args.workers)
         except ValueError as exc:
             raise _UsageError(str(exc)) from exc
-    _configure_logging(args.log_level)
     asgi = create_app(
         app, auth=auth, max_body_bytes=args.max_body_bytes, lifespan=_pool_lifespan(pool)
     )
@@ -228,12 +326,27 @@ def _migrate(url: str) -> int:
     return 0
 
 
+def _seconds(text: str) -> float:
+    """A non-negative number of seconds (an ``argparse`` type)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, not {text!r}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="turnstile", description="Turnstile: durable, approval-gated LLM agents."
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     db_help = f"database URL (default: ${DATABASE_URL_ENV}, else {DEFAULT_DB_URL})"
+    connect_help = (
+        "seconds to wait at start for a database that cannot be reached yet "
+        f"(default: {DEFAULT_CONNECT_TIMEOUT:g}; 0: try once)"
+    )
 
     worker = commands.add_parser("worker", help="run a worker pool for an app's agents")
     worker.add_argument("--app", required=True, help="the app's Engine, as module:attribute")
@@ -255,6 +368,9 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="delete sessions idle this many days (open approvals are kept); default: keep all",
     )
+    worker.add_argument(
+        "--connect-timeout", type=_seconds, default=DEFAULT_CONNECT_TIMEOUT, help=connect_help
+    )
     worker.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ...")
 
     serve = commands.add_parser(
@@ -272,6 +388,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--max-body-bytes", type=int, default=1_000_000, help="larger request bodies get 413"
+    )
+    serve.add_argument(
+        "--connect-timeout", type=_seconds, default=DEFAULT_CONNECT_TIMEOUT, help=connect_help
     )
     serve.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ...")
 
@@ -293,6 +412,9 @@ def main(argv: list[str] | None = None) -> int:
     except _UsageError as exc:
         print(f"turnstile {args.command}: {exc}", file=sys.stderr)
         return 2
+    except _DatabaseUnreachable as exc:
+        print(f"turnstile {args.command}: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 
