@@ -21,7 +21,7 @@ import psycopg
 import sqlalchemy as sa
 from psycopg.rows import DictRow, dict_row
 from psycopg.types.json import set_json_loads
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 from sqlalchemy.sql.compiler import SQLCompiler
 
@@ -139,15 +139,21 @@ class PgConnections:
 
     Every statement is prepared on a connection the first time it runs there
     (``prepare=True``). ``settings`` are server settings for every connection (see
-    :data:`PLANNER_SETTINGS`). After :meth:`close` each statement opens and closes a
+    :data:`PLANNER_SETTINGS`); ``wait_timeout`` bounds the wait for a free connection. After :meth:`close` each statement opens and closes a
     connection of its own, so a closed store holds none.
     """
 
     def __init__(
-        self, dsn: str, *, size: int = 10, settings: Mapping[str, str] | None = None
+        self,
+        dsn: str,
+        *,
+        size: int = 10,
+        settings: Mapping[str, str] | None = None,
+        wait_timeout: float = 30.0,
     ) -> None:
         self._dsn = dsn
         self._size = size
+        self._wait_timeout = wait_timeout
         self._options = " ".join(f"-c {name}={value}" for name, value in (settings or {}).items())
         self._pools: dict[asyncio.AbstractEventLoop, AsyncConnectionPool[Connection]] = {}
         self._closed = False
@@ -193,6 +199,9 @@ class PgConnections:
                 if attempt <= retries and _plan_changed(exc):
                     continue
                 raise StoreError(f"Database error: {exc!r}") from exc
+            except PoolTimeout as exc:
+                # Every connection stayed busy: nothing was sent, so nothing applied.
+                raise StoreError(f"Database busy: {exc}") from exc
             except psycopg.OperationalError as exc:
                 lost = _connection_lost(exc)
                 if attempt <= retries and lost:
@@ -234,6 +243,7 @@ class PgConnections:
                 configure=_configure,
                 min_size=0,
                 max_size=self._size,
+                timeout=self._wait_timeout,
                 open=False,
                 name="turnstile-hot-path",
             )

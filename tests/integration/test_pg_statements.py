@@ -302,3 +302,21 @@ async def test_a_statement_whose_table_changed_is_prepared_afresh(dsn: str) -> N
         await pool.close()
 
     assert rows == [{"id": "n1", "body": {}, "extra": None}]
+
+
+async def test_a_statement_that_finds_no_free_connection_fails_as_not_applied(dsn: str) -> None:
+    """Waiting past the pool's timeout for a connection is a StoreError that says the
+    statement was not applied (nothing was sent), not a lost connection retried."""
+    pool = PgConnections(dsn, size=1, wait_timeout=0.2)
+    try:
+        busy = asyncio.create_task(
+            pool.fetch(PgStatement(sa.text("SELECT pg_sleep(1) AS slept")), {})
+        )
+        await asyncio.sleep(0.1)
+        with pytest.raises(StoreError) as failed:
+            await pool.fetch(PgStatement(sa.text("SELECT 1 AS one")), {})
+        assert failed.value.may_have_applied is False
+        assert "busy" in failed.value.message
+        await busy
+    finally:
+        await pool.close()
