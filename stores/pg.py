@@ -139,8 +139,9 @@ class PgConnections:
 
     Every statement is prepared on a connection the first time it runs there
     (``prepare=True``). ``settings`` are server settings for every connection (see
-    :data:`PLANNER_SETTINGS`); ``wait_timeout`` bounds the wait for a free connection. After :meth:`close` each statement opens and closes a
-    connection of its own, so a closed store holds none.
+    :data:`PLANNER_SETTINGS`); ``wait_timeout`` bounds the wait for a free connection.
+    After :meth:`close` each statement opens and closes a connection of its own, so a
+    closed store holds none.
     """
 
     def __init__(
