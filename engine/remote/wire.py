@@ -29,6 +29,7 @@ __all__ = [
     "BodyTooLargeError",
     "SnapshotBody",
     "TurnBody",
+    "UnsupportedMediaTypeError",
     "check_id",
     "check_storable",
     "check_text",
@@ -67,10 +68,16 @@ class BodyTooLargeError(InvalidArgumentError):
     default_status = "RESOURCE_EXHAUSTED"
 
 
+class UnsupportedMediaTypeError(InvalidArgumentError):
+    """The request body is not declared ``application/json`` (HTTP 415)."""
+
+
 def http_status(error: AgentError) -> int:
     """The HTTP code for ``error`` (500 for statuses that mean a server fault)."""
     if isinstance(error, BodyTooLargeError):
         return 413
+    if isinstance(error, UnsupportedMediaTypeError):
+        return 415
     return HTTP_STATUS.get(error.status, 500)
 
 
@@ -106,7 +113,18 @@ def wants_stream(request: Request) -> bool:
 
 
 async def read_json(request: Request, *, max_bytes: int) -> Any:
-    """The request body as JSON, refusing bodies over ``max_bytes`` without reading them all."""
+    """The request body as JSON, refusing bodies over ``max_bytes`` without reading them all.
+
+    Only a body declared ``application/json`` is read: a browser sends ``text/plain``,
+    form and body-less posts cross-site without a CORS preflight, so a hostile page could
+    otherwise drive a server on the user's machine or network.
+    """
+    media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if media_type != "application/json":
+        shown = repr(media_type) if media_type else "none"
+        raise UnsupportedMediaTypeError(
+            f"Content-Type {shown} is not accepted; send the body as application/json."
+        )
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise BodyTooLargeError(f"Request body is {declared} bytes; the limit is {max_bytes}.")

@@ -196,7 +196,9 @@ async def test_a_body_over_the_limit_is_a_413(served: Served) -> None:
         yield b'"}]}}, "init": {}}'
 
     # No Content-Length at all: chunked transfer encoding, counted while it streams in.
-    streamed = await served.http.post(served.url + TURN, content=chunks())
+    streamed = await served.http.post(
+        served.url + TURN, content=chunks(), headers={"content-type": "application/json"}
+    )
     assert "content-length" not in streamed.request.headers
     assert_refused(streamed, 413, status="RESOURCE_EXHAUSTED", naming="limit")
     assert served.row_counts() == before
@@ -521,3 +523,31 @@ async def test_fuzzed_requests_never_fail_the_server_nor_write_when_refused(
     sent = await asyncio.to_thread(_fuzz, served.url, approval, served.row_counts)
 
     assert sent >= FUZZ_EXAMPLES
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    [None, "text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"],
+)
+async def test_a_post_not_declared_json_is_a_415_and_writes_nothing(
+    served: Served, content_type: str | None
+) -> None:
+    """Every POST route takes application/json only: the content types a browser may send
+    cross-site without a preflight (and none at all) get 415, whatever the body holds."""
+    before = served.row_counts()
+    body = json.dumps({"data": {"message": USER}, "init": {}}).encode()
+    headers = {"content-type": content_type} if content_type else {}
+    for path in (TURN, f"{TURN}/getSnapshot", f"{TURN}/abort", "/inbox/t:r/decision"):
+        reply = await served.http.post(served.url + path, content=body, headers=headers)
+        assert_refused(reply, 415, status="INVALID_ARGUMENT", naming="application/json")
+    assert served.row_counts() == before
+
+
+async def test_json_with_a_charset_is_accepted(served: Served) -> None:
+    """``application/json; charset=utf-8`` is JSON: the turn runs."""
+    body = json.dumps({"data": {"message": USER}, "init": {}}).encode()
+    reply = await served.http.post(
+        served.url + TURN, content=body, headers={"content-type": "Application/JSON; charset=utf-8"}
+    )
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["result"]["finishReason"] == "interrupted"  # asks for approval
