@@ -1,4 +1,4 @@
-"""Approval workflows per second, end to end, on the local PostgreSQL — and the floor.
+"""Approval workflows per second, end to end, on the local PostgreSQL — the floor, a peer.
 
 ``python bench/approvals.py [--workflows N] [--quick]``
 
@@ -12,12 +12,25 @@ benchmark runs, on a fresh database each time:
 * **floor** — the same workload in raw psycopg writing the minimum rows that keep the
   product's recovery guarantees (``bench/floor.py``); ``--impl`` can add
   **floor-settle-only**, the floor without the transfer round's two checkpoints (what
-  earlier rounds were measured against).
+  earlier rounds were measured against);
+* **langgraph** — a peer: the same workflow as a LangGraph graph checkpointed by
+  ``PostgresSaver``, in P processes of S threads each (``bench/langgraph_peer.py``);
+  **langgraph-async** is ``AsyncPostgresSaver`` with S asyncio tasks per process. A peer
+  has no queue and no workers: its processes run the workflows themselves, S at a time
+  each (``--clients`` does not apply), with ``--langgraph-durability`` (default ``sync``).
+  The peers need the optional ``bench`` dependencies (not in ``dev``; the tests do not)::
 
-It reports workflows/s, the resume→pickup / resume→settled / resume→returned latencies, and
-per workflow: commits, writing transactions, WAL bytes and records, full-page images, WAL
-syncs and CPU time. ``docs/performance.md`` defines every number. Run nothing else on the
-server meanwhile: WAL counters and transaction ids are cluster-wide.
+      .venv/bin/pip install -e '.[bench]'
+      .venv/bin/python bench/approvals.py --impl turnstile,floor,langgraph \\
+          --processes 1 --slots 1,8 --rounds 3 --workflows 800 --idle 50
+
+With ``--rounds`` the implementations alternate within each configuration, and Turnstile's
+throughput is reported as a share of the floor's and as a multiple of each peer's (medians
+of the rounds' ratios). It reports workflows/s, the resume→pickup / resume→settled /
+resume→returned latencies (a peer: only returned), and per workflow: commits, writing
+transactions, WAL bytes and records, full-page images, WAL syncs and CPU time.
+``docs/performance.md`` defines every number. Run nothing else on the server meanwhile:
+WAL counters and transaction ids are cluster-wide.
 """
 
 from __future__ import annotations
@@ -31,6 +44,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 import argparse
 import asyncio
 import cProfile
+import importlib
 import json
 import os
 import resource
@@ -60,7 +74,17 @@ from bench.common import (
     url_for,
     wait_until_idle,
 )
-from bench.report import IMPLS, SETTLE_ONLY, Latencies, Result, is_floor, report
+from bench.report import (
+    FLOORS,
+    IMPLS,
+    PEERS,
+    SETTLE_ONLY,
+    Latencies,
+    Result,
+    is_floor,
+    is_peer,
+    report,
+)
 from stores.notify import LISTEN_STATEMENT
 
 Workflow = Callable[[int, int], Awaitable[Sample]]
@@ -133,6 +157,23 @@ async def _floor_clients(dsn: str, args: argparse.Namespace, watch: Callable[[],
         return await _phases(client.workflow, args, watch)
 
 
+def _peer_phases(
+    impl: str, dsn: str, processes: int, slots: int, args: argparse.Namespace
+) -> tuple[Phases, float]:
+    """A peer's phases (``bench/langgraph_peer.py``), as :func:`_phases` runs Turnstile's:
+    warm-up and throughput with every process running ``slots`` workflows at a time, then
+    one workflow at a time in one process. Also returns the processes' start-up CPU."""
+    from bench import langgraph_peer  # the optional dependencies: only when asked for
+
+    n, warmup = args.workflows, args.warmup
+    durability = args.langgraph_durability
+    with langgraph_peer.Peer(impl, dsn, processes, slots, durability) as peer:
+        _, errors, _ = peer.phase(n, warmup)
+        loaded, more, seconds = peer.phase(0, n)
+        idle, last, _ = peer.phase(n + warmup, args.idle, width=1, processes=1)
+    return (loaded, idle, errors + more + last, seconds), peer.start_up_cpu
+
+
 def _start_workers(
     impl: str,
     processes: int,
@@ -195,7 +236,7 @@ class Bench:
 def measure(bench: Bench, impl: str, processes: int, slots: int, round: int = 1) -> Result:
     """One implementation on one configuration, on a fresh database (dropped afterwards)."""
     args, databases, children = bench.args, bench.databases, bench.children
-    copy = bench.template if impl == "turnstile" else None
+    copy = bench.template if impl == "turnstile" else None  # peers and floors: their own
     name = databases.create(
         f"{impl.replace('-', '_')}_{processes}p{slots}s_r{round}", template=copy
     )
@@ -206,20 +247,28 @@ def measure(bench: Bench, impl: str, processes: int, slots: int, round: int = 1)
         if is_floor(impl):
             with psycopg.connect(dsn, autocommit=True) as connection:
                 connection.execute(floor.SCHEMA)
+        elif is_peer(impl):
+            from bench import langgraph_peer
+
+            langgraph_peer.setup(dsn)  # the saver's tables (PostgresSaver.setup())
         checkpoint()
         cpu_children, cpu_self = _children_cpu(), _self_cpu()
         before, server_before = read_stats(name), server_cpu_seconds()
-        try:
-            _start_workers(impl, processes, slots, name, children, logs, args.profile)
-            # Not per-workflow work: importing, connecting, checking the schema (≈ 0.5 s of
-            # CPU for each of our workers), counted apart so four processes do not look
-            # like four times the cost per workflow.
-            start_up = children.cpu_seconds()
-            clients = _floor_clients if is_floor(impl) else _turnstile_clients
-            target = dsn if is_floor(impl) else url_for(name)
-            loaded, idle, errors, seconds = asyncio.run(clients(target, args, children.check))
-        finally:
-            children.stop()
+        if is_peer(impl):
+            phases, start_up = _peer_phases(impl, dsn, processes, slots, args)
+            loaded, idle, errors, seconds = phases
+        else:
+            try:
+                _start_workers(impl, processes, slots, name, children, logs, args.profile)
+                # Not per-workflow work: importing, connecting, checking the schema (≈ 0.5 s
+                # of CPU for each of our workers), counted apart so four processes do not
+                # look like four times the cost per workflow.
+                start_up = children.cpu_seconds()
+                clients = _floor_clients if is_floor(impl) else _turnstile_clients
+                target = dsn if is_floor(impl) else url_for(name)
+                loaded, idle, errors, seconds = asyncio.run(clients(target, args, children.check))
+            finally:
+                children.stop()
         wait_until_idle(name)
         stats, server_after = read_stats(name) - before, server_cpu_seconds()
         server_cpu = (
@@ -229,7 +278,10 @@ def measure(bench: Bench, impl: str, processes: int, slots: int, round: int = 1)
         )
         claims = read_claims(logs)
         ids = [s.resumed_turn for s in loaded + idle]
-        created, settled = _turn_times(dsn, "fturns" if is_floor(impl) else "turns", ids)
+        if is_peer(impl):  # no queue: no pickup, no turn rows (its samples carry thread ids)
+            created, settled = {}, {}
+        else:
+            created, settled = _turn_times(dsn, "fturns" if is_floor(impl) else "turns", ids)
         return Result(
             impl=impl,
             processes=processes,
@@ -260,7 +312,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--workflows", type=int, default=2000, help="measured per run")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 100 workflows")
-    parser.add_argument("--clients", type=int, default=32, help="concurrent client chats")
+    parser.add_argument(
+        "--clients",
+        type=int,
+        default=32,
+        help="concurrent client chats (turnstile, floors; a peer runs P x S at a time)",
+    )
     parser.add_argument("--warmup", type=int, help="untimed workflows first (default: clients)")
     parser.add_argument("--idle", type=int, default=200, help="workflows run one at a time")
     parser.add_argument("--processes", default="1,4", help="worker processes, e.g. 1,4")
@@ -268,8 +325,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--impl",
         default="turnstile,floor",
-        help="a comma-separated choice of turnstile, floor, floor-settle-only; "
-        "'both' is turnstile,floor; 'all' adds floor-settle-only",
+        help="a comma-separated choice of turnstile, floor, floor-settle-only, langgraph, "
+        "langgraph-async; 'both' is turnstile,floor; 'all' adds floor-settle-only (the "
+        "peers need pip install -e '.[bench]')",
+    )
+    parser.add_argument(
+        "--langgraph-durability",
+        choices=("sync", "async", "exit"),
+        default="sync",
+        help="the peers' durability mode: sync (each step's checkpoint written before the "
+        "next step starts, the guarantees Turnstile keeps; the default here), async "
+        "(LangGraph's default: written while the next step runs) or exit",
     )
     parser.add_argument(
         "--rounds",
@@ -304,11 +370,16 @@ def main(argv: list[str] | None = None) -> int:
         args.warmup = args.clients
     if args.profile:
         args.profile.mkdir(parents=True, exist_ok=True)
-    spelled = args.impl.replace("both", "turnstile,floor").replace("all", ",".join(IMPLS))
-    asked = set(spelled.split(","))
+    aliases = {"both": ("turnstile", "floor"), "all": ("turnstile", *FLOORS)}
+    asked = {i for word in args.impl.split(",") for i in aliases.get(word, (word,))}
     impls = [i for i in IMPLS if i in asked]
     if not asked <= set(IMPLS):
         parser.error(f"--impl {args.impl!r}: expected some of {', '.join(IMPLS)}, both or all")
+    if asked & set(PEERS):
+        try:
+            importlib.import_module("bench.langgraph_peer")
+        except ImportError as exc:
+            parser.error(f"{exc}: the peers need pip install -e '.[bench]'")
     raise_on_sigterm()
     databases = Databases(f"turnstile_bench_{os.getpid()}")
     children = Processes()

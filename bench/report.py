@@ -7,19 +7,37 @@ from dataclasses import dataclass, field
 
 from bench.common import Sample, ServerStats, fmt, percentile, render_table
 
-__all__ = ["FLOORS", "IMPLS", "SETTLE_ONLY", "Latencies", "Result", "is_floor", "report"]
+__all__ = [
+    "FLOORS",
+    "IMPLS",
+    "PEERS",
+    "SETTLE_ONLY",
+    "Latencies",
+    "Result",
+    "is_floor",
+    "is_peer",
+    "report",
+]
 
 #: The floor without the transfer round's checkpoints (see ``bench/floor.py``).
 SETTLE_ONLY = "floor-settle-only"
 #: The floors: with the round checkpoints the product's guarantees need (the target's), and
 #: without them (earlier rounds' floor, for comparison).
 FLOORS = ("floor", SETTLE_ONLY)
-IMPLS = ("turnstile", *FLOORS)
+#: The peers: LangGraph with its sync saver and threads, and with its async saver and tasks
+#: (``bench/langgraph_peer.py``; optional dependencies, ``pip install -e '.[bench]'``).
+PEERS = ("langgraph", "langgraph-async")
+IMPLS = ("turnstile", *FLOORS, *PEERS)
 
 
 def is_floor(impl: str) -> bool:
     """Whether ``impl`` names one of the floors (not the product)."""
     return impl in FLOORS
+
+
+def is_peer(impl: str) -> bool:
+    """Whether ``impl`` names another system doing the same work (not ours)."""
+    return impl in PEERS
 
 
 @dataclass
@@ -78,7 +96,7 @@ class Latencies:
 
 @dataclass
 class Result:
-    """One implementation (``turnstile``, ``floor`` or ``floor-settle-only``) on one
+    """One implementation (``turnstile``, a floor or a peer; see :data:`IMPLS`) on one
     configuration."""
 
     impl: str
@@ -120,6 +138,14 @@ def _percent(value: float) -> str:
     return "-" if math.isnan(value) else f"{value:.0f}%"
 
 
+def _times(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.2f}x"
+
+
+def _median(values: list[float]) -> float:
+    return percentile(values, 50) if not any(map(math.isnan, values)) else math.nan
+
+
 def _verdict(met: bool, value: float) -> str:
     return "not measured" if math.isnan(value) else "met" if met else "NOT met"
 
@@ -135,6 +161,8 @@ def report(results: list[Result]) -> str:
         return {(r.processes, r.slots, r.round): r.rate for r in results if r.impl == impl}
 
     floors, settle_only = rates("floor"), rates(SETTLE_ONLY)
+    # Peers: Turnstile's throughput as a multiple of theirs, same configuration and round.
+    peers = {impl: rates(impl) for impl in PEERS if any(r.impl == impl for r in results)}
 
     def share(r: Result, of: dict[tuple[int, int, int | None], float] = floors) -> float:
         base = of.get((r.processes, r.slots, r.round))
@@ -143,12 +171,15 @@ def report(results: list[Result]) -> str:
     speed_header = ["config", "workflows/s", "of floor"]
     if settle_only:
         speed_header.append("of settle-only floor")
+    speed_header += [f"x {peer}" for peer in peers]
     speed_header.append("errors")
     speed = []
     for r in results:
-        row = [r.label, fmt(r.rate), "" if is_floor(r.impl) else _percent(share(r))]
+        ours = r.impl == "turnstile"
+        row = [r.label, fmt(r.rate), _percent(share(r)) if ours else ""]
         if settle_only:
-            row.append("" if is_floor(r.impl) else _percent(share(r, settle_only)))
+            row.append(_percent(share(r, settle_only)) if ours else "")
+        row += [_times(share(r, of) / 100) if ours else "" for of in peers.values()]
         speed.append([*row, str(len(r.errors))])
     latency = []
     for r in results:
@@ -214,12 +245,12 @@ def report(results: list[Result]) -> str:
     ]
     configs: dict[str, list[Result]] = {}
     for r in results:
-        if not is_floor(r.impl):
+        if r.impl == "turnstile":
             configs.setdefault(r.config, []).append(r)
     for config, runs in configs.items():
         # Several rounds: the median of their ratios, and the p50 of all their idle pickups.
         shares = [share(r) for r in runs]
-        ratio = percentile(shares, 50) if not any(map(math.isnan, shares)) else math.nan
+        ratio = _median(shares)
         pickup = percentile([ms for r in runs for ms in r.idle.pickup_ms], 50)
         rounds = (
             f" (median of {len(runs)} rounds: {', '.join(_percent(x) for x in shares)})"
@@ -233,13 +264,20 @@ def report(results: list[Result]) -> str:
         )
         if settle_only:
             others = [share(r, settle_only) for r in runs]
-            other = percentile(others, 50) if not any(map(math.isnan, others)) else math.nan
             lines.append(
-                f"  {config} turnstile: {_percent(other)} of the settle-only floor's "
+                f"  {config} turnstile: {_percent(_median(others))} of the settle-only floor's "
                 f"(for comparison with earlier rounds; not the target's floor)"
             )
+        for peer, of in peers.items():
+            times = [share(r, of) / 100 for r in runs]
+            each = f" (median of {len(runs)} rounds: {', '.join(map(_times, times))})"
+            lines.append(
+                f"  {config} turnstile: {_times(_median(times))} {peer}'s throughput"
+                f"{each if len(runs) > 1 else ''}"
+            )
     for r in results:
-        missing = r.loaded.missing_pickups + r.idle.missing_pickups
+        # A peer has no queue, so no pickups to log.
+        missing = 0 if is_peer(r.impl) else r.loaded.missing_pickups + r.idle.missing_pickups
         if r.errors or missing:
             first = f" (first: {r.errors[0]})" if r.errors else ""
             lines.append(
