@@ -596,8 +596,7 @@ class TurnRunner:
         )
         origin = {c.ref: c for c in parent_calls}
         # Changed in place: read_progress hands its caller a copy of its own (see
-        # SessionStore.read_progress), and a deep copy here was 3.6% of a workflow's
-        # instructions (client and worker, bench/in_process.py --instructions).
+        # SessionStore.read_progress), so a deep copy here would copy it twice.
         amended = paused
         results: dict[str, _Result] = {}
         rows: list[ToolCallRecord] = []

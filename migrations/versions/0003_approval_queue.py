@@ -4,9 +4,9 @@ Revision ID: 0003
 Revises: 0002
 Create Date: 2026-12-02 09:00:00.000000
 
-Listing the open approvals (target T3: ≤ 5 ms with 1,000,000 turns) used to join every
-interrupted journal row to its turn and anti-join the session's later turns: about 8 scattered
-buffer hits per row, ≈ 20 ms for 1,000 open approvals. ``approval_queue`` holds exactly the rows
+Listing the open approvals (target T3 in docs/performance.md) used to join every interrupted
+journal row to its turn and anti-join the session's later turns: several scattered buffer hits
+per row, on every listing. ``approval_queue`` holds exactly the rows
 that view returned — one per ``interrupted`` journal row of a turn that is ``completed`` /
 ``interrupted`` and still its session's latest — densely, in ``created_at`` order, so the view
 becomes a plain scan of a small index.
