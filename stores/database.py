@@ -257,8 +257,9 @@ def upsert_statement(
     ``update`` lists the columns an existing row takes from the new one (default: all but
     the keys and ``keep``, which keep their first value). Written as text because SQLAlchemy
     cannot cache the compiled form of its dialects' ``on_conflict_do_update`` constructs
-    (logged as ``[no key]``): every execution recompiled them, several times per turn. A text clause is compiled once and cached; the typed parameters
-    keep the columns' bind processing (JSON serialisation, enum checks).
+    (logged as ``[no key]``): every execution recompiled them, several times per turn. A
+    text clause is compiled once and cached; the typed parameters keep the columns' bind
+    processing (JSON serialisation, enum checks).
     """
     columns = [c.name for c in table.columns]
     fixed = set(keys) | set(keep)
