@@ -165,7 +165,3 @@ class Engine:
         )
         self.agents[name] = agent
         return agent
-
-    def get_agent(self, name: str) -> Agent:
-        """The agent with that name (``KeyError`` if none)."""
-        return self.agents[name]

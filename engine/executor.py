@@ -22,7 +22,7 @@ from engine.errors import StaleTransitionError
 from engine.runner import ChunkCallback, RunnerConfig, TurnOutcome, TurnRunner
 from engine.signals import AbortSignal
 from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus
-from engine.store import FollowOnClaim, SessionStore, TurnRecord
+from engine.store import FollowOnClaim, SessionStore, Transition, TurnRecord
 
 __all__ = ["LeaseSettings", "RetryPolicy", "execute_claimed", "run_inline"]
 
@@ -271,12 +271,14 @@ async def _settle(
             logger.info("turn %s aborted", turn.id)
             return await store.transition(
                 turn.id,
-                expected=ACTIVE_STATUSES,
-                new=TurnStatus.ABORTED,
-                lease_token=turn.lease_token,
-                finish_reason=FinishReason.ABORTED,
-                note="stopped at abort",
-                then_claim=then_claim,
+                Transition(
+                    expected=ACTIVE_STATUSES,
+                    new=TurnStatus.ABORTED,
+                    lease_token=turn.lease_token,
+                    finish_reason=FinishReason.ABORTED,
+                    note="stopped at abort",
+                    then_claim=then_claim,
+                ),
             )
         if outcome.transient and turn.attempts < retry.max_attempts:
             delay = retry.delay(turn.attempts)
@@ -289,28 +291,32 @@ async def _settle(
             )
             return await store.transition(
                 turn.id,
-                expected={TurnStatus.PENDING},
-                new=TurnStatus.PENDING,
-                lease_token=turn.lease_token,
-                error=outcome.error,
-                run_after=datetime.now(UTC) + timedelta(seconds=delay),
-                note=f"retry after attempt {turn.attempts}",
-                usage=outcome.usage,
-                then_claim=then_claim,
+                Transition(
+                    expected={TurnStatus.PENDING},
+                    new=TurnStatus.PENDING,
+                    lease_token=turn.lease_token,
+                    error=outcome.error,
+                    run_after=datetime.now(UTC) + timedelta(seconds=delay),
+                    note=f"retry after attempt {turn.attempts}",
+                    usage=outcome.usage,
+                    then_claim=then_claim,
+                ),
             )
         # The turn's last round (if the runner left it to us) is written by the same fenced
         # transaction that settles the turn: one commit instead of two.
         return await store.transition(
             turn.id,
-            expected=ACTIVE_STATUSES,
-            new=outcome.status,
-            lease_token=turn.lease_token,
-            finish_reason=outcome.finish_reason,
-            error=outcome.error,
-            round=outcome.last_round,
-            calls=outcome.last_calls,
-            usage=outcome.usage,
-            then_claim=then_claim,
+            Transition(
+                expected=ACTIVE_STATUSES,
+                new=outcome.status,
+                lease_token=turn.lease_token,
+                finish_reason=outcome.finish_reason,
+                error=outcome.error,
+                round=outcome.last_round,
+                calls=outcome.last_calls,
+                usage=outcome.usage,
+                then_claim=then_claim,
+            ),
         )
     except StaleTransitionError:
         # Someone else moved the turn (abort of an unleased retry, a newer lease): report

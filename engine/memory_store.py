@@ -31,7 +31,6 @@ from engine.signals import KeyedSignals, WakeEvent
 from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus
 from engine.store import (
     ApprovalQuery,
-    FollowOnClaim,
     InterruptAnswer,
     NewTurn,
     PendingApproval,
@@ -40,12 +39,13 @@ from engine.store import (
     StoredSnapshot,
     ToolCallRecord,
     ToolCallStatus,
-    TurnError,
+    Transition,
     TurnEvent,
     TurnProgress,
     TurnRecord,
 )
 from engine.store_rules import (
+    ABANDONED_ABORT,
     abort_target,
     check_answers,
     check_parent,
@@ -55,7 +55,7 @@ from engine.store_rules import (
     transition_changes,
 )
 
-__all__ = ["InMemorySessionStore"]
+__all__ = ["InMemorySessionStore", "list_events"]
 
 
 def _now() -> datetime:
@@ -189,15 +189,7 @@ class InMemorySessionStore:
         for turn in list(self._turns.values()):
             expired = turn.lease_expires_at is not None and turn.lease_expires_at < now
             if turn.status is TurnStatus.ABORTING and expired:
-                self._move(
-                    turn,
-                    TurnStatus.ABORTED,
-                    FinishReason.ABORTED,
-                    None,
-                    None,
-                    "settled by a claim: its worker stopped while aborting",
-                    now,
-                )
+                self._move(turn, ABANDONED_ABORT, now)
 
     def _claimable(self, turn: TurnRecord, now: datetime) -> bool:
         return (
@@ -276,39 +268,16 @@ class InMemorySessionStore:
         self._turns[turn_id] = renewed
         return renewed.model_copy(deep=True)
 
-    async def transition(
-        self,
-        turn_id: str,
-        *,
-        expected: Collection[TurnStatus],
-        new: TurnStatus,
-        lease_token: int | None,
-        finish_reason: FinishReason | None = None,
-        error: TurnError | None = None,
-        run_after: datetime | None = None,
-        note: str | None = None,
-        round: RoundRecord | None = None,
-        calls: Sequence[ToolCallRecord] = (),
-        usage: ModelUsage | None = None,
-        then_claim: FollowOnClaim | None = None,
-    ) -> TurnRecord:
+    async def transition(self, turn_id: str, change: Transition) -> TurnRecord:
         """See :meth:`engine.store.SessionStore.transition`."""
-        turn = check_transition(
-            self._turns.get(turn_id),
-            turn_id,
-            expected=expected,
-            new=new,
-            lease_token=lease_token,
-        )
-        if round is not None or calls or usage is not None:
-            if lease_token is None:
-                raise ValueError("Saving a round with a transition needs the lease token.")
+        turn = check_transition(self._turns.get(turn_id), turn_id, change)
+        if change.saves:
             # Nothing awaits between the check above and these writes: atomic in this loop.
-            turn = self._add_usage(turn, usage)
-            self._save(turn_id, round, calls)
-        moved = self._move(turn, new, finish_reason, error, run_after, note, _now())
-        if then_claim is not None:
-            await claim_after(self, then_claim)
+            turn = self._add_usage(turn, change.usage)
+            self._save(turn_id, change.round, change.calls)
+        moved = self._move(turn, change, _now())
+        if change.then_claim is not None:
+            await claim_after(self, change.then_claim)
         return moved
 
     def _add_usage(self, turn: TurnRecord, usage: ModelUsage | None) -> TurnRecord:
@@ -322,39 +291,22 @@ class InMemorySessionStore:
             self._turns[turn.id] = turn
         return turn
 
-    def _move(
-        self,
-        turn: TurnRecord,
-        new: TurnStatus,
-        finish_reason: FinishReason | None,
-        error: TurnError | None,
-        run_after: datetime | None,
-        note: str | None,
-        now: datetime,
-    ) -> TurnRecord:
+    def _move(self, turn: TurnRecord, change: Transition, now: datetime) -> TurnRecord:
         """Apply a checked transition and record its event."""
         turn_id = turn.id
-        update = transition_changes(
-            turn.lease_token,
-            new,
-            now=now,
-            finish_reason=finish_reason,
-            error=error,
-            run_after=run_after,
-        )
-        moved = turn.model_copy(update=update)
+        moved = turn.model_copy(update=transition_changes(change, turn.lease_token, now))
         self._turns[turn_id] = moved
         self._changes.fire(turn_id)
-        if new is TurnStatus.PENDING:
+        if change.new is TurnStatus.PENDING:
             self._work.set()
         self._events[turn_id].append(
             TurnEvent(
                 turn_id=turn_id,
                 from_status=turn.status,
-                to_status=new,
+                to_status=change.new,
                 attempt=turn.attempts,
                 at=now,
-                note=note,
+                note=change.note,
             )
         )
         return moved.model_copy(deep=True)
@@ -370,11 +322,13 @@ class InMemorySessionStore:
         new, finish_reason = target
         moved = await self.transition(
             turn_id,
-            expected={TurnStatus.PENDING},
-            new=new,
-            lease_token=None,
-            finish_reason=finish_reason,
-            note="abort requested",
+            Transition(
+                expected={TurnStatus.PENDING},
+                new=new,
+                lease_token=None,
+                finish_reason=finish_reason,
+                note="abort requested",
+            ),
         )
         return moved.status
 
@@ -474,10 +428,6 @@ class InMemorySessionStore:
                 if rounds[number].committed:
                     messages.extend(rounds[number].messages)
         return [m.copy_deep() for m in messages]
-
-    async def list_events(self, turn_id: str) -> list[TurnEvent]:
-        """See :meth:`engine.store.SessionStore.list_events`."""
-        return [e.model_copy(deep=True) for e in self._events.get(turn_id, [])]
 
     async def list_expired_interrupts(
         self, *, now: datetime, limit: int = 100, agents: Collection[str] | None = None
@@ -603,3 +553,9 @@ class InMemorySessionStore:
 
     async def close(self) -> None:
         """Nothing to release."""
+
+
+def list_events(store: InMemorySessionStore, turn_id: str) -> list[TurnEvent]:
+    """The turn's status transitions in ``store``, oldest first: the audit trail, which the
+    engine writes but never reads back (as :func:`stores.turns.list_events` on SQL)."""
+    return [e.model_copy(deep=True) for e in store._events.get(turn_id, [])]

@@ -19,6 +19,7 @@ from engine.store import (
     SessionStore,
     ToolCallRecord,
     ToolCallStatus,
+    Transition,
     TurnInput,
     TurnRecord,
 )
@@ -169,8 +170,10 @@ async def restore_client_state(
         )
     return await scratch.transition(
         turn_id,
-        expected={TurnStatus.PENDING},
-        new=TurnStatus.COMPLETED,
-        lease_token=claimed.lease_token,
-        finish_reason=FinishReason.INTERRUPTED if paused else FinishReason.STOP,
+        Transition(
+            expected={TurnStatus.PENDING},
+            new=TurnStatus.COMPLETED,
+            lease_token=claimed.lease_token,
+            finish_reason=FinishReason.INTERRUPTED if paused else FinishReason.STOP,
+        ),
     )

@@ -2,7 +2,9 @@
 
 The granularity is the durable store's: a turn record with a status moved only by guarded
 transitions (fenced by a lease token), the conversation saved per round, and a journal row per
-tool call. The engine talks to stores only through this protocol; implementations live in
+tool call. The protocol unites five parts (:class:`TurnQueue`, :class:`Journal`,
+:class:`Inbox`, :class:`Retention`, :class:`Relay`), so code that needs one names only it.
+The engine talks to stores only through this protocol; implementations live in
 :mod:`stores` (``InMemorySessionStore``, ``SqlSessionStore``), and a contract test suite runs
 unchanged against each of them.
 
@@ -35,19 +37,25 @@ from engine.status import FinishReason, TurnStatus
 __all__ = [
     "ApprovalQuery",
     "FollowOnClaim",
+    "Inbox",
     "InterruptAnswer",
+    "Journal",
     "NewTurn",
     "PendingApproval",
+    "Relay",
+    "Retention",
     "RoundRecord",
     "SessionRecord",
     "SessionStore",
     "StoredSnapshot",
     "ToolCallRecord",
     "ToolCallStatus",
+    "Transition",
     "TurnError",
     "TurnEvent",
     "TurnInput",
     "TurnProgress",
+    "TurnQueue",
     "TurnRecord",
 ]
 
@@ -308,19 +316,52 @@ class FollowOnClaim:
         return self.limit >= 1
 
 
-@runtime_checkable
-class SessionStore(Protocol):
-    """Persistence of sessions, turns, rounds and the tool-call journal.
+@dataclass(frozen=True, kw_only=True)
+class Transition:
+    """A guarded status change of a turn (see :meth:`SessionStore.transition`).
 
-    Writes made while a turn runs take the caller's ``lease_token`` and are refused with
-    :class:`~engine.errors.LeaseLostError` when it is no longer the turn's (or the turn is no
-    longer ``pending``/``aborting``): a worker that lost its lease can write nothing.
+    The turn moves to ``new`` if its status is in ``expected`` and, unless ``lease_token`` is
+    ``None``, its lease token matches; the move is recorded as a :class:`TurnEvent` with
+    ``note``. Settling (or handing back with ``new=pending``, claimable again from
+    ``run_after``, default now) releases the lease and advances the lease token, so the
+    releasing worker can write nothing more. ``finish_reason`` is set when given. A settled
+    turn carries exactly the ``error`` it settled with (``None`` clears an earlier attempt's).
 
-    ``durable`` says whether turns outlive this process (a SQL store): a durable store's
-    turns are queued for a worker pool rather than run by the caller.
+    ``round``, ``calls`` and ``usage``, when given, are saved as
+    :meth:`SessionStore.save_round` saves them, in the same transaction and under the same
+    checks (they need a ``lease_token``: without one, constructing the change raises
+    ``ValueError``): a worker settles its turn and writes the turn's last round with one
+    commit, and nothing is written if the transition is refused.
+
+    ``then_claim``: a claim to make next (see :class:`FollowOnClaim`); turns it leased are
+    reported in it even when the transition itself is refused.
     """
 
-    durable: bool
+    expected: Collection[TurnStatus]
+    new: TurnStatus
+    lease_token: int | None
+    finish_reason: FinishReason | None = None
+    error: TurnError | None = None
+    run_after: datetime | None = None
+    note: str | None = None
+    round: RoundRecord | None = None
+    calls: Sequence[ToolCallRecord] = ()
+    usage: ModelUsage | None = None
+    then_claim: FollowOnClaim | None = None
+
+    def __post_init__(self) -> None:
+        if self.saves and self.lease_token is None:
+            raise ValueError("Saving a round with a transition needs the lease token.")
+
+    @property
+    def saves(self) -> bool:
+        """Whether it writes a round, journal rows or token usage besides the move."""
+        return self.round is not None or bool(self.calls) or self.usage is not None
+
+
+class TurnQueue(Protocol):
+    """Turns as a queue of leased work: created ``pending``, claimed under a lease, renewed,
+    moved by guarded transitions, aborted; and the wake-ups that tell workers to claim."""
 
     async def create_turn(
         self, turn: NewTurn, *, answers: Sequence[InterruptAnswer] = ()
@@ -376,37 +417,11 @@ class SessionStore(Protocol):
         """Extend the lease; returns the record (a heartbeat also reads ``aborting``)."""
         ...
 
-    async def transition(
-        self,
-        turn_id: str,
-        *,
-        expected: Collection[TurnStatus],
-        new: TurnStatus,
-        lease_token: int | None,
-        finish_reason: FinishReason | None = None,
-        error: TurnError | None = None,
-        run_after: datetime | None = None,
-        note: str | None = None,
-        round: RoundRecord | None = None,
-        calls: Sequence[ToolCallRecord] = (),
-        usage: ModelUsage | None = None,
-        then_claim: FollowOnClaim | None = None,
-    ) -> TurnRecord:
-        """Move the turn to ``new`` if its status is in ``expected`` and, unless
-        ``lease_token`` is ``None``, its lease token matches; record the event.
-        ``then_claim``: a claim to make next (see :class:`FollowOnClaim`); turns it leased
-        are reported in it even when the transition itself is refused.
+    async def transition(self, turn_id: str, change: Transition) -> TurnRecord:
+        """Apply ``change`` to the turn (see :class:`Transition`) and record the event.
 
-        ``round``, ``calls`` and ``usage``, when given, are saved as :meth:`save_round`
-        saves them, in the same transaction and under the same checks (they need a
-        ``lease_token``): a worker settles its turn and writes the turn's last round with
-        one commit, and nothing is written if the transition is refused.
-
-        Settling (or handing back with ``new=pending``) releases the lease and advances the
-        lease token, so the releasing worker can write nothing more. A settled turn carries
-        exactly the ``error`` it settled with (``None`` clears an earlier attempt's). Raises
-        :class:`~engine.errors.StaleTransitionError` (or ``LeaseLostError``) on zero rows and
-        ``ValueError`` for an edge the state machine does not have.
+        Raises :class:`~engine.errors.StaleTransitionError` (or ``LeaseLostError``) on zero
+        rows and ``ValueError`` for an edge the state machine does not have.
         """
         ...
 
@@ -418,6 +433,30 @@ class SessionStore(Protocol):
         :class:`~engine.errors.NotFoundError` for an unknown turn.
         """
         ...
+
+    async def wait_for_work(self, timeout: float) -> None:
+        """Return when a turn may have become claimable, or after ``timeout`` seconds.
+
+        A wake-up hint only (NOTIFY, or an in-process event): callers re-check by claiming.
+        """
+        ...
+
+    def take_work_hints(self) -> list[str] | None:
+        """The ids of the turns announced claimable since the last call (and forgets them),
+        or ``None`` when the store cannot name them all — it has no notifications, or some
+        may have been missed (a reconnect, too many to keep).
+
+        A list, even an empty one, is complete: every turn that became claimable since the
+        previous call is in it, so claiming ``among`` it finds the new work without scanning
+        the queue. ``None`` means only a full :meth:`claim_next` is sure to.
+        """
+        ...
+
+
+class Journal(Protocol):
+    """What a turn wrote: its rounds, its tool-call journal and its conversation, and the
+    reads of them at one moment that a worker and a snapshot need. Its writes are fenced by
+    the caller's lease token (see :class:`SessionStore`)."""
 
     async def save_round(
         self,
@@ -468,39 +507,10 @@ class SessionStore(Protocol):
         resume reads before it is queued, in one round trip where the store can."""
         ...
 
-    async def list_events(self, turn_id: str) -> list[TurnEvent]:
-        """The turn's status transitions, oldest first."""
-        ...
 
-    async def list_expired_interrupts(
-        self, *, now: datetime, limit: int = 100, agents: Collection[str] | None = None
-    ) -> list[ToolCallRecord]:
-        """Paused calls past their ``deadline`` that are still ``interrupted``, on turns that
-        are their session's latest (``completed``, finish reason ``interrupted``), of
-        ``agents`` when given (several apps may share one database)."""
-        ...
-
-    async def wait_for_work(self, timeout: float) -> None:
-        """Return when a turn may have become claimable, or after ``timeout`` seconds.
-
-        A wake-up hint only (NOTIFY, or an in-process event): callers re-check by claiming.
-        """
-        ...
-
-    def take_work_hints(self) -> list[str] | None:
-        """The ids of the turns announced claimable since the last call (and forgets them),
-        or ``None`` when the store cannot name them all — it has no notifications, or some
-        may have been missed (a reconnect, too many to keep).
-
-        A list, even an empty one, is complete: every turn that became claimable since the
-        previous call is in it, so claiming ``among`` it finds the new work without scanning
-        the queue. ``None`` means only a full :meth:`claim_next` is sure to.
-        """
-        ...
-
-    async def wait_for_change(self, turn_id: str, timeout: float) -> None:
-        """Return when the turn's status may have changed, or after ``timeout`` seconds."""
-        ...
+class Inbox(Protocol):
+    """The approvals waiting for a human: open ones, the decisions recorded ahead of a resume,
+    and the ones past their deadline."""
 
     async def list_approvals(self, query: ApprovalQuery) -> list[PendingApproval]:
         """Open approvals (interrupted, not yet decided, on their session's latest turn),
@@ -519,12 +529,29 @@ class SessionStore(Protocol):
         """
         ...
 
+    async def list_expired_interrupts(
+        self, *, now: datetime, limit: int = 100, agents: Collection[str] | None = None
+    ) -> list[ToolCallRecord]:
+        """Paused calls past their ``deadline`` that are still ``interrupted``, on turns that
+        are their session's latest (``completed``, finish reason ``interrupted``), of
+        ``agents`` when given (several apps may share one database)."""
+        ...
+
+
+class Retention(Protocol):
+    """Deleting idle sessions with everything they hold."""
+
     async def prune_sessions(self, *, settled_before: datetime, limit: int = 500) -> int:
         """Delete up to ``limit`` sessions idle since ``settled_before`` — no running turn, no
         turn updated since, latest turn not paused at an interrupt (open approvals are kept
         however old) — with all their turns, messages, journal rows and events. Returns how
         many sessions were deleted (retention; run repeatedly until it returns 0)."""
         ...
+
+
+class Relay(Protocol):
+    """What a caller watching a turn receives while it runs elsewhere: its streamed chunks and
+    word that its status may have changed."""
 
     async def publish_chunk(self, turn_id: str, chunk: dict[str, Any]) -> None:
         """Hand one streamed chunk (wire form) to the turn's subscribers, in any process
@@ -534,6 +561,25 @@ class SessionStore(Protocol):
     def subscribe_chunks(self, turn_id: str) -> AbstractAsyncContextManager[ChunkSubscription]:
         """Receive the chunks published for ``turn_id`` while the block runs."""
         ...
+
+    async def wait_for_change(self, turn_id: str, timeout: float) -> None:
+        """Return when the turn's status may have changed, or after ``timeout`` seconds."""
+        ...
+
+
+@runtime_checkable
+class SessionStore(TurnQueue, Journal, Inbox, Retention, Relay, Protocol):
+    """Persistence of sessions, turns, rounds and the tool-call journal: every part above.
+
+    Writes made while a turn runs take the caller's ``lease_token`` and are refused with
+    :class:`~engine.errors.LeaseLostError` when it is no longer the turn's (or the turn is no
+    longer ``pending``/``aborting``): a worker that lost its lease can write nothing.
+
+    ``durable`` says whether turns outlive this process (a SQL store): a durable store's
+    turns are queued for a worker pool rather than run by the caller.
+    """
+
+    durable: bool
 
     async def close(self) -> None:
         """Release connections and listeners."""

@@ -7,7 +7,7 @@ defined here and used by both :mod:`engine.memory_store` and :mod:`stores`.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -25,11 +25,12 @@ from engine.store import (
     NewTurn,
     SessionRecord,
     SessionStore,
-    TurnError,
+    Transition,
     TurnRecord,
 )
 
 __all__ = [
+    "ABANDONED_ABORT",
     "abort_target",
     "check_answers",
     "check_parent",
@@ -38,6 +39,15 @@ __all__ = [
     "claim_after",
     "transition_changes",
 ]
+
+#: How a claim settles an ``aborting`` turn whose lease expired (its worker died).
+ABANDONED_ABORT = Transition(
+    expected=frozenset({TurnStatus.ABORTING}),
+    new=TurnStatus.ABORTED,
+    lease_token=None,
+    finish_reason=FinishReason.ABORTED,
+    note="settled by a claim: its worker stopped while aborting",
+)
 
 
 def check_session(session: SessionRecord, turn: NewTurn) -> None:
@@ -83,50 +93,37 @@ def check_answers(turn: NewTurn, answers: Sequence[InterruptAnswer]) -> None:
             )
 
 
-def check_transition(
-    current: TurnRecord | None,
-    turn_id: str,
-    *,
-    expected: Collection[TurnStatus],
-    new: TurnStatus,
-    lease_token: int | None,
-) -> TurnRecord:
-    """Raise unless ``current`` may move to ``new`` for the holder of ``lease_token``."""
+def check_transition(current: TurnRecord | None, turn_id: str, change: Transition) -> TurnRecord:
+    """Raise unless ``current`` may move as ``change`` says, for the holder of its lease token."""
     if current is None:
         raise StaleTransitionError(turn_id, f"Turn {turn_id} does not exist.")
-    if current.status not in expected:
+    if current.status not in change.expected:
         raise StaleTransitionError(
             turn_id,
             f"Turn {turn_id} is {current.status.value}, expected one of "
-            f"{sorted(s.value for s in expected)}.",
+            f"{sorted(s.value for s in change.expected)}.",
         )
+    lease_token = change.lease_token
     if lease_token is not None and current.lease_token != lease_token:
         raise LeaseLostError(turn_id, f"Lease {lease_token} on turn {turn_id} was lost.")
-    if not can_transition(current.status, new):
-        raise ValueError(f"No transition {current.status.value} → {new.value}.")
+    if not can_transition(current.status, change.new):
+        raise ValueError(f"No transition {current.status.value} → {change.new.value}.")
     return current
 
 
-def transition_changes(
-    lease_token: int,
-    new: TurnStatus,
-    *,
-    now: datetime,
-    finish_reason: FinishReason | None = None,
-    error: TurnError | None = None,
-    run_after: datetime | None = None,
-) -> dict[str, Any]:
-    """The fields a checked transition sets, as ``TurnRecord`` field names and values, for a
+def transition_changes(change: Transition, lease_token: int, now: datetime) -> dict[str, Any]:
+    """The fields ``change`` sets, checked, as ``TurnRecord`` field names and values, for a
     turn whose current lease token is ``lease_token``."""
+    new, error = change.new, change.error
     changes: dict[str, Any] = {"status": new, "updated_at": now}
     if new is not TurnStatus.ABORTING:
         # Settling, or handing the turn back for a retry, releases the lease; the token moves
         # on so the releasing worker can write nothing more.
         changes.update(lease_owner=None, lease_expires_at=None, lease_token=lease_token + 1)
     if new is TurnStatus.PENDING:
-        changes["run_after"] = run_after or now
-    if finish_reason is not None:
-        changes["finish_reason"] = finish_reason
+        changes["run_after"] = change.run_after or now
+    if change.finish_reason is not None:
+        changes["finish_reason"] = change.finish_reason
     if new not in ACTIVE_STATUSES:
         # A settled turn carries exactly the error it settled with (none when it completed),
         # not one left over from an earlier attempt.

@@ -18,7 +18,7 @@ decides what a transition sets), the same ``turn_events`` row and notifications.
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from enum import StrEnum
 from functools import cache
@@ -28,8 +28,8 @@ import sqlalchemy as sa
 
 from engine.errors import StoreError
 from engine.model import ModelUsage
-from engine.status import FinishReason, TurnStatus, can_transition
-from engine.store import RoundRecord, ToolCallRecord, TurnError, TurnRecord
+from engine.status import TurnStatus, can_transition
+from engine.store import RoundRecord, ToolCallRecord, Transition, TurnError, TurnRecord
 from engine.store_rules import transition_changes
 from stores import json_codec
 from stores import messages as message_sql
@@ -218,42 +218,40 @@ usage AS (UPDATE turns SET {_ADD_USAGE} FROM fence WHERE turns.id = fence.id)"""
 # -- transitions ---------------------------------------------------------------------------
 
 
-def transition_applies(expected: Collection[TurnStatus], new: TurnStatus) -> bool:
-    """Whether :func:`transition_fenced` can do this transition: ``new`` is allowed from
-    every expected status (otherwise the reference form decides, by the actual status)."""
-    return bool(expected) and all(can_transition(status, new) for status in expected)
+def transition_applies(change: Transition) -> bool:
+    """Whether :func:`transition_fenced` can make ``change``: the lease holder's (it carries
+    a lease token), to a status allowed from every expected status (otherwise the reference
+    form decides, by the actual status)."""
+    expected = change.expected
+    return (
+        change.lease_token is not None
+        and bool(expected)
+        and all(can_transition(status, change.new) for status in expected)
+    )
 
 
 async def transition_fenced(
     pg: PgConnections,
     turn_id: str,
+    change: Transition,
     *,
-    expected: Collection[TurnStatus],
-    new: TurnStatus,
-    lease_token: int,
     now: datetime,
     saved_at: datetime,
-    finish_reason: FinishReason | None = None,
-    error: TurnError | None = None,
-    run_after: datetime | None = None,
-    note: str | None = None,
-    round: RoundRecord | None = None,
-    calls: Sequence[ToolCallRecord] = (),
-    usage: ModelUsage | None = None,
-    then_claim: ClaimRequest | None = None,
+    claim: ClaimRequest | None = None,
 ) -> tuple[TurnRecord | None, CheckedClaim | None]:
     """The lease holder's guarded transition, with the round and journal rows it settles
     with, as one statement; the moved turn, or ``None`` (nothing written) when the turn is
-    not in an expected status under ``lease_token``.
+    not in an expected status under the change's lease token.
 
-    With ``then_claim``, the claim follows in the same round trip and transaction (a
-    pipeline: one commit, one WAL flush) and its result is returned too. It runs whether or
-    not the transition applied: the slot it fills is free either way."""
-    changes = transition_changes(
-        lease_token, new, now=now, finish_reason=finish_reason, error=error, run_after=run_after
-    )
+    With ``claim`` (the request of ``change.then_claim``), the claim follows in the same
+    round trip and transaction (a pipeline: one commit, one WAL flush) and its result is
+    returned too. It runs whether or not the transition applied: the slot it fills is free
+    either way."""
+    lease_token, round, calls, usage = change.lease_token, change.round, change.calls, change.usage
+    assert lease_token is not None, "an unfenced transition has no one-statement form"
+    changes = transition_changes(change, lease_token, now)
     params = _write_params(turn_id, [round] if round is not None else [], calls, saved_at)
-    params.update(lease_token=lease_token, now=now, note=note)
+    params.update(lease_token=lease_token, now=now, note=change.note)
     for key, value in changes.items():
         if isinstance(value, StrEnum):
             value = value.value
@@ -264,9 +262,10 @@ async def transition_fenced(
     if counted:
         assert usage is not None
         params.update(input_tokens=usage.input_tokens, output_tokens=usage.output_tokens)
-    notify = (CHANGE_CHANNEL, WORK_CHANNEL) if new is TurnStatus.PENDING else (CHANGE_CHANNEL,)
+    pending = change.new is TurnStatus.PENDING
+    notify = (CHANGE_CHANNEL, WORK_CHANNEL) if pending else (CHANGE_CHANNEL,)
     statement = _transition_statement(
-        expected=tuple(sorted(status.value for status in expected)),
+        expected=tuple(sorted(status.value for status in change.expected)),
         columns=tuple(sorted(changes)),
         usage=counted,
         notify=notify,
@@ -274,10 +273,10 @@ async def transition_fenced(
         calls=bool(calls),
     )
     checked = None
-    if then_claim is not None:
+    if claim is not None:
         try:
             rows, *claim_rows = await pg.fetch_together(
-                [(statement, params), *claim_sql.checked_claim_queries(then_claim)]
+                [(statement, params), *claim_sql.checked_claim_queries(claim)]
             )
             checked = claim_sql.checked_claim_of(claim_rows)
         except StatementRefused:
@@ -286,8 +285,8 @@ async def transition_fenced(
             # Whichever statement failed, both rolled back. A claim must never cost the
             # settle: settle alone (its own failure raises again from there).
             logger.warning("turn %s: settle with its follow-on claim failed (%s)", turn_id, exc)
-            then_claim = None
-    if then_claim is None:
+            claim = None
+    if claim is None:
         rows = await pg.fetch(statement, params)
     return (turn_sql.record(rows[0]) if rows else None), checked
 

@@ -32,10 +32,9 @@ from engine.errors import (
 from engine.model import ModelUsage
 from engine.parts import Message
 from engine.relay import ChunkBroker, ChunkSubscription
-from engine.status import FinishReason, TurnStatus
+from engine.status import TurnStatus
 from engine.store import (
     ApprovalQuery,
-    FollowOnClaim,
     InterruptAnswer,
     NewTurn,
     PendingApproval,
@@ -43,8 +42,7 @@ from engine.store import (
     SessionRecord,
     StoredSnapshot,
     ToolCallRecord,
-    TurnError,
-    TurnEvent,
+    Transition,
     TurnProgress,
     TurnRecord,
 )
@@ -251,57 +249,26 @@ class SqlSessionStore:
             lambda c: turn_sql.renew(c, turn_id, lease_token, lease_seconds, _now())
         )
 
-    async def transition(
-        self,
-        turn_id: str,
-        *,
-        expected: Collection[TurnStatus],
-        new: TurnStatus,
-        lease_token: int | None,
-        finish_reason: FinishReason | None = None,
-        error: TurnError | None = None,
-        run_after: datetime | None = None,
-        note: str | None = None,
-        round: RoundRecord | None = None,
-        calls: Sequence[ToolCallRecord] = (),
-        usage: ModelUsage | None = None,
-        then_claim: FollowOnClaim | None = None,
-    ) -> TurnRecord:
+    async def transition(self, turn_id: str, change: Transition) -> TurnRecord:
         """See :meth:`engine.store.SessionStore.transition`."""
         self._claimed_progress.pop(turn_id, None)  # what the claim read is old now
-        if (round is not None or calls or usage is not None) and lease_token is None:
-            raise ValueError("Saving a round with a transition needs the lease token.")
+        then_claim = change.then_claim
 
         def move(connection: sa.Connection) -> TurnRecord:
             saved_at, now = _round_and_transition_times()
-            if usage is not None:
+            if change.usage is not None:
                 # First, so the row the transition returns carries the new totals; a refused
                 # transition rolls it back with everything else.
-                turn_sql.add_usage(connection, turn_id, usage)
+                turn_sql.add_usage(connection, turn_id, change.usage)
             # The transition locks the turn's row and checks the lease token first, so the
             # round below is written only by the lease holder, as save_round's fence ensures.
-            moved = turn_sql.transition(
-                connection,
-                turn_id,
-                expected=expected,
-                new=new,
-                lease_token=lease_token,
-                now=now,
-                finish_reason=finish_reason,
-                error=error,
-                run_after=run_after,
-                note=note,
-            )
-            if round is not None:
-                message_sql.save_round(connection, turn_id, round, saved_at)
-            call_sql.upsert_calls(connection, turn_id, calls, saved_at)
+            moved = turn_sql.transition(connection, turn_id, change, now)
+            if change.round is not None:
+                message_sql.save_round(connection, turn_id, change.round, saved_at)
+            call_sql.upsert_calls(connection, turn_id, change.calls, saved_at)
             return moved
 
-        if (
-            self.db.is_postgres
-            and lease_token is not None
-            and fenced_sql.transition_applies(expected, new)
-        ):
+        if self.db.is_postgres and fenced_sql.transition_applies(change):
             # The lease holder's transitions (every settle) as one round trip, with the
             # follow-on claim if any; refused (nothing written), the transaction below
             # raises the precise error.
@@ -309,19 +276,10 @@ class SqlSessionStore:
             moved, checked = await fenced_sql.transition_fenced(
                 self._pg,
                 turn_id,
-                expected=expected,
-                new=new,
-                lease_token=lease_token,
+                change,
                 now=now,
                 saved_at=saved_at,
-                finish_reason=finish_reason,
-                error=error,
-                run_after=run_after,
-                note=note,
-                round=round,
-                calls=calls,
-                usage=usage,
-                then_claim=(
+                claim=(
                     claim_sql.ClaimRequest.of(then_claim, _now())
                     if then_claim is not None and then_claim.wanted
                     else None
@@ -352,16 +310,14 @@ class SqlSessionStore:
             if target is None:
                 return current.status
             new, finish_reason = target
-            moved = turn_sql.transition(
-                connection,
-                turn_id,
+            change = Transition(
                 expected={TurnStatus.PENDING},
                 new=new,
                 lease_token=None,
-                now=now,
                 finish_reason=finish_reason,
                 note="abort requested",
             )
+            moved = turn_sql.transition(connection, turn_id, change, now)
             return moved.status
 
         return await self._write(abort)
@@ -469,10 +425,6 @@ class SqlSessionStore:
             return await snapshot_sql.read_snapshot_in_one_statement(self._pg, turn_id)
         return await self._read(lambda c: snapshot_sql.read_snapshot(c, turn_id))
 
-    async def list_events(self, turn_id: str) -> list[TurnEvent]:
-        """See :meth:`engine.store.SessionStore.list_events`."""
-        return await self._read(lambda c: turn_sql.list_events(c, turn_id))
-
     async def list_expired_interrupts(
         self, *, now: datetime, limit: int = 100, agents: Collection[str] | None = None
     ) -> list[ToolCallRecord]:
@@ -501,16 +453,6 @@ class SqlSessionStore:
             await asyncio.sleep(min(timeout, self.poll_interval))
         else:
             await self._listener.wait_for_work(timeout)
-
-    async def wait_listening(self, timeout: float = 5.0) -> bool:
-        """Start listening for notifications if needed, and wait (up to ``timeout``) until
-        LISTEN is active; whether it is (always ``False`` on SQLite, which polls). Nothing
-        needs this — waiters poll until then — but a caller that must not miss the first
-        notification can wait for it."""
-        if self._listener is None:
-            return False
-        await self._listener.wait_connected(timeout)
-        return self._listener.connected.is_set()
 
     def take_work_hints(self) -> list[str] | None:
         """See :meth:`engine.store.SessionStore.take_work_hints`."""

@@ -18,8 +18,9 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection
 
-from engine.status import FinishReason, TurnStatus
+from engine.status import TurnStatus
 from engine.store import FollowOnClaim, TurnProgress, TurnRecord
+from engine.store_rules import ABANDONED_ABORT
 from stores.messages import ancestry_cte
 from stores.pg import PgConnections, PgStatement
 from stores.schema import TIMESTAMP, turns
@@ -177,16 +178,7 @@ def settle_abandoned(connection: Connection, now: datetime, limit: int) -> None:
     """Settle ``aborted`` the ``aborting`` turns whose lease expired (their worker died)."""
     abandoned = connection.execute(_ABANDONED, {"now": now, "limit": limit}).scalars().all()
     for abandoned_id in abandoned:
-        transition(
-            connection,
-            abandoned_id,
-            expected={TurnStatus.ABORTING},
-            new=TurnStatus.ABORTED,
-            lease_token=None,
-            now=now,
-            finish_reason=FinishReason.ABORTED,
-            note="settled by a claim: its worker stopped while aborting",
-        )
+        transition(connection, abandoned_id, ABANDONED_ABORT, now)
 
 
 _ABANDONED = (

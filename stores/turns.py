@@ -6,7 +6,7 @@ lease token in its WHERE clause) plus its ``turn_events`` row, in one transactio
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
@@ -17,7 +17,7 @@ from sqlalchemy.engine import Connection
 from engine.errors import LeaseLostError, StaleTransitionError
 from engine.model import ModelUsage
 from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus
-from engine.store import NewTurn, TurnError, TurnEvent, TurnInput, TurnRecord
+from engine.store import NewTurn, Transition, TurnError, TurnEvent, TurnInput, TurnRecord
 from engine.store_rules import check_transition, transition_changes
 from stores.database import utc
 from stores.notify import CHANGE_CHANNEL, WORK_CHANNEL
@@ -273,36 +273,14 @@ def renew(
 
 
 def transition(
-    connection: Connection,
-    turn_id: str,
-    *,
-    expected: Collection[TurnStatus],
-    new: TurnStatus,
-    lease_token: int | None,
-    now: datetime,
-    finish_reason: FinishReason | None = None,
-    error: TurnError | None = None,
-    run_after: datetime | None = None,
-    note: str | None = None,
+    connection: Connection, turn_id: str, change: Transition, now: datetime
 ) -> TurnRecord:
-    """The one guarded status change (see :meth:`engine.store.SessionStore.transition`)."""
+    """The one guarded status change (see :class:`engine.store.Transition`); the round,
+    journal rows and usage that ``change`` may carry are the caller's to write."""
     # The row lock makes the check and the guarded UPDATE below one atomic step.
     row = connection.execute(_LOCK_BY_ID, {"turn_id": turn_id}).first()
-    current = check_transition(
-        record(row) if row else None,
-        turn_id,
-        expected=expected,
-        new=new,
-        lease_token=lease_token,
-    )
-    changes = transition_changes(
-        current.lease_token,
-        new,
-        now=now,
-        finish_reason=finish_reason,
-        error=error,
-        run_after=run_after,
-    )
+    current = check_transition(record(row) if row else None, turn_id, change)
+    changes = transition_changes(change, current.lease_token, now)
     values: dict[str, Any] = {
         key: value.value if isinstance(value, StrEnum) else value for key, value in changes.items()
     }
@@ -313,14 +291,16 @@ def transition(
     elif "error" in values:
         values["error"] = values["error"].model_dump(mode="json")
     guard: dict[str, Any] = {"m_id": turn_id, "m_status": current.status.value}
-    if lease_token is not None:
-        guard["m_token"] = lease_token
-    statement = _MOVES[lease_token is not None, clear_error]
+    fenced = change.lease_token is not None
+    if fenced:
+        guard["m_token"] = change.lease_token
+    statement = _MOVES[fenced, clear_error]
     moved = connection.execute(statement, {**guard, **values}).first()
     if moved is None:  # cannot happen under the row lock; kept as the guard's contract
         raise StaleTransitionError(turn_id, f"Turn {turn_id} changed concurrently.")
+    new = change.new
     channels = (CHANGE_CHANNEL, WORK_CHANNEL) if new is TurnStatus.PENDING else (CHANGE_CHANNEL,)
-    _event(connection, turn_id, current.status, new, current.attempts, now, note, channels)
+    _event(connection, turn_id, current.status, new, current.attempts, now, change.note, channels)
     return record(moved)
 
 

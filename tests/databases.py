@@ -2,6 +2,7 @@
 
 PostgreSQL comes from ``DATABASE_URL`` (any database on the server; we create our own next to
 it) or the local server at 127.0.0.1:5432 as user ``postgres``. SQLite templates are files.
+Also what tests read of a store that no store method offers: its audit trail, its listener.
 """
 
 from __future__ import annotations
@@ -17,7 +18,11 @@ from pathlib import Path
 import psycopg
 from sqlalchemy.engine import URL, make_url
 
+from engine.memory_store import InMemorySessionStore
+from engine.memory_store import list_events as memory_events
+from engine.store import SessionStore, TurnEvent
 from stores import SqlSessionStore, migrate
+from stores import turns as turn_sql
 
 ADMIN_URL = os.environ.get("DATABASE_URL") or "postgresql://postgres@127.0.0.1:5432/postgres"
 _PREFIX = f"turnstile_test_{os.getpid()}"
@@ -108,6 +113,31 @@ async def sql_store(kind: str) -> AsyncIterator[SqlSessionStore]:
         await store.close()
         if kind == "postgres":
             drop_postgres_database(url)
+
+
+async def events_of(store: SessionStore, turn_id: str) -> list[TurnEvent]:
+    """The turn's status transitions, oldest first, read where ``store`` keeps them (the
+    engine writes this audit trail but never reads it back, so the protocol has no method)."""
+    if isinstance(store, SqlSessionStore):
+        db = store.db
+
+        def read() -> list[TurnEvent]:
+            with db.autocommit() as connection:
+                return turn_sql.list_events(connection, turn_id)
+
+        return await db.run(read)
+    assert isinstance(store, InMemorySessionStore)
+    return memory_events(store, turn_id)
+
+
+async def listen_ready(store: SqlSessionStore, timeout: float = 5.0) -> bool:
+    """Wait (up to ``timeout``) until ``store`` has LISTEN active, so no notification sent
+    from now on is missed; whether it has (never on SQLite, which polls)."""
+    listener = store._listener
+    if listener is None:
+        return False
+    await listener.wait_connected(timeout)
+    return listener.connected.is_set()
 
 
 def cleanup() -> None:

@@ -28,7 +28,7 @@ from engine.executor import execute_claimed
 from engine.response import AgentChunk
 from engine.signals import AbortSignal
 from engine.status import SETTLED_STATUSES, FinishReason
-from engine.store import FollowOnClaim, TurnRecord
+from engine.store import FollowOnClaim, Transition, TurnRecord
 from workers.scheduler import MaintenanceScheduler
 
 __all__ = ["WorkerPool"]
@@ -521,11 +521,13 @@ class WorkerPool:
         try:
             await self.store.transition(
                 turn.id,
-                expected={TurnStatus.PENDING},
-                new=TurnStatus.PENDING,
-                lease_token=turn.lease_token,
-                run_after=datetime.now(UTC),
-                note=note,
+                Transition(
+                    expected={TurnStatus.PENDING},
+                    new=TurnStatus.PENDING,
+                    lease_token=turn.lease_token,
+                    run_after=datetime.now(UTC),
+                    note=note,
+                ),
             )
             self.handed_back_total += 1
             logger.info("turn %s attempt %d handed back: %s", turn.id, turn.attempts, note)
@@ -538,11 +540,13 @@ class WorkerPool:
         try:
             await self.store.transition(
                 turn.id,
-                expected={TurnStatus.ABORTING},
-                new=TurnStatus.ABORTED,
-                lease_token=turn.lease_token,
-                finish_reason=FinishReason.ABORTED,
-                note=f"stopped at abort ({note})",
+                Transition(
+                    expected={TurnStatus.ABORTING},
+                    new=TurnStatus.ABORTED,
+                    lease_token=turn.lease_token,
+                    finish_reason=FinishReason.ABORTED,
+                    note=f"stopped at abort ({note})",
+                ),
             )
             logger.info("turn %s attempt %d aborted at %s", turn.id, turn.attempts, note)
         except StaleTransitionError:

@@ -16,7 +16,7 @@ import pytest
 
 from engine.errors import StaleTransitionError
 from engine.status import FinishReason, TurnStatus
-from engine.store import SessionStore
+from engine.store import SessionStore, Transition
 from tests.integration.test_store_contract import STORE_FACTORIES, new_turn
 
 TURNS = 60
@@ -42,10 +42,12 @@ async def run_workers(store: SessionStore, stop: asyncio.Event) -> None:
         with contextlib.suppress(StaleTransitionError):
             await store.transition(
                 turn.id,
-                expected={TurnStatus.PENDING, TurnStatus.ABORTING},
-                new=TurnStatus.COMPLETED,
-                lease_token=turn.lease_token,
-                finish_reason=FinishReason.STOP,
+                Transition(
+                    expected={TurnStatus.PENDING, TurnStatus.ABORTING},
+                    new=TurnStatus.COMPLETED,
+                    lease_token=turn.lease_token,
+                    finish_reason=FinishReason.STOP,
+                ),
             )
 
 

@@ -24,6 +24,7 @@ from engine.store import (
     NewTurn,
     RoundRecord,
     ToolCallStatus,
+    Transition,
     TurnInput,
 )
 from stores import SqlSessionStore
@@ -100,20 +101,24 @@ async def settle_paused(
         await store.save_round(turn_id, lease_token=token, round=round_1, calls=calls)
         await store.transition(
             turn_id,
-            expected={PENDING},
-            new=COMPLETED,
-            lease_token=token,
-            finish_reason=FinishReason.INTERRUPTED,
+            Transition(
+                expected={PENDING},
+                new=COMPLETED,
+                lease_token=token,
+                finish_reason=FinishReason.INTERRUPTED,
+            ),
         )
     else:
         await store.transition(
             turn_id,
-            expected={PENDING},
-            new=COMPLETED,
-            lease_token=token,
-            finish_reason=FinishReason.INTERRUPTED,
-            round=round_1,
-            calls=calls,
+            Transition(
+                expected={PENDING},
+                new=COMPLETED,
+                lease_token=token,
+                finish_reason=FinishReason.INTERRUPTED,
+                round=round_1,
+                calls=calls,
+            ),
         )
 
 

@@ -25,7 +25,7 @@ import psycopg
 import pytest
 
 from engine.status import FinishReason, TurnStatus
-from engine.store import FollowOnClaim, ToolCallStatus, TurnProgress
+from engine.store import FollowOnClaim, ToolCallStatus, Transition, TurnProgress
 from stores import SqlSessionStore
 from tests.databases import drop_postgres_database, libpq_dsn, new_postgres_database
 from tests.integration.test_store_contract import new_turn
@@ -119,11 +119,13 @@ async def test_a_follow_on_claim_sees_a_write_that_committed_while_it_ran(
     settling = asyncio.create_task(
         store.transition(
             "t1",
-            expected={TurnStatus.PENDING},
-            new=TurnStatus.COMPLETED,
-            lease_token=first.lease_token,
-            finish_reason=FinishReason.STOP,
-            then_claim=follow_on,
+            Transition(
+                expected={TurnStatus.PENDING},
+                new=TurnStatus.COMPLETED,
+                lease_token=first.lease_token,
+                finish_reason=FinishReason.STOP,
+                then_claim=follow_on,
+            ),
         )
     )
     await commit_during_claim(store, "t2")

@@ -15,10 +15,10 @@ import psycopg
 import pytest
 
 from engine import Engine, FinishReason, ScriptedModel, TurnStatus
-from engine.store import FollowOnClaim
+from engine.store import FollowOnClaim, Transition
 from stores import SqlSessionStore
 from tests.conftest import TEST_STATE_KEYS
-from tests.databases import libpq_dsn, sql_store
+from tests.databases import libpq_dsn, listen_ready, sql_store
 from tests.integration.test_work_hints import AGENT, eventually, new_turn
 from tests.support import ListModel, record_calls, say
 from workers import WorkerPool
@@ -49,11 +49,13 @@ async def test_the_settle_and_its_claim_commit_together(store: SqlSessionStore) 
 
     await store.transition(
         "first",
-        expected={TurnStatus.PENDING},
-        new=TurnStatus.COMPLETED,
-        lease_token=leased.lease_token,
-        finish_reason=FinishReason.STOP,
-        then_claim=follow,
+        Transition(
+            expected={TurnStatus.PENDING},
+            new=TurnStatus.COMPLETED,
+            lease_token=leased.lease_token,
+            finish_reason=FinishReason.STOP,
+            then_claim=follow,
+        ),
     )
 
     assert [t.id for t in follow.claimed] == ["next"]
@@ -68,7 +70,7 @@ async def test_a_busy_slot_moves_from_turn_to_turn_without_claims_of_its_own(
     slot does not scan it again."""
     ai = Engine(model=ScriptedModel(), state_keys=TEST_STATE_KEYS)
     ai.define_agent(name=AGENT, store=store, execution="workers")
-    assert await store.wait_listening()
+    assert await listen_ready(store)
     store.take_work_hints()  # the connect leaves the hints incomplete: start complete
     for n in range(5):
         await store.create_turn(new_turn(f"t{n}"))

@@ -18,7 +18,7 @@ import sqlalchemy as sa
 
 from engine import FinishReason, LeaseLostError, TurnStatus
 from engine.errors import ApprovalNotPendingError
-from engine.store import InterruptAnswer, NewTurn, RoundRecord, TurnInput
+from engine.store import InterruptAnswer, NewTurn, RoundRecord, Transition, TurnInput
 from examples.banking import BankingApp, build
 from stores import SqlSessionStore
 from stores import turn_claims as claim_sql
@@ -100,10 +100,12 @@ async def test_a_refused_one_statement_write_falls_back_to_its_transaction(
     claimed = await store.claim_turn(first.id, owner="test", lease_seconds=30)
     await store.transition(
         first.id,
-        expected={TurnStatus.PENDING},
-        new=TurnStatus.COMPLETED,
-        lease_token=claimed.lease_token,
-        finish_reason=FinishReason.STOP,
+        Transition(
+            expected={TurnStatus.PENDING},
+            new=TurnStatus.COMPLETED,
+            lease_token=claimed.lease_token,
+            finish_reason=FinishReason.STOP,
+        ),
     )
     begun = count_transactions(store)
 

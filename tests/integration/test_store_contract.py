@@ -41,11 +41,12 @@ from engine.store import (
     SessionStore,
     ToolCallRecord,
     ToolCallStatus,
+    Transition,
     TurnError,
     TurnInput,
     TurnRecord,
 )
-from tests.databases import sql_store
+from tests.databases import events_of, sql_store
 
 PENDING, ABORTING = TurnStatus.PENDING, TurnStatus.ABORTING
 COMPLETED, FAILED, ABORTED = TurnStatus.COMPLETED, TurnStatus.FAILED, TurnStatus.ABORTED
@@ -186,10 +187,9 @@ async def settle(
     assert current is not None
     return await store.transition(
         turn_id,
-        expected={current.status},
-        new=status,
-        lease_token=token,
-        finish_reason=FINISH[status],
+        Transition(
+            expected={current.status}, new=status, lease_token=token, finish_reason=FINISH[status]
+        ),
     )
 
 
@@ -226,10 +226,12 @@ async def paused_turn(
     )
     return await store.transition(
         turn_id,
-        expected={PENDING},
-        new=COMPLETED,
-        lease_token=token,
-        finish_reason=FinishReason.INTERRUPTED,
+        Transition(
+            expected={PENDING},
+            new=COMPLETED,
+            lease_token=token,
+            finish_reason=FinishReason.INTERRUPTED,
+        ),
     )
 
 
@@ -284,7 +286,7 @@ async def test_create_turn_inserts_pending_turn_session_round_zero_and_event(
     assert wire(await store.load_conversation("t1")) == wire([hello])
     assert await store.list_calls("t1") == []
 
-    events = await store.list_events("t1")
+    events = await events_of(store, "t1")
     assert [(e.turn_id, e.from_status, e.to_status, e.attempt) for e in events] == [
         ("t1", None, PENDING, 0)
     ]
@@ -592,7 +594,8 @@ async def test_claim_next_takes_oldest_run_after_first_up_to_limit(store: Sessio
     token = (await claim(store, "t1")).lease_token
     await asyncio.sleep(0.01)
     await store.transition(
-        "t1", expected={PENDING}, new=PENDING, lease_token=token, run_after=datetime.now(UTC)
+        "t1",
+        Transition(expected={PENDING}, new=PENDING, lease_token=token, run_after=datetime.now(UTC)),
     )
 
     first = await store.claim_next(owner="w2", lease_seconds=LEASE, limit=2)
@@ -631,11 +634,13 @@ async def test_a_settle_claims_the_next_turn_for_the_slot_it_frees(store: Sessio
 
     settled = await store.transition(
         "t1",
-        expected={PENDING},
-        new=COMPLETED,
-        lease_token=token,
-        finish_reason=FinishReason.STOP,
-        then_claim=follow,
+        Transition(
+            expected={PENDING},
+            new=COMPLETED,
+            lease_token=token,
+            finish_reason=FinishReason.STOP,
+            then_claim=follow,
+        ),
     )
 
     assert settled.status is COMPLETED
@@ -648,11 +653,13 @@ async def test_a_settle_claims_the_next_turn_for_the_slot_it_frees(store: Sessio
     empty = FollowOnClaim(owner="w1", lease_seconds=LEASE, agents=[AGENT])
     await store.transition(
         "a2",
-        expected={PENDING},
-        new=COMPLETED,
-        lease_token=follow.claimed[0].lease_token,
-        finish_reason=FinishReason.STOP,
-        then_claim=empty,
+        Transition(
+            expected={PENDING},
+            new=COMPLETED,
+            lease_token=follow.claimed[0].lease_token,
+            finish_reason=FinishReason.STOP,
+            then_claim=empty,
+        ),
     )
     assert empty.ran and empty.claimed == []
 
@@ -667,11 +674,13 @@ async def test_a_refused_settle_leases_nothing_it_does_not_report(store: Session
     with pytest.raises(StaleTransitionError):
         await store.transition(
             "t1",
-            expected={PENDING},
-            new=COMPLETED,
-            lease_token=leased.lease_token + 1,
-            finish_reason=FinishReason.STOP,
-            then_claim=follow,
+            Transition(
+                expected={PENDING},
+                new=COMPLETED,
+                lease_token=leased.lease_token + 1,
+                finish_reason=FinishReason.STOP,
+                then_claim=follow,
+            ),
         )
 
     still = await store.get_turn("t1")
@@ -711,7 +720,7 @@ async def test_claim_next_skips_leased_future_and_settled_turns(store: SessionSt
     token = (await claim(store, "t2")).lease_token
     later = datetime.now(UTC) + timedelta(hours=1)
     await store.transition(
-        "t2", expected={PENDING}, new=PENDING, lease_token=token, run_after=later
+        "t2", Transition(expected={PENDING}, new=PENDING, lease_token=token, run_after=later)
     )
     await settle(store, "t3")
     before = {n: await store.get_turn(f"t{n}") for n in (1, 2, 3)}
@@ -804,15 +813,15 @@ async def test_transition_with_unexpected_status_raises_and_changes_nothing(
 ) -> None:
     """transition from a status not in expected raises StaleTransitionError and changes nothing."""
     leased = await turn_in(store, PENDING)
-    events = await store.list_events("t1")
+    events = await events_of(store, "t1")
 
     with pytest.raises(StaleTransitionError):
         await store.transition(
-            "t1", expected={ABORTING}, new=ABORTED, lease_token=leased.lease_token
+            "t1", Transition(expected={ABORTING}, new=ABORTED, lease_token=leased.lease_token)
         )
 
     assert await store.get_turn("t1") == leased
-    assert await store.list_events("t1") == events
+    assert await events_of(store, "t1") == events
 
 
 async def test_transition_with_stale_lease_token_raises_lease_lost(store: SessionStore) -> None:
@@ -821,15 +830,15 @@ async def test_transition_with_stale_lease_token_raises_lease_lost(store: Sessio
     first = await claim(store, "t1", owner="w1", lease_seconds=SHORT_LEASE)
     await asyncio.sleep(SHORT_LEASE * 3)
     second = await claim(store, "t1", owner="w2")
-    events = await store.list_events("t1")
+    events = await events_of(store, "t1")
 
     with pytest.raises(LeaseLostError):
         await store.transition(
-            "t1", expected={PENDING}, new=COMPLETED, lease_token=first.lease_token
+            "t1", Transition(expected={PENDING}, new=COMPLETED, lease_token=first.lease_token)
         )
 
     assert await store.get_turn("t1") == second
-    assert await store.list_events("t1") == events
+    assert await events_of(store, "t1") == events
 
 
 @pytest.mark.parametrize(
@@ -840,13 +849,13 @@ async def test_transition_refuses_edges_outside_state_machine(
 ) -> None:
     """transition along an edge missing from ALLOWED_TRANSITIONS raises ValueError, no change."""
     before = await turn_in(store, old)
-    events = await store.list_events("t1")
+    events = await events_of(store, "t1")
 
     with pytest.raises(ValueError):
-        await store.transition("t1", expected={old}, new=new, lease_token=None)
+        await store.transition("t1", Transition(expected={old}, new=new, lease_token=None))
 
     assert await store.get_turn("t1") == before
-    assert await store.list_events("t1") == events
+    assert await events_of(store, "t1") == events
 
 
 @pytest.mark.parametrize("status", SETTLED)
@@ -859,11 +868,13 @@ async def test_settling_releases_lease_and_records_outcome(
 
     settled = await store.transition(
         "t1",
-        expected={PENDING},
-        new=status,
-        lease_token=leased.lease_token,
-        finish_reason=FINISH[status],
-        error=error,
+        Transition(
+            expected={PENDING},
+            new=status,
+            lease_token=leased.lease_token,
+            finish_reason=FINISH[status],
+            error=error,
+        ),
     )
 
     assert settled.status is status
@@ -883,10 +894,12 @@ async def test_runner_settles_aborting_turn_by_outcome(
 
     settled = await store.transition(
         "t1",
-        expected={ABORTING},
-        new=status,
-        lease_token=leased.lease_token,
-        finish_reason=FINISH[status],
+        Transition(
+            expected={ABORTING},
+            new=status,
+            lease_token=leased.lease_token,
+            finish_reason=FINISH[status],
+        ),
     )
 
     assert (settled.status, settled.finish_reason) == (status, FINISH[status])
@@ -902,11 +915,13 @@ async def test_hand_back_sets_run_after_and_releases_lease(store: SessionStore) 
 
     handed = await store.transition(
         "t1",
-        expected={PENDING},
-        new=PENDING,
-        lease_token=leased.lease_token,
-        run_after=later,
-        error=error,
+        Transition(
+            expected={PENDING},
+            new=PENDING,
+            lease_token=leased.lease_token,
+            run_after=later,
+            error=error,
+        ),
     )
 
     assert handed.status is PENDING
@@ -922,20 +937,23 @@ async def test_transitions_are_recorded_as_events_in_order(store: SessionStore) 
     await store.create_turn(new_turn("t1"))
     first = await claim(store, "t1")
     await store.transition(
-        "t1", expected={PENDING}, new=PENDING, lease_token=first.lease_token, note="retry"
+        "t1",
+        Transition(expected={PENDING}, new=PENDING, lease_token=first.lease_token, note="retry"),
     )
     second = await claim(store, "t1")
     assert await store.request_abort("t1") is ABORTING
     await store.transition(
         "t1",
-        expected={ABORTING},
-        new=ABORTED,
-        lease_token=second.lease_token,
-        finish_reason=FinishReason.ABORTED,
-        note="stopped",
+        Transition(
+            expected={ABORTING},
+            new=ABORTED,
+            lease_token=second.lease_token,
+            finish_reason=FinishReason.ABORTED,
+            note="stopped",
+        ),
     )
 
-    events = await store.list_events("t1")
+    events = await events_of(store, "t1")
 
     assert [(e.turn_id, e.from_status, e.to_status, e.attempt) for e in events] == [
         ("t1", None, PENDING, 0),
@@ -974,7 +992,7 @@ async def test_request_abort_of_unleased_pending_turn_is_aborted(
         token = (await claim(store, "t1")).lease_token
         later = datetime.now(UTC) + timedelta(hours=1)
         await store.transition(
-            "t1", expected={PENDING}, new=PENDING, lease_token=token, run_after=later
+            "t1", Transition(expected={PENDING}, new=PENDING, lease_token=token, run_after=later)
         )
     elif how == "lease-expired":
         await claim(store, "t1", lease_seconds=SHORT_LEASE)
@@ -986,7 +1004,7 @@ async def test_request_abort_of_unleased_pending_turn_is_aborted(
     assert current is not None
     assert (current.status, current.finish_reason) == (ABORTED, FinishReason.ABORTED)
     assert_recent(current.settled_at)
-    assert (await store.list_events("t1"))[-1].to_status is ABORTED
+    assert (await events_of(store, "t1"))[-1].to_status is ABORTED
     created = await store.create_turn(new_turn("t2", parent_id="t1", history_length=1))
     assert created.status is PENDING
 
@@ -997,12 +1015,12 @@ async def test_request_abort_leaves_aborting_and_settled_turns_alone(
 ) -> None:
     """request_abort on an aborting or settled turn returns its status and changes nothing."""
     before = await turn_in(store, status)
-    events = await store.list_events("t1")
+    events = await events_of(store, "t1")
 
     assert await store.request_abort("t1") is status
 
     assert await store.get_turn("t1") == before
-    assert await store.list_events("t1") == events
+    assert await events_of(store, "t1") == events
 
 
 async def test_request_abort_of_unknown_turn_raises_not_found(store: SessionStore) -> None:
@@ -1136,12 +1154,14 @@ async def test_transition_saves_the_last_round_and_calls_with_the_settle(
 
     settled = await store.transition(
         "t1",
-        expected={PENDING},
-        new=COMPLETED,
-        lease_token=token,
-        finish_reason=FinishReason.INTERRUPTED,
-        round=RoundRecord(round=1, messages=[asks("r1")], committed=True),
-        calls=[paused],
+        Transition(
+            expected={PENDING},
+            new=COMPLETED,
+            lease_token=token,
+            finish_reason=FinishReason.INTERRUPTED,
+            round=RoundRecord(round=1, messages=[asks("r1")], committed=True),
+            calls=[paused],
+        ),
     )
 
     assert (settled.status, settled.finish_reason) == (COMPLETED, FinishReason.INTERRUPTED)
@@ -1175,11 +1195,13 @@ async def test_a_round_saved_again_with_fewer_messages_keeps_only_the_new_ones(
     )
     await store.transition(
         "t1",
-        expected={PENDING},
-        new=COMPLETED,
-        lease_token=token,
-        finish_reason=FinishReason.STOP,
-        round=RoundRecord(round=2, messages=[model_says("two")], committed=True),
+        Transition(
+            expected={PENDING},
+            new=COMPLETED,
+            lease_token=token,
+            finish_reason=FinishReason.STOP,
+            round=RoundRecord(round=2, messages=[model_says("two")], committed=True),
+        ),
     )
 
     rounds = await store.load_rounds("t1")
@@ -1230,12 +1252,14 @@ async def test_refused_transition_saves_no_round(store: SessionStore) -> None:
     with pytest.raises(LeaseLostError):
         await store.transition(
             "t1",
-            expected={PENDING},
-            new=COMPLETED,
-            lease_token=first.lease_token,
-            finish_reason=FinishReason.STOP,
-            round=RoundRecord(round=1, messages=[model_says("late")], committed=True),
-            calls=[tool_call("t1", 1, "r1")],
+            Transition(
+                expected={PENDING},
+                new=COMPLETED,
+                lease_token=first.lease_token,
+                finish_reason=FinishReason.STOP,
+                round=RoundRecord(round=1, messages=[model_says("late")], committed=True),
+                calls=[tool_call("t1", 1, "r1")],
+            ),
         )
 
     assert [r.round for r in await store.load_rounds("t1")] == [0]
@@ -1596,7 +1620,7 @@ async def test_nested_values_of_returned_records_are_copies(store: SessionStore)
     token = (await claim(store, "t1")).lease_token
     error = TurnError(status="INTERNAL", message="boom", details={"trace": ["a"]})
     failed = await store.transition(
-        "t1", expected={PENDING}, new=FAILED, lease_token=token, error=error
+        "t1", Transition(expected={PENDING}, new=FAILED, lease_token=token, error=error)
     )
     assert failed.error is not None
     failed.error.details["trace"].append("tampered")
@@ -1770,13 +1794,16 @@ async def test_hand_back_fences_out_the_worker_that_handed_back(store: SessionSt
     await store.create_turn(new_turn("t1"))
     token = (await claim(store, "t1")).lease_token
     handed = await store.transition(
-        "t1", expected={PENDING}, new=PENDING, lease_token=token, run_after=datetime.now(UTC)
+        "t1",
+        Transition(expected={PENDING}, new=PENDING, lease_token=token, run_after=datetime.now(UTC)),
     )
     assert handed.lease_token != token
     with pytest.raises(LeaseLostError):
         await store.record_call("t1", lease_token=token, call=tool_call("t1", 1, "r1"))
     with pytest.raises(LeaseLostError):
-        await store.transition("t1", expected={PENDING}, new=COMPLETED, lease_token=token)
+        await store.transition(
+            "t1", Transition(expected={PENDING}, new=COMPLETED, lease_token=token)
+        )
 
 
 async def test_settling_replaces_an_earlier_attempts_error(store: SessionStore) -> None:
@@ -1785,11 +1812,13 @@ async def test_settling_replaces_an_earlier_attempts_error(store: SessionStore) 
     token = (await claim(store, "t1")).lease_token
     await store.transition(
         "t1",
-        expected={PENDING},
-        new=PENDING,
-        lease_token=token,
-        error=TurnError(status="UNAVAILABLE", message="flaky"),
-        run_after=datetime.now(UTC),
+        Transition(
+            expected={PENDING},
+            new=PENDING,
+            lease_token=token,
+            error=TurnError(status="UNAVAILABLE", message="flaky"),
+            run_after=datetime.now(UTC),
+        ),
     )
     assert (await store.get_turn("t1")).error is not None
     settled = await settle(store, "t1")

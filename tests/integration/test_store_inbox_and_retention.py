@@ -12,6 +12,7 @@ import pytest
 
 from engine.errors import ApprovalNotPendingError
 from engine.store import ApprovalQuery, InterruptAnswer, SessionStore, TurnInput
+from tests.databases import events_of
 from tests.integration.test_store_contract import (
     COMPLETED,
     PENDING,
@@ -136,7 +137,7 @@ async def test_prune_deletes_idle_sessions_and_everything_they_hold(store: Sessi
     assert await store.get_session("old") is None
     assert await store.get_turn(gone) is None
     assert await store.list_calls(gone) == []
-    assert await store.list_events(gone) == []
+    assert await events_of(store, gone) == []
     assert await store.get_session("paused") is not None
     assert (await store.get_turn("running")) is not None
     assert (await store.get_turn("running")).status is PENDING  # type: ignore[union-attr]

@@ -19,11 +19,11 @@ import pytest
 
 from engine import Engine, ScriptedModel, TurnStatus
 from engine.parts import Message
-from engine.store import NewTurn, TurnInput
+from engine.store import NewTurn, Transition, TurnInput
 from stores import SqlSessionStore, notify
 from stores.notify import LISTEN_STATEMENT
 from tests.conftest import TEST_STATE_KEYS
-from tests.databases import libpq_dsn, sql_store
+from tests.databases import libpq_dsn, listen_ready, sql_store
 from workers import WorkerPool
 
 AGENT = "queued"
@@ -64,7 +64,7 @@ async def hints_after_notifications(store: SqlSessionStore) -> list[str] | None:
 async def test_the_hints_name_every_created_turn_once(store: SqlSessionStore) -> None:
     """Turns created by another process are named, in order, by the next take and not by the
     one after."""
-    assert await store.wait_listening()
+    assert await listen_ready(store)
     store.take_work_hints()  # the connect itself leaves the hints incomplete
     other = SqlSessionStore(store.url)
     try:
@@ -91,7 +91,7 @@ async def test_more_announcements_than_kept_make_the_hints_incomplete(
     """Past MAX_WORK_HINTS ids the next take answers None (scan the queue), not a list that
     silently misses turns; the take after it is complete again."""
     monkeypatch.setattr(notify, "MAX_WORK_HINTS", 2)
-    assert await store.wait_listening()
+    assert await listen_ready(store)
     store.take_work_hints()
     other = SqlSessionStore(store.url)
     try:
@@ -115,7 +115,7 @@ async def test_the_hints_are_incomplete_after_the_listener_reconnects(
 ) -> None:
     """A notification may be lost while the listener is down, so the first take after a
     reconnect answers None (scan the queue); later takes are complete again."""
-    assert await store.wait_listening()
+    assert await listen_ready(store)
     store.take_work_hints()
     assert store.take_work_hints() == []
     dsn = libpq_dsn(store.url)
@@ -129,7 +129,7 @@ async def test_the_hints_are_incomplete_after_the_listener_reconnects(
             return row is not None and row[0] != old_pid
 
         await eventually(reconnected, within=5.0)
-    assert await store.wait_listening()
+    assert await listen_ready(store)
     assert store.take_work_hints() is None
     assert store.take_work_hints() == []
 
@@ -146,10 +146,12 @@ async def test_a_woken_pool_claims_the_announced_turn_and_leaves_the_queue_to_th
     # Handed back to run 0.3 s from now: its announcement comes before it is claimable.
     await store.transition(
         "retry",
-        expected={TurnStatus.PENDING},
-        new=TurnStatus.PENDING,
-        lease_token=leased.lease_token,
-        run_after=datetime.now(UTC) + timedelta(seconds=0.3),
+        Transition(
+            expected={TurnStatus.PENDING},
+            new=TurnStatus.PENDING,
+            lease_token=leased.lease_token,
+            run_after=datetime.now(UTC) + timedelta(seconds=0.3),
+        ),
     )
     pool = WorkerPool(ai, store, concurrency=2, poll_interval=30.0, scheduler=False)
     async with pool:

@@ -28,6 +28,7 @@ from engine.store import ToolCallStatus
 from examples.banking import SYSTEM_PROMPT, ApprovalDecision, ApprovalRequest, BankingApp
 from stores import InMemorySessionStore
 from tests.conftest import TEST_STATE_KEYS
+from tests.databases import events_of
 from tests.support import ListModel, ask, say
 from workers import WorkerPool
 from workers.pool import WAKE_STAGGER
@@ -102,7 +103,7 @@ async def test_fifty_sessions_on_two_pools_each_settle_exactly_once() -> None:
     assert one.claimed_total + two.claimed_total == 50
     assert one.settled_total + two.settled_total == 50
     for turn_id in ids:
-        events = await store.list_events(str(turn_id))
+        events = await events_of(store, str(turn_id))
         assert [e.to_status for e in events] == [TurnStatus.PENDING, TurnStatus.COMPLETED]
         assert events[-1].attempt == 1
 
@@ -194,7 +195,7 @@ async def test_stop_hands_a_running_turn_back_and_another_pool_finishes_it() -> 
     assert turn.status is TurnStatus.PENDING
     assert (turn.lease_owner, turn.lease_expires_at) == (None, None), "lease released"
     assert [c.status for c in await store.list_calls(turn_id)] == [ToolCallStatus.RUNNING]
-    assert (await store.list_events(turn_id))[-1].note == "worker shutdown"
+    assert (await events_of(store, turn_id))[-1].note == "worker shutdown"
     assert first.handed_back_total == 1 and first.settled_total == 0
     async with WorkerPool(ai, store, **FAST) as second:
         done = await agent.wait(turn_id, timeout=2)

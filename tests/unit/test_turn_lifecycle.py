@@ -19,6 +19,7 @@ from engine import (
 from engine.chat import Chat
 from examples.banking import BankingApp, build
 from tests.conftest import TEST_STATE_KEYS
+from tests.databases import events_of
 
 
 def slow_app(max_attempts: int = 3) -> BankingApp:
@@ -58,7 +59,7 @@ async def test_abort_moves_a_running_turn_through_aborting_to_aborted() -> None:
     snapshot = await agent.get_snapshot(snapshot_id=running)
     assert snapshot.status is TurnStatus.ABORTED
     assert [m.role for m in snapshot.state.messages] == ["user"]
-    events = await agent.store.list_events(running)
+    events = await events_of(agent.store, running)
     assert [e.to_status for e in events] == [
         TurnStatus.PENDING,
         TurnStatus.ABORTING,
@@ -170,7 +171,7 @@ async def test_transient_errors_are_retried_with_backoff() -> None:
     app = build(state_keys=TEST_STATE_KEYS, max_attempts=3)
     res = await app.banking_agent.chat().send("flaky but fine")
     assert res.text == "Echo: flaky but fine"
-    events = await app.banking_agent.store.list_events(res.snapshot_id)
+    events = await events_of(app.banking_agent.store, res.snapshot_id)
     assert [(e.from_status, e.to_status) for e in events] == [
         (None, TurnStatus.PENDING),
         (TurnStatus.PENDING, TurnStatus.PENDING),

@@ -19,7 +19,7 @@ from engine import Engine, TurnStatus
 from engine.errors import AgentError, TurnFailedError
 from engine.model import ModelRequest
 from engine.parts import Message
-from engine.store import ToolCallStatus, TurnRecord
+from engine.store import ToolCallStatus, Transition, TurnRecord
 from stores import InMemorySessionStore
 from tests.support import ListModel, ask, say
 
@@ -43,12 +43,11 @@ class RecordingStore(InMemorySessionStore):
         self.writes.append(("record_call", kwargs["call"].ref, kwargs["call"].status.value))
         await super().record_call(turn_id, **kwargs)
 
-    async def transition(self, turn_id: str, **kwargs: Any) -> TurnRecord:
-        round = kwargs.get("round")
-        calls = [(c.ref, c.status.value) for c in kwargs.get("calls", ())]
-        new = kwargs["new"].value
-        self.writes.append(("transition", new, round.round if round else None, calls))
-        return await super().transition(turn_id, **kwargs)
+    async def transition(self, turn_id: str, change: Transition) -> TurnRecord:
+        round = change.round
+        calls = [(c.ref, c.status.value) for c in change.calls]
+        self.writes.append(("transition", change.new.value, round.round if round else None, calls))
+        return await super().transition(turn_id, change)
 
 
 def engine_with(model: ListModel, store: RecordingStore) -> tuple[Engine, list[str]]:
