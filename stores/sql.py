@@ -64,7 +64,7 @@ from stores.pg import PLANNER_SETTINGS, PgConnections, StatementRefused
 
 __all__ = ["PLANNER_ENV", "SqlSessionStore"]
 
-#: ``hot-path`` gives the PostgreSQL hot path's connections :data:`PLANNER_SETTINGS`.
+#: ``off`` leaves the PostgreSQL hot path's connections PostgreSQL's own planner settings.
 PLANNER_ENV = "TURNSTILE_PG_PLANNER"
 
 logger = logging.getLogger("turnstile.store")
@@ -94,8 +94,8 @@ class SqlSessionStore:
     The schema must exist: run ``turnstile migrate`` (or ``alembic upgrade head``).
     ``poll_interval`` bounds how long a missed notification can delay a waiter (SQLite has
     no notifications, so waiters poll at this interval there). ``planner_settings``
-    (PostgreSQL): server settings for the hot path's connections, such as
-    :data:`stores.pg.PLANNER_SETTINGS`, which ``TURNSTILE_PG_PLANNER=hot-path`` selects.
+    (PostgreSQL): server settings for the hot path's connections; by default
+    :data:`stores.pg.PLANNER_SETTINGS`, ``{}`` (or ``TURNSTILE_PG_PLANNER=off``) for none.
     """
 
     durable = True
@@ -108,8 +108,8 @@ class SqlSessionStore:
         poll_interval: float = 0.05,
         planner_settings: Mapping[str, str] | None = None,
     ) -> None:
-        if planner_settings is None and os.environ.get(PLANNER_ENV) == "hot-path":
-            planner_settings = PLANNER_SETTINGS
+        if planner_settings is None:
+            planner_settings = {} if os.environ.get(PLANNER_ENV) == "off" else PLANNER_SETTINGS
         self.db = Database(
             url or default_url(), pool_size=pool_size, planner_settings=planner_settings
         )

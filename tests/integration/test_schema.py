@@ -162,7 +162,7 @@ def _explained(
     connection.execute("SET auto_explain.log_min_duration = 0")
     connection.execute("SET auto_explain.log_analyze = on")
     connection.execute("SET client_min_messages = log")
-    named = statement.arguments(values)
+    named = dict(zip(statement.parameter_names, statement.arguments(values), strict=True))
     for _ in range(runs):
         connection.execute(statement.sql, named, prepare=prepare)
     connection.execute("RESET client_min_messages")
