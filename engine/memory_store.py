@@ -26,7 +26,6 @@ from engine.errors import (
 from engine.model import ModelUsage
 from engine.parts import Message
 from engine.relay import ChunkBroker, ChunkSubscription
-from engine.resume import check_recorded
 from engine.signals import KeyedSignals, WakeEvent
 from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus
 from engine.store import (
@@ -47,6 +46,7 @@ from engine.store import (
 from engine.store_rules import (
     ABANDONED_ABORT,
     abort_target,
+    check_answerable,
     check_answers,
     check_parent,
     check_session,
@@ -111,14 +111,9 @@ class InMemorySessionStore:
         check_answers(turn, answers)
         for answer in answers:
             call = self._calls.get(answer.turn_id, {}).get((answer.round, answer.ref))
-            if call is None or call.status is not ToolCallStatus.INTERRUPTED:
-                state = "unknown" if call is None else call.status.value
-                raise ApprovalNotPendingError(
-                    f"Interrupt '{answer.ref}' of snapshot {answer.turn_id} is not pending "
-                    f"(it is {state}); it may have been answered already."
-                )
-            check_recorded(call, answer.answer, answer.turn_id)
-            answered.append((call, answer))
+            decider = check_answerable(call, answer)
+            assert call is not None  # checked above
+            answered.append((call, answer.model_copy(update={"decided_by": decider})))
         order = self._turn_order.get(turn.session_id, [])
         check_parent(turn, order[-1] if order else None)
         if session is None:
@@ -135,8 +130,8 @@ class InMemorySessionStore:
                 update={
                     "status": ToolCallStatus.ANSWERED,
                     "answer": answer.answer,
-                    # An inbox decision recorded earlier keeps its approver and moment.
-                    "decided_by": call.decided_by if call.decided_at else answer.decided_by,
+                    "decided_by": answer.decided_by,
+                    # An inbox decision recorded earlier keeps its own moment.
                     "decided_at": call.decided_at or now,
                 }
             )

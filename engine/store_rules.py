@@ -12,12 +12,14 @@ from datetime import datetime
 from typing import Any
 
 from engine.errors import (
+    ApprovalNotPendingError,
     InvalidArgumentError,
     LeaseLostError,
     NotFoundError,
     StaleSnapshotError,
     StaleTransitionError,
 )
+from engine.resume import check_recorded
 from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus, can_transition
 from engine.store import (
     FollowOnClaim,
@@ -25,6 +27,8 @@ from engine.store import (
     NewTurn,
     SessionRecord,
     SessionStore,
+    ToolCallRecord,
+    ToolCallStatus,
     Transition,
     TurnRecord,
 )
@@ -32,6 +36,7 @@ from engine.store import (
 __all__ = [
     "ABANDONED_ABORT",
     "abort_target",
+    "check_answerable",
     "check_answers",
     "check_parent",
     "check_session",
@@ -78,6 +83,20 @@ def check_parent(turn: NewTurn, latest_id: str | None) -> None:
         f"Session {turn.session_id} moved on: {detail}. Continue from the latest snapshot.",
         snapshot_id=latest_id,
     )
+
+
+def check_answerable(call: ToolCallRecord | None, answer: InterruptAnswer) -> str | None:
+    """Raise unless ``answer`` may close ``call``: it must be ``interrupted`` and, if an
+    approver recorded a decision on it, answered the same way. Returns who decided it: the
+    recorded approver when there is one, else the answer's."""
+    if call is None or call.status is not ToolCallStatus.INTERRUPTED:
+        state = "unknown" if call is None else call.status.value
+        raise ApprovalNotPendingError(
+            f"Interrupt '{answer.ref}' of snapshot {answer.turn_id} is not pending "
+            f"(it is {state}); it may have been answered already."
+        )
+    check_recorded(call, answer.answer, answer.turn_id)
+    return call.decided_by if call.decided_at is not None else answer.decided_by
 
 
 def check_answers(turn: NewTurn, answers: Sequence[InterruptAnswer]) -> None:

@@ -9,10 +9,9 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from engine.errors import ApprovalNotPendingError
-from engine.resume import check_recorded
 from engine.status import FinishReason, TurnStatus
 from engine.store import InterruptAnswer, ToolCallRecord, ToolCallStatus, TurnError
+from engine.store_rules import check_answerable
 from stores.database import upsert_statement, utc
 from stores.schema import tool_calls, turns
 
@@ -97,22 +96,10 @@ def answer_calls(connection: Connection, answers: Sequence[InterruptAnswer], now
     for answer in answers:
         key = {"a_turn_id": answer.turn_id, "a_round": answer.round, "a_ref": answer.ref}
         row = connection.execute(_LOCK_CALL, key).first()
-        current = record_of(row) if row is not None else None
-        if current is None or current.status is not ToolCallStatus.INTERRUPTED:
-            state = "unknown" if current is None else current.status.value
-            raise ApprovalNotPendingError(
-                f"Interrupt '{answer.ref}' of snapshot {answer.turn_id} is not pending "
-                f"(it is {state}); it may have been answered already."
-            )
-        check_recorded(current, answer.answer, answer.turn_id)
+        decider = check_answerable(record_of(row) if row is not None else None, answer)
         connection.execute(
             _ANSWER,
-            {
-                **key,
-                "answer": answer.answer,
-                "decided_by": current.decided_by if current.decided_at else answer.decided_by,
-                "a_decided_at": now,
-            },
+            {**key, "answer": answer.answer, "decided_by": decider, "a_decided_at": now},
         )
 
 
