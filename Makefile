@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 # The genuine Genkit JS client the acceptance tests drive our server with (installed locally).
 JS_STAMP := tests/js/node_modules/.installed-stamp
 
-.PHONY: demo tour test lint typecheck install clean
+.PHONY: demo tour test test-unit lint typecheck install clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -37,6 +37,10 @@ typecheck: $(STAMP)
 
 test: lint typecheck $(JS_STAMP)
 	$(VENV)/bin/pytest
+
+# The edit-test loop: the unit tier only (no database, no processes), in seconds.
+test-unit: $(STAMP)
+	$(VENV)/bin/pytest tests/unit
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .turnstile tests/js/node_modules
