@@ -24,7 +24,16 @@ from tests.conftest import TEST_STATE_KEYS
 from tests.databases import sql_store
 from tests.http_support import serve_in_loop
 
-__all__ = ["AUDIT_AGENT", "TABLES", "TOKENS", "Served", "bearer", "serve_banking", "token_auth"]
+__all__ = [
+    "AUDIT_AGENT",
+    "TABLES",
+    "TOKENS",
+    "Served",
+    "approval_resume",
+    "bearer",
+    "serve_banking",
+    "token_auth",
+]
 
 #: A second store-backed agent next to ``bankingAgent`` (same tools, same store).
 AUDIT_AGENT = "auditAgent"
@@ -38,6 +47,21 @@ TOKENS: dict[str, Principal | str] = {
 
 #: The tables a request could write to; refused requests must leave all of them unchanged.
 TABLES = ("sessions", "turns", "messages", "tool_calls")
+
+
+def approval_resume(init: Mapping[str, Any], *approved: bool) -> dict[str, Any]:
+    """A wire resume answering ``approval-1``, ``approval-2``, … with ``approved``."""
+    respond = [
+        {
+            "toolResponse": {
+                "name": "userApproval",
+                "ref": f"approval-{n}",
+                "output": {"approved": value},
+            }
+        }
+        for n, value in enumerate(approved, start=1)
+    ]
+    return {"data": {"resume": {"respond": respond}}, "init": dict(init)}
 
 
 def bearer(token: str) -> dict[str, str]:

@@ -16,7 +16,7 @@ import pytest
 from engine.errors import NotFoundError
 from engine.remote.auth import InboxPolicy, RoleInboxPolicy
 from engine.remote.client import remote_agent
-from tests.http_fixtures import Served, bearer, serve_banking, token_auth
+from tests.http_fixtures import Served, approval_resume, bearer, serve_banking, token_auth
 
 ALICE, BOB, CAROL = "tok-alice", "tok-bob", "tok-carol"
 
@@ -307,22 +307,7 @@ async def test_a_client_managed_agent_continues_under_an_authenticator(served: S
     the rebuilt session is the requester's own, not an unknown one."""
     paused = await served.send("transfer $40 to carol", token=ALICE, agent="bankingAgentStateless")
     assert paused["finishReason"] == "interrupted", paused
-    resume = {
-        "data": {
-            "resume": {
-                "respond": [
-                    {
-                        "toolResponse": {
-                            "name": "userApproval",
-                            "ref": "approval-1",
-                            "output": {"approved": True},
-                        }
-                    }
-                ]
-            }
-        },
-        "init": {"state": paused["state"]},
-    }
+    resume = approval_resume({"state": paused["state"]}, True)
     for token in (ALICE, BOB):
         reply = await served.http.post(
             f"{served.url}/api/bankingAgentStateless", json=resume, headers=bearer(token)

@@ -20,7 +20,14 @@ from engine.errors import DecisionConflictError
 from engine.parts import Part
 from engine.remote.auth import OwnerInboxPolicy, Principal, RoleInboxPolicy
 from engine.store import PendingApproval, ToolCallStatus
-from tests.http_fixtures import AUDIT_AGENT, Served, bearer, serve_banking, token_auth
+from tests.http_fixtures import (
+    AUDIT_AGENT,
+    Served,
+    approval_resume,
+    bearer,
+    serve_banking,
+    token_auth,
+)
 from workers import WorkerPool
 
 CAROL = "tok-carol"  # the approver
@@ -63,21 +70,6 @@ async def settled(served: Served, snapshot_id: str, token: str) -> dict[str, Any
             return snapshot
         await asyncio.sleep(0.05)
     raise AssertionError(f"{snapshot_id} did not settle")
-
-
-def resume_body(snapshot_id: str, *approved: bool) -> dict[str, Any]:
-    """A wire resume answering ``approval-1``, ``approval-2``, … with ``approved``."""
-    respond = [
-        {
-            "toolResponse": {
-                "name": "userApproval",
-                "ref": f"approval-{n}",
-                "output": {"approved": value},
-            }
-        }
-        for n, value in enumerate(approved, start=1)
-    ]
-    return {"data": {"resume": {"respond": respond}}, "init": {"snapshotId": snapshot_id}}
 
 
 def ids(page: dict[str, Any]) -> list[str]:
@@ -370,7 +362,9 @@ async def test_a_recorded_decision_cannot_be_overwritten_by_a_resume(audited: Se
     assert rejected.status_code == 200, rejected.text
 
     remote = await served.http.post(
-        served.agent_url, json=resume_body(paused, True, True), headers=bearer("tok-alice")
+        served.agent_url,
+        json=approval_resume({"snapshotId": paused}, True, True),
+        headers=bearer("tok-alice"),
     )
     # Over Genkit's protocol a refused turn is a failed result carrying the typed conflict.
     refusal = remote.json()["result"]
@@ -395,7 +389,9 @@ async def test_a_recorded_decision_cannot_be_overwritten_by_a_resume(audited: Se
     assert served.app.transfers == []
 
     agreeing = await served.http.post(
-        served.agent_url, json=resume_body(paused, False, True), headers=bearer("tok-alice")
+        served.agent_url,
+        json=approval_resume({"snapshotId": paused}, False, True),
+        headers=bearer("tok-alice"),
     )
     assert agreeing.status_code == 200, agreeing.text
     resumed = await settled(served, agreeing.json()["result"]["snapshotId"], "tok-alice")
@@ -429,22 +425,7 @@ async def test_a_second_decision_on_the_same_approval_is_a_409(served: Served) -
 async def test_a_decision_on_an_approval_answered_by_the_chat_is_a_409(served: Served) -> None:
     """Once the chat's own resume answered an interrupt, the inbox cannot decide it."""
     paused = await pause(served, "transfer $40 to carol", "tok-alice")
-    resume = {
-        "data": {
-            "resume": {
-                "respond": [
-                    {
-                        "toolResponse": {
-                            "name": "userApproval",
-                            "ref": "approval-1",
-                            "output": {"approved": True},
-                        }
-                    }
-                ]
-            }
-        },
-        "init": {"snapshotId": paused},
-    }
+    resume = approval_resume({"snapshotId": paused}, True)
     chat = await served.http.post(served.agent_url, json=resume, headers=bearer("tok-alice"))
     assert chat.json()["result"]["finishReason"] == "stop", chat.text
 
