@@ -21,6 +21,7 @@ from engine.parts import Message, Part
 M = TypeVar("M", bound=BaseModel)
 
 __all__ = [
+    "DEFAULT_CHALLENGE",
     "IDEMPOTENCY_HEADER",
     "ID_RULE",
     "MAX_ID_LENGTH",
@@ -92,8 +93,17 @@ def wire_error(error: AgentError) -> dict[str, Any]:
 
 
 def error_response(error: AgentError) -> JSONResponse:
-    """Genkit's non-streaming error body: ``{"status", "message", "details"?}``."""
-    return JSONResponse(wire_error(error), status_code=http_status(error))
+    """Genkit's non-streaming error body: ``{"status", "message", "details"?}``; a 401 says
+    how to authenticate (``WWW-Authenticate``, the error's ``challenge``, else bearer)."""
+    code = http_status(error)
+    headers = None
+    if code == 401:
+        headers = {"www-authenticate": getattr(error, "challenge", None) or DEFAULT_CHALLENGE}
+    return JSONResponse(wire_error(error), status_code=code, headers=headers)
+
+
+#: The ``WWW-Authenticate`` challenge of a 401 whose error names none (RFC 6750).
+DEFAULT_CHALLENGE = 'Bearer realm="turnstile"'
 
 
 def frame(payload: dict[str, Any], *, field: str = "data") -> bytes:

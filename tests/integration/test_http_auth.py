@@ -80,7 +80,8 @@ BAD_HEADERS: list[dict[str, str]] = [
 async def test_every_route_refuses_a_missing_or_bad_token_with_401(
     served: Served, method: str, path: str, body: Any
 ) -> None:
-    """Without a valid bearer token every route answers 401 with a JSON error, writing nothing."""
+    """Without a valid bearer token every route answers 401 with a JSON error and a bearer
+    challenge (WWW-Authenticate), writing nothing."""
     await served.send("transfer $40 to carol", token=ALICE)
     before = await state_of(served)
     for headers in BAD_HEADERS:
@@ -92,6 +93,7 @@ async def test_every_route_refuses_a_missing_or_bad_token_with_401(
             error = reply.json()
             assert error["status"] == "UNAUTHENTICATED"
             assert "token" in error["message"].lower()
+            assert reply.headers["www-authenticate"] == 'Bearer realm="turnstile"'
     assert await state_of(served) == before
     assert served.app.transfers == []
 
