@@ -160,14 +160,19 @@ async def _watch_store(
     # Read the status now (an abort requested before we watched sent a notification nobody
     # here waited for), then at each change notification (NOTIFY) for the turn; the
     # heartbeat's check is the fallback.
+    failing = False
     while not work.done():
         started = loop.time()
         try:
             current = await store.get_turn(turn.id)
-        except Exception:
-            logger.warning("turn %s: status check failed; retrying", turn.id, exc_info=True)
+        except Exception as exc:
+            # Once per outage, as the heartbeat logs its own: a down database is one event.
+            if not failing:
+                logger.warning("turn %s: status check failing (%s); retrying", turn.id, exc)
+            failing = True
             await asyncio.sleep(lease.heartbeat_interval)
             continue
+        failing = False
         if current is not None and current.status is TurnStatus.ABORTING:
             stop("abort")
             return

@@ -133,3 +133,37 @@ def test_renewal_retry_delay_doubles_up_to_the_interval_and_stays_inside_the_lea
     assert lease.retry_delay(20, lease_left=0.01) == first
     assert lease.retry_delay(20, lease_left=-1.0) == 5.0
     assert lease.retry_delay(100_000, lease_left=25.0) == 5.0
+
+
+class FlakyStatusReads(FlakyRenewals):
+    """Renewals and the status watch's reads both fail during :data:`OUTAGES`."""
+
+    def __init__(self) -> None:
+        super().__init__("after-awaiting")
+        self.failed_reads = 0
+
+    async def get_turn(self, turn_id: str) -> TurnRecord | None:
+        at = time.monotonic() - self.started
+        if any(start <= at < end for start, end in OUTAGES):
+            self.failed_reads += 1
+            raise StoreError("Database error: connection refused")
+        return await super().get_turn(turn_id)
+
+
+async def test_failing_status_checks_log_once_per_outage(caplog: pytest.LogCaptureFixture) -> None:
+    """The abort watch's status reads that fail again and again during an outage log one
+    warning for it, without a traceback, not one per attempt."""
+    caplog.set_level(logging.DEBUG, logger="turnstile.executor")
+    store = FlakyStatusReads()
+    agent = slow_turn_agent(store)
+    store.started = time.monotonic()
+
+    res = await asyncio.wait_for(agent.chat().send("go"), 10)
+
+    assert res.text == "done"
+    status_warnings = [
+        r for r in caplog.records if r.name == "turnstile.executor" and "status check" in r.message
+    ]
+    assert store.failed_reads > len(status_warnings) >= 1, store.failed_reads
+    assert len(status_warnings) <= len(OUTAGES)
+    assert all(r.exc_info is None for r in status_warnings)
