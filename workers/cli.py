@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import contextlib
 import importlib
+import importlib.metadata
 import inspect
 import logging
 import os
@@ -337,10 +338,23 @@ def _seconds(text: str) -> float:
     return value
 
 
+#: The accepted ``--log-level`` values (any case): a typo is a usage error, not a traceback.
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def _version() -> str:
+    """The installed distribution's version (a source tree that is not installed: unknown)."""
+    try:
+        return importlib.metadata.version("turnstile")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="turnstile", description="Turnstile: durable, approval-gated LLM agents."
     )
+    parser.add_argument("--version", action="version", version=f"turnstile {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     db_help = f"database URL (default: ${DATABASE_URL_ENV}, else {DEFAULT_DB_URL})"
     connect_help = (
@@ -371,7 +385,9 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument(
         "--connect-timeout", type=_seconds, default=DEFAULT_CONNECT_TIMEOUT, help=connect_help
     )
-    worker.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ...")
+    worker.add_argument(
+        "--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS, help="how much to log"
+    )
 
     serve = commands.add_parser(
         "serve", help="serve an app's agents over HTTP (Genkit's protocol + approval inbox)"
@@ -392,7 +408,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--connect-timeout", type=_seconds, default=DEFAULT_CONNECT_TIMEOUT, help=connect_help
     )
-    serve.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ...")
+    serve.add_argument(
+        "--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS, help="how much to log"
+    )
 
     migrate = commands.add_parser("migrate", help="bring the database schema to head")
     migrate.add_argument("--db", help=db_help)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import subprocess
 import sys
 import textwrap
@@ -128,3 +129,27 @@ def test_migrate_runs_the_store_migration_and_hides_the_password(
     out = capsys.readouterr().out
     assert out.strip() == "database at head: postgresql://turnstile:***@db.example/turnstile"
     assert "hunter2" not in out
+
+
+def test_version_prints_the_installed_version() -> None:
+    """``turnstile --version`` prints the distribution's version and exits 0."""
+    done = subprocess.run(
+        [sys.executable, "-m", "workers.cli", "--version"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"turnstile {importlib.metadata.version('turnstile')}"
+
+
+@pytest.mark.parametrize("command", ["worker", "serve"])
+def test_a_bad_log_level_is_a_usage_error_not_a_traceback(command: str) -> None:
+    """An unknown ``--log-level`` exits 2 with a usage message naming the choices, before
+    anything is imported or connected; any case of a known level is accepted."""
+    done = subprocess.run(
+        [sys.executable, "-m", "workers.cli", command, "--app", "x:y", "--log-level", "LOUD"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2
+    assert "invalid choice: 'LOUD'" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert main([command, "--app", "no_such_module_here:ai", "--log-level", "debug"]) == 2
