@@ -1828,9 +1828,10 @@ async def test_settling_replaces_an_earlier_attempts_error(store: SessionStore) 
 async def test_a_claim_settles_an_aborting_turn_whose_worker_died(store: SessionStore) -> None:
     """An aborting turn with an expired lease is settled aborted by the next claim."""
     await store.create_turn(new_turn("t1"))
-    await claim(store, "t1", lease_seconds=0.05)
+    # Long enough that the abort surely lands while the lease is live, on a loaded machine.
+    await claim(store, "t1", lease_seconds=1.0)
     assert await store.request_abort("t1") is ABORTING
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(1.1)
     assert await store.claim_next(owner="w2", lease_seconds=LEASE) == []
     settled = await store.get_turn("t1")
     assert settled is not None and settled.status is TurnStatus.ABORTED
