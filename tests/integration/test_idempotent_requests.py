@@ -9,32 +9,25 @@ success it was, not as an error. Runs on the in-memory store, SQLite and Postgre
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from contextlib import AsyncExitStack
 from typing import Any
 
 import pytest
 
 from engine.errors import InvalidArgumentError, StoreError
-from engine.memory_store import InMemorySessionStore
 from engine.remote.client import remote_agent
 from engine.status import TurnStatus
 from engine.store import InterruptAnswer, NewTurn, SessionStore, TurnRecord
 from examples.banking import build
 from tests.conftest import TEST_STATE_KEYS
-from tests.databases import sql_store
 from tests.http_fixtures import Served, bearer, serve_banking, token_auth
+from tests.integration.test_store_contract import STORE_FACTORIES
 
-KINDS = ["memory", "sqlite", "postgres"]
 
-
-@pytest.fixture(params=KINDS)
+@pytest.fixture(params=sorted(STORE_FACTORIES))
 async def store(request: pytest.FixtureRequest) -> AsyncIterator[SessionStore]:
-    """A fresh store of each kind."""
-    async with AsyncExitStack() as stack:
-        if request.param == "memory":
-            yield InMemorySessionStore()
-        else:
-            yield await stack.enter_async_context(sql_store(request.param))
+    """A fresh store of each kind (the contract suite's)."""
+    async with STORE_FACTORIES[request.param]() as opened:
+        yield opened
 
 
 async def test_the_same_send_under_one_key_creates_one_turn(store: SessionStore) -> None:

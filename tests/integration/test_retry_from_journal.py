@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack
 from pathlib import Path
 
 import pytest
@@ -18,21 +17,17 @@ import pytest
 from engine import AgentResponse, TurnStatus
 from engine.store import SessionStore, ToolCallStatus
 from examples.banking import BankingApp, build, read_ledger
-from stores import InMemorySessionStore
 from tests.conftest import TEST_STATE_KEYS
-from tests.databases import sql_store
+from tests.integration.test_store_contract import STORE_FACTORIES
 
 TRANSFER_SECONDS = 0.5
 
 
-@pytest.fixture(params=["memory", "sqlite", "postgres"])
+@pytest.fixture(params=sorted(STORE_FACTORIES))
 async def store(request: pytest.FixtureRequest) -> AsyncIterator[SessionStore]:
-    """A fresh store of each kind."""
-    async with AsyncExitStack() as stack:
-        if request.param == "memory":
-            yield InMemorySessionStore()
-        else:
-            yield await stack.enter_async_context(sql_store(request.param))
+    """A fresh store of each kind (the contract suite's)."""
+    async with STORE_FACTORIES[request.param]() as opened:
+        yield opened
 
 
 def slow_bank(store: SessionStore, ledger: Path) -> BankingApp:
