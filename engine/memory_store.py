@@ -18,9 +18,7 @@ from typing import Any
 from engine.errors import (
     ApprovalNotPendingError,
     InvalidArgumentError,
-    LeaseLostError,
     NotFoundError,
-    SessionBusyError,
     StaleTransitionError,
 )
 from engine.model import ModelUsage
@@ -48,6 +46,8 @@ from engine.store_rules import (
     abort_target,
     check_answerable,
     check_answers,
+    check_lease,
+    check_not_busy,
     check_parent,
     check_session,
     check_transition,
@@ -101,11 +101,7 @@ class InMemorySessionStore:
         for turn_id in self._turn_order.get(turn.session_id, []):
             active = self._turns[turn_id]
             if active.status in ACTIVE_STATUSES:
-                raise SessionBusyError(
-                    f"Session {turn.session_id} already has a running turn ({active.id}, "
-                    f"{active.status.value}); wait for it to settle or abort it.",
-                    snapshot_id=active.id,
-                )
+                check_not_busy(turn.session_id, (active.id, active.status))
         # Check every answer before writing anything: all or nothing.
         answered: list[tuple[ToolCallRecord, InterruptAnswer]] = []
         check_answers(turn, answers)
@@ -241,14 +237,8 @@ class InMemorySessionStore:
 
     def _fenced(self, turn_id: str, lease_token: int) -> TurnRecord:
         turn = self._turns.get(turn_id)
-        if turn is None:
-            raise StaleTransitionError(turn_id, f"Turn {turn_id} does not exist.")
-        if turn.lease_token != lease_token or turn.status not in ACTIVE_STATUSES:
-            raise LeaseLostError(
-                turn_id,
-                f"Lease {lease_token} on turn {turn_id} is no longer valid "
-                f"(token {turn.lease_token}, status {turn.status.value}).",
-            )
+        check_lease(turn_id, lease_token, turn)
+        assert turn is not None
         return turn
 
     async def renew_lease(

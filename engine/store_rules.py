@@ -7,15 +7,17 @@ defined here and used by both :mod:`engine.memory_store` and :mod:`stores`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from engine.errors import (
     ApprovalNotPendingError,
     InvalidArgumentError,
     LeaseLostError,
     NotFoundError,
+    SessionBusyError,
     StaleSnapshotError,
     StaleTransitionError,
 )
@@ -35,9 +37,15 @@ from engine.store import (
 
 __all__ = [
     "ABANDONED_ABORT",
+    "CreationRefused",
+    "LeaseHolder",
+    "LeaseState",
     "abort_target",
     "check_answerable",
     "check_answers",
+    "check_creation",
+    "check_lease",
+    "check_not_busy",
     "check_parent",
     "check_session",
     "check_transition",
@@ -112,7 +120,42 @@ def check_answers(turn: NewTurn, answers: Sequence[InterruptAnswer]) -> None:
             )
 
 
-def check_transition(current: TurnRecord | None, turn_id: str, change: Transition) -> TurnRecord:
+class LeaseHolder(Protocol):
+    """What the lease checks read of a turn: a :class:`TurnRecord`, or the two columns a
+    store's refused statement reports."""
+
+    @property
+    def status(self) -> TurnStatus: ...
+
+    @property
+    def lease_token(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class LeaseState:
+    """A turn's status and lease token, as a store's statement read them."""
+
+    status: TurnStatus
+    lease_token: int
+
+
+Held = TypeVar("Held", bound=LeaseHolder)
+
+
+def check_lease(turn_id: str, lease_token: int, current: LeaseHolder | None) -> None:
+    """Raise unless ``lease_token`` still holds ``current``, a running turn (the fence every
+    journal write passes)."""
+    if current is None:
+        raise StaleTransitionError(turn_id, f"Turn {turn_id} does not exist.")
+    if current.lease_token != lease_token or current.status not in ACTIVE_STATUSES:
+        raise LeaseLostError(
+            turn_id,
+            f"Lease {lease_token} on turn {turn_id} is no longer valid "
+            f"(token {current.lease_token}, status {current.status.value}).",
+        )
+
+
+def check_transition(current: Held | None, turn_id: str, change: Transition) -> Held:
     """Raise unless ``current`` may move as ``change`` says, for the holder of its lease token."""
     if current is None:
         raise StaleTransitionError(turn_id, f"Turn {turn_id} does not exist.")
@@ -128,6 +171,51 @@ def check_transition(current: TurnRecord | None, turn_id: str, change: Transitio
     if not can_transition(current.status, change.new):
         raise ValueError(f"No transition {current.status.value} → {change.new.value}.")
     return current
+
+
+def check_not_busy(session_id: str, active: tuple[str, TurnStatus] | None) -> None:
+    """A session runs one turn at a time: ``active`` (its running turn's id and status, if
+    any) must be ``None`` for a new turn to join it."""
+    if active is None:
+        return
+    active_id, active_status = active
+    raise SessionBusyError(
+        f"Session {session_id} already has a running turn ({active_id}, "
+        f"{active_status.value}); wait for it to settle or abort it.",
+        snapshot_id=active_id,
+    )
+
+
+@dataclass(frozen=True)
+class CreationRefused:
+    """What a store saw of a session when it refused to create a turn in it, for
+    :func:`check_creation` to name the rule that refused."""
+
+    #: The session, if it exists.
+    session: SessionRecord | None
+    #: The id and status of the session's running turn, if any.
+    active: tuple[str, TurnStatus] | None
+    #: The session's latest turn, if any.
+    latest_id: str | None
+    #: Whether a turn with the new turn's id exists already.
+    id_taken: bool
+    #: The journal rows the answers name, by ``(round, ref)`` (missing: no such call).
+    calls: Mapping[tuple[int, str], ToolCallRecord] = field(default_factory=dict)
+
+
+def check_creation(
+    turn: NewTurn, answers: Sequence[InterruptAnswer], seen: CreationRefused
+) -> None:
+    """Raise the error of the first rule ``turn`` breaks, in the order the reference
+    transaction checks them; return if it breaks none (the refusal was a race)."""
+    if seen.session is not None:
+        check_session(seen.session, turn)
+    check_not_busy(turn.session_id, seen.active)
+    for answer in answers:
+        check_answerable(seen.calls.get((answer.round, answer.ref)), answer)
+    if seen.id_taken:
+        raise InvalidArgumentError(f"Turn {turn.id} already exists.")
+    check_parent(turn, seen.latest_id)
 
 
 def transition_changes(change: Transition, lease_token: int, now: datetime) -> dict[str, Any]:

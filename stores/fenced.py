@@ -1,24 +1,24 @@
-"""One-statement forms of the lease holder's writes, for PostgreSQL.
+"""The lease holder's writes on PostgreSQL, each one statement.
 
 A worker writes a turn's progress many times: a round opened or closed with its journal rows,
-a tool call's outcome, the settling transition with the last round. The reference forms
-(:func:`stores.turns.transition`, :func:`stores.turns.fence` with the message and journal
-writes) are transactions of four to eight round trips. Here the same writes are one data-
-modifying statement on an autocommit connection, one round trip: a fence CTE locks the turn's
-row only if the caller's lease token still holds it, and every write joins that CTE, so a
-caller who lost its lease writes nothing at all. Then (``False`` / ``None``) the store runs the
-reference form, which raises the precise error.
+a tool call's outcome, the settling transition with the last round. Each is one data-modifying
+statement on an autocommit connection, one round trip: a ``found`` CTE reads and locks the
+turn's row, a fence CTE keeps it only if the caller's lease token (and the expected status)
+still hold, and every write joins the fence, so a caller who lost its lease writes nothing at
+all. The statement then reports the status and token it found, from which
+:mod:`engine.store_rules` raises the precise error.
 
-The rules are the reference forms' own: the same lock modes (``FOR SHARE`` for a journal
-write, so a competing claim waits until it commits; ``FOR NO KEY UPDATE`` when token usage is
-added to the row; ``FOR UPDATE`` for a transition), the same values (``transition_changes``
-decides what a transition sets), the same ``turn_events`` row and notifications.
+The rules are SQLite's transactions' own (:func:`stores.turns.transition`,
+:func:`stores.turns.fence`): the same lock modes (``FOR SHARE`` for a journal write, so a
+competing claim waits until it commits; ``FOR NO KEY UPDATE`` when token usage is added to the
+row; ``FOR UPDATE`` for a transition), the same values (``transition_changes`` decides what a
+transition sets), the same ``turn_events`` row and notifications.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from enum import StrEnum
 from functools import cache
@@ -26,11 +26,11 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from engine.errors import StoreError
+from engine.errors import LeaseLostError, StoreError
 from engine.model import ModelUsage
 from engine.status import TurnStatus, can_transition
 from engine.store import RoundRecord, ToolCallRecord, Transition, TurnError, TurnRecord
-from engine.store_rules import transition_changes
+from engine.store_rules import LeaseState, check_lease, transition_changes
 from stores import json_codec
 from stores import messages as message_sql
 from stores import turn_claims as claim_sql
@@ -40,7 +40,7 @@ from stores.pg import PgConnections, PgStatement, StatementRefused
 from stores.schema import ACTIVE, TIMESTAMP, turns
 from stores.turn_claims import CheckedClaim, ClaimRequest
 
-__all__ = ["save_fenced", "transition_applies", "transition_fenced"]
+__all__ = ["save_fenced", "transition_fenced"]
 
 logger = logging.getLogger("turnstile.store")
 
@@ -176,9 +176,9 @@ async def save_fenced(
     usage: ModelUsage | None,
     now: datetime,
     earlier: RoundRecord | None = None,
-) -> bool:
+) -> None:
     """Write a round and/or journal rows (and add token usage) if ``lease_token`` holds the
-    running turn; whether it did (``False``: nothing was written). ``earlier``: another
+    running turn; otherwise write nothing and raise the fence's error. ``earlier``: another
     round written by the same statement."""
     counted = _counted(usage)
     rounds = [r for r in (earlier, round) if r is not None]
@@ -190,20 +190,38 @@ async def save_fenced(
         params["output_tokens"] = usage.output_tokens
     statement = _save_statement(round=bool(rounds), calls=bool(calls), usage=counted)
     (row,) = await pg.fetch(statement, params)
-    return bool(row["fenced"])
+    if not row["fenced"]:
+        check_lease(turn_id, lease_token, _found(row))
+        raise LeaseLostError(turn_id, f"Lease {lease_token} on turn {turn_id} was lost.")
+
+
+def _found(row: Mapping[str, Any]) -> LeaseState | None:
+    """The turn's status and lease token as the statement found them (``None``: no turn)."""
+    if row["found_status"] is None:
+        return None
+    return LeaseState(TurnStatus(row["found_status"]), row["found_token"])
+
+
+#: The final SELECT of a fenced statement when nothing else is read: whether the fence held,
+#: and what the guard found (a row even when the turn does not exist).
+_REPORT = """SELECT (SELECT count(*) FROM fence) AS fenced,
+       found.status AS found_status, found.lease_token AS found_token
+FROM (SELECT 1) AS one LEFT JOIN found ON true
+"""
 
 
 @cache
 def _save_statement(*, round: bool, calls: bool, usage: bool) -> PgStatement:
     # Adding usage updates the row: lock it for that from the start (a share lock upgraded
-    # later could deadlock with a heartbeat queued behind it), as the reference form does.
+    # later could deadlock with a heartbeat queued behind it), as SQLite's form does.
     lock = "FOR NO KEY UPDATE" if usage else "FOR SHARE"
     ctes = [
         f"""
+found AS (
+    SELECT id, status, lease_token FROM turns WHERE id = :turn_id {lock})""",
+        f"""
 fence AS (
-    SELECT id FROM turns
-    WHERE id = :turn_id AND lease_token = :lease_token AND status IN ({_ACTIVE_SQL})
-    {lock})"""
+    SELECT id FROM found WHERE lease_token = :lease_token AND status IN ({_ACTIVE_SQL}))""",
     ]
     if usage:
         ctes.append(
@@ -211,23 +229,11 @@ fence AS (
 usage AS (UPDATE turns SET {_ADD_USAGE} FROM fence WHERE turns.id = fence.id)"""
         )
     ctes += _writes("fence", round=round, calls=calls)
-    sql = f"WITH {','.join(ctes)}\nSELECT count(*) AS fenced FROM fence\n"
+    sql = f"WITH {','.join(ctes)}\n{_REPORT}"
     return PgStatement(_typed(sql))
 
 
 # -- transitions ---------------------------------------------------------------------------
-
-
-def transition_applies(change: Transition) -> bool:
-    """Whether :func:`transition_fenced` can make ``change``: the lease holder's (it carries
-    a lease token), to a status allowed from every expected status (otherwise the reference
-    form decides, by the actual status)."""
-    expected = change.expected
-    return (
-        change.lease_token is not None
-        and bool(expected)
-        and all(can_transition(status, change.new) for status in expected)
-    )
 
 
 async def transition_fenced(
@@ -238,20 +244,22 @@ async def transition_fenced(
     now: datetime,
     saved_at: datetime,
     claim: ClaimRequest | None = None,
-) -> tuple[TurnRecord | None, CheckedClaim | None]:
-    """The lease holder's guarded transition, with the round and journal rows it settles
-    with, as one statement; the moved turn, or ``None`` (nothing written) when the turn is
-    not in an expected status under the change's lease token.
+) -> tuple[TurnRecord | None, LeaseState | None, CheckedClaim | None]:
+    """The guarded transition, with the round and journal rows it settles with, as one
+    statement: the moved turn, or ``None`` (nothing written) with the status and lease token
+    the guard found (``None``: no such turn) when the turn is not in an expected status
+    under the change's lease token, or the state machine has no such edge from it.
 
     With ``claim`` (the request of ``change.then_claim``), the claim follows in the same
     round trip and transaction (a pipeline: one commit, one WAL flush) and its result is
     returned too. It runs whether or not the transition applied: the slot it fills is free
     either way."""
-    lease_token, round, calls, usage = change.lease_token, change.round, change.calls, change.usage
-    assert lease_token is not None, "an unfenced transition has no one-statement form"
-    changes = transition_changes(change, lease_token, now)
+    round, calls, usage = change.round, change.calls, change.usage
+    # The token is set in SQL (the found one plus one): the value passed here is unused.
+    changes = transition_changes(change, 0, now)
+    changes.pop("lease_token", None)
     params = _write_params(turn_id, [round] if round is not None else [], calls, saved_at)
-    params.update(lease_token=lease_token, now=now, note=change.note)
+    params.update(lease_token=change.lease_token, now=now, note=change.note)
     for key, value in changes.items():
         if isinstance(value, StrEnum):
             value = value.value
@@ -265,8 +273,12 @@ async def transition_fenced(
     pending = change.new is TurnStatus.PENDING
     notify = (CHANGE_CHANNEL, WORK_CHANNEL) if pending else (CHANGE_CHANNEL,)
     statement = _transition_statement(
-        expected=tuple(sorted(status.value for status in change.expected)),
+        # Only statuses with an edge to the new one qualify: from the others, the refusal
+        # reports the status and the rules name the missing edge.
+        movable=tuple(sorted(s.value for s in change.expected if can_transition(s, change.new))),
         columns=tuple(sorted(changes)),
+        release=change.new is not TurnStatus.ABORTING,
+        fenced=change.lease_token is not None,
         usage=counted,
         notify=notify,
         round=round is not None,
@@ -280,7 +292,7 @@ async def transition_fenced(
             )
             checked = claim_sql.checked_claim_of(claim_rows)
         except StatementRefused:
-            raise  # the transition's own constraint: its reference form names it
+            raise
         except StoreError as exc:
             # Whichever statement failed, both rolled back. A claim must never cost the
             # settle: settle alone (its own failure raises again from there).
@@ -288,7 +300,10 @@ async def transition_fenced(
             claim = None
     if claim is None:
         rows = await pg.fetch(statement, params)
-    return (turn_sql.record(rows[0]) if rows else None), checked
+    (row,) = rows
+    if row["id"] is None:
+        return None, _found(row), checked
+    return turn_sql.record(row), None, checked
 
 
 # How each column a transition sets is written (see transition_changes).
@@ -305,26 +320,34 @@ _SET = {
 @cache
 def _transition_statement(
     *,
-    expected: tuple[str, ...],
+    movable: tuple[str, ...],
     columns: tuple[str, ...],
+    release: bool,
+    fenced: bool,
     notify: tuple[str, ...],
     round: bool,
     calls: bool,
     usage: bool,
 ) -> PgStatement:
     sets = ", ".join(f"{column} = {_SET.get(column, ':set_' + column)}" for column in columns)
+    if release:
+        # Settling, or handing the turn back, moves the token on (see transition_changes).
+        sets += ", lease_token = turns.lease_token + 1"
     if usage:
         sets += f", {_ADD_USAGE}"
-    statuses = ", ".join(f"'{status}'" for status in expected)
+    statuses = ", ".join(f"'{status}'" for status in movable) or "NULL"
+    token = "lease_token = :lease_token AND " if fenced else ""
     notifications = ", ".join(f"pg_notify('{channel}', turn_id)" for channel in notify)
-    # `current` locks the row (FOR UPDATE, as the reference form's first read) and keeps
-    # the status and attempt the transition leaves, for its turn_events row.
+    # `found` locks the row (FOR UPDATE, as SQLite's form's first read) and reads it as it
+    # is once locked; `current` keeps it if the guard holds, with the status and attempt the
+    # transition leaves, for its turn_events row.
     ctes = [
+        """
+found AS (
+    SELECT id, status, lease_token, attempts FROM turns WHERE id = :turn_id FOR UPDATE)""",
         f"""
 current AS (
-    SELECT id, status, attempts FROM turns
-    WHERE id = :turn_id AND lease_token = :lease_token AND status IN ({statuses})
-    FOR UPDATE)""",
+    SELECT id, status, attempts FROM found WHERE {token}status IN ({statuses}))""",
         f"""
 moved AS (
     UPDATE turns SET {sets}
@@ -340,7 +363,8 @@ event AS (
     # A data-modifying CTE runs to completion whether or not the query reads it: the event
     # row and its notifications need no reference here.
     sql = f"""WITH {",".join(ctes)}
-SELECT {", ".join("moved." + column.name for column in turns.columns)}
-FROM moved
+SELECT {", ".join("moved." + column.name for column in turns.columns)},
+       found.status AS found_status, found.lease_token AS found_token
+FROM (SELECT 1) AS one LEFT JOIN found ON true LEFT JOIN moved ON true
 """
     return PgStatement(_typed(sql))

@@ -210,7 +210,7 @@ class PgConnections:
                 # A table changed under a prepared statement (a migration): the pipeline
                 # was rolled back before it ran, and the session has forgotten the stale
                 # preparation, so running it again prepares it afresh.
-                if attempt <= retries and _PLAN_CHANGED in str(exc):
+                if attempt <= retries:
                     continue
                 raise StoreError(f"Database error: {exc!r}") from exc
             except psycopg.OperationalError as exc:
@@ -470,13 +470,15 @@ def _session_ended(result: pq.abc.PGresult) -> psycopg.OperationalError:
     )
 
 
-_PLAN_CHANGED = "cached plan must not change result type"
+#: The SQLSTATE (feature_not_supported) of a prepared statement whose table changed since it
+#: was prepared ("cached plan must not change result type"). Told by code, not by the
+#: message, which a server may translate; another error of the class (none of our
+#: statements raises one) is only prepared afresh and retried a bounded number of times.
+_PLAN_CHANGED = b"0A000"
 
 
 def _plan_changed(result: pq.abc.PGresult) -> bool:
-    # A prepared statement whose table changed since it was prepared.
-    message = result.error_field(pq.DiagnosticField.MESSAGE_PRIMARY) or b""
-    return _PLAN_CHANGED.encode() in message
+    return result.error_field(pq.DiagnosticField.SQLSTATE) == _PLAN_CHANGED
 
 
 def _connection_lost(exc: psycopg.OperationalError) -> bool:

@@ -1,34 +1,29 @@
-"""``SqlSessionStore``: the durable SessionStore on PostgreSQL (psycopg 3) or SQLite.
+"""``SqlSessionStore``: the durable SessionStore, on PostgreSQL (psycopg 3) or SQLite.
 
-Each method is one short transaction, run by SQLAlchemy in a worker thread — except, on
-PostgreSQL, the common path of a turn (create, claim, read, save a round, settle): each of
-those is one statement, run on psycopg's async connections in the event loop
-(``stores/pg.py``), with the transaction as the fallback that raises the precise error.
-SQL lives in the aggregate modules (``turns``, ``turn_claims``, ``turn_creation``,
-``fenced``, ``snapshots``, ``sessions``, ``messages``, ``tool_calls``). Wake-ups come from
-LISTEN/NOTIFY on PostgreSQL and from polling on SQLite.
+``SqlSessionStore(url)`` returns the class of the URL's database: :class:`PostgresSessionStore`
+(``stores/postgres.py``) or :class:`SqliteSessionStore` (``stores/sqlite.py``). Each writes a
+turn's common path (create, claim, read, save a round, settle) its own way, once: on
+PostgreSQL one statement per write, run on psycopg's async connections in the event loop
+(``stores/pg.py``); on SQLite one SQLAlchemy transaction per write, in a worker thread. What
+both do the same way — the operators' reads, the inbox, retention, lease renewal and abort
+requests, each a short SQLAlchemy transaction — lives here. SQL lives in the aggregate modules
+(``turns``, ``turn_claims``, ``turn_creation``, ``fenced``, ``snapshots``, ``sessions``,
+``messages``, ``tool_calls``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
-import os
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
-from sqlalchemy.engine import URL
+from sqlalchemy.engine import URL, make_url
 
-from engine.errors import (
-    InvalidArgumentError,
-    NotFoundError,
-    SessionBusyError,
-    StaleTransitionError,
-)
+from engine.errors import NotFoundError, StaleTransitionError
 from engine.model import ModelUsage
 from engine.parts import Message
 from engine.relay import ChunkBroker, ChunkSubscription
@@ -46,50 +41,38 @@ from engine.store import (
     TurnProgress,
     TurnRecord,
 )
-from engine.store_rules import abort_target, check_answers, claim_after
+from engine.store_rules import abort_target
 from stores import approvals as approval_sql
-from stores import fenced as fenced_sql
 from stores import messages as message_sql
 from stores import retention as retention_sql
 from stores import sessions as session_sql
-from stores import snapshots as snapshot_sql
 from stores import tool_calls as call_sql
-from stores import turn_claims as claim_sql
-from stores import turn_creation as creation_sql
 from stores import turns as turn_sql
 from stores import views
-from stores.database import Database, default_url
-from stores.notify import CHUNK_CHANNEL, Listener, chunk_payloads, notify
-from stores.pg import PLANNER_SETTINGS, PgConnections, StatementRefused
+from stores.database import Database, default_url, normalise_url
 
-__all__ = ["PLANNER_ENV", "SqlSessionStore"]
-
-#: ``off`` leaves the PostgreSQL hot path's connections PostgreSQL's own planner settings.
-PLANNER_ENV = "TURNSTILE_PG_PLANNER"
-
-logger = logging.getLogger("turnstile.store")
+__all__ = ["SqlSessionStore"]
 
 T = TypeVar("T")
 
-#: How many claimed turns' progress a store keeps for the worker about to run them.
-MAX_KEPT_PROGRESS = 1_000
 
-
-def _now() -> datetime:
+def now_utc() -> datetime:
+    """The time every store write is stamped with."""
     return datetime.now(UTC)
 
 
-def _round_and_transition_times() -> tuple[datetime, datetime]:
+def round_and_transition_times() -> tuple[datetime, datetime]:
     """When a settle's round is saved, and when its transition happens: the round is stamped
     just before the transition, as if saved by save_round first, so a turn's timeline keeps
     ending with its settling transition."""
-    saved_at = _now()
-    return saved_at, max(_now(), saved_at + timedelta(microseconds=1))
+    saved_at = now_utc()
+    return saved_at, max(now_utc(), saved_at + timedelta(microseconds=1))
 
 
 class SqlSessionStore:
     """A :class:`~engine.store.SessionStore` in PostgreSQL or SQLite.
 
+    ``SqlSessionStore(url)`` makes the store of the URL's database (see the module doc).
     ``url`` defaults to ``TURNSTILE_DATABASE_URL``, else ``sqlite:///.turnstile/turnstile.db``.
     The schema must exist: run ``turnstile migrate`` (or ``alembic upgrade head``).
     ``poll_interval`` bounds how long a missed notification can delay a waiter (SQLite has
@@ -100,6 +83,18 @@ class SqlSessionStore:
 
     durable = True
 
+    def __new__(
+        cls,
+        url: str | URL | None = None,
+        *,
+        pool_size: int = 10,
+        poll_interval: float = 0.05,
+        planner_settings: Mapping[str, str] | None = None,
+    ) -> SqlSessionStore:
+        if cls is SqlSessionStore:
+            cls = _dialect_class(normalise_url(url or default_url()))
+        return super().__new__(cls)
+
     def __init__(
         self,
         url: str | URL | None = None,
@@ -108,16 +103,11 @@ class SqlSessionStore:
         poll_interval: float = 0.05,
         planner_settings: Mapping[str, str] | None = None,
     ) -> None:
-        if planner_settings is None:
-            planner_settings = {} if os.environ.get(PLANNER_ENV) == "off" else PLANNER_SETTINGS
         self.db = Database(
             url or default_url(), pool_size=pool_size, planner_settings=planner_settings
         )
         self.poll_interval = poll_interval
         self._chunks = ChunkBroker()
-        self._listener = Listener(self.db.url, self._chunks) if self.db.is_postgres else None
-        # The progress of turns this store claimed and has not yet run (PostgreSQL).
-        self._claimed_progress: dict[str, TurnProgress] = {}
 
     @property
     def url(self) -> URL:
@@ -125,51 +115,84 @@ class SqlSessionStore:
         return self.db.url
 
     def __repr__(self) -> str:
-        return f"SqlSessionStore({self.db.url.render_as_string(hide_password=True)!r})"
+        return f"{type(self).__name__}({self.db.url.render_as_string(hide_password=True)!r})"
 
-    # -- turns -------------------------------------------------------------------------
+    # -- what each database does its own way (each dialect class defines all of these) --
 
     async def create_turn(
         self, turn: NewTurn, *, answers: Sequence[InterruptAnswer] = ()
     ) -> TurnRecord:
         """See :meth:`engine.store.SessionStore.create_turn`."""
-        check_answers(turn, answers)
-        try:
-            # A caller acting for a principal takes the transaction: its owner check reads
-            # the session.
-            if self.db.is_postgres and turn.owner is None:
-                try:
-                    created = await creation_sql.create_turn_in_one_statement(
-                        self._pg, turn, answers, _now()
-                    )
-                except StatementRefused as exc:
-                    # A constraint refused it (nothing was written): the transaction below
-                    # raises the precise error, or succeeds if the conflict is gone.
-                    logger.debug("turn %s: one-statement creation refused (%s)", turn.id, exc)
-                    created = None
-                if created is not None:
-                    return created
-            return await self._write(lambda c: creation_sql.create_turn(c, turn, answers, _now()))
-        except StatementRefused as exc:
-            # The partial unique index is the backstop for "one running turn per session".
-            if exc.constraint == "ux_turns_one_active_per_session":
-                raise SessionBusyError(
-                    f"Session {turn.session_id} already has a running turn."
-                ) from exc
-            if exc.constraint == "pk_turns" or exc.sqlite_error == "SQLITE_CONSTRAINT_PRIMARYKEY":
-                # SQLite names no constraint; the only key a creation can repeat is the turn's.
-                raise InvalidArgumentError(f"Turn {turn.id} already exists.") from exc
-            raise
+        raise NotImplementedError
+
+    async def get_turn(self, turn_id: str) -> TurnRecord | None:
+        """See :meth:`engine.store.SessionStore.get_turn`."""
+        raise NotImplementedError
+
+    async def _claim(
+        self,
+        *,
+        owner: str,
+        lease_seconds: float,
+        limit: int,
+        agents: Collection[str] | None = None,
+        turn_ids: Collection[str] | None = None,
+    ) -> list[TurnRecord]:
+        """Lease up to ``limit`` claimable turns (of ``agents``, among ``turn_ids``)."""
+        raise NotImplementedError
+
+    async def transition(self, turn_id: str, change: Transition) -> TurnRecord:
+        """See :meth:`engine.store.SessionStore.transition`."""
+        raise NotImplementedError
+
+    async def _save_fenced(
+        self,
+        turn_id: str,
+        lease_token: int,
+        *,
+        round: RoundRecord | None,
+        calls: Sequence[ToolCallRecord],
+        usage: ModelUsage | None,
+        earlier: RoundRecord | None = None,
+    ) -> None:
+        """A lease holder's journal write: rounds, journal rows and token usage, written
+        only while ``lease_token`` holds the running turn (else the fence's error)."""
+        raise NotImplementedError
+
+    async def read_progress(self, turn_id: str) -> TurnProgress | None:
+        """See :meth:`engine.store.SessionStore.read_progress`."""
+        raise NotImplementedError
+
+    async def read_snapshot(self, turn_id: str) -> StoredSnapshot | None:
+        """See :meth:`engine.store.SessionStore.read_snapshot`."""
+        raise NotImplementedError
+
+    async def wait_for_work(self, timeout: float) -> None:
+        """See :meth:`engine.store.SessionStore.wait_for_work`."""
+        raise NotImplementedError
+
+    def take_work_hints(self) -> list[str] | None:
+        """See :meth:`engine.store.SessionStore.take_work_hints`."""
+        raise NotImplementedError
+
+    async def wait_for_change(self, turn_id: str, timeout: float) -> None:
+        """See :meth:`engine.store.SessionStore.wait_for_change`."""
+        raise NotImplementedError
+
+    async def publish_chunk(self, turn_id: str, chunk: dict[str, Any]) -> None:
+        """See :meth:`engine.store.SessionStore.publish_chunk`."""
+        raise NotImplementedError
+
+    def try_cluster_lock(self, name: str) -> AbstractAsyncContextManager[bool]:
+        """Hold a cluster-wide lock named ``name`` while the block runs, if it is free
+        (yields whether it got it, without waiting)."""
+        raise NotImplementedError
+
+    # -- turns -------------------------------------------------------------------------
 
     async def get_session(self, session_id: str) -> SessionRecord | None:
         """See :meth:`engine.store.SessionStore.get_session`."""
         return await self._read(lambda c: session_sql.get_session(c, session_id))
-
-    async def get_turn(self, turn_id: str) -> TurnRecord | None:
-        """See :meth:`engine.store.SessionStore.get_turn`."""
-        if self.db.is_postgres:
-            return await turn_sql.fetch_turn(self._pg, turn_id)
-        return await self._read(lambda c: turn_sql.get_turn(c, turn_id))
 
     async def latest_turn(self, session_id: str) -> TurnRecord | None:
         """See :meth:`engine.store.SessionStore.latest_turn`."""
@@ -202,98 +225,13 @@ class SqlSessionStore:
             owner=owner, lease_seconds=lease_seconds, limit=limit, agents=agents, turn_ids=among
         )
 
-    async def _claim(
-        self,
-        *,
-        owner: str,
-        lease_seconds: float,
-        limit: int,
-        agents: Collection[str] | None = None,
-        turn_ids: Collection[str] | None = None,
-    ) -> list[TurnRecord]:
-        def request() -> claim_sql.ClaimRequest:
-            return claim_sql.ClaimRequest(
-                owner=owner,
-                lease_seconds=lease_seconds,
-                now=_now(),
-                limit=limit,
-                agents=agents,
-                turn_ids=turn_ids,
-            )
-
-        if not self.db.is_postgres:
-            return await self._write(lambda c: claim_sql.claim(c, request()))
-        # PostgreSQL: one autocommit statement (the claim is on every turn's pickup path).
-        checked = await claim_sql.claim_checking_abandoned(self._pg, request())
-        return await self._claimed(checked, limit)
-
-    async def _claimed(self, checked: claim_sql.CheckedClaim, limit: int) -> list[TurnRecord]:
-        # The rare recovery of an abandoned abort follows in its own transaction.
-        self._keep_progress(checked.progress)
-        if checked.abandoned:
-            await self._write(lambda c: claim_sql.settle_abandoned(c, _now(), limit))
-        return checked.turns
-
-    def _keep_progress(self, progress: dict[str, TurnProgress]) -> None:
-        # Kept for the runner's read_progress right after the claim. A turn claimed but never
-        # run (handed back at shutdown) leaves its entry behind: bounded, oldest dropped.
-        self._claimed_progress.update(progress)
-        while len(self._claimed_progress) > MAX_KEPT_PROGRESS:
-            del self._claimed_progress[next(iter(self._claimed_progress))]
-
     async def renew_lease(
         self, turn_id: str, *, lease_token: int, lease_seconds: float
     ) -> TurnRecord:
         """See :meth:`engine.store.SessionStore.renew_lease`."""
         return await self._write(
-            lambda c: turn_sql.renew(c, turn_id, lease_token, lease_seconds, _now())
+            lambda c: turn_sql.renew(c, turn_id, lease_token, lease_seconds, now_utc())
         )
-
-    async def transition(self, turn_id: str, change: Transition) -> TurnRecord:
-        """See :meth:`engine.store.SessionStore.transition`."""
-        self._claimed_progress.pop(turn_id, None)  # what the claim read is old now
-        then_claim = change.then_claim
-
-        def move(connection: sa.Connection) -> TurnRecord:
-            saved_at, now = _round_and_transition_times()
-            if change.usage is not None:
-                # First, so the row the transition returns carries the new totals; a refused
-                # transition rolls it back with everything else.
-                turn_sql.add_usage(connection, turn_id, change.usage)
-            # The transition locks the turn's row and checks the lease token first, so the
-            # round below is written only by the lease holder, as save_round's fence ensures.
-            moved = turn_sql.transition(connection, turn_id, change, now)
-            if change.round is not None:
-                message_sql.save_round(connection, turn_id, change.round, saved_at)
-            call_sql.upsert_calls(connection, turn_id, change.calls, saved_at)
-            return moved
-
-        if self.db.is_postgres and fenced_sql.transition_applies(change):
-            # The lease holder's transitions (every settle) as one round trip, with the
-            # follow-on claim if any; refused (nothing written), the transaction below
-            # raises the precise error.
-            saved_at, now = _round_and_transition_times()
-            moved, checked = await fenced_sql.transition_fenced(
-                self._pg,
-                turn_id,
-                change,
-                now=now,
-                saved_at=saved_at,
-                claim=(
-                    claim_sql.ClaimRequest.of(then_claim, _now())
-                    if then_claim is not None and then_claim.wanted
-                    else None
-                ),
-            )
-            if checked is not None and then_claim is not None:
-                claimed = await self._claimed(checked, then_claim.limit)
-                then_claim.claimed, then_claim.ran = claimed, True
-            if moved is not None:
-                return moved
-        moved = await self._write(move)
-        if then_claim is not None and not then_claim.ran:
-            await claim_after(self, then_claim)
-        return moved
 
     async def request_abort(self, turn_id: str) -> TurnStatus:
         """See :meth:`engine.store.SessionStore.request_abort`."""
@@ -303,7 +241,7 @@ class SqlSessionStore:
             # otherwise turn "not leased" into "aborted under a worker", or make the guarded
             # move below match nothing.
             current = turn_sql.lock_turn(connection, turn_id)
-            now = _now()
+            now = now_utc()
             if current is None:
                 raise NotFoundError(f"Snapshot {turn_id} not found.")
             target = abort_target(current, now)
@@ -335,59 +273,13 @@ class SqlSessionStore:
         earlier: RoundRecord | None = None,
     ) -> None:
         """See :meth:`engine.store.SessionStore.save_round`."""
-
-        def save(connection: sa.Connection) -> None:
-            now = _now()
-            if usage is not None:
-                # First, so the turn row is locked exclusively before the fence's share lock:
-                # upgrading share to exclusive could deadlock with a concurrent heartbeat.
-                turn_sql.add_usage(connection, turn_id, usage)
-            turn_sql.fence(connection, turn_id, lease_token)
-            if earlier is not None:
-                message_sql.save_round(connection, turn_id, earlier, now)
-            message_sql.save_round(connection, turn_id, round, now)
-            call_sql.upsert_calls(connection, turn_id, calls, now)
-
         await self._save_fenced(
-            turn_id, lease_token, save, round=round, calls=calls, usage=usage, earlier=earlier
+            turn_id, lease_token, round=round, calls=calls, usage=usage, earlier=earlier
         )
 
     async def record_call(self, turn_id: str, *, lease_token: int, call: ToolCallRecord) -> None:
         """See :meth:`engine.store.SessionStore.record_call`."""
-
-        def write(connection: sa.Connection) -> None:
-            turn_sql.fence(connection, turn_id, lease_token)
-            call_sql.upsert_calls(connection, turn_id, [call], _now())
-
-        await self._save_fenced(turn_id, lease_token, write, round=None, calls=[call], usage=None)
-
-    async def _save_fenced(
-        self,
-        turn_id: str,
-        lease_token: int,
-        reference: Callable[[sa.Connection], None],
-        *,
-        round: RoundRecord | None,
-        calls: Sequence[ToolCallRecord],
-        usage: ModelUsage | None,
-        earlier: RoundRecord | None = None,
-    ) -> None:
-        """A lease holder's journal write: on PostgreSQL one statement (one round trip);
-        when its fence refuses (nothing written) or on SQLite, the ``reference`` transaction,
-        which raises the precise error."""
-        self._claimed_progress.pop(turn_id, None)  # what the claim read is old now
-        if self.db.is_postgres and await fenced_sql.save_fenced(
-            self._pg,
-            turn_id,
-            lease_token,
-            round=round,
-            calls=calls,
-            usage=usage,
-            now=_now(),
-            earlier=earlier,
-        ):
-            return
-        await self._write(reference)
+        await self._save_fenced(turn_id, lease_token, round=None, calls=[call], usage=None)
 
     async def load_rounds(self, turn_id: str) -> list[RoundRecord]:
         """See :meth:`engine.store.SessionStore.load_rounds`."""
@@ -407,23 +299,6 @@ class SqlSessionStore:
             return conversation
 
         return await self._read(load)
-
-    async def read_progress(self, turn_id: str) -> TurnProgress | None:
-        """See :meth:`engine.store.SessionStore.read_progress`."""
-        if self.db.is_postgres:
-            # Read with this store's claim of the turn, unless this store wrote the turn
-            # since: the lease that claim took is the only one that can write it.
-            kept = self._claimed_progress.pop(turn_id, None)
-            if kept is not None:
-                return kept
-            return await snapshot_sql.read_progress_in_one_statement(self._pg, turn_id)
-        return await self._read(lambda c: snapshot_sql.read_progress(c, turn_id))
-
-    async def read_snapshot(self, turn_id: str) -> StoredSnapshot | None:
-        """See :meth:`engine.store.SessionStore.read_snapshot`."""
-        if self.db.is_postgres:
-            return await snapshot_sql.read_snapshot_in_one_statement(self._pg, turn_id)
-        return await self._read(lambda c: snapshot_sql.read_snapshot(c, turn_id))
 
     async def list_expired_interrupts(
         self, *, now: datetime, limit: int = 100, agents: Collection[str] | None = None
@@ -445,25 +320,7 @@ class SqlSessionStore:
         """Rows of the ``turn_timeline`` view for one turn, in order."""
         return await self._read(lambda c: views.timeline(c, turn_id))
 
-    # -- wake-ups ----------------------------------------------------------------------
-
-    async def wait_for_work(self, timeout: float) -> None:
-        """See :meth:`engine.store.SessionStore.wait_for_work`."""
-        if self._listener is None:
-            await asyncio.sleep(min(timeout, self.poll_interval))
-        else:
-            await self._listener.wait_for_work(timeout)
-
-    def take_work_hints(self) -> list[str] | None:
-        """See :meth:`engine.store.SessionStore.take_work_hints`."""
-        return None if self._listener is None else self._listener.take_work_hints()
-
-    async def wait_for_change(self, turn_id: str, timeout: float) -> None:
-        """See :meth:`engine.store.SessionStore.wait_for_change`."""
-        if self._listener is None:
-            await asyncio.sleep(min(timeout, self.poll_interval))
-        else:
-            await self._listener.wait_for_change(turn_id, timeout)
+    # -- inbox and retention -----------------------------------------------------------
 
     async def list_approvals(self, query: ApprovalQuery) -> list[PendingApproval]:
         """See :meth:`engine.store.SessionStore.list_approvals`."""
@@ -473,10 +330,9 @@ class SqlSessionStore:
         self, turn_id: str, round: int, ref: str, *, answer: Any, decided_by: str | None
     ) -> ToolCallRecord:
         """See :meth:`engine.store.SessionStore.record_decision`."""
-
         return await self._write(
             lambda c: approval_sql.record_decision(
-                c, turn_id, round, ref, answer=answer, decided_by=decided_by, now=_now()
+                c, turn_id, round, ref, answer=answer, decided_by=decided_by, now=now_utc()
             )
         )
 
@@ -486,68 +342,22 @@ class SqlSessionStore:
             lambda c: retention_sql.prune_sessions(c, settled_before=settled_before, limit=limit)
         )
 
-    async def publish_chunk(self, turn_id: str, chunk: dict[str, Any]) -> None:
-        """See :meth:`engine.store.SessionStore.publish_chunk`.
-
-        PostgreSQL: ``NOTIFY`` on ``turnstile_chunk``, so a subscriber in any process gets it
-        (every listening process receives it; only subscribers of the turn keep it). SQLite has
-        no notifications: only subscribers in this process (e.g. ``turnstile serve --workers``)
-        see it.
-        """
-        if self._listener is None:
-            self._chunks.deliver(turn_id, chunk)
-            return
-        payloads = chunk_payloads(turn_id, chunk)
-        if not payloads:
-            return
-
-        def send(connection: sa.Connection) -> None:
-            for payload in payloads:
-                notify(connection, CHUNK_CHANNEL, payload)
-
-        await self._write(send)
-
-    @contextlib.asynccontextmanager
-    async def _subscribe(self, turn_id: str) -> AsyncIterator[ChunkSubscription]:
-        async with self._chunks.subscribe(turn_id) as subscription:
-            if self._listener is not None:
-                # Chunks published before our LISTEN is up would be lost: wait for it (briefly;
-                # with the database down the turn cannot start either).
-                await self._listener.wait_connected(timeout=5.0)
-            yield subscription
+    # -- relay -------------------------------------------------------------------------
 
     def subscribe_chunks(self, turn_id: str) -> AbstractAsyncContextManager[ChunkSubscription]:
         """See :meth:`engine.store.SessionStore.subscribe_chunks`."""
         return self._subscribe(turn_id)
 
     @contextlib.asynccontextmanager
-    async def try_cluster_lock(self, name: str) -> AsyncIterator[bool]:
-        """Hold a cluster-wide advisory lock while the block runs, if it is free.
-
-        Yields ``False`` (without waiting) when another process holds it. SQLite has one
-        writer at a time anyway and always yields ``True``.
-        """
-        if not self.db.is_postgres:
-            yield True
-            return
-        async with self.db.advisory_lock(name) as got:
-            yield got
+    async def _subscribe(self, turn_id: str) -> AsyncIterator[ChunkSubscription]:
+        async with self._chunks.subscribe(turn_id) as subscription:
+            yield subscription
 
     async def close(self) -> None:
         """See :meth:`engine.store.SessionStore.close`."""
-        if self._listener is not None:
-            await self._listener.close()
-        if self.db.pg is not None:
-            await self.db.pg.close()
         await asyncio.to_thread(self.db.dispose)
 
     # -- plumbing ----------------------------------------------------------------------
-
-    @property
-    def _pg(self) -> PgConnections:
-        """The async psycopg connections of the one-statement forms (PostgreSQL only)."""
-        assert self.db.pg is not None, "a one-statement form ran on SQLite"
-        return self.db.pg
 
     async def _read(self, query: Callable[[sa.Connection], T]) -> T:
         def run() -> T:
@@ -562,3 +372,15 @@ class SqlSessionStore:
                 return change(connection)
 
         return await self.db.run(run)
+
+
+def _dialect_class(url: URL) -> type[SqlSessionStore]:
+    """The store class of ``url``'s database."""
+    # Imported here: each dialect module subclasses this one.
+    if make_url(url).get_backend_name() == "postgresql":
+        from stores.postgres import PostgresSessionStore
+
+        return PostgresSessionStore
+    from stores.sqlite import SqliteSessionStore
+
+    return SqliteSessionStore

@@ -1,33 +1,53 @@
 """SQL for creating a turn: the one write that touches a session, the answered journal rows,
 the new ``turns`` row, its opening message and its first ``turn_events`` row.
 
-Two forms of the same write. :func:`create_turn` is the reference: a transaction of a few
-statements that checks each rule in turn and raises the precise typed error. On PostgreSQL,
-:func:`create_turn_in_one_statement` first tries the common case — every rule satisfied — as
-one statement on an autocommit connection: one round trip where the transaction costs seven,
-on the path of every send and every resume. It commits only when every rule holds; otherwise
-it writes nothing and the caller runs :func:`create_turn`, which names the problem (or
-succeeds, if the conflict it saw is already gone).
+One form per backend. On SQLite, :func:`create_turn` is a transaction that checks each rule
+in turn under the session's lock and raises the precise typed error. On PostgreSQL,
+:func:`create_turn_in_one_statement` is one statement on an autocommit connection (one
+round trip on the path of every send and every resume): it writes only when every rule
+holds, and otherwise reports what it saw of the session, from which
+:func:`engine.store_rules.check_creation` names the rule that refused.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from engine.errors import InvalidArgumentError, SessionBusyError
-from engine.store import InterruptAnswer, NewTurn, RoundRecord, TurnRecord
-from engine.store_rules import check_parent, check_session
+from engine.errors import (
+    AgentError,
+    ApprovalNotPendingError,
+    InvalidArgumentError,
+    SessionBusyError,
+    StaleSnapshotError,
+)
+from engine.status import TurnStatus
+from engine.store import (
+    InterruptAnswer,
+    NewTurn,
+    RoundRecord,
+    SessionRecord,
+    ToolCallRecord,
+    TurnRecord,
+)
+from engine.store_rules import (
+    CreationRefused,
+    check_creation,
+    check_not_busy,
+    check_parent,
+    check_session,
+)
 from stores import json_codec
 from stores import messages as message_sql
 from stores import sessions as session_sql
 from stores import tool_calls as call_sql
 from stores import turns as turn_sql
 from stores.notify import WORK_CHANNEL
-from stores.pg import PgConnections, PgStatement
+from stores.pg import PgConnections, PgStatement, StatementRefused
 from stores.schema import JSON, TIMESTAMP
 
 __all__ = ["create_turn", "create_turn_in_one_statement"]
@@ -49,14 +69,7 @@ def create_turn(
         session = session_sql.get_session(connection, turn.session_id)
         assert session is not None  # created or locked just above
         check_session(session, turn)
-    active = turn_sql.active_turn(connection, turn.session_id)
-    if active is not None:
-        active_id, active_status = active
-        raise SessionBusyError(
-            f"Session {turn.session_id} already has a running turn ({active_id}, "
-            f"{active_status.value}); wait for it to settle or abort it.",
-            snapshot_id=active_id,
-        )
+    check_not_busy(turn.session_id, turn_sql.active_turn(connection, turn.session_id))
     call_sql.answer_calls(connection, answers, now)
     # The session row is locked above, so no other turn can join the session meanwhile.
     latest = turn_sql.latest_turn_id(connection, turn.session_id)
@@ -78,19 +91,15 @@ def create_turn(
 
 async def create_turn_in_one_statement(
     pg: PgConnections, turn: NewTurn, answers: Sequence[InterruptAnswer], now: datetime
-) -> TurnRecord | None:
-    """Try the whole creation as one statement (PostgreSQL, autocommit connection).
+) -> TurnRecord:
+    """Create the pending turn with one statement (PostgreSQL, autocommit connection).
 
-    Returns the created turn, or ``None`` when a rule refused it (unknown agent for the
-    session, a running turn, a parent that is not the session's latest) — nothing was
-    written then. Raises
-    :class:`~stores.pg.StatementRefused` when a constraint refused it: a duplicate id, a
-    concurrent creator (``seq`` or the one-running-turn index), or an answer no longer
-    pending (see ``_CREATE``); the statement rolled back.
-    Only for a turn without an owner: the owner check reads the session (the caller takes
-    :func:`create_turn` for those).
+    A rule that refuses it (the session is another agent's or another owner's, it has a
+    running turn, an answer is not pending or contradicts a recorded decision, the id is
+    taken, the parent is not the session's latest turn) writes nothing and raises the typed
+    error naming it. A concurrent creator that commits first is caught by a constraint
+    instead, mapped by :func:`_raced`.
     """
-    assert turn.owner is None, "a turn with an owner is created by create_turn"
     opening = message_sql.message_rows(turn.initial_messages)
     answered = [
         {
@@ -102,31 +111,100 @@ async def create_turn_in_one_statement(
         }
         for answer in answers
     ]
-    rows = await pg.fetch(
-        _CREATE[bool(answered), bool(opening)],
-        {
-            "id": turn.id,
-            "session_id": turn.session_id,
-            "agent": turn.agent,
-            "parent_id": turn.parent_id,
-            "input": turn.input.model_dump(mode="json", by_alias=True, exclude_unset=True),
-            "history_length": turn.history_length,
-            "max_attempts": turn.max_attempts,
-            "now": now,
-            # Serialised here: jsonb_to_recordset takes one JSON document per parameter.
-            "answers": json_codec.dumps(answered),
-            "answer_count": len(answered),
-            "messages": json_codec.dumps(opening),
-            "work_channel": WORK_CHANNEL,
-        },
+    try:
+        (row,) = await pg.fetch(
+            _CREATE[bool(answered), bool(opening)],
+            {
+                "id": turn.id,
+                "session_id": turn.session_id,
+                "agent": turn.agent,
+                "owner": turn.owner,
+                "parent_id": turn.parent_id,
+                "input": turn.input.model_dump(mode="json", by_alias=True, exclude_unset=True),
+                "history_length": turn.history_length,
+                "max_attempts": turn.max_attempts,
+                "now": now,
+                # Serialised here: jsonb_to_recordset takes one JSON document per parameter.
+                "answers": json_codec.dumps(answered),
+                "answer_count": len(answered),
+                "messages": json_codec.dumps(opening),
+                "work_channel": WORK_CHANNEL,
+            },
+        )
+    except StatementRefused as exc:
+        raise _raced(turn, exc) from exc
+    if row["id"] is not None:
+        return turn_sql.record(row)
+    check_creation(turn, answers, _seen(row))
+    # Every rule held on the statement's snapshot, yet nothing was written: only a
+    # concurrent change between the snapshot and the locks can do that.
+    raise StaleSnapshotError(
+        f"Session {turn.session_id} changed while the turn was being created. "
+        "Continue from the latest snapshot."
     )
-    return turn_sql.record(rows[0]) if rows else None
+
+
+def _seen(row: Mapping[str, Any]) -> CreationRefused:
+    """What a refused statement reported of the session (the ``seen_*`` columns)."""
+    session = None
+    if row["seen_session_agent"] is not None:
+        session = SessionRecord(
+            id=row["seen_session_id"],
+            agent=row["seen_session_agent"],
+            owner=row["seen_session_owner"],
+            created_at=row["seen_session_created_at"],
+            updated_at=row["seen_session_updated_at"],
+        )
+    active = None
+    if row["seen_active_id"] is not None:
+        active = (row["seen_active_id"], TurnStatus(row["seen_active_status"]))
+    calls = [ToolCallRecord.model_validate(call) for call in row["seen_calls"] or ()]
+    return CreationRefused(
+        session=session,
+        active=active,
+        latest_id=row["seen_latest_id"],
+        id_taken=bool(row["seen_id_taken"]),
+        calls={(call.round, call.ref): call for call in calls},
+    )
+
+
+def _raced(turn: NewTurn, refused: StatementRefused) -> AgentError | StatementRefused:
+    """The typed error of a creation a concurrent writer beat, by the constraint it hit
+    (the rules held on the statement's snapshot; the other writer committed after it)."""
+    if refused.constraint == "ux_turns_one_active_per_session":
+        return SessionBusyError(
+            f"Session {turn.session_id} already has a running turn: another one started "
+            "concurrently; wait for it to settle or abort it."
+        )
+    if refused.constraint == "uq_turns_session_id_seq":
+        return StaleSnapshotError(
+            f"Session {turn.session_id} moved on: another turn joined it concurrently. "
+            "Continue from the latest snapshot."
+        )
+    if refused.constraint == "pk_turns":
+        return InvalidArgumentError(f"Turn {turn.id} already exists.")
+    if refused.sqlstate == NOT_NULL_VIOLATION:
+        # The statement's answer count leaves the turn's id NULL (see _create_statement).
+        return ApprovalNotPendingError(
+            f"An interrupt of snapshot {turn.parent_id} was answered concurrently; "
+            "it is no longer pending."
+        )
+    return refused
+
+
+#: PostgreSQL's SQLSTATE for a NULL in a NOT NULL column.
+NOT_NULL_VIOLATION = "23502"
+
+_ANSWERS = """jsonb_to_recordset(CAST(:answers AS jsonb))
+             AS a(turn_id text, round integer, ref text, answer jsonb, decided_by text)"""
 
 
 # The CTEs run as one statement, all on one snapshot:
-# - `ready` is one row when the session is new or the agent's, has no running turn and its
-#   latest turn is the new turn's parent; every write below joins it, so a refused request
-#   writes nothing at all.
+# - `ready` is one row when every rule holds on that snapshot: the session is new or the
+#   agent's (and the owner's, for a caller acting for one), has no running turn, its latest
+#   turn is the new turn's parent, and every answer decides a call still interrupted, with
+#   the recorded decision if an approver made one. Every write below joins it, so a refused
+#   request writes nothing at all, and the final SELECT reports what the rules read.
 # - `session` creates the session or takes its row lock (as the transaction's first
 #   statement does); `created` reads it first, so the lock is taken before any journal row
 #   is (the order the transaction uses too: no lock-order deadlock between the two forms).
@@ -137,40 +215,57 @@ async def create_turn_in_one_statement(
 #   leave the new turn's id NULL, and its NOT NULL constraint fails the statement, undoing
 #   every write in it: the answers are decided once, all together or not at all. A row an
 #   approver already decided is answered only with that decision, and keeps its approver.
+# - The `seen_*` columns are read only when nothing was created (a CASE evaluates its
+#   subqueries only when they are reached), so a created turn pays nothing for them.
 def _create_statement(*, answers: bool, opening: bool) -> sa.TextClause:
     """The statement for a request with or without answers and an opening message: a part
     with nothing to write is left out, so the statement does not even lock its table."""
-    parts = [
-        """
-WITH ready AS (
-    SELECT 1 AS ready
-    WHERE COALESCE((SELECT agent = :agent FROM sessions WHERE id = :session_id), true)
+    answers_pending = (
+        f"""
       AND NOT EXISTS (
-          SELECT 1 FROM turns
-          WHERE session_id = :session_id AND status IN ('pending', 'aborting'))
-      AND (SELECT id FROM turns WHERE session_id = :session_id ORDER BY seq DESC LIMIT 1)
-          IS NOT DISTINCT FROM CAST(:parent_id AS text)),
+          SELECT 1 FROM {_ANSWERS}
+          LEFT JOIN tool_calls AS c
+            ON c.turn_id = :parent_id AND c.turn_id = a.turn_id AND c.round = a.round
+           AND c.ref = a.ref
+          WHERE c.status IS DISTINCT FROM 'interrupted'
+             OR (c.decided_at IS NOT NULL AND c.answer <> a.answer))"""
+        if answers
+        else ""
+    )
+    parts = [
+        f"""
+WITH found_session AS (
+    SELECT id, agent, owner, created_at, updated_at FROM sessions WHERE id = :session_id),
+active AS (
+    SELECT id, status FROM turns
+    WHERE session_id = :session_id AND status IN ('pending', 'aborting') LIMIT 1),
+latest AS (
+    SELECT id FROM turns WHERE session_id = :session_id ORDER BY seq DESC LIMIT 1),
+ready AS (
+    SELECT 1 AS ready
+    WHERE COALESCE(
+          (SELECT agent = :agent AND (CAST(:owner AS text) IS NULL OR owner = :owner)
+           FROM found_session),
+          true)
+      AND NOT EXISTS (SELECT 1 FROM active)
+      AND (SELECT id FROM latest) IS NOT DISTINCT FROM CAST(:parent_id AS text){answers_pending}),
 session AS (
     INSERT INTO sessions (id, agent, owner, created_at, updated_at)
-    SELECT :session_id, :agent, NULL, :now, :now FROM ready
+    SELECT :session_id, :agent, :owner, :now, :now FROM ready
     ON CONFLICT (id) DO UPDATE SET updated_at = excluded.updated_at
     RETURNING id),"""
     ]
     if answers:
         parts.append(
-            """
+            f"""
 answered AS (
     UPDATE tool_calls AS c
     SET status = 'answered', answer = a.answer,
         decided_by = CASE WHEN c.decided_at IS NULL THEN a.decided_by ELSE c.decided_by END,
         decided_at = COALESCE(c.decided_at, :now)
-    FROM jsonb_to_recordset(CAST(:answers AS jsonb))
-             AS a(turn_id text, round integer, ref text, answer jsonb, decided_by text),
-         ready
-    -- Answers name calls of the parent (an answer naming another turn's call matches
-    -- nothing, the count below refuses the statement, and the reference form raises the
-    -- precise error). Saying so lets the plan read the parent's journal by its key; on
-    -- the answer rows alone it hash-joined every open approval, on every resume.
+    FROM {_ANSWERS}, ready
+    -- Answers name calls of the parent. Saying so lets the plan read the parent's journal
+    -- by its key; on the answer rows alone it hash-joined every open approval.
     WHERE c.turn_id = :parent_id
       AND c.turn_id = a.turn_id AND c.round = a.round AND c.ref = a.ref
       AND c.status = 'interrupted'
@@ -205,13 +300,38 @@ opening AS (
     FROM created, jsonb_to_recordset(CAST(:messages AS jsonb))
                       AS m(position integer, role text, content jsonb, metadata jsonb)),"""
         )
+    seen_calls = (
+        f"""(SELECT jsonb_agg(to_jsonb(c))
+                FROM {_ANSWERS}
+                JOIN tool_calls AS c
+                  ON c.turn_id = :parent_id AND c.turn_id = a.turn_id
+                 AND c.round = a.round AND c.ref = a.ref)"""
+        if answers
+        else "NULL"
+    )
+    refused = "created.id IS NULL"
     parts.append(
-        """
+        f"""
 event AS (
     INSERT INTO turn_events (turn_id, from_status, to_status, attempt, note, at)
     SELECT id, NULL, CAST('pending' AS turn_status), 0, NULL, :now FROM created
     RETURNING pg_notify(:work_channel, turn_id))
-SELECT created.* FROM created
+SELECT created.*,
+       CASE WHEN {refused} THEN (SELECT id FROM found_session) END AS seen_session_id,
+       CASE WHEN {refused} THEN (SELECT agent FROM found_session) END AS seen_session_agent,
+       CASE WHEN {refused} THEN (SELECT owner FROM found_session) END AS seen_session_owner,
+       CASE WHEN {refused} THEN (SELECT created_at FROM found_session) END
+           AS seen_session_created_at,
+       CASE WHEN {refused} THEN (SELECT updated_at FROM found_session) END
+           AS seen_session_updated_at,
+       CASE WHEN {refused} THEN (SELECT id FROM active) END AS seen_active_id,
+       CASE WHEN {refused} THEN (SELECT CAST(status AS text) FROM active) END
+           AS seen_active_status,
+       CASE WHEN {refused} THEN (SELECT id FROM latest) END AS seen_latest_id,
+       CASE WHEN {refused} THEN EXISTS (SELECT 1 FROM turns WHERE id = :id) END
+           AS seen_id_taken,
+       CASE WHEN {refused} THEN {seen_calls} END AS seen_calls
+FROM (SELECT 1) AS one LEFT JOIN created ON true
 """
     )
     bound = sa.text("".join(parts)).bindparams(

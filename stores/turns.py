@@ -16,9 +16,9 @@ from sqlalchemy.engine import Connection
 
 from engine.errors import LeaseLostError, StaleTransitionError
 from engine.model import ModelUsage
-from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus
+from engine.status import FinishReason, TurnStatus
 from engine.store import NewTurn, Transition, TurnError, TurnEvent, TurnInput, TurnRecord
-from engine.store_rules import check_transition, transition_changes
+from engine.store_rules import LeaseState, check_lease, check_transition, transition_changes
 from stores.database import utc
 from stores.notify import CHANGE_CHANNEL, WORK_CHANNEL
 from stores.pg import PgConnections, PgStatement
@@ -234,15 +234,8 @@ def fence(connection: Connection, turn_id: str, lease_token: int) -> None:
     # Only the two columns the check needs: a fence runs before every journal write, and
     # building a full record (re-validating the turn's input) would cost more than the read.
     row = connection.execute(_FENCE, {"turn_id": turn_id}).first()
-    if row is None:
-        raise StaleTransitionError(turn_id, f"Turn {turn_id} does not exist.")
-    status, token = TurnStatus(row[0]), row[1]
-    if token != lease_token or status not in ACTIVE_STATUSES:
-        raise LeaseLostError(
-            turn_id,
-            f"Lease {lease_token} on turn {turn_id} is no longer valid "
-            f"(token {token}, status {status.value}).",
-        )
+    found = None if row is None else LeaseState(TurnStatus(row[0]), row[1])
+    check_lease(turn_id, lease_token, found)
 
 
 _FENCE = (

@@ -1,0 +1,241 @@
+"""``PostgresSessionStore``: the production store, each hot write one statement.
+
+A turn's common path — create, claim, read, save a round, settle — is one statement per step,
+run on psycopg's async connections in the event loop (``stores/pg.py``). Each statement
+writes only when its rules hold and otherwise reports what it found, from which
+:mod:`engine.store_rules` raises the precise typed error. Wake-ups and relayed chunks travel
+by LISTEN/NOTIFY, so waiters and subscribers in any process hear them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import URL
+
+from engine.errors import StaleTransitionError
+from engine.model import ModelUsage
+from engine.relay import ChunkSubscription
+from engine.store import (
+    InterruptAnswer,
+    NewTurn,
+    RoundRecord,
+    StoredSnapshot,
+    ToolCallRecord,
+    Transition,
+    TurnProgress,
+    TurnRecord,
+)
+from engine.store_rules import check_answers, check_transition
+from stores import fenced as fenced_sql
+from stores import snapshots as snapshot_sql
+from stores import turn_claims as claim_sql
+from stores import turn_creation as creation_sql
+from stores import turns as turn_sql
+from stores.notify import CHUNK_CHANNEL, Listener, chunk_payloads, notify
+from stores.pg import PLANNER_SETTINGS, PgConnections
+from stores.sql import SqlSessionStore, now_utc, round_and_transition_times
+
+__all__ = ["MAX_KEPT_PROGRESS", "PLANNER_ENV", "PostgresSessionStore"]
+
+#: ``off`` leaves the hot path's connections PostgreSQL's own planner settings.
+PLANNER_ENV = "TURNSTILE_PG_PLANNER"
+
+#: How many claimed turns' progress a store keeps for the worker about to run them.
+MAX_KEPT_PROGRESS = 1_000
+
+
+class PostgresSessionStore(SqlSessionStore):
+    """The :class:`SqlSessionStore` of a PostgreSQL database (``SqlSessionStore(url)`` makes
+    it for a ``postgresql://`` URL)."""
+
+    def __init__(
+        self,
+        url: str | URL | None = None,
+        *,
+        pool_size: int = 10,
+        poll_interval: float = 0.05,
+        planner_settings: Mapping[str, str] | None = None,
+    ) -> None:
+        if planner_settings is None:
+            planner_settings = {} if os.environ.get(PLANNER_ENV) == "off" else PLANNER_SETTINGS
+        super().__init__(
+            url,
+            pool_size=pool_size,
+            poll_interval=poll_interval,
+            planner_settings=planner_settings,
+        )
+        assert self.db.pg is not None, "a PostgreSQL database has async connections"
+        self._pg: PgConnections = self.db.pg
+        self._listener = Listener(self.db.url, self._chunks)
+        # The progress of turns this store claimed and has not yet run.
+        self._claimed_progress: dict[str, TurnProgress] = {}
+
+    # -- turns -------------------------------------------------------------------------
+
+    async def create_turn(
+        self, turn: NewTurn, *, answers: Sequence[InterruptAnswer] = ()
+    ) -> TurnRecord:
+        """See :meth:`engine.store.SessionStore.create_turn`."""
+        check_answers(turn, answers)
+        return await creation_sql.create_turn_in_one_statement(self._pg, turn, answers, now_utc())
+
+    async def get_turn(self, turn_id: str) -> TurnRecord | None:
+        """See :meth:`engine.store.SessionStore.get_turn`."""
+        return await turn_sql.fetch_turn(self._pg, turn_id)
+
+    async def _claim(
+        self,
+        *,
+        owner: str,
+        lease_seconds: float,
+        limit: int,
+        agents: Collection[str] | None = None,
+        turn_ids: Collection[str] | None = None,
+    ) -> list[TurnRecord]:
+        # One autocommit statement (the claim is on every turn's pickup path).
+        checked = await claim_sql.claim_checking_abandoned(
+            self._pg,
+            claim_sql.ClaimRequest(
+                owner=owner,
+                lease_seconds=lease_seconds,
+                now=now_utc(),
+                limit=limit,
+                agents=agents,
+                turn_ids=turn_ids,
+            ),
+        )
+        return await self._claimed(checked, limit)
+
+    async def _claimed(self, checked: claim_sql.CheckedClaim, limit: int) -> list[TurnRecord]:
+        # The rare recovery of an abandoned abort follows in its own transaction.
+        self._keep_progress(checked.progress)
+        if checked.abandoned:
+            await self._write(lambda c: claim_sql.settle_abandoned(c, now_utc(), limit))
+        return checked.turns
+
+    def _keep_progress(self, progress: dict[str, TurnProgress]) -> None:
+        # Kept for the runner's read_progress right after the claim. A turn claimed but never
+        # run (handed back at shutdown) leaves its entry behind: bounded, oldest dropped.
+        self._claimed_progress.update(progress)
+        while len(self._claimed_progress) > MAX_KEPT_PROGRESS:
+            del self._claimed_progress[next(iter(self._claimed_progress))]
+
+    async def transition(self, turn_id: str, change: Transition) -> TurnRecord:
+        """See :meth:`engine.store.SessionStore.transition`."""
+        self._claimed_progress.pop(turn_id, None)  # what the claim read is old now
+        then_claim = change.then_claim
+        saved_at, now = round_and_transition_times()
+        # The follow-on claim, if any, rides in the same round trip and transaction.
+        moved, found, checked = await fenced_sql.transition_fenced(
+            self._pg,
+            turn_id,
+            change,
+            now=now,
+            saved_at=saved_at,
+            claim=(
+                claim_sql.ClaimRequest.of(then_claim, now_utc())
+                if then_claim is not None and then_claim.wanted
+                else None
+            ),
+        )
+        if checked is not None and then_claim is not None:
+            claimed = await self._claimed(checked, then_claim.limit)
+            then_claim.claimed, then_claim.ran = claimed, True
+        if moved is None:
+            check_transition(found, turn_id, change)
+            # `found` is the row as locked, so the guard fails only as the rules say.
+            raise StaleTransitionError(turn_id, f"Turn {turn_id} changed concurrently.")
+        return moved
+
+    # -- rounds and journal ------------------------------------------------------------
+
+    async def _save_fenced(
+        self,
+        turn_id: str,
+        lease_token: int,
+        *,
+        round: RoundRecord | None,
+        calls: Sequence[ToolCallRecord],
+        usage: ModelUsage | None,
+        earlier: RoundRecord | None = None,
+    ) -> None:
+        self._claimed_progress.pop(turn_id, None)  # what the claim read is old now
+        await fenced_sql.save_fenced(
+            self._pg,
+            turn_id,
+            lease_token,
+            round=round,
+            calls=calls,
+            usage=usage,
+            now=now_utc(),
+            earlier=earlier,
+        )
+
+    async def read_progress(self, turn_id: str) -> TurnProgress | None:
+        """See :meth:`engine.store.SessionStore.read_progress`."""
+        # Read with this store's claim of the turn, unless this store wrote the turn
+        # since: the lease that claim took is the only one that can write it.
+        kept = self._claimed_progress.pop(turn_id, None)
+        if kept is not None:
+            return kept
+        return await snapshot_sql.read_progress_in_one_statement(self._pg, turn_id)
+
+    async def read_snapshot(self, turn_id: str) -> StoredSnapshot | None:
+        """See :meth:`engine.store.SessionStore.read_snapshot`."""
+        return await snapshot_sql.read_snapshot_in_one_statement(self._pg, turn_id)
+
+    # -- wake-ups and relay: LISTEN/NOTIFY ----------------------------------------------
+
+    async def wait_for_work(self, timeout: float) -> None:
+        """See :meth:`engine.store.SessionStore.wait_for_work`."""
+        await self._listener.wait_for_work(timeout)
+
+    def take_work_hints(self) -> list[str] | None:
+        """See :meth:`engine.store.SessionStore.take_work_hints`."""
+        return self._listener.take_work_hints()
+
+    async def wait_for_change(self, turn_id: str, timeout: float) -> None:
+        """See :meth:`engine.store.SessionStore.wait_for_change`."""
+        await self._listener.wait_for_change(turn_id, timeout)
+
+    async def publish_chunk(self, turn_id: str, chunk: dict[str, Any]) -> None:
+        """See :meth:`engine.store.SessionStore.publish_chunk`.
+
+        ``NOTIFY`` on ``turnstile_chunk``, so a subscriber in any process gets it (every
+        listening process receives it; only subscribers of the turn keep it).
+        """
+        payloads = chunk_payloads(turn_id, chunk)
+        if not payloads:
+            return
+
+        def send(connection: sa.Connection) -> None:
+            for payload in payloads:
+                notify(connection, CHUNK_CHANNEL, payload)
+
+        await self._write(send)
+
+    @contextlib.asynccontextmanager
+    async def _subscribe(self, turn_id: str) -> AsyncIterator[ChunkSubscription]:
+        async with self._chunks.subscribe(turn_id) as subscription:
+            # Chunks published before our LISTEN is up would be lost: wait for it (briefly;
+            # with the database down the turn cannot start either).
+            await self._listener.wait_connected(timeout=5.0)
+            yield subscription
+
+    @contextlib.asynccontextmanager
+    async def try_cluster_lock(self, name: str) -> AsyncIterator[bool]:
+        """Hold a cluster-wide advisory lock while the block runs, if it is free; yields
+        ``False`` (without waiting) when another process holds it."""
+        async with self.db.advisory_lock(name) as got:
+            yield got
+
+    async def close(self) -> None:
+        """See :meth:`engine.store.SessionStore.close`."""
+        await self._listener.close()
+        await self._pg.close()
+        await super().close()
