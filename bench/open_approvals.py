@@ -10,8 +10,9 @@ Creates and migrates its own database, fills it with ``--turns`` turns in a few
 * ``SELECT count(*) FROM open_approvals``;
 * the first page: ``SELECT * FROM open_approvals ORDER BY created_at LIMIT 50``;
 * the view's old definition (migration 0001's three-way join) run as a query, for comparison;
-* ``SqlSessionStore.open_approvals()`` — the product's own read: the same view through
-  SQLAlchemy, a worker thread and a pydantic model per row;
+* ``SqlSessionStore.list_approvals()`` — the product's own read (the inbox's): the same rows
+  from ``approval_queue`` through SQLAlchemy, a worker thread and a pydantic model per row,
+  up to 1,000 per page;
 
 each SQL query two ways: with the JSON columns fetched as text (psycopg's text loader for
 ``json``/``jsonb`` on that connection — the query's own cost, what T3 is judged on), and
@@ -216,7 +217,8 @@ def time_sql(
 
 
 async def time_store(url: str, repeat: int, warmup: int = 3) -> list[float]:
-    """Milliseconds per ``SqlSessionStore.open_approvals()`` call."""
+    """Milliseconds per ``SqlSessionStore.list_approvals()`` call (one page of 1,000)."""
+    from engine.store import ApprovalQuery
     from stores import SqlSessionStore
 
     store = SqlSessionStore(url)
@@ -224,7 +226,7 @@ async def time_store(url: str, repeat: int, warmup: int = 3) -> list[float]:
     try:
         for number in range(warmup + repeat):
             started = time.perf_counter()
-            await store.open_approvals()
+            await store.list_approvals(ApprovalQuery(limit=1000))
             if number >= warmup:
                 times.append((time.perf_counter() - started) * 1e3)
     finally:
@@ -265,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
             for as_text in (True, False):
                 mode = "JSON as text" if as_text else "JSON decoded"
                 timings[f"{label} [{mode}]"] = time_sql(dsn, sql, args.repeat, json_as_text=as_text)
-        timings["SqlSessionStore.open_approvals()"] = asyncio.run(
+        timings["SqlSessionStore.list_approvals(limit=1000)"] = asyncio.run(
             time_store(url_for(name), args.repeat)
         )
         plan, indexes = explain(dsn, FULL_LIST)

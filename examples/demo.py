@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +96,7 @@ async def run(automatic: bool) -> int:
             "TURNSTILE_LEASE_SECONDS": str(LEASE_SECONDS),
         }
     )
+    from engine.store import ApprovalQuery
     from stores import SqlSessionStore, migrate
 
     migrate(url)
@@ -115,11 +117,12 @@ async def run(automatic: bool) -> int:
         paused = await chat.send("Transfer $500 to my savings account.")
         approval = paused.interrupts[0]
         say(f"  Agent paused ({paused.finish_reason}); snapshot {paused.snapshot_id}")
-        say("  The pending approval, as a row of the open_approvals view:")
-        for row in await store.open_approvals():
+        say("  The pending approval, as the inbox lists it (SQL: the open_approvals view):")
+        for row in await store.list_approvals(ApprovalQuery()):
+            age = (datetime.now(UTC) - row.created_at).total_seconds()
             say(
                 f"    agent={row.agent} interrupt={row.interrupt} ref={row.ref} "
-                f"details={row.input['details']!r} age={row.age_seconds:.2f}s"
+                f"details={row.input['details']!r} age={age:.2f}s"
             )
 
         heading("2. Approve; the worker dies in the middle of the transfer")

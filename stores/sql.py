@@ -308,10 +308,6 @@ class SqlSessionStore:
 
     # -- operator views ----------------------------------------------------------------
 
-    async def open_approvals(self, agent: str | None = None) -> list[views.OpenApproval]:
-        """Rows of the ``open_approvals`` view, oldest first."""
-        return await self._read(lambda c: views.open_approvals(c, agent))
-
     async def stuck_turns(self) -> list[views.StuckTurn]:
         """Rows of the ``stuck_turns`` view."""
         return await self._read(views.stuck_turns)

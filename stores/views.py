@@ -1,4 +1,8 @@
-"""Reads of the operator views (``open_approvals``, ``stuck_turns``, ``turn_timeline``)."""
+"""Reads of the operator views ``stuck_turns`` and ``turn_timeline``.
+
+Open approvals are read from ``approval_queue`` by :mod:`stores.approvals` (the inbox's
+read, :class:`engine.store.PendingApproval`); the ``open_approvals`` view shows the same rows
+to an operator in SQL."""
 
 from __future__ import annotations
 
@@ -9,32 +13,14 @@ import sqlalchemy as sa
 from pydantic import BaseModel
 from sqlalchemy.engine import Connection
 
-from stores import json_codec
 from stores.database import utc
 
 __all__ = [
-    "OpenApproval",
     "StuckTurn",
     "TimelineEntry",
-    "open_approvals",
     "stuck_turns",
     "timeline",
 ]
-
-
-class OpenApproval(BaseModel):
-    """One unanswered interrupt of a session's latest turn."""
-
-    turn_id: str
-    session_id: str
-    agent: str
-    interrupt: str
-    ref: str
-    input: Any
-    metadata: Any
-    deadline: datetime | None
-    created_at: datetime
-    age_seconds: float
 
 
 class StuckTurn(BaseModel):
@@ -71,21 +57,6 @@ def _parse_time(value: Any) -> Any:
     if isinstance(value, str):
         return utc(datetime.fromisoformat(value))
     return value
-
-
-def open_approvals(connection: Connection, agent: str | None = None) -> list[OpenApproval]:
-    """Open approvals, oldest first (optionally of one agent)."""
-    sql = "SELECT * FROM open_approvals"
-    if agent is not None:
-        sql += " WHERE agent = :agent"
-    rows = _rows(connection, sql + " ORDER BY created_at", agent=agent)
-    for row in rows:
-        for key in ("created_at", "deadline"):
-            row[key] = _parse_time(row[key])
-        for key in ("input", "metadata"):
-            if isinstance(row[key], str):
-                row[key] = json_codec.loads(row[key])
-    return [OpenApproval.model_validate(r) for r in rows]
 
 
 def stuck_turns(connection: Connection) -> list[StuckTurn]:
