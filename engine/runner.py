@@ -595,9 +595,7 @@ class TurnRunner:
             require_pending=False,
         )
         origin = {c.ref: c for c in parent_calls}
-        # Changed in place: read_progress hands its caller a copy of its own (see
-        # SessionStore.read_progress), so a deep copy here would copy it twice.
-        amended = paused
+        amended = paused.model_copy(deep=True)
         results: dict[str, _Result] = {}
         rows: list[ToolCallRecord] = []
         restarts: dict[str, Any] = {}

@@ -497,8 +497,7 @@ class Journal(Protocol):
     async def read_progress(self, turn_id: str) -> TurnProgress | None:
         """Everything a worker needs to run (or continue) a claimed turn, read at one moment:
         its parent's conversation and journal, its own rounds and journal (``None`` for an
-        unknown turn). One round trip where the store can. The result is the caller's own:
-        nothing the store keeps shares an object with it, so the runner may change it."""
+        unknown turn). One round trip where the store can."""
         ...
 
     async def read_snapshot(self, turn_id: str) -> StoredSnapshot | None:

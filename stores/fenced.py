@@ -287,8 +287,8 @@ async def transition_fenced(
     checked = None
     if claim is not None:
         try:
-            rows, *claim_rows = await pg.fetch_together(
-                [(statement, params), *claim_sql.checked_claim_queries(claim)]
+            rows, claim_rows = await pg.fetch_together(
+                [(statement, params), claim_sql.checked_claim_query(claim)]
             )
             checked = claim_sql.checked_claim_of(claim_rows)
         except StatementRefused:

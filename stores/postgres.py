@@ -40,13 +40,10 @@ from stores.notify import CHUNK_CHANNEL, Listener, chunk_payloads, notify
 from stores.pg import PLANNER_SETTINGS, PgConnections
 from stores.sql import SqlSessionStore, now_utc, round_and_transition_times
 
-__all__ = ["MAX_KEPT_PROGRESS", "PLANNER_ENV", "PostgresSessionStore"]
+__all__ = ["PLANNER_ENV", "PostgresSessionStore"]
 
 #: ``off`` leaves the hot path's connections PostgreSQL's own planner settings.
 PLANNER_ENV = "TURNSTILE_PG_PLANNER"
-
-#: How many claimed turns' progress a store keeps for the worker about to run them.
-MAX_KEPT_PROGRESS = 1_000
 
 
 class PostgresSessionStore(SqlSessionStore):
@@ -72,8 +69,6 @@ class PostgresSessionStore(SqlSessionStore):
         assert self.db.pg is not None, "a PostgreSQL database has async connections"
         self._pg: PgConnections = self.db.pg
         self._listener = Listener(self.db.url, self._chunks)
-        # The progress of turns this store claimed and has not yet run.
-        self._claimed_progress: dict[str, TurnProgress] = {}
 
     # -- turns -------------------------------------------------------------------------
 
@@ -113,21 +108,12 @@ class PostgresSessionStore(SqlSessionStore):
 
     async def _claimed(self, checked: claim_sql.CheckedClaim, limit: int) -> list[TurnRecord]:
         # The rare recovery of an abandoned abort follows in its own transaction.
-        self._keep_progress(checked.progress)
         if checked.abandoned:
             await self._write(lambda c: claim_sql.settle_abandoned(c, now_utc(), limit))
         return checked.turns
 
-    def _keep_progress(self, progress: dict[str, TurnProgress]) -> None:
-        # Kept for the runner's read_progress right after the claim. A turn claimed but never
-        # run (handed back at shutdown) leaves its entry behind: bounded, oldest dropped.
-        self._claimed_progress.update(progress)
-        while len(self._claimed_progress) > MAX_KEPT_PROGRESS:
-            del self._claimed_progress[next(iter(self._claimed_progress))]
-
     async def transition(self, turn_id: str, change: Transition) -> TurnRecord:
         """See :meth:`engine.store.SessionStore.transition`."""
-        self._claimed_progress.pop(turn_id, None)  # what the claim read is old now
         then_claim = change.then_claim
         saved_at, now = round_and_transition_times()
         # The follow-on claim, if any, rides in the same round trip and transaction.
@@ -164,7 +150,6 @@ class PostgresSessionStore(SqlSessionStore):
         usage: ModelUsage | None,
         earlier: RoundRecord | None = None,
     ) -> None:
-        self._claimed_progress.pop(turn_id, None)  # what the claim read is old now
         await fenced_sql.save_fenced(
             self._pg,
             turn_id,
@@ -178,11 +163,6 @@ class PostgresSessionStore(SqlSessionStore):
 
     async def read_progress(self, turn_id: str) -> TurnProgress | None:
         """See :meth:`engine.store.SessionStore.read_progress`."""
-        # Read with this store's claim of the turn, unless this store wrote the turn
-        # since: the lease that claim took is the only one that can write it.
-        kept = self._claimed_progress.pop(turn_id, None)
-        if kept is not None:
-            return kept
         return await snapshot_sql.read_progress_in_one_statement(self._pg, turn_id)
 
     async def read_snapshot(self, turn_id: str) -> StoredSnapshot | None:

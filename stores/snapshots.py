@@ -22,9 +22,6 @@ from stores import turns as turn_sql
 from stores.pg import PgConnections, PgStatement
 
 __all__ = [
-    "progress_columns",
-    "progress_of",
-    "progress_start",
     "read_progress",
     "read_progress_in_one_statement",
     "read_snapshot",
@@ -106,11 +103,11 @@ def read_progress(connection: Connection, turn_id: str) -> TurnProgress | None:
 async def read_progress_in_one_statement(pg: PgConnections, turn_id: str) -> TurnProgress | None:
     """:func:`read_progress` on PostgreSQL: one statement, one snapshot of the database."""
     rows = await pg.fetch(_PROGRESS, {"turn_id": turn_id})
-    return progress_of(rows[0]) if rows else None
+    return _progress_of(rows[0]) if rows else None
 
 
-def progress_of(row: Mapping[str, Any]) -> TurnProgress:
-    """The :class:`TurnProgress` in a row with :func:`progress_columns`."""
+def _progress_of(row: Mapping[str, Any]) -> TurnProgress:
+    """The :class:`TurnProgress` in a row with :func:`_progress_columns`."""
     return TurnProgress(
         parent_conversation=message_sql.assemble_conversation(row["conversation"] or []),
         parent_journal=_journal_of(row["parent_journal"]),
@@ -119,7 +116,7 @@ def progress_of(row: Mapping[str, Any]) -> TurnProgress:
     )
 
 
-def progress_columns(turn: str) -> str:
+def _progress_columns(turn: str) -> str:
     """The SELECT list of a turn's progress (``conversation``, ``parent_journal``,
     ``rounds``, ``journal``), for ``turn``, an SQL row with ``id`` and ``parent_id``, and
     an ``ancestry`` walk starting at its parent. The turn's own messages come as ``[round,
@@ -132,7 +129,7 @@ def progress_columns(turn: str) -> str:
        {_journal_json(turn + ".id")} AS journal"""
 
 
-def progress_start(parent_id: str) -> str:
+def _progress_start(parent_id: str) -> str:
     """The start of the ``ancestry`` walk of a progress: the turn whose id is the SQL
     expression ``parent_id`` (the progressing turn's parent)."""
     return (
@@ -145,10 +142,10 @@ def progress_start(parent_id: str) -> str:
 _PROGRESS = PgStatement(
     sa.text(
         message_sql.ancestry_cte(
-            progress_start("(SELECT parent_id FROM turns WHERE id = :turn_id)")
+            _progress_start("(SELECT parent_id FROM turns WHERE id = :turn_id)")
         )
         + f"""
-SELECT {progress_columns("turns")}
+SELECT {_progress_columns("turns")}
 FROM turns WHERE turns.id = :turn_id
 """
     )

@@ -19,19 +19,17 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection
 
 from engine.status import TurnStatus
-from engine.store import FollowOnClaim, TurnProgress, TurnRecord
+from engine.store import FollowOnClaim, TurnRecord
 from engine.store_rules import ABANDONED_ABORT
-from stores.messages import ancestry_cte
 from stores.pg import PgConnections, PgStatement
 from stores.schema import TIMESTAMP, turns
-from stores.snapshots import progress_columns, progress_of, progress_start
 from stores.turns import record, transition
 
 __all__ = [
     "CheckedClaim",
     "ClaimRequest",
     "checked_claim_of",
-    "checked_claim_queries",
+    "checked_claim_query",
     "claim",
     "claim_checking_abandoned",
     "claim_statement",
@@ -121,57 +119,37 @@ class CheckedClaim:
     turns: list[TurnRecord]
     #: Whether an ``aborting`` turn whose worker died waits for :func:`settle_abandoned`.
     abandoned: bool
-    #: Each leased turn's progress (what ``SessionStore.read_progress`` returns), read in
-    #: the claim's transaction right after it: the worker that runs the turn needs it next,
-    #: and nobody else can change it meanwhile (the turn's own rows are written only under
-    #: the new lease; its parent has settled, and its answers were written before the turn
-    #: existed).
-    progress: dict[str, TurnProgress]
 
 
 async def claim_checking_abandoned(pg: PgConnections, request: ClaimRequest) -> CheckedClaim:
-    """The claim as one autocommit round trip (PostgreSQL): the claim statement, which also
-    says whether an ``aborting`` turn whose worker died is waiting to be settled (rare; the
-    caller runs :func:`settle_abandoned` in its own transaction), then the read of each
-    leased turn's progress, in one transaction.
+    """The claim as one autocommit statement (PostgreSQL), which also says whether an
+    ``aborting`` turn whose worker died is waiting to be settled (rare; the caller runs
+    :func:`settle_abandoned` in its own transaction).
 
-    One round trip instead of five (``BEGIN``, the recovery read, the claim, ``COMMIT``,
-    then the worker's read of the turn's progress): the claim sits on the path from a
-    resume to its pickup. The UPDATE is atomic on its own; ``SKIP LOCKED`` still keeps
-    concurrent claimers apart.
+    One round trip instead of four (``BEGIN``, the recovery read, the claim, ``COMMIT``): the
+    claim sits on the path from a resume to its pickup. The UPDATE is atomic on its own;
+    ``SKIP LOCKED`` still keeps concurrent claimers apart.
     """
-    return checked_claim_of(await pg.fetch_together(checked_claim_queries(request)))
+    return checked_claim_of(await pg.fetch(*checked_claim_query(request)))
 
 
-def checked_claim_queries(request: ClaimRequest) -> list[tuple[PgStatement, dict[str, Any]]]:
-    """The statements and values of :func:`claim_checking_abandoned`, for a caller that runs
-    them in one transaction after statements of its own; :func:`checked_claim_of` reads
-    their rows.
-
-    Why the progress is a statement of its own: in READ COMMITTED a statement reads with
-    the snapshot taken when it started. A fenced write of the turn's previous holder (a
-    worker that stalled past its lease, its token still valid until this claim) can commit
-    after the claim's snapshot and before the claim locks the row; read by the claim
-    statement, the progress would miss that write, and the new holder would ask the model
-    again for a round whose tool call had started. The next statement's snapshot is taken
-    after the lock, and from the lock on no write under the old token can commit (its fence
-    waits for the lock, then finds the new token).
-    """
-    return [(_CHECKED_CLAIMS[request.form], request.params()), (_CLAIMED_PROGRESS, {})]
+def checked_claim_query(request: ClaimRequest) -> tuple[PgStatement, dict[str, Any]]:
+    """The statement and values of :func:`claim_checking_abandoned`, for a caller that runs
+    it in one transaction after statements of its own; :func:`checked_claim_of` reads its
+    rows."""
+    return _CHECKED_CLAIMS[request.form], request.params()
 
 
-def checked_claim_of(rows: Sequence[list[dict[str, Any]]]) -> CheckedClaim:
-    """What the rows of the checked claim's two statements say."""
-    claim_rows, progress_rows = rows
+def checked_claim_of(rows: Sequence[dict[str, Any]]) -> CheckedClaim:
+    """What the rows of the checked claim say."""
     claimed: list[TurnRecord] = []
     abandoned = False
-    for row in claim_rows:
+    for row in rows:
         abandoned = abandoned or bool(row["abandoned"])
         if row["id"] is not None:  # the one row of an empty claim has no turn
             claimed.append(record(row))
     claimed.sort(key=lambda t: (t.run_after, t.id))
-    progress = {str(row["id"]): progress_of(row) for row in progress_rows}
-    return CheckedClaim(turns=claimed, abandoned=abandoned, progress=progress)
+    return CheckedClaim(turns=claimed, abandoned=abandoned)
 
 
 def settle_abandoned(connection: Connection, now: datetime, limit: int) -> None:
@@ -252,16 +230,10 @@ _CLAIMS = {
 }
 
 
-#: The transaction-local setting through which the claim statement tells the progress
-#: statement after it which turns it leased (a text array literal of their ids): the
-#: statements are sent together, before either has run, so no parameter can carry them.
-_CLAIMED_SETTING = "turnstile.claimed"
-
-
 def _checked_claim(*, agents: bool, turn_ids: bool) -> PgStatement:
     """The claim as a data-modifying CTE, left-joined to one row so that an empty claim
     still answers the recovery question (``abandoned``: an index probe on the partial
-    index ``ix_turns_aborting``) and notes the leased ids for :data:`_CLAIMED_PROGRESS`."""
+    index ``ix_turns_aborting``)."""
     claimed = _claim_update(agents=agents, turn_ids=turn_ids, arrays=True).cte("claimed")
     abandoned = (
         sa.exists()
@@ -271,39 +243,10 @@ def _checked_claim(*, agents: bool, turn_ids: bool) -> PgStatement:
         )
         .label("abandoned")
     )
-    # Evaluated once (an uncorrelated subquery), whatever the number of rows.
-    noted = (
-        sa.select(
-            sa.func.set_config(
-                _CLAIMED_SETTING,
-                sa.cast(
-                    sa.func.coalesce(sa.func.array_agg(claimed.c.id), sa.text("'{}'::text[]")),
-                    sa.Text,
-                ),
-                sa.true(),
-            )
-        )
-        .scalar_subquery()
-        .label("noted")
-    )
     one = sa.select(sa.literal(1).label("one")).subquery("one")
     return PgStatement(
-        sa.select(*claimed.c, abandoned, noted).select_from(one.outerjoin(claimed, sa.true()))
+        sa.select(*claimed.c, abandoned).select_from(one.outerjoin(claimed, sa.true()))
     )
-
-
-# Each leased turn's progress, as stores/snapshots.py reads it for one turn; `= ANY` of
-# the noted array keeps it a primary-key probe per turn.
-_CLAIMED_PROGRESS = PgStatement(
-    sa.text(
-        f"""SELECT claimed.id, progress.*
-FROM turns AS claimed
-CROSS JOIN LATERAL ({ancestry_cte(progress_start("claimed.parent_id"))}
-    SELECT {progress_columns("claimed")}) AS progress
-WHERE claimed.id = ANY (CAST(current_setting('{_CLAIMED_SETTING}') AS text[]))
-"""
-    )
-)
 
 
 _CHECKED_CLAIMS = {

@@ -1,14 +1,12 @@
-"""A claim hands its worker the progress as it stands once the claim holds the turn.
+"""A claimed turn's worker continues from the progress as it stands once the claim holds it.
 
-A PostgreSQL claim returns each leased turn's progress (rounds, journal, the parent's
-conversation) in the same round trip, so the worker can start at once. In READ COMMITTED,
-one statement reads with one snapshot, taken when it starts. Had the claim and the progress
-read been one statement, a fenced write of the previous lease holder (a worker that stalled
-past its lease) committing after that snapshot but before the claim locked the row would be
-durable yet missing from what the new holder continues from — it would ask the model again
-for a round whose tool call has started, and a non-idempotent call would run blindly. The
-progress is read by the next statement of the claim's transaction, with a snapshot taken
-after the claim locked the turn; from then on no fenced write of the old lease can commit.
+In READ COMMITTED, one statement reads with one snapshot, taken when it starts. A fenced
+write of the previous lease holder (a worker that stalled past its lease) can commit after
+the claim's snapshot but before the claim locks the row. Had the claim read the progress
+itself, that write would be durable yet missing from what the new holder continues from —
+it would ask the model again for a round whose tool call has started, and a non-idempotent
+call would run blindly. The worker reads the progress with a statement of its own after the
+claim committed; from the claim's lock on, no fenced write of the old lease can commit.
 
 The tests make the window wide and deterministic: a trigger makes the claim's UPDATE sleep
 after it has locked the row, and meanwhile another connection commits a journal row and a
@@ -28,7 +26,7 @@ from engine.status import FinishReason, TurnStatus
 from engine.store import FollowOnClaim, ToolCallStatus, Transition, TurnProgress
 from stores import SqlSessionStore
 from tests.databases import drop_postgres_database, libpq_dsn, new_postgres_database
-from tests.integration.test_store_contract import new_turn
+from tests.integration.store_support import new_turn
 
 SLOW_OWNER = "slow-claimer"
 SLEEP_SECONDS = 0.6
@@ -93,7 +91,7 @@ def assert_sees_the_started_call(progress: TurnProgress | None) -> None:
 
 async def test_a_claim_sees_a_write_that_committed_while_it_ran(store: SqlSessionStore) -> None:
     """A round and a started call committed after the claim began, before it finished, are
-    in the progress the claim returns: the new holder continues the started call."""
+    in the progress its worker reads: the new holder continues the started call."""
     await store.create_turn(new_turn("t1", "s1"))
 
     claiming = asyncio.create_task(store.claim_turn("t1", owner=SLOW_OWNER, lease_seconds=30.0))

@@ -144,34 +144,3 @@ async def test_claims_and_heartbeats_update_the_turn_row_in_place(store: SqlSess
         updates, hot = connection.execute(hot_updates).one()
 
     assert (updates, hot) == (3, 3)
-
-
-async def test_a_claim_brings_the_progress_its_worker_reads_next(store: SqlSessionStore) -> None:
-    """The claim's round trip also reads each leased turn's progress (its second
-    statement): the worker's read that follows costs no round trip and equals a fresh read;
-    once the lease holder writes, the next read goes to the database again."""
-    answer, resume = await paused_transfer(store, 7)
-    await store.create_turn(resume("child"), answers=[answer])
-    fresh = await store.read_progress("child")
-    assert store.db.pg is not None
-    statements: list[str] = []
-    real_fetch_together = store.db.pg.fetch_together
-
-    async def counted(batch: Any, **kwargs: Any) -> Any:
-        statements.append(" + ".join(statement.sql for statement, _ in batch))
-        return await real_fetch_together(batch, **kwargs)
-
-    store.db.pg.fetch_together = counted  # type: ignore[method-assign]
-
-    claimed = await store.claim_turn("child", owner="w", lease_seconds=30)
-    assert len(statements) == 1
-    assert await store.read_progress("child") == fresh
-    assert len(statements) == 1  # no statement: the claim read it
-    await store.save_round(
-        "child",
-        lease_token=claimed.lease_token,
-        round=RoundRecord(round=1, messages=[], committed=False),
-    )
-    statements.clear()
-    assert (await store.read_progress("child")) is not None
-    assert len(statements) == 1
