@@ -1,4 +1,9 @@
-"""Agents: configuration, snapshots, abort, and how one turn is started and answered.
+"""Agents: the public façade over configuration, snapshot reads, abort, and running a turn.
+
+What a turn goes through lives in modules of its own — starting it (:mod:`engine.turn_start`),
+waiting for it to settle (:mod:`engine.waiting`), who may see it (:mod:`engine.ownership`),
+idempotent requests (:mod:`engine.idempotency`), client-managed state
+(:mod:`engine.client_state`) — and :class:`Agent` ties them to one agent's configuration.
 
 A turn always runs against a :class:`~engine.store.SessionStore`: the agent's own store, or —
 for client-managed state (``store=None``) — a scratch in-memory store rebuilt from the
@@ -9,83 +14,35 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import uuid
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import replace
+from typing import Any
 
-from engine.errors import (
-    AgentError,
-    FailedPreconditionError,
-    InvalidArgumentError,
-    NotFoundError,
-    SessionBusyError,
-    SnapshotNotResumableError,
-    StoreError,
-    TurnFailedError,
-)
+from engine.chat import Chat
+from engine.client_state import sign_state
+from engine.errors import FailedPreconditionError, InvalidArgumentError
 from engine.executor import LeaseSettings, RetryPolicy, run_inline
-from engine.memory_store import InMemorySessionStore
+from engine.idempotency import keyed_turn_id
 from engine.model import Model
-from engine.response import AgentChunk, AgentResponse, interrupts_of
-from engine.resume import plan_continuation
+from engine.ownership import own_turn, visible
+from engine.response import AgentChunk, AgentResponse, settled_response
 from engine.runner import ChunkCallback, RunnerConfig
 from engine.schemas import Schema
 from engine.signals import AbortSignal
-from engine.signing import StateSigner, canonical_json
-from engine.snapshots import SessionSnapshot, SessionState, restore_client_state
-from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus
-from engine.store import (
-    NewTurn,
-    SessionStore,
-    StoredSnapshot,
-    TurnInput,
-    TurnRecord,
-)
+from engine.signing import StateSigner
+from engine.snapshots import SessionSnapshot, SessionState
+from engine.status import ACTIVE_STATUSES, TurnStatus
+from engine.store import SessionStore, StoredSnapshot, TurnRecord
 from engine.tools import Tool
-
-if TYPE_CHECKING:
-    from engine.chat import Chat
+from engine.turn_request import TurnRequest
+from engine.turn_start import StartedTurn, start_turn
+from engine.waiting import wait_settled
 
 __all__ = ["Agent", "SessionSnapshot", "SessionState", "TurnRequest"]
 
 logger = logging.getLogger("turnstile.agent")
-
-#: How many settled snapshots an agent keeps after waiting for them, so that continuing one
-#: (typically: a resume right after the turn paused) does not read it again. See
-#: :meth:`Agent._start`.
-RECENT_SNAPSHOTS = 128
-
-
-@dataclass(frozen=True)
-class TurnRequest:
-    """Where a turn continues from, and with what."""
-
-    input: TurnInput
-    session_id: str | None = None
-    snapshot_id: str | None = None
-    state: Mapping[str, Any] | None = None
-    #: Who answers the interrupts of a resume (recorded on the journal rows).
-    decided_by: str | None = None
-    #: The principal the session belongs to (``None``: trusted local caller, no check). A
-    #: new session is created for it; another principal's session is reported unknown.
-    owner: str | None = None
-    #: The new turn's id, chosen by the caller (e.g. to subscribe to its chunks first).
-    turn_id: str | None = None
-    #: The caller's key for this request: the same key again (a retry after a timeout or a
-    #: lost answer) returns the turn the first request created instead of creating another.
-    idempotency_key: str | None = None
-
-
-@dataclass
-class _Started:
-    store: SessionStore
-    turn: TurnRecord
-    #: Created by an earlier request with the same idempotency key, not by this one.
-    repeated: bool = False
 
 
 class Agent:
@@ -131,16 +88,22 @@ class Agent:
         #: them in the caller; ``inline`` / ``workers`` force one or the other.
         self.execution = execution
         self.poll_interval = poll_interval
-        self._owner = owner
+        #: Who leases the turns this agent runs in the caller (inline and client-managed).
+        self.lease_owner = owner
         self._local_aborts = local_aborts if local_aborts is not None else {}
         self._input_schemas: dict[str, Schema] = {t.name: t.input for t in tools}
-        #: Snapshots of this agent's store seen settled by wait_settled, newest last.
-        self._recent: OrderedDict[str, StoredSnapshot] = OrderedDict()
 
     @property
     def state_management(self) -> str:
         """``server`` with a store, ``client`` without (Genkit's action metadata)."""
         return "server" if self.store is not None else "client"
+
+    @property
+    def queued(self) -> bool:
+        """Whether this agent's turns run in the worker pool rather than in the caller."""
+        if self.execution == "auto":
+            return self.store is not None and self.store.durable
+        return self.execution == "workers"
 
     def runner_config(self) -> RunnerConfig:
         """What the turn runner needs (also used by the worker pool)."""
@@ -160,8 +123,6 @@ class Agent:
         state: Mapping[str, Any] | None = None,
     ) -> Chat:
         """A conversation handle: new, or reopened by session id, snapshot id or state blob."""
-        from engine.chat import Chat
-
         if self.store is None and (session_id or snapshot_id):
             which = "snapshotId" if snapshot_id else "sessionId"
             raise FailedPreconditionError(
@@ -186,31 +147,6 @@ class Agent:
             )
         return self.store
 
-    async def _own_turn(
-        self, store: SessionStore, snapshot_id: str, owner: str | None = None
-    ) -> TurnRecord:
-        return await self._check_own(store, snapshot_id, await store.get_turn(snapshot_id), owner)
-
-    async def _check_own(
-        self, store: SessionStore, snapshot_id: str, turn: TurnRecord | None, owner: str | None
-    ) -> TurnRecord:
-        """``turn`` if it is this agent's and ``owner`` may see it; else "not found"."""
-        if (
-            turn is None
-            or turn.agent != self.name
-            or not await self._owned_by(store, turn.session_id, owner)
-        ):
-            raise NotFoundError(f"Snapshot '{snapshot_id}' not found for agent '{self.name}'.")
-        return turn
-
-    @staticmethod
-    async def _owned_by(store: SessionStore, session_id: str, owner: str | None) -> bool:
-        """Whether ``owner`` may see the session (``None``: a trusted local caller)."""
-        if owner is None:
-            return True
-        session = await store.get_session(session_id)
-        return session is not None and session.owner == owner
-
     async def get_snapshot(
         self,
         *,
@@ -228,11 +164,7 @@ class Agent:
         else:
             assert session_id is not None
             turn = await store.latest_turn(session_id)
-        if (
-            turn is None
-            or turn.agent != self.name
-            or not await self._owned_by(store, turn.session_id, owner)
-        ):
+        if turn is None or not await visible(store, turn, agent=self.name, owner=owner):
             return None
         return SessionSnapshot.of(turn, await store.load_conversation(turn.id))
 
@@ -244,7 +176,7 @@ class Agent:
         settled snapshots are left as they are.
         """
         store = self._require_store("abort")
-        await self._own_turn(store, snapshot_id, owner)
+        await own_turn(store, snapshot_id, agent=self.name, owner=owner)
         return await self.abort_in(store, snapshot_id)
 
     async def abort_in(self, store: SessionStore, turn_id: str) -> TurnStatus:
@@ -278,26 +210,41 @@ class Agent:
             return await self._run_relayed(request, on_chunk, on_started)
         listening: list[asyncio.Future[None]] = []
         try:
-            started = await self._start(request, listen=listening if self.queued and wait else None)
+            started = await start_turn(
+                self, request, listen=listening if self.queued and wait else None
+            )
             if on_started is not None:
                 on_started(started.store, started.turn)
             if self.queued or started.repeated:
-                # A repeated request for a settled turn answers with it, as the first did.
-                if not wait and started.turn.status in ACTIVE_STATUSES:
-                    return AgentResponse(
-                        session_id=started.turn.session_id,
-                        snapshot_id=started.turn.id,
-                        status=started.turn.status,
-                        finish_reason=None,
-                        messages=[],
-                    )
-                settled = await self.wait_settled(
-                    started.store, started.turn.id, listening=listening[0] if listening else None
-                )
-                return await self.respond_for(started.store, settled)
+                return await self._answer_queued(started, wait, listening)
         finally:
             for waiter in listening:
                 waiter.cancel()
+        return await self._run_inline(started, on_chunk)
+
+    async def _answer_queued(
+        self, started: StartedTurn, wait: bool, listening: list[asyncio.Future[None]]
+    ) -> AgentResponse:
+        """The response for a turn somebody else runs: settled, or ``pending`` at once
+        without ``wait``."""
+        # A repeated request for a settled turn answers with it, as the first did.
+        if not wait and started.turn.status in ACTIVE_STATUSES:
+            return AgentResponse(
+                session_id=started.turn.session_id,
+                snapshot_id=started.turn.id,
+                status=started.turn.status,
+                finish_reason=None,
+                messages=[],
+            )
+        settled = await self.wait_settled(
+            started.store, started.turn.id, listening=listening[0] if listening else None
+        )
+        return await self.respond_for(started.store, settled)
+
+    async def _run_inline(
+        self, started: StartedTurn, on_chunk: ChunkCallback | None
+    ) -> AgentResponse:
+        """Run a turn in the caller, abortable from this process by its signal."""
         signal = AbortSignal()
         self._local_aborts[started.turn.id] = signal
         try:
@@ -308,7 +255,7 @@ class Agent:
                     self.runner_config(),
                     started.store,
                     started.turn.id,
-                    owner=self._owner,
+                    owner=self.lease_owner,
                     on_chunk=on_chunk,
                     abort_signal=signal,
                     lease=self.lease,
@@ -326,13 +273,15 @@ class Agent:
         (so the worker cannot publish one we miss), then forward them until it settles."""
         store = self._require_store("streaming a queued turn")
         turn_id = request.turn_id or (
-            self._keyed_id(request) if request.idempotency_key is not None else str(uuid.uuid4())
+            keyed_turn_id(self.name, request)
+            if request.idempotency_key is not None
+            else str(uuid.uuid4())
         )
         request = replace(
             request, turn_id=turn_id, input=request.input.model_copy(update={"relay": True})
         )
         async with store.subscribe_chunks(turn_id) as chunks:
-            started = await self._start(request)
+            started = await start_turn(self, request)
             if on_started is not None:
                 on_started(started.store, started.turn)
 
@@ -353,12 +302,7 @@ class Agent:
                 await on_chunk(AgentChunk.from_wire(chunk))
         return await self.respond_for(store, settled)
 
-    @property
-    def queued(self) -> bool:
-        """Whether this agent's turns run in the worker pool rather than in the caller."""
-        if self.execution == "auto":
-            return self.store is not None and self.store.durable
-        return self.execution == "workers"
+    # -- answering ----------------------------------------------------------------------
 
     async def wait_settled(
         self,
@@ -369,50 +313,15 @@ class Agent:
         listening: asyncio.Future[None] | None = None,
     ) -> StoredSnapshot:
         """Wait until a turn settles (any process may be running it) and return it, with
-        its conversation and journal (read together, in one round trip where the store can).
-
-        Woken by the store's change notifications, re-checking every ``poll_interval``
-        seconds in case one was missed. Raises :class:`TimeoutError` after ``timeout``.
-        ``listening``: a wait for the turn's change notification registered before the turn
-        was created (nothing can have been missed): awaited first, without a read.
-        """
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
-        if listening is not None:
-            with contextlib.suppress(TimeoutError):  # past the deadline: raised below
-                await asyncio.wait_for(listening, timeout)
-        # The first check usually follows the settle's notification: read the turn whole.
-        # A turn still running then is polled by its row alone (a long turn must not cost
-        # its whole conversation every poll) and read whole once settled.
-        whole = True
-        while True:
-            wait_for = self.poll_interval
-            if deadline is not None:
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    raise TimeoutError(f"Snapshot {turn_id} did not settle in {timeout}s.")
-                wait_for = min(wait_for, remaining)
-            # Listen before reading: a settlement that lands between the read and the wait
-            # must still wake us (the waiter registers as soon as the read yields).
-            waiter = asyncio.ensure_future(store.wait_for_change(turn_id, wait_for))
-            try:
-                if whole:
-                    stored = await store.read_snapshot(turn_id)
-                    turn = stored.turn if stored is not None else None
-                else:
-                    stored, turn = None, await store.get_turn(turn_id)
-                if turn is not None and turn.status not in ACTIVE_STATUSES:
-                    turn_and_reads = stored or await store.read_snapshot(turn_id)
-                    if turn_and_reads is not None:
-                        self._remember(store, turn_and_reads)
-                        return turn_and_reads
-                    turn = None  # gone since (pruned)
-                if turn is None:
-                    raise NotFoundError(f"Snapshot '{turn_id}' not found for agent '{self.name}'.")
-                whole = False
-                await waiter
-            finally:
-                waiter.cancel()
+        its conversation and journal; see :func:`engine.waiting.wait_settled`."""
+        return await wait_settled(
+            store,
+            turn_id,
+            agent=self.name,
+            poll_interval=self.poll_interval,
+            timeout=timeout,
+            listening=listening,
+        )
 
     async def wait(
         self, snapshot_id: str, *, timeout: float | None = None, owner: str | None = None
@@ -420,7 +329,7 @@ class Agent:
         """Wait for a pending snapshot (e.g. from ``send(..., wait=False)``) to settle and
         return its response; usable from any process that shares the store."""
         store = self._require_store("wait")
-        await self._own_turn(store, snapshot_id, owner)
+        await own_turn(store, snapshot_id, agent=self.name, owner=owner)
         settled = await self.wait_settled(store, snapshot_id, timeout)
         return await self.respond_for(store, settled)
 
@@ -433,275 +342,10 @@ class Agent:
             turn, messages = settled.turn, settled.conversation
         else:
             turn, messages = settled, await store.load_conversation(settled.id)
-        state = None
-        snapshot_id: str | None = turn.id
-        if self.store is None:
-            state = self.signer.sign(
-                SessionState(session_id=turn.session_id, messages=messages).to_wire(),
-                agent=self.name,
-            )
-            snapshot_id = None
-        response = AgentResponse(
-            session_id=turn.session_id,
-            snapshot_id=snapshot_id,
-            status=turn.status,
-            finish_reason=turn.finish_reason,
-            messages=messages,
-            interrupts=(
-                interrupts_of(messages[-1] if messages else None, self._input_schemas)
-                if turn.finish_reason is FinishReason.INTERRUPTED
-                else []
-            ),
-            state=state,
+        if self.store is not None:
+            return settled_response(turn, messages, self._input_schemas)
+        # Client-managed: the client keeps the conversation, signed; there is no snapshot id.
+        state = sign_state(
+            self.signer, agent=self.name, session_id=turn.session_id, messages=messages
         )
-        if turn.status is TurnStatus.FAILED:
-            error = turn.error
-            failure = TurnFailedError(
-                error.message if error else "The turn failed.",
-                status=error.status if error else "INTERNAL",
-                details=error.details if error else None,
-                snapshot_id=turn.id,
-                response=response,
-            )
-            response.error = failure
-            raise failure
-        return response
-
-    def _remember(self, store: SessionStore, stored: StoredSnapshot) -> None:
-        """Keep a snapshot of this agent's own store that was just seen settled."""
-        if store is not self.store:
-            return  # a client-managed turn's scratch store: nothing to continue from
-        self._recent[stored.turn.id] = stored
-        self._recent.move_to_end(stored.turn.id)
-        while len(self._recent) > RECENT_SNAPSHOTS:
-            self._recent.popitem(last=False)
-
-    def _keyed_id(self, request: TurnRequest) -> str:
-        """The turn id of a request under an idempotency key: one per agent and principal."""
-        assert request.idempotency_key is not None
-        scope = f"{self.name}\x00{request.owner or ''}\x00{request.idempotency_key}"
-        return "key-" + hashlib.sha256(scope.encode()).hexdigest()[:32]
-
-    async def _repeated(self, store: SessionStore, request: TurnRequest) -> TurnRecord | None:
-        """The turn an earlier request with ``request``'s idempotency key created (``None``:
-        none yet); a different request under the same key is refused."""
-        assert request.turn_id is not None
-        earlier = await store.get_turn(request.turn_id)
-        if earlier is None:
-            return None
-        same = (
-            earlier.agent == self.name
-            and request.session_id in (None, earlier.session_id)
-            and request.snapshot_id in (None, earlier.parent_id)
-            and _same_input(earlier.input, request.input)
-            and await self._owned_by(store, earlier.session_id, request.owner)
-        )
-        if not same:
-            raise InvalidArgumentError(
-                f"Idempotency key {request.idempotency_key!r} was already used for a different "
-                "request; use a new key for a new request."
-            )
-        logger.info("turn %s: repeated request (same idempotency key)", earlier.id)
-        return earlier
-
-    async def _created_already(
-        self, store: SessionStore, new: NewTurn, refused: AgentError
-    ) -> TurnRecord:
-        """``new`` as the store holds it, if the refused creation had in fact happened (the
-        same turn: id, session, parent and input); else ``refused`` is raised."""
-        try:
-            existing = await store.get_turn(new.id)
-        except StoreError:
-            raise refused from None
-        if (
-            existing is None
-            or existing.session_id != new.session_id
-            or existing.parent_id != new.parent_id
-            or not _same_input(existing.input, new.input)
-        ):
-            if isinstance(refused, StoreError) and refused.may_have_applied:
-                # Read back: the turn does not exist, so the write did not apply.
-                raise StoreError(refused.message, may_have_applied=False) from refused
-            raise refused
-        logger.info("turn %s: created by an earlier attempt of this request", new.id)
-        return existing
-
-    async def _base(
-        self, request: TurnRequest, recalled: StoredSnapshot | None = None
-    ) -> tuple[SessionStore, TurnRecord | None, str, StoredSnapshot | None]:
-        """The store, the snapshot the turn continues from (if any), the session id, and —
-        when the snapshot was named by id — its conversation and journal, read with it
-        (or ``recalled``: the same snapshot as :meth:`wait_settled` last returned it)."""
-        if self.store is None:
-            scratch = InMemorySessionStore()
-            if request.state is None:
-                return scratch, None, str(uuid.uuid4()), None
-            verified = self.signer.verify(request.state, agent=self.name)
-            signature = str(request.state.get("signature"))
-            restored = await restore_client_state(
-                scratch,
-                verified,
-                signature,
-                agent=self.name,
-                owner=self._owner,
-                session_owner=request.owner,
-            )
-            return scratch, restored, str(verified["sessionId"]), None
-        if request.snapshot_id is not None:
-            # One read for the snapshot and what continuing it needs (one round trip on
-            # PostgreSQL): a resume reads nothing else before it is queued.
-            stored = recalled or await self.store.read_snapshot(request.snapshot_id)
-            base = await self._check_own(
-                self.store, request.snapshot_id, stored.turn if stored else None, request.owner
-            )
-            if request.session_id is not None and request.session_id != base.session_id:
-                raise InvalidArgumentError(
-                    f"Snapshot {base.id} does not belong to session {request.session_id} "
-                    f"(it belongs to {base.session_id})."
-                )
-            return self.store, base, base.session_id, stored
-        if request.session_id is not None:
-            latest = await self.store.latest_turn(request.session_id)
-            if latest is not None and (
-                latest.agent != self.name
-                or not await self._owned_by(self.store, latest.session_id, request.owner)
-            ):
-                raise NotFoundError(
-                    f"Session '{request.session_id}' not found for agent '{self.name}'."
-                )
-            return self.store, latest, request.session_id, None
-        return self.store, None, str(uuid.uuid4()), None
-
-    async def _start(
-        self, request: TurnRequest, *, listen: list[asyncio.Future[None]] | None = None
-    ) -> _Started:
-        """Validate ``request`` and create its pending turn.
-
-        A snapshot named by id that this agent just saw settle (in :meth:`wait_settled`) is
-        taken as it was then instead of being read again: a settled turn's conversation never
-        changes, and what can change — its journal rows, answered by another resume — is
-        re-checked by the store when it creates the turn, atomically. If anything is refused
-        on that recalled copy, the request is checked once more on a fresh read, so the
-        caller gets exactly the error (or success) it would have got without the recall.
-        """
-        if request.idempotency_key is not None and self.store is not None:
-            request = replace(request, turn_id=request.turn_id or self._keyed_id(request))
-            earlier = await self._repeated(self.store, request)
-            if earlier is not None:
-                return _Started(store=self.store, turn=earlier, repeated=True)
-        recalled = (
-            self._recent.pop(request.snapshot_id, None)
-            if request.snapshot_id is not None and request.state is None
-            else None
-        )
-        if recalled is None:
-            return await self._start_from(request, listen=listen)
-        # Fixed now, so a second attempt cannot create a second turn if the first one did.
-        request = replace(request, turn_id=request.turn_id or str(uuid.uuid4()))
-        try:
-            return await self._start_from(request, listen=listen, recalled=recalled)
-        except AgentError:
-            logger.debug("turn %s: refused on the recalled snapshot; reading it", request.turn_id)
-            return await self._start_from(request, listen=listen)
-
-    async def _start_from(
-        self,
-        request: TurnRequest,
-        *,
-        listen: list[asyncio.Future[None]] | None = None,
-        recalled: StoredSnapshot | None = None,
-    ) -> _Started:
-        store, base, session_id, stored = await self._base(request, recalled)
-        turn_input = request.input
-        if base is not None and base.status in ACTIVE_STATUSES and request.snapshot_id is None:
-            # Named by session: its latest turn is still running, a conflict to retry.
-            raise SessionBusyError(
-                f"Session {session_id} already has a running turn ({base.id}, "
-                f"{base.status.value}); wait for it to settle or abort it.",
-                snapshot_id=base.id,
-            )
-        if base is not None and base.status in ACTIVE_STATUSES:
-            raise SnapshotNotResumableError(
-                f"Snapshot {base.id} is still {base.status.value}: wait for it to settle or "
-                "abort it before continuing the session.",
-                snapshot_id=base.id,
-            )
-        if base is not None and stored is None:
-            # A base found by session id or restored from client state: read what continuing
-            # it needs. It was seen settled, so this sees everything its settle wrote.
-            stored = await store.read_snapshot(base.id)
-            if stored is None:
-                raise NotFoundError(f"Snapshot {base.id} not found.")
-        # Read with the snapshot at one moment: a snapshot seen settled comes with its last
-        # round and journal rows (written by the settling transaction).
-        answers, history_length = plan_continuation(
-            turn_input,
-            base_id=base.id if base is not None else None,
-            conversation=stored.conversation if stored else [],
-            journal=stored.journal if stored else [],
-            tools=self.tools,
-            decided_by=request.decided_by,
-        )
-        if self.store is None and base is not None:
-            turn_id = _client_turn_id(base.id, turn_input)
-        else:
-            turn_id = request.turn_id or str(uuid.uuid4())
-        new = NewTurn(
-            id=turn_id,
-            session_id=session_id,
-            agent=self.name,
-            parent_id=base.id if base else None,
-            input=turn_input,
-            history_length=history_length,
-            initial_messages=[turn_input.message] if turn_input.message is not None else [],
-            max_attempts=self.retry.max_attempts,
-            owner=request.owner,
-        )
-        if listen is not None:
-            # Wait for the turn's change notification from before it exists: nothing can be
-            # missed, so wait_settled's first check needs no read.
-            listen.append(asyncio.ensure_future(store.wait_for_change(new.id, self.poll_interval)))
-        try:
-            turn = await store.create_turn(new, answers=answers)
-        except AgentError as refused:
-            # The creation may be this request's own: committed by an attempt whose answer
-            # was lost (the store retried it and found it done), or by the first request
-            # under the same idempotency key. Then it is a success, not a conflict.
-            turn = await self._created_already(store, new, refused)
-        logger.info(
-            "turn %s (%s) created in session %r for agent %s",
-            turn.id,
-            turn_input.kind,
-            session_id,
-            self.name,
-        )
-        return _Started(store=store, turn=turn)
-
-
-def _client_turn_id(base_id: str, turn_input: TurnInput) -> str:
-    """The id of a client-managed turn continuing the verified snapshot ``base_id``.
-
-    Without server state a signed blob can be replayed, so the id — and with it every
-    idempotency key the turn hands out — is derived from what was continued: a replayed
-    resume gets the same keys and cannot repeat an effect through a tool that honours its
-    key. A resume counts by which calls it answers and how (respond or restart), not by
-    what the answers say: free text such as ``feedback`` must not mint fresh keys for the
-    same approval (see docs/decisions.md).
-    """
-    if turn_input.kind == "resume":
-        answered = sorted(
-            [("respond", str(p.tool_response.ref)) for p in turn_input.respond if p.tool_response]
-            + [("restart", str(p.tool_request.ref)) for p in turn_input.restart if p.tool_request]
-        )
-        what: Any = {"kind": "resume", "answered": answered}
-    else:
-        what = turn_input.model_dump(mode="json", exclude={"relay"})
-    replay = base_id.encode() + canonical_json(what)
-    return "client-" + hashlib.sha256(replay).hexdigest()[:24]
-
-
-def _same_input(stored: TurnInput, requested: TurnInput) -> bool:
-    """Whether two turn inputs ask for the same thing (streaming or not is no difference)."""
-    return stored.model_dump(mode="json", exclude={"relay"}) == requested.model_dump(
-        mode="json", exclude={"relay"}
-    )
+        return settled_response(turn, messages, self._input_schemas, state=state)

@@ -1,11 +1,15 @@
-"""The chat handle: ``send``/``resume`` (and their streaming forms) and ``abort``."""
+"""The chat handle: ``send``/``resume`` (and their streaming forms) and ``abort``.
+
+The chat knows the agent only as :class:`ChatAgent`, the two calls it makes, so the agent
+module can build chats without the two modules importing each other.
+"""
 
 from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from engine.errors import SessionBusyError, TurnFailedError
 from engine.parts import Message, Part
@@ -13,17 +17,30 @@ from engine.response import AgentChunk, AgentResponse
 from engine.snapshots import coerce_message
 from engine.status import TurnStatus
 from engine.store import SessionStore, TurnInput, TurnRecord
+from engine.turn_request import TurnRequest
 
-if TYPE_CHECKING:
-    from engine.agent import Agent
-
-__all__ = ["END_OF_STREAM", "AgentTurn", "Chat", "ChatAPI", "MessageLike"]
+__all__ = ["END_OF_STREAM", "AgentTurn", "Chat", "ChatAPI", "ChatAgent", "MessageLike"]
 
 MessageLike = str | Message | Sequence[Part] | Mapping[str, Any]
 ChunkSink = Callable[[AgentChunk], Awaitable[None]]
 
 #: Put on an :class:`AgentTurn`'s queue after the last chunk.
 END_OF_STREAM = object()
+
+
+class ChatAgent(Protocol):
+    """What a :class:`Chat` asks of its agent (:class:`engine.Agent` is one)."""
+
+    async def run_turn(
+        self,
+        request: TurnRequest,
+        *,
+        on_chunk: ChunkSink | None = None,
+        on_started: Any = None,
+        wait: bool = True,
+    ) -> AgentResponse: ...
+
+    async def abort_in(self, store: SessionStore, turn_id: str) -> TurnStatus: ...
 
 
 class AgentTurn:
@@ -176,7 +193,7 @@ class Chat(ChatAPI):
 
     def __init__(
         self,
-        agent: Agent,
+        agent: ChatAgent,
         *,
         session_id: str | None = None,
         snapshot_id: str | None = None,
@@ -224,8 +241,6 @@ class Chat(ChatAPI):
         wait: bool,
         idempotency_key: str | None = None,
     ) -> AgentResponse:
-        from engine.agent import TurnRequest
-
         try:
             request = TurnRequest(
                 input=self._input(message, resume),

@@ -226,10 +226,9 @@ async def execute_claimed(
             helpers.append(asyncio.create_task(helper(store, turn, lease, work, stop)))
 
     # Most turns settle long before anything else here is due: timers, not tasks, wait for
-    # the store watch and the first renewal (the watch's task, started with every turn and
-    # nearly always cancelled unused, cost 1.3% of a workflow's instructions,
-    # bench/in_process.py --instructions). An abort from another process in the watch's
-    # first MIN_STATUS_CHECK_INTERVAL is seen by its first read; one from this process is
+    # the store watch and the first renewal, so a turn does not pay for tasks it nearly
+    # always cancels unused. An abort from another process in the watch's first
+    # MIN_STATUS_CHECK_INTERVAL is seen by its first read; one from this process is
     # immediate (abort_here).
     timers = [
         loop.call_later(MIN_STATUS_CHECK_INTERVAL, start_helper, _watch_store),

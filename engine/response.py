@@ -6,12 +6,13 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.errors import AgentError
+from engine.errors import AgentError, TurnFailedError
 from engine.parts import INTERRUPT, RESUMED, Message, Part, text_of
 from engine.schemas import Schema, SchemaViolation, to_jsonable
 from engine.status import FinishReason, TurnStatus
+from engine.store import TurnRecord
 
-__all__ = ["AgentChunk", "AgentInterrupt", "AgentResponse", "ChunkEmitter"]
+__all__ = ["AgentChunk", "AgentInterrupt", "AgentResponse", "ChunkEmitter", "settled_response"]
 
 
 @dataclass(frozen=True)
@@ -143,6 +144,45 @@ def interrupts_of(message: Message | None, schemas: Mapping[str, Schema]) -> lis
         for p in message.content
         if p.tool_request is not None and (p.metadata or {}).get(INTERRUPT)
     ]
+
+
+def settled_response(
+    turn: TurnRecord,
+    messages: list[Message],
+    schemas: Mapping[str, Schema],
+    *,
+    state: dict[str, Any] | None = None,
+) -> AgentResponse:
+    """The response for a settled turn holding ``messages``; raises
+    :class:`TurnFailedError`, carrying that response, when the turn failed.
+
+    ``state``: the signed blob of a client-managed session, which answers instead of a
+    snapshot id."""
+    response = AgentResponse(
+        session_id=turn.session_id,
+        snapshot_id=turn.id if state is None else None,
+        status=turn.status,
+        finish_reason=turn.finish_reason,
+        messages=messages,
+        interrupts=(
+            interrupts_of(messages[-1] if messages else None, schemas)
+            if turn.finish_reason is FinishReason.INTERRUPTED
+            else []
+        ),
+        state=state,
+    )
+    if turn.status is TurnStatus.FAILED:
+        error = turn.error
+        failure = TurnFailedError(
+            error.message if error else "The turn failed.",
+            status=error.status if error else "INTERNAL",
+            details=error.details if error else None,
+            snapshot_id=turn.id,
+            response=response,
+        )
+        response.error = failure
+        raise failure
+    return response
 
 
 class ChunkEmitter:

@@ -288,7 +288,7 @@ def _snapshot_of(wire: Mapping[str, Any]) -> SessionSnapshot:
             "parent_id": wire.get("parentId"),
             "created_at": wire["createdAt"],
             "updated_at": wire.get("updatedAt") or wire["createdAt"],
-            "status": wire.get("status") or "completed",
+            "status": wire.get("status") or TurnStatus.COMPLETED,
             "finish_reason": wire.get("finishReason"),
             "error": wire.get("error"),
             "state": {
