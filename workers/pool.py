@@ -1,11 +1,14 @@
 """The worker pool: claim queued turns from a shared store and run them, N at a time.
 
 Several pools — in one process, or in many processes on many machines — share one database.
-Each loop iteration claims at most as many turns as it has free slots, in one statement of the
-store (``FOR UPDATE SKIP LOCKED`` on PostgreSQL, committed before any work starts), then runs
-each claimed turn with :func:`engine.executor.execute_claimed`, which heartbeats the lease and
-fences every write with the lease token. Between claims the pool sleeps until the store hints
-at new work (LISTEN/NOTIFY), a slot frees, the poll interval passes, or it is told to stop.
+The loop has procrastinate's worker's shape: a semaphore with one unit per slot bounds the turns
+running at once, a stop event ends the loop, and each iteration makes one claim. It takes the
+free slots (waiting for one while the pool is full), claims at most that many turns in one
+statement of the store (``FOR UPDATE SKIP LOCKED`` on PostgreSQL, committed before any work
+starts), and runs each claimed turn with :func:`engine.executor.execute_claimed`, which
+heartbeats the lease and fences every write with the lease token. When the claim comes back
+short the pool sleeps until the store hints at new work (LISTEN/NOTIFY), the poll interval
+passes, or it is told to stop.
 
 Stopping is graceful: claiming stops at once, running turns get ``shutdown_grace`` seconds to
 settle, and the rest are cancelled and handed back ``pending`` with their lease released, so
@@ -15,13 +18,16 @@ another worker continues them at once from their journal.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import functools
 import logging
 import os
 import secrets
 import socket
+import time
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from types import TracebackType
+from typing import Any
 
 from engine import Agent, Engine, SessionStore, StaleTransitionError, TurnStatus
 from engine.executor import execute_claimed
@@ -29,6 +35,7 @@ from engine.response import AgentChunk
 from engine.signals import AbortSignal
 from engine.status import SETTLED_STATUSES, FinishReason
 from engine.store import FollowOnClaim, Transition, TurnRecord
+from workers.observers import PoolObserver
 from workers.scheduler import MaintenanceScheduler
 
 __all__ = ["WorkerPool"]
@@ -37,15 +44,6 @@ logger = logging.getLogger("turnstile.worker")
 
 #: Longest pause between claim attempts while the store keeps failing (e.g. DB restarting).
 MAX_CLAIM_BACKOFF = 5.0
-
-#: How long a pool whose last hinted claim came back empty waits before answering the next
-#: hint. A work notification wakes every pool of every process at once; only one claim wins
-#: it. Pools that keep losing step back by this much, so the one that last won claims
-#: without competing for the CPU with the others' empty claims (on a two-core machine with
-#: four worker processes, that competition was ~1.5 ms of every pickup). A pool that wins
-#: a claim answers at once again, so a busy pool's work still goes to whoever is free, at
-#: most this much later.
-WAKE_STAGGER = 0.002
 
 
 def default_owner() -> str:
@@ -89,6 +87,7 @@ class WorkerPool:
         scheduler: bool = True,
         retention: float | None = None,
         retention_interval: float = 300.0,
+        observers: Iterable[PoolObserver] = (),
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1.")
@@ -128,24 +127,22 @@ class WorkerPool:
         self.settled_total = 0
         #: Turns handed back ``pending`` at shutdown (their runs were cancelled).
         self.handed_back_total = 0
-        #: The pause before answering a work notification: :data:`WAKE_STAGGER` after a
-        #: hinted claim found nothing (another pool won it), 0 after one found work.
-        self.wake_stagger = 0.0
+        #: One unit per slot: a running turn holds one, and the claim loop takes the free
+        #: ones before it claims, so a claim never asks for more turns than can start.
+        self._slots = asyncio.Semaphore(concurrency)
         #: A slot's follow-on claim found the queue empty since the last claim of the loop:
-        #: the slot it freed need not scan the queue again (see _claim_loop).
+        #: the slot it freed need not scan the queue again (see _claim).
         self._queue_seen_empty = False
         #: The follow-on claim each running slot will ask its settle for. Live only while
         #: every slot is busy (see _refresh_follows); withdrawn at stop.
         self._follows: dict[asyncio.Task[None], FollowOnClaim] = {}
         self._tasks: dict[asyncio.Task[None], TurnRecord] = {}
+        self._observers: list[PoolObserver] = list(observers)
         self._stop = asyncio.Event()
+        #: Done once a stop is requested: raced against the loop's waits as a future, so a
+        #: wait costs no task of its own for the stop. Made by run(), which has a loop.
+        self._stopped: asyncio.Future[None] | None = None
         self._force = asyncio.Event()
-        #: A slot freed since the claim loop last counted free slots (a flag: waits go
-        #: through _wake).
-        self._slot_freed = False
-        #: What the claim loop's current wait returns on (see _wait_for and _poke).
-        self._wake: asyncio.Future[None] | None = None
-        self._wake_on_slot = False
         self._done: asyncio.Event | None = None
         self._background: asyncio.Task[None] | None = None
 
@@ -183,7 +180,8 @@ class WorkerPool:
         Synchronous, so a signal handler can call it.
         """
         self._stop.set()
-        self._poke()
+        if self._stopped is not None and not self._stopped.done():
+            self._stopped.set_result(None)
         self._refresh_follows()  # a settle after this claims nothing for its slot
         if force:
             self._force.set()
@@ -204,6 +202,9 @@ class WorkerPool:
         if self._done is not None:
             raise RuntimeError("This WorkerPool has already been run; create a new one.")
         self._done = asyncio.Event()
+        self._stopped = asyncio.get_running_loop().create_future()
+        if self._stop.is_set():  # stopped before it ran
+            self._stopped.set_result(None)
         forward = asyncio.create_task(self._forward_stop(stop)) if stop is not None else None
         logger.info(
             "worker %s serving %s (concurrency %d)",
@@ -216,7 +217,7 @@ class WorkerPool:
                 self.scheduler.start()
             await self._claim_loop()
         finally:
-            self._stop.set()
+            self.request_stop()
             if forward is not None:
                 forward.cancel()
             task = asyncio.current_task()
@@ -241,68 +242,38 @@ class WorkerPool:
 
     async def _forward_stop(self, stop: asyncio.Event) -> None:
         await stop.wait()
-        self._stop.set()
-        self._poke()
+        self.request_stop()
 
     # -- claiming ----------------------------------------------------------------------
 
     async def _claim_loop(self) -> None:
+        """Until stopped: take the free slots, make one claim for at most that many turns,
+        start what it returned, and sleep until work is announced if it came back short."""
         failures = 0
         hinted = False  # this claim answers a work notification
-        slot_freed = False  # this claim follows a wait for a free slot
         while not self._stop.is_set():
-            # Cleared before counting free slots, so a turn finishing after the count is
-            # not missed: its done-callback sets the event and the wait below returns.
-            self._slot_freed = False
-            free = self.concurrency - len(self._tasks)
-            if free <= 0:
-                # No claim while full: a claimed turn we cannot start at once would sit
-                # leased and idle while another worker could be running it.
-                await self._wait_for(slot=True)
-                hinted, slot_freed = False, True
-                continue
-            # After a work notification, claim the turns it named by their primary key: a
-            # scan of the claim index steps over every dead entry left since the last
-            # vacuum, and on a busy table that scan was most of the pickup latency. Any
-            # other time (poll, start, a slot freed, missed notifications) scan the queue;
-            # the hints it covers are dropped first.
-            if slot_freed and self._queue_seen_empty:
-                # The slot freed by a settle that already claimed for it and found nothing:
-                # a scan now would find nothing either. Work queued since then was
-                # announced, and the wait returns at once for it.
-                self._queue_seen_empty = slot_freed = False
-                hinted = await self._wait_for(slot=False, work=True)
-                continue
-            self._queue_seen_empty = slot_freed = False
-            hints = self.store.take_work_hints()
-            among = hints if hinted else None
-            if among == []:  # woken by a notification already served by the last claim
-                hinted = await self._wait_for(slot=False, work=True)
-                continue
+            free, waited = await self._take_free_slots()
+            if free == 0:
+                break  # stopped while waiting for a slot
             try:
-                claimed = await self.store.claim_next(
-                    owner=self.owner,
-                    lease_seconds=self.lease_seconds,
-                    limit=free,
-                    agents=sorted(self.agents),
-                    among=among,
-                )
+                # A wait for a slot answers no notification: hints are for an idle pool.
+                claimed = await self._claim(free, hinted=hinted and not waited, slot_freed=waited)
             except Exception:
+                self._release_slots(free)
                 failures += 1
                 hinted = False  # the hints taken are lost with this claim: scan next time
                 delay = min(MAX_CLAIM_BACKOFF, 0.1 * 2**failures)
                 logger.warning(
                     "claim failed (%d in a row); retrying in %.1fs", failures, delay, exc_info=True
                 )
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), delay)
+                await self._unless_stopped(timeout=delay)
                 continue
-            failures = 0
-            for turn in claimed:
-                self._start(turn)
-            if hinted:
-                self.wake_stagger = 0.0 if claimed else WAKE_STAGGER
-            if len(claimed) == free:
+            if claimed is not None:
+                failures = 0
+            for turn in claimed or ():
+                self._start(turn)  # each takes one of the slots taken above
+            self._release_slots(free - len(claimed or ()))
+            if claimed is not None and len(claimed) == free:
                 hinted = False
                 continue  # every slot taken: maybe more is queued; the loop re-checks
             # Fewer than asked: the queue is empty for us, so sleep until a hint. A slot
@@ -310,61 +281,115 @@ class WorkerPool:
             # nothing — a wasted transaction after every turn), and anything queued since
             # the claim sent a work notification, or is found by the poll (retries whose
             # run_after is later, expired leases). Only a full pool waits for a slot.
-            hinted = await self._wait_for(slot=False, work=True)
-            if hinted and self.wake_stagger:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), self.wake_stagger)
+            hinted = await self._wait_for_work()
 
-    async def _wait_for(self, *, slot: bool, work: bool = False) -> bool:
-        """Return on stop, a freed slot (if ``slot``), or a work hint / poll timeout; whether
-        it was a work hint (woken before the poll interval ran out).
+    async def _take_free_slots(self) -> tuple[int, bool]:
+        """Take every free slot, first waiting for one while the pool is full; how many were
+        taken (0: stopped while waiting) and whether it waited.
 
-        Stop and a freed slot resolve one future (:meth:`_poke`); only the store's wait for
-        work runs as a task. The claim loop waits here once or twice per turn; with a task
-        each for the stop, the slot and the work, the waits cost 8% of a workflow's CPU
-        (a client and a one-slot pool measured in one process).
+        No claim while full: a claimed turn we cannot start at once would sit leased and
+        idle while another worker could be running it.
         """
-        if self._stop.is_set() or (slot and self._slot_freed):
+        waited = self._slots.locked()
+        if waited:
+            if not await self._wait_for_slot():
+                return 0, True
+        else:
+            await self._slots.acquire()  # returns at once: a slot is free
+        taken = 1
+        while not self._slots.locked():
+            await self._slots.acquire()
+            taken += 1
+        return taken, waited
+
+    async def _wait_for_slot(self) -> bool:
+        """Wait until a running turn frees its slot and take it; ``False`` on stop."""
+        acquiring = asyncio.ensure_future(self._slots.acquire())
+        try:
+            await self._unless_stopped(acquiring)
+        finally:
+            if not acquiring.done():
+                acquiring.cancel()  # a cancelled acquire gives its slot back itself
+                await asyncio.gather(acquiring, return_exceptions=True)
+        if acquiring.cancelled():
+            return False
+        if self._stop.is_set():
+            self._slots.release()
+            return False
+        return True
+
+    def _release_slots(self, count: int) -> None:
+        for _ in range(count):
+            self._slots.release()
+
+    async def _claim(
+        self, limit: int, *, hinted: bool, slot_freed: bool
+    ) -> list[TurnRecord] | None:
+        """The loop's one claim, for at most ``limit`` turns; ``None`` when a claim could
+        find nothing, so none is sent."""
+        seen_empty, self._queue_seen_empty = self._queue_seen_empty, False
+        if slot_freed and seen_empty:
+            # The slot freed by a settle that already claimed for it and found nothing: a
+            # scan now would find nothing either. Work queued since then was announced,
+            # and the wait for work returns at once for it.
+            return None
+        # After a work notification, claim the turns it named by their primary key: a scan
+        # of the claim index steps over every dead entry left since the last vacuum. Any
+        # other time (poll, start, a slot freed, missed notifications) scan the queue; the
+        # hints it covers are dropped first.
+        hints = self.store.take_work_hints()
+        among = hints if hinted else None
+        if among == []:  # woken by a notification already served by the last claim
+            return None
+        return await self.store.claim_next(
+            owner=self.owner,
+            lease_seconds=self.lease_seconds,
+            limit=limit,
+            agents=sorted(self.agents),
+            among=among,
+        )
+
+    async def _wait_for_work(self) -> bool:
+        """Sleep until the store announces work, the poll interval passes, or a stop; whether
+        it was an announcement (woken before the poll interval ran out)."""
+        if self._stop.is_set():
             return False
         loop = asyncio.get_running_loop()
         started = loop.time()
-        wake: asyncio.Future[None] = loop.create_future()
-        self._wake, self._wake_on_slot = wake, slot
-        work_waiter = None
+        # wait_for_work is only a hint (NOTIFY may be missed); its timeout is the poll.
+        waiting = asyncio.ensure_future(self.store.wait_for_work(self.poll_interval))
         try:
-            if not work:
-                await wake
-                return False
-            # wait_for_work is only a hint (NOTIFY may be missed); its timeout is the poll.
-            work_waiter = asyncio.create_task(self.store.wait_for_work(self.poll_interval))
-            done, _ = await asyncio.wait([work_waiter, wake], return_when=asyncio.FIRST_COMPLETED)
-            finished = work_waiter in done and not work_waiter.cancelled()
-            if finished and work_waiter.exception() is not None:
-                logger.warning("waiting for work failed", exc_info=work_waiter.exception())
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), self.poll_interval)
-                return False
-            return work_waiter in done and loop.time() - started < self.poll_interval * 0.9
+            await self._unless_stopped(waiting)
         finally:
-            self._wake = None
-            wake.cancel()
-            if work_waiter is not None:
-                work_waiter.cancel()
-                await asyncio.gather(work_waiter, return_exceptions=True)
+            waiting.cancel()
+            await asyncio.gather(waiting, return_exceptions=True)
+        if waiting.cancelled():
+            return False  # stopped
+        if waiting.exception() is not None:
+            logger.warning("waiting for work failed", exc_info=waiting.exception())
+            await self._unless_stopped(timeout=self.poll_interval)
+            return False
+        return loop.time() - started < self.poll_interval * 0.9
 
-    def _poke(self, *, slot: bool = False) -> None:
-        """Wake the claim loop's :meth:`_wait_for`: a stop, or (``slot``) a freed slot, which
-        only a wait for a slot is woken by."""
-        wake = self._wake
-        if wake is not None and not wake.done() and (not slot or self._wake_on_slot):
-            wake.set_result(None)
+    async def _unless_stopped(
+        self, waiting: asyncio.Future[Any] | None = None, *, timeout: float | None = None
+    ) -> None:
+        """Wait for ``waiting`` to finish (or ``timeout`` seconds to pass), returning early
+        on a stop."""
+        assert self._stopped is not None, "only run() waits"
+        waits: set[asyncio.Future[Any]] = {self._stopped}
+        if waiting is not None:
+            waits.add(waiting)
+        await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
 
-    def _start(self, turn: TurnRecord) -> None:
+    def _start(self, turn: TurnRecord, *, holds_slot: bool = True) -> None:
+        """Run a claimed turn in a slot task; ``holds_slot``: the task owns one unit of the
+        slot semaphore, given back when it ends."""
         self._note_claimed(turn)
         task = asyncio.create_task(self._run_slot(turn), name=f"turn {turn.id}")
         self._tasks[task] = turn
         self._refresh_follows()
-        task.add_done_callback(self._finished)
+        task.add_done_callback(functools.partial(self._finished, holds_slot=holds_slot))
 
     def _note_claimed(self, turn: TurnRecord) -> None:
         self.claimed_total += 1
@@ -375,12 +400,19 @@ class WorkerPool:
             turn.agent,
             extra={"turn_id": turn.id, "attempt": turn.attempts},
         )
+        for observer in self._observers:
+            observer.turn_claimed(turn)
 
-    def _finished(self, task: asyncio.Task[None]) -> None:
+    def add_observer(self, observer: PoolObserver) -> None:
+        """Report each turn this pool claims and finishes to ``observer`` (metrics, a
+        benchmark's clock): see :class:`workers.observers.PoolObserver`."""
+        self._observers.append(observer)
+
+    def _finished(self, task: asyncio.Task[None], *, holds_slot: bool) -> None:
         self._tasks.pop(task, None)
         self._refresh_follows()
-        self._slot_freed = True
-        self._poke(slot=True)
+        if holds_slot:
+            self._slots.release()
 
     def _refresh_follows(self) -> None:
         """Let settles claim for their slot only while every slot is busy: exactly when a
@@ -426,7 +458,7 @@ class WorkerPool:
                 return
             turn, *extra = follow.claimed
             for claimed in extra:  # limit 1: a store that leased more still runs them
-                self._start(claimed)
+                self._start(claimed, holds_slot=False)
             self._tasks[task] = turn
             self._note_claimed(turn)
 
@@ -449,6 +481,7 @@ class WorkerPool:
             except Exception as exc:  # a lost progress update must not fail the turn
                 logger.warning("turn %s: chunk not relayed (%s)", turn.id, exc)
 
+        started = time.monotonic()
         try:
             settled = await execute_claimed(
                 agent.runner_config(),
@@ -469,12 +502,14 @@ class WorkerPool:
             logger.exception(
                 "turn %s attempt %d: run failed; left to its lease", turn.id, turn.attempts
             )
+            self._report_finished(turn, None, started)
             return
         finally:
             if self.engine.local_aborts.get(turn.id) is signal:
                 del self.engine.local_aborts[turn.id]
         if settled.status in SETTLED_STATUSES:
             self.settled_total += 1
+        self._report_finished(turn, settled, started)
         logger.info(
             "turn %s attempt %d %s%s",
             turn.id,
@@ -483,6 +518,13 @@ class WorkerPool:
             f" ({settled.finish_reason.value})" if settled.finish_reason else "",
             extra={"turn_id": turn.id, "attempt": turn.attempts},
         )
+
+    def _report_finished(
+        self, turn: TurnRecord, settled: TurnRecord | None, started: float
+    ) -> None:
+        seconds = time.monotonic() - started
+        for observer in self._observers:
+            observer.turn_finished(turn, settled, seconds)
 
     # -- shutting down -----------------------------------------------------------------
 

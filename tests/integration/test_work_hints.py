@@ -22,6 +22,7 @@ from engine.parts import Message
 from engine.store import NewTurn, Transition, TurnInput
 from stores import SqlSessionStore, notify
 from stores.notify import LISTEN_STATEMENT
+from stores.postgres import PostgresSessionStore
 from tests.conftest import TEST_STATE_KEYS
 from tests.databases import libpq_dsn, listen_ready, sql_store
 from workers import WorkerPool
@@ -100,10 +101,12 @@ async def test_more_announcements_than_kept_make_the_hints_incomplete(
     finally:
         await other.close()
 
+    assert isinstance(store, PostgresSessionStore)
+    listener = store._listener
+
     async def overflowed() -> bool:
         await store.wait_for_work(0.2)
-        assert store._listener is not None
-        return len(store._listener._hints) == 2 and not store._listener._hints_complete
+        return len(listener._hints) == 2 and not listener._hints_complete
 
     await eventually(overflowed)
     assert store.take_work_hints() is None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypedDict
 
 import pytest
 
@@ -31,9 +31,16 @@ from tests.conftest import TEST_STATE_KEYS
 from tests.databases import events_of
 from tests.support import ListModel, ask, say
 from workers import WorkerPool
-from workers.pool import WAKE_STAGGER
 
-FAST = {"poll_interval": 0.05, "scheduler": False}
+
+class PoolOptions(TypedDict):
+    """WorkerPool keyword arguments (typed, so ``**FAST`` is checked against its signature)."""
+
+    poll_interval: float
+    scheduler: bool
+
+
+FAST: PoolOptions = {"poll_interval": 0.05, "scheduler": False}
 
 
 class ProbeModel:
@@ -106,42 +113,6 @@ async def test_fifty_sessions_on_two_pools_each_settle_exactly_once() -> None:
         events = await events_of(store, str(turn_id))
         assert [e.to_status for e in events] == [TurnStatus.PENDING, TurnStatus.COMPLETED]
         assert events[-1].attempt == 1
-
-
-async def test_the_pool_that_lost_a_hinted_claim_answers_the_next_hint_a_moment_later() -> None:
-    """Two idle pools woken by the same work hint: the one whose claim got the turn answers
-    the next hint at once; the one whose claim found nothing steps back by WAKE_STAGGER, so
-    the winner's next pickup does not compete with its empty claim."""
-    store = InMemorySessionStore()
-    ai = Engine(model=ScriptedModel(), state_keys=TEST_STATE_KEYS)
-    agent = queued_agent(ai, store, [])
-    # A long poll: every wake-up below is a hint, never the poll timer.
-    slow_poll = {"poll_interval": 30.0, "scheduler": False}
-    async with (
-        WorkerPool(ai, store, concurrency=2, **slow_poll) as one,
-        WorkerPool(ai, store, concurrency=2, **slow_poll) as two,
-    ):
-        assert (one.wake_stagger, two.wake_stagger) == (0.0, 0.0)
-        await asyncio.sleep(0.05)  # both pools made their first claim and wait for hints
-        chat = agent.chat()
-        assert (await chat.send("first")).text == "Echo: first"
-        await eventually(lambda: _async(one.wake_stagger + two.wake_stagger > 0))
-        winner, loser = (one, two) if one.claimed_total else (two, one)
-        assert (winner.claimed_total, loser.claimed_total) == (1, 0)
-        assert (winner.wake_stagger, loser.wake_stagger) == (0.0, WAKE_STAGGER)
-
-        # The loser claims the next turn if it gets there first (e.g. the winner is busy):
-        # then it answers at once again.
-        loser.wake_stagger = 0.0
-        winner.wake_stagger = WAKE_STAGGER
-        assert (await chat.send("second")).text == "Echo: second"
-        await eventually(lambda: _async(loser.claimed_total + winner.claimed_total == 2))
-        assert loser.claimed_total == 1
-        assert (winner.wake_stagger, loser.wake_stagger) == (WAKE_STAGGER, 0.0)
-
-
-async def _async(value: Any) -> Any:
-    return value
 
 
 async def test_pool_never_runs_more_turns_than_its_concurrency() -> None:
