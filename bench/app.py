@@ -1,52 +1,51 @@
 """The app the benchmark's worker processes serve: the banking example on the bench database.
 
-``python -m workers.cli worker --app bench.app:ai --db URL`` exports ``URL`` as
-``TURNSTILE_DATABASE_URL`` before importing this module. Nothing of the product is changed;
-the one addition is measurement: when ``TURNSTILE_BENCH_CLAIM_LOG`` names a file, the pool's
-own INFO record "turn <id> attempt <n> claimed" (logged right after the claim committed) is
-also written there as ``<unix time> <turn id> <attempt>``, with microseconds — the worker
-log's own timestamps only have milliseconds. That is what "pickup" means in the benchmark.
+``python -m workers.cli worker --app bench.app:ai --observer bench.app:claims --db URL``
+exports ``URL`` as ``TURNSTILE_DATABASE_URL`` before importing this module. Nothing of the
+product is changed; the one addition is measurement: ``claims`` is a pool observer that, when
+``TURNSTILE_BENCH_CLAIM_LOG`` names a file, writes each claimed turn there as ``<unix time>
+<turn id> <attempt>``, with microseconds, at the moment the pool learns of the claim. That is
+what "pickup" means in the benchmark.
 """
 
 from __future__ import annotations
 
-import logging
+import atexit
 import os
-from typing import TextIO
+import time
 
 from bench.common import STATE_KEYS
+from engine.store import TurnRecord
 from examples.banking import build
 from stores import SqlSessionStore
 
-__all__ = ["ClaimLog", "ai", "app"]
+__all__ = ["ClaimClock", "ai", "app", "claims"]
 
 
-class ClaimLog(logging.Handler):
-    """Writes the pool's "claimed" records, buffered (flushed when logging shuts down)."""
+class ClaimClock:
+    """A :class:`~workers.observers.PoolObserver` that timestamps every claim, in memory,
+    and writes them to ``path`` when the process exits (no file write on the hot path)."""
 
-    def __init__(self, path: str) -> None:
-        super().__init__(logging.INFO)
-        self.stream: TextIO = open(path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close)
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self.lines: list[str] = []
+        if path is not None:
+            atexit.register(self.write)
 
-    def emit(self, record: logging.LogRecord) -> None:
-        args = record.args
-        if "claimed" in str(record.msg) and isinstance(args, tuple) and len(args) >= 2:
-            self.stream.write(f"{record.created:.6f} {args[0]} {args[1]}\n")
+    def turn_claimed(self, turn: TurnRecord) -> None:
+        if self.path is not None:
+            self.lines.append(f"{time.time():.6f} {turn.id} {turn.attempts}\n")
 
-    def flush(self) -> None:
-        if not self.stream.closed:
-            self.stream.flush()
+    def turn_finished(self, turn: TurnRecord, settled: TurnRecord | None, seconds: float) -> None:
+        """Nothing to record: the benchmark times the settle from its own side."""
 
-    def close(self) -> None:
-        if not self.stream.closed:
-            self.stream.close()
-        super().close()
+    def write(self) -> None:
+        if self.path is not None and self.lines:
+            with open(self.path, "a", encoding="utf-8") as log:
+                log.writelines(self.lines)
+            self.lines.clear()
 
 
 app = build(store=SqlSessionStore(os.environ["TURNSTILE_DATABASE_URL"]), state_keys=STATE_KEYS)
 ai = app.ai
-
-if os.environ.get("TURNSTILE_BENCH_CLAIM_LOG"):
-    logging.getLogger("turnstile.worker").addHandler(
-        ClaimLog(os.environ["TURNSTILE_BENCH_CLAIM_LOG"])
-    )
+claims = ClaimClock(os.environ.get("TURNSTILE_BENCH_CLAIM_LOG"))

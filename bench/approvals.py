@@ -196,6 +196,7 @@ def _start_workers(
                 argv.append("--settle-only")
         else:
             argv = ["workers.cli", "worker", "--app", "bench.app:ai", "--db", url]
+            argv += ["--observer", "bench.app:claims"]
             argv += ["--concurrency", str(slots)]
         if profile is not None:
             out = profile / f"{impl}-{processes}p{slots}s-w{number}.prof"

@@ -87,27 +87,32 @@ def create_app(
     inbox_policy: InboxPolicy | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     lifespan: Lifespan[Starlette] | None = None,
+    routes: Sequence[BaseRoute] = (),
+    middleware: Sequence[Middleware] = (),
 ) -> Starlette:
     """An ASGI app serving ``engine``'s agents (run it with uvicorn or ``turnstile serve``).
 
     ``auth`` authenticates every request (``None``: an open server, for local use only);
     sessions then belong to the principal that created them. ``inbox_policy`` decides which
-    approvals a principal sees and decides (default: those of its own sessions).
+    approvals a principal sees and decides (default: those of its own sessions). ``routes``
+    are served as well, without authentication (``turnstile serve`` adds its health probes
+    and metrics); ``middleware`` wraps every route, outermost first.
     """
     server = _Server(engine, auth, max_body_bytes)
     inbox = InboxRoutes(
         engine, server.authenticate, inbox_policy or OwnerInboxPolicy(), max_body_bytes
     )
-    routes: Sequence[BaseRoute] = [
+    served: list[BaseRoute] = [
+        *routes,
         Route("/api/{agent}", server.turn, methods=["POST"]),
         Route("/api/{agent}/getSnapshot", server.get_snapshot, methods=["POST"]),
         Route("/api/{agent}/abort", server.abort, methods=["POST"]),
         *inbox.routes(),
     ]
     app = Starlette(
-        routes=list(routes),
+        routes=served,
         lifespan=lifespan,
-        middleware=[Middleware(_EscapedErrors)],
+        middleware=[*middleware, Middleware(_EscapedErrors)],
         exception_handlers={HTTPException: _http_error, Exception: _internal_error},
     )
     app.state.turnstile = server
