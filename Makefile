@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 # The genuine Genkit JS client the acceptance tests drive our server with (installed locally).
 JS_STAMP := tests/js/node_modules/.installed-stamp
 
-.PHONY: demo tour test test-unit lint typecheck install clean
+.PHONY: demo tour test test-unit test-fast lint typecheck install clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -39,8 +39,13 @@ test: lint typecheck $(JS_STAMP)
 	$(VENV)/bin/pytest
 
 # The edit-test loop: the unit tier only (no database, no processes), in seconds.
+# (tests/unit also holds the behaviour suite's other backends, marked with their tier.)
 test-unit: $(STAMP)
-	$(VENV)/bin/pytest tests/unit
+	$(VENV)/bin/pytest tests/unit -m "not integration and not acceptance"
+
+# Unit and integration tiers, no acceptance or perf tests (needs PostgreSQL, see tests/README.md).
+test-fast: $(STAMP)
+	$(VENV)/bin/pytest -m "not acceptance and not perf"
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .turnstile tests/js/node_modules

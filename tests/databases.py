@@ -2,11 +2,13 @@
 
 PostgreSQL comes from ``DATABASE_URL`` (any database on the server; we create our own next to
 it) or the local server at 127.0.0.1:5432 as user ``postgres``. SQLite templates are files.
-Also what tests read of a store that no store method offers: its audit trail, its listener.
+Also what tests read of a store that no store method offers: its audit trail, its listener;
+and which tests use PostgreSQL (:func:`uses_postgres`, for the ``postgres`` marker).
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 import shutil
 import tempfile
@@ -14,8 +16,10 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
+from types import CodeType
 
 import psycopg
+import pytest
 from sqlalchemy.engine import URL, make_url
 
 from engine.memory_store import InMemorySessionStore
@@ -23,10 +27,21 @@ from engine.memory_store import list_events as memory_events
 from engine.store import SessionStore, TurnEvent
 from stores import SqlSessionStore, migrate
 from stores import turns as turn_sql
+from stores.postgres import PostgresSessionStore
 
 ADMIN_URL = os.environ.get("DATABASE_URL") or "postgresql://postgres@127.0.0.1:5432/postgres"
 _PREFIX = f"turnstile_test_{os.getpid()}"
 _state: dict[str, str] = {}
+
+#: The test running now (set by tests/conftest.py): a test not marked ``postgres`` may not
+#: open a database, so ``-m "not postgres"`` surely runs without a server.
+running_test: pytest.Item | None = None
+
+#: What code names to reach the server, besides the kind ``"postgres"`` it passes to
+#: :func:`sql_store`, ``serve_banking`` or a store factory.
+_OPENERS = frozenset({"ADMIN_URL", "postgres_url", "new_postgres_database"})
+#: Parameter values that choose a backend other than PostgreSQL (see :func:`uses_postgres`).
+_OTHER_BACKENDS = ("memory", "sqlite", "openai", "anthropic", "remote-memory")
 
 
 def libpq_dsn(url: str | URL) -> str:
@@ -64,6 +79,13 @@ def postgres_template() -> str:
 
 def new_postgres_database() -> str:
     """A fresh migrated database (a copy of the template); returns its URL."""
+    test = running_test
+    if test is not None and test.get_closest_marker("postgres") is None:
+        raise AssertionError(
+            f"{test.nodeid} opens a PostgreSQL database but is not marked postgres: give it a "
+            '"postgres" parameter, call postgres_url()/sql_store("postgres") in the test or one '
+            "of its fixtures (see uses_postgres), or mark it @pytest.mark.postgres"
+        )
     name = f"{_PREFIX}_{uuid.uuid4().hex[:10]}"
     _execute(f'CREATE DATABASE "{name}" TEMPLATE "{postgres_template()}"')
     return _url_for(name)
@@ -133,11 +155,10 @@ async def events_of(store: SessionStore, turn_id: str) -> list[TurnEvent]:
 async def listen_ready(store: SqlSessionStore, timeout: float = 5.0) -> bool:
     """Wait (up to ``timeout``) until ``store`` has LISTEN active, so no notification sent
     from now on is missed; whether it has (never on SQLite, which polls)."""
-    listener = store._listener
-    if listener is None:
+    if not isinstance(store, PostgresSessionStore):
         return False
-    await listener.wait_connected(timeout)
-    return listener.connected.is_set()
+    await store._listener.wait_connected(timeout)
+    return store._listener.connected.is_set()
 
 
 def cleanup() -> None:
@@ -146,3 +167,39 @@ def cleanup() -> None:
         _execute(f'DROP DATABASE IF EXISTS "{_state.pop("pg")}" WITH (FORCE)')
     if "sqlite" in _state:
         shutil.rmtree(Path(_state.pop("sqlite")).parent, ignore_errors=True)
+
+
+def uses_postgres(item: pytest.Item) -> bool:
+    """Whether ``item`` opens a PostgreSQL database, read from how it is collected.
+
+    A test parametrised over backends uses PostgreSQL when one of its parameters names it
+    ("postgres", "postgres-queued", "remote-postgres"); one whose parameters name another
+    backend ("memory", "sqlite", ...) does not. Otherwise it does when its function or one of
+    its fixtures (their code, nested functions included) calls :func:`postgres_url` or
+    :func:`new_postgres_database`, connects to :data:`ADMIN_URL`, or passes the kind
+    ``"postgres"``. As :func:`new_postgres_database` refuses any test this misses, the
+    ``postgres`` marker is complete for the tests that run.
+    """
+    if not isinstance(item, pytest.Function):
+        return False
+    callspec = getattr(item, "callspec", None)
+    chosen = [v for v in callspec.params.values() if isinstance(v, str)] if callspec else []
+    if any("postgres" in value for value in chosen):
+        return True
+    if any(v == other or v.startswith(f"{other}-") for v in chosen for other in _OTHER_BACKENDS):
+        return False
+    fixtures = item._fixtureinfo.name2fixturedefs.values()
+    functions = [item.function, *(definitions[-1].func for definitions in fixtures)]
+    return any(_names_postgres(inspect.unwrap(function)) for function in functions)
+
+
+def _names_postgres(function: object) -> bool:
+    code = getattr(function, "__code__", None)
+    return isinstance(code, CodeType) and _code_names_postgres(code)
+
+
+def _code_names_postgres(code: CodeType) -> bool:
+    if _OPENERS & set(code.co_names) or "postgres" in code.co_consts:
+        return True
+    nested = (const for const in code.co_consts if isinstance(const, CodeType))
+    return any(_code_names_postgres(const) for const in nested)

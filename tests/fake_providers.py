@@ -369,7 +369,7 @@ class FakeOpenAI(FakeProvider):
             yield self._delta(body, {"refusal": piece})
         pieces: list[tuple[int, str]] = []
         for index, call in enumerate(reply.calls):
-            head = {
+            head: dict[str, Any] = {
                 "index": index,
                 "id": call.id,
                 "type": "function",

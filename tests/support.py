@@ -1,5 +1,5 @@
 """Test doubles that stand in for an LLM (never for the database, a server or a process),
-and a spy that records a real object's calls while they still run."""
+a spy that records a real object's calls while they still run, and what tests read of parts."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from engine.agent import Agent
 from engine.model import ChunkSink, ModelRequest, ModelResponse
-from engine.parts import Message, Part
+from engine.parts import Message, Part, ToolRequest, ToolResponse
+from engine.store import SessionStore
 
 
 def ask(*calls: tuple[str, str | None, Any]) -> Message:
@@ -20,6 +22,24 @@ def ask(*calls: tuple[str, str | None, Any]) -> Message:
 def say(text: str) -> Message:
     """A model message holding text."""
     return Message(role="model", content=[Part.of_text(text)])
+
+
+def request_in(part: Part) -> ToolRequest:
+    """The tool request ``part`` holds (failing the test if it holds none)."""
+    assert part.tool_request is not None, part
+    return part.tool_request
+
+
+def response_in(part: Part) -> ToolResponse:
+    """The tool response ``part`` holds (failing the test if it holds none)."""
+    assert part.tool_response is not None, part
+    return part.tool_response
+
+
+def store_of(agent: Agent) -> SessionStore:
+    """The store a server-state agent keeps its sessions in (failing the test if none)."""
+    assert agent.store is not None, f"agent {agent.name} keeps its state with the client"
+    return agent.store
 
 
 class ListModel:

@@ -96,7 +96,7 @@ class Worker:
 
 
 async def eventually(
-    check: Callable[[], Awaitable[T]],
+    check: Callable[[], Awaitable[T | None]],
     *,
     timeout: float,
     what: str,
@@ -266,7 +266,7 @@ class Cluster:
         """Wait until no turn in the database is pending or aborting."""
 
         async def settled() -> bool:
-            busy = await self.scalar(
+            busy: int = await self.scalar(
                 "SELECT count(*) FROM turns WHERE status IN ('pending', 'aborting')"
             )
             return busy == 0
@@ -279,7 +279,10 @@ class Cluster:
         """Wait until a worker holds ``turn_id``; returns its ``lease_owner``."""
 
         async def owner() -> str | None:
-            return await self.scalar("SELECT lease_owner FROM turns WHERE id = %s", (turn_id,))
+            holder: str | None = await self.scalar(
+                "SELECT lease_owner FROM turns WHERE id = %s", (turn_id,)
+            )
+            return holder
 
         return await eventually(
             owner, timeout=timeout, what=f"a worker to claim {turn_id}", describe=self.logs

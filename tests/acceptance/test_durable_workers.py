@@ -407,7 +407,7 @@ async def test_workers_survive_terminated_database_connections(cluster: Cluster)
     assert all(w.alive for w in workers), cluster.logs()
 
     async def back() -> bool:
-        count = await cluster.scalar(
+        count: int = await cluster.scalar(
             "SELECT count(*) FROM pg_stat_activity "
             "WHERE application_name = 'turnstile-worker' AND datname = current_database()"
         )
@@ -531,7 +531,10 @@ async def test_expired_approvals_are_decided_by_a_worker_scheduler(cluster: Clus
     }
 
     async def child_of(parent: str | None) -> str | None:
-        return await cluster.scalar("SELECT id FROM turns WHERE parent_id = %s", (parent,))
+        child: str | None = await cluster.scalar(
+            "SELECT id FROM turns WHERE parent_id = %s", (parent,)
+        )
+        return child
 
     # The scheduler's interval is 5 s: within 20 s both overdue approvals are decided.
     continued = await eventually(

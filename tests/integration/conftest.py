@@ -1,39 +1,21 @@
-"""Fixtures of the model-adapter tests: the fake OpenAI and Anthropic servers."""
+"""Fixtures of the integration tier: ``store``, one fresh store of each implementation."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 
-from tests.fake_providers import FakeAnthropic, FakeOpenAI
+from engine.store import SessionStore
+from tests.integration.store_support import KNOWN_FAILURES, STORE_FACTORIES
 
 
-@pytest.fixture(scope="session")
-def _openai_server() -> Iterator[FakeOpenAI]:
-    server = FakeOpenAI()
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="session")
-def _anthropic_server() -> Iterator[FakeAnthropic]:
-    server = FakeAnthropic()
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def fake_openai(_openai_server: FakeOpenAI) -> FakeOpenAI:
-    """The fake OpenAI endpoint, with an empty script and recording."""
-    _openai_server.reset()
-    return _openai_server
-
-
-@pytest.fixture
-def fake_anthropic(_anthropic_server: FakeAnthropic) -> FakeAnthropic:
-    """The fake Anthropic endpoint, with an empty script and recording."""
-    _anthropic_server.reset()
-    return _anthropic_server
+@pytest.fixture(params=sorted(STORE_FACTORIES))
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[SessionStore]:
+    """A fresh, empty store of each implementation (a module may define its own ``store``)."""
+    reason = KNOWN_FAILURES.get((request.param, request.function.__name__))
+    if reason is not None:
+        request.applymarker(pytest.mark.xfail(reason=reason, strict=True))
+    async with STORE_FACTORIES[request.param]() as opened:
+        assert isinstance(opened, SessionStore)
+        yield opened

@@ -10,23 +10,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import AsyncIterator
-
-import pytest
 
 from engine.errors import StaleTransitionError
 from engine.status import FinishReason, TurnStatus
 from engine.store import SessionStore, Transition
-from tests.integration.test_store_contract import STORE_FACTORIES, new_turn
+from tests.integration.store_support import new_turn
 
 TURNS = 60
-
-
-@pytest.fixture(params=sorted(STORE_FACTORIES))
-async def store(request: pytest.FixtureRequest) -> AsyncIterator[SessionStore]:
-    """A fresh store of each implementation."""
-    async with STORE_FACTORIES[request.param]() as opened:
-        yield opened
 
 
 async def run_workers(store: SessionStore, stop: asyncio.Event) -> None:

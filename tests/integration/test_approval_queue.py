@@ -30,7 +30,7 @@ from engine.store import (
 from stores import SqlSessionStore
 from stores.schema import tool_calls
 from tests.databases import libpq_dsn, postgres_url, sql_store
-from tests.integration.test_store_contract import (
+from tests.integration.store_support import (
     COMPLETED,
     PENDING,
     asks,

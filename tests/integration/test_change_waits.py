@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 
 from engine import Engine, ScriptedModel
+from stores.postgres import PostgresSessionStore
 from tests.conftest import TEST_STATE_KEYS
 from tests.databases import sql_store
 from workers import WorkerPool
@@ -29,5 +30,5 @@ async def test_waiting_on_many_settlements_keeps_no_signal_behind() -> None:
             await asyncio.sleep(0.05)  # cancelled waiters finish their clean-up
             # The listener's registry of waited-on turns (private: nothing public counts
             # them). Before KeyedSignals it held one entry per send here.
-            assert store._listener is not None
+            assert isinstance(store, PostgresSessionStore)
             assert len(store._listener._changes) == 0

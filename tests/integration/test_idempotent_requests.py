@@ -20,14 +20,6 @@ from engine.store import InterruptAnswer, NewTurn, SessionStore, TurnRecord
 from examples.banking import build
 from tests.conftest import TEST_STATE_KEYS
 from tests.http_fixtures import Served, bearer, serve_banking, token_auth
-from tests.integration.test_store_contract import STORE_FACTORIES
-
-
-@pytest.fixture(params=sorted(STORE_FACTORIES))
-async def store(request: pytest.FixtureRequest) -> AsyncIterator[SessionStore]:
-    """A fresh store of each kind (the contract suite's)."""
-    async with STORE_FACTORIES[request.param]() as opened:
-        yield opened
 
 
 async def test_the_same_send_under_one_key_creates_one_turn(store: SessionStore) -> None:
@@ -104,7 +96,7 @@ async def test_a_creation_whose_answer_was_lost_is_read_back_as_a_success(
 ) -> None:
     """A send whose creation committed but whose answer was lost succeeds with that turn."""
     lossy = LostAnswers(store)
-    agent = build(store=lossy, execution="inline", state_keys=TEST_STATE_KEYS).banking_agent  # type: ignore[arg-type]
+    agent = build(store=lossy, execution="inline", state_keys=TEST_STATE_KEYS).banking_agent
 
     response = await agent.chat().send("hello")
 
@@ -119,7 +111,7 @@ async def test_a_creation_that_did_not_apply_says_so(store: SessionStore) -> Non
     StoreError with status UNAVAILABLE, saying (after reading back) it was not applied."""
     lossy = LostAnswers(store)
     lossy.commit = False
-    agent = build(store=lossy, execution="inline", state_keys=TEST_STATE_KEYS).banking_agent  # type: ignore[arg-type]
+    agent = build(store=lossy, execution="inline", state_keys=TEST_STATE_KEYS).banking_agent
 
     with pytest.raises(StoreError) as failed:
         await agent.chat().send("hello")

@@ -31,6 +31,7 @@ from tests.fake_providers import (
     anthropic_model,
     openai_model,
 )
+from tests.support import request_in, store_of
 from workers import WorkerPool
 
 OPENAI_ERRORS: dict[str, tuple[int, dict[str, Any]]] = {
@@ -224,7 +225,7 @@ async def test_banking_flow_end_to_end(provider: Provider, streamed: bool) -> No
         turn = chat.send_stream(TRANSFER)
         first_chunks = [c async for c in turn.stream]
         paused = await turn.response
-        assert [p.tool_request.ref for p in first_chunks[0].tool_requests] == ["approval-1"]
+        assert [request_in(p).ref for p in first_chunks[0].tool_requests] == ["approval-1"]
     else:
         paused = await chat.send(TRANSFER)
     assert paused.finish_reason is FinishReason.INTERRUPTED
@@ -267,7 +268,7 @@ async def test_banking_flow_end_to_end(provider: Provider, streamed: bool) -> No
     assert provider.results(second) == [("approval-1", {"approved": True, "feedback": "ok"}, False)]
     assert provider.results(third) == [("transfer-1", RECEIPT, False)]
 
-    store = app.banking_agent.store
+    store = store_of(app.banking_agent)
     paused_turn = await store.get_turn(str(paused.snapshot_id))
     done_turn = await store.get_turn(str(done.snapshot_id))
     assert paused_turn is not None and done_turn is not None
@@ -304,7 +305,7 @@ async def test_parallel_tool_calls_with_arguments_split_across_many_chunks(
         (10, "Alice"),
         (20.5, "Bob"),
     ]
-    assert [p.tool_request.ref for p in res.messages[1].content] == ["call_a", "call_b"]
+    assert [request_in(p).ref for p in res.messages[1].content] == ["call_a", "call_b"]
     _, second = provider.server.requests
     assert provider.results(second) == [
         ("call_a", {"success": True, "transactionId": "txn-10-alice"}, False),
@@ -326,7 +327,7 @@ async def test_transient_http_errors_are_retried(provider: Provider, name: str) 
     res = await app.banking_agent.chat().send(TRANSFER)
     assert res.finish_reason is FinishReason.INTERRUPTED
     assert len(provider.server.requests) == 2
-    turn = await app.banking_agent.store.get_turn(str(res.snapshot_id))
+    turn = await store_of(app.banking_agent).get_turn(str(res.snapshot_id))
     assert turn is not None and turn.attempts == 2
 
 
@@ -376,7 +377,7 @@ async def test_connection_refused_is_transient(provider: Provider) -> None:
         await app.banking_agent.chat().send(TRANSFER)
     assert failed.value.status == "UNAVAILABLE"
     assert "connection failed" in failed.value.message
-    turn = await app.banking_agent.store.get_turn(str(failed.value.snapshot_id))
+    turn = await store_of(app.banking_agent).get_turn(str(failed.value.snapshot_id))
     assert turn is not None and turn.attempts == 2
 
 
@@ -402,7 +403,7 @@ async def test_permanent_errors_fail_the_turn_at_once(
     assert len(provider.server.requests) == 1
     snapshot = await app.banking_agent.get_snapshot(snapshot_id=failed.value.snapshot_id)
     assert snapshot is not None and snapshot.status is TurnStatus.FAILED
-    turn = await app.banking_agent.store.get_turn(str(failed.value.snapshot_id))
+    turn = await store_of(app.banking_agent).get_turn(str(failed.value.snapshot_id))
     assert turn is not None and turn.error is not None
     assert turn.error.details["provider"] == (
         "OpenAI" if provider.kind == "openai" else "Anthropic"
@@ -447,7 +448,7 @@ async def test_a_malformed_tool_call_is_returned_to_the_model_which_corrects_it(
         assert sent_back == arguments  # the model sees the text it sent, verbatim
     elif complaint != "not valid JSON":
         assert json.loads(sent_back) == json.loads(arguments)
-    calls = await app.banking_agent.store.list_calls(str(res.snapshot_id))
+    calls = await store_of(app.banking_agent).list_calls(str(res.snapshot_id))
     assert [(c.ref, c.status) for c in calls] == [
         ("call_1", ToolCallStatus.FAILED),
         ("call_2", ToolCallStatus.DONE),
@@ -542,7 +543,7 @@ async def test_the_worker_pool_retries_a_rate_limited_turn(provider: Provider) -
         res = await agent.chat().send(TRANSFER)
     assert res.finish_reason is FinishReason.INTERRUPTED
     assert len(provider.server.requests) == 2
-    turn = await agent.store.get_turn(str(res.snapshot_id))
+    turn = await store_of(agent).get_turn(str(res.snapshot_id))
     assert turn is not None and turn.attempts == 2
 
 
@@ -583,4 +584,4 @@ async def test_openai_compatible_tool_calls_without_an_index_still_assemble(
     await model.aclose()
     assert res.text == "ok"
     assert sorted((t.amount, t.toAccount) for _, t in app.transfers) == [(1, "A"), (2, "B")]
-    assert [p.tool_request.ref for p in res.messages[1].content] == ["call_a", "call_b"]
+    assert [request_in(p).ref for p in res.messages[1].content] == ["call_a", "call_b"]

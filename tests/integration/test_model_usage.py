@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 import sqlalchemy as sa
 
@@ -11,9 +9,8 @@ from engine import LeaseLostError, Message, ScriptedModel
 from engine.model import ChunkSink, ModelRequest, ModelResponse, ModelUsage
 from engine.store import NewTurn, RoundRecord, SessionStore, TurnInput
 from examples.banking import build
-from stores import InMemorySessionStore, SqlSessionStore
+from stores import SqlSessionStore
 from tests.conftest import TEST_STATE_KEYS
-from tests.databases import sql_store
 
 
 class MeteredModel:
@@ -38,16 +35,6 @@ class MeteredModel:
             output_tokens=10 + self.calls if self.report_output else None,
         )
         return response
-
-
-@pytest.fixture(params=["memory", "sqlite", "postgres"])
-async def store(request: pytest.FixtureRequest) -> AsyncIterator[SessionStore]:
-    """Each store kind, fresh."""
-    if request.param == "memory":
-        yield InMemorySessionStore()
-        return
-    async with sql_store(request.param) as sql:
-        yield sql
 
 
 async def test_usage_is_summed_per_turn(store: SessionStore) -> None:

@@ -9,25 +9,14 @@ process; the transfer books into the example's idempotent ledger under its key.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
-
-import pytest
 
 from engine import AgentResponse, TurnStatus
 from engine.store import SessionStore, ToolCallStatus
 from examples.banking import BankingApp, build, read_ledger
 from tests.conftest import TEST_STATE_KEYS
-from tests.integration.test_store_contract import STORE_FACTORIES
 
 TRANSFER_SECONDS = 0.5
-
-
-@pytest.fixture(params=sorted(STORE_FACTORIES))
-async def store(request: pytest.FixtureRequest) -> AsyncIterator[SessionStore]:
-    """A fresh store of each kind (the contract suite's)."""
-    async with STORE_FACTORIES[request.param]() as opened:
-        yield opened
 
 
 def slow_bank(store: SessionStore, ledger: Path) -> BankingApp:

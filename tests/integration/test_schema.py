@@ -9,7 +9,7 @@ from typing import Any
 import psycopg
 import pytest
 from alembic import command
-from sqlalchemy.dialects import postgresql
+from sqlalchemy.engine import make_url
 
 from stores import SchemaNotAtHeadError, ensure_at_head, migrate, snapshots, turn_creation, turns
 from stores import turn_claims as claim_sql
@@ -17,6 +17,9 @@ from stores.migrate import _config, current_revision, head_revision
 from stores.pg import PLANNER_SETTINGS
 from stores.turn_claims import ClaimRequest, claim_statement
 from tests.databases import libpq_dsn, new_sqlite_database, postgres_url
+
+#: The dialect the claim statements are compiled in to read their plans.
+POSTGRESQL = make_url("postgresql+psycopg://").get_dialect()()
 
 
 def _dsn(url: str) -> str:
@@ -128,7 +131,7 @@ def test_claim_and_open_approvals_queries_use_their_indexes() -> None:
         _populate(connection, 50_000)
         claim = claim_statement(
             ClaimRequest(owner="w", lease_seconds=30, now=datetime.now(UTC), limit=8)
-        ).compile(dialect=postgresql.dialect(), compile_kwargs={"literal_binds": True})
+        ).compile(dialect=POSTGRESQL, compile_kwargs={"literal_binds": True})
         assert "ix_turns_claimable" in _plan(connection, str(claim))[0]
         # A pool woken by a work notification claims the named turns by primary key only:
         # scanning the claim index would step over its dead entries.
@@ -136,7 +139,7 @@ def test_claim_and_open_approvals_queries_use_their_indexes() -> None:
             owner="w", lease_seconds=30, now=datetime.now(UTC), limit=8, turn_ids=["t1", "t2"]
         )
         named = claim_statement(request).compile(
-            dialect=postgresql.dialect(), compile_kwargs={"literal_binds": True}
+            dialect=POSTGRESQL, compile_kwargs={"literal_binds": True}
         )
         assert _plan(connection, str(named))[0] == {"pk_turns"}
         # The queue holds only the 50 open approvals: on so small a table the planner rightly
@@ -271,6 +274,7 @@ def test_a_resume_finds_its_answers_by_the_parents_key_however_many_approvals_ar
         connection.execute(b"PREPARE resume AS " + statement.wire_sql)
         literals = {
             "agent": "'bankingAgent'",
+            "owner": "NULL",
             "session_id": "'s500'",
             "now": "now()",
             "answers": """'[{"turn_id": "t500", "round": 1, "ref": "approval-1"}]'""",
@@ -286,9 +290,11 @@ def test_a_resume_finds_its_answers_by_the_parents_key_however_many_approvals_ar
         rows = connection.execute(f"EXPLAIN EXECUTE resume({arguments})").fetchall()
     plan = "\n".join(row[0] for row in rows)
     answered = plan[plan.index("CTE answered") : plan.index("CTE created")]
+    ready = plan[plan.index("CTE ready") : plan.index("CTE session")]
 
     assert "pk_tool_calls" in answered, answered
     assert "ix_tool_calls_open" not in answered, answered
+    assert "ix_tool_calls_open" not in ready, ready
 
 
 def test_a_new_databases_queue_claim_walks_its_index_in_order() -> None:

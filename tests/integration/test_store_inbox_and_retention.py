@@ -1,11 +1,10 @@
 """The store contract for the approval inbox and for retention, on every store.
 
-Same ``store`` fixture as ``test_store_contract.py``: in memory, SQLite and PostgreSQL.
+Same ``store`` fixture as the other ``test_store_*`` modules: in memory, SQLite and PostgreSQL.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -13,10 +12,9 @@ import pytest
 from engine.errors import ApprovalNotPendingError
 from engine.store import ApprovalQuery, InterruptAnswer, SessionStore, TurnInput
 from tests.databases import events_of
-from tests.integration.test_store_contract import (
+from tests.integration.store_support import (
     COMPLETED,
     PENDING,
-    STORE_FACTORIES,
     claim,
     new_turn,
     paused_turn,
@@ -24,13 +22,6 @@ from tests.integration.test_store_contract import (
 )
 
 LATER = timedelta(hours=1)
-
-
-@pytest.fixture(params=sorted(STORE_FACTORIES))
-async def store(request: pytest.FixtureRequest) -> AsyncIterator[SessionStore]:
-    """A fresh, empty store of each implementation."""
-    async with STORE_FACTORIES[request.param]() as opened:
-        yield opened
 
 
 async def settled_session(store: SessionStore, session_id: str) -> str:

@@ -68,7 +68,8 @@ def paused_parts(blob: dict[str, Any]) -> list[dict[str, Any]]:
     """The content of the blob's last (paused model) message."""
     last = blob["messages"][-1]
     assert last["role"] == "model"
-    return last["content"]
+    content: list[dict[str, Any]] = last["content"]
+    return content
 
 
 def resign(bank: BankingApp, blob: dict[str, Any], agent: Agent) -> dict[str, Any]:
@@ -99,20 +100,21 @@ async def test_every_response_carries_state_and_no_snapshot_id(bank: BankingApp)
     assert resumed.text == "Done. Transaction txn-500-my-savings-account."
 
 
-async def test_state_blob_alone_carries_the_session_through_an_approval(bank: BankingApp) -> None:
+@pytest.mark.behaviour("memory", "remote-memory", "remote-postgres")
+async def test_state_blob_alone_carries_the_session_through_an_approval(app: BankingApp) -> None:
     """send → interrupt → resume(approved) works from a fresh chat holding only the blob, and
     executes exactly one transfer."""
-    agent = bank.banking_agent_stateless
-    paused = await interrupted(bank)
-    assert bank.transfers == []
+    agent = app.banking_agent_stateless
+    paused = await interrupted(app)
+    assert app.transfers == []
     fresh = agent.chat(state=paused.state)
     resumed = await fresh.resume(respond=approve(paused))
     assert resumed.status is TurnStatus.COMPLETED
     assert resumed.finish_reason is FinishReason.STOP
     assert resumed.text == "Done. Transaction txn-500-my-savings-account."
     assert resumed.session_id == paused.session_id
-    assert len(bank.transfers) == 1
-    assert (bank.transfers[0][1].amount, bank.transfers[0][1].toAccount) == (
+    assert len(app.transfers) == 1
+    assert (app.transfers[0][1].amount, app.transfers[0][1].toAccount) == (
         500,
         "my savings account",
     )
@@ -131,35 +133,37 @@ async def test_state_blob_alone_carries_the_session_through_an_approval(bank: Ba
         "user",
         "model",
     ]
-    assert len(bank.transfers) == 1
+    assert len(app.transfers) == 1
 
 
-async def test_wire_round_trip_of_blob_and_respond_still_resumes(bank: BankingApp) -> None:
+@pytest.mark.behaviour("memory", "remote-memory", "remote-postgres")
+async def test_wire_round_trip_of_blob_and_respond_still_resumes(app: BankingApp) -> None:
     """The blob and the respond part, both through `json.loads(json.dumps(...))`, resume the
     chat."""
-    paused = await interrupted(bank)
+    paused = await interrupted(app)
     wire_state = json.loads(json.dumps(paused.state))
     wire_respond = json.loads(json.dumps([p.to_wire() for p in approve(paused)]))
     assert wire_respond == [
         {"toolResponse": {"name": "userApproval", "ref": "approval-1", "output": APPROVED}}
     ]
-    chat = bank.banking_agent_stateless.chat(state=wire_state)
+    chat = app.banking_agent_stateless.chat(state=wire_state)
     resumed = await chat.resume(respond=wire_respond)
     assert resumed.text == "Done. Transaction txn-500-my-savings-account."
-    assert len(bank.transfers) == 1
+    assert len(app.transfers) == 1
     assert resumed.state is not None
     again = json.loads(json.dumps(resumed.state))
-    assert (await bank.banking_agent_stateless.chat(state=again).send("ok")).text == "Echo: ok"
+    assert (await app.banking_agent_stateless.chat(state=again).send("ok")).text == "Echo: ok"
 
 
-async def test_state_from_chat_follows_each_turn(bank: BankingApp) -> None:
+@pytest.mark.behaviour("memory", "remote-memory", "remote-postgres")
+async def test_state_from_chat_follows_each_turn(app: BankingApp) -> None:
     """The chat keeps the latest signed blob, so it can resume without being handed one."""
-    chat = bank.banking_agent_stateless.chat()
+    chat = app.banking_agent_stateless.chat()
     paused = await chat.send(TRANSFER)
     assert chat.state == paused.state
     resumed = await chat.resume(respond=approve(paused))
     assert chat.state == resumed.state
-    assert len(bank.transfers) == 1
+    assert len(app.transfers) == 1
 
 
 # -- forgeries ----------------------------------------------------------------------------

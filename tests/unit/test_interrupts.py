@@ -11,9 +11,10 @@ from engine import Engine, FinishReason, ToolContext, TurnStatus
 from engine.parts import INTERRUPT, PENDING_OUTPUT, RESOLVED_INTERRUPT, SOURCE
 from examples.banking import ApprovalRequest, BankingApp
 from stores import InMemorySessionStore
-from tests.support import ListModel, ask, say
+from tests.support import ListModel, ask, request_in, response_in, say
 
 
+@pytest.mark.behaviour
 async def test_send_pauses_at_the_approval_interrupt(app: BankingApp) -> None:
     """A transfer request pauses the turn: completed/interrupted with one typed interrupt."""
     chat = app.banking_agent.chat()
@@ -29,6 +30,7 @@ async def test_send_pauses_at_the_approval_interrupt(app: BankingApp) -> None:
     assert app.transfers == []
 
 
+@pytest.mark.behaviour
 async def test_respond_answers_without_running_the_interrupt(app: BankingApp) -> None:
     """respond supplies the output; the approved transfer then runs once and the model confirms."""
     chat = app.banking_agent.chat()
@@ -45,6 +47,7 @@ async def test_respond_answers_without_running_the_interrupt(app: BankingApp) ->
     assert paused.metadata == {RESOLVED_INTERRUPT: True}
 
 
+@pytest.mark.behaviour
 async def test_denial_cancels_and_runs_nothing(app: BankingApp) -> None:
     """A denied approval makes the model cancel; no transfer is executed."""
     chat = app.banking_agent.chat()
@@ -56,6 +59,7 @@ async def test_denial_cancels_and_runs_nothing(app: BankingApp) -> None:
     assert app.transfers == []
 
 
+@pytest.mark.behaviour
 async def test_several_interrupts_answered_in_one_resume(app: BankingApp) -> None:
     """Two approvals surface together and one resume answering both runs both transfers."""
     chat = app.banking_agent.chat()
@@ -66,21 +70,23 @@ async def test_several_interrupts_answered_in_one_resume(app: BankingApp) -> Non
     assert sorted(t.toAccount for _, t in app.transfers) == ["Alice", "Bob"]
 
 
+@pytest.mark.behaviour
 async def test_finished_sibling_output_is_kept_and_replayed_not_rerun(app: BankingApp) -> None:
     """A tool that finished in a round that paused is kept as pendingOutput and replayed once."""
     chat = app.banking_agent.chat()
     res = await chat.send("parallel transfer $20 to Carol")
     assert [i.name for i in res.interrupts] == ["userApproval"]
     assert len(app.transfers) == 1
-    sibling = next(p for p in res.message.content if p.tool_request.name == "transferMoney")
+    assert res.message is not None
+    sibling = next(p for p in res.message.content if request_in(p).name == "transferMoney")
     assert sibling.metadata == {PENDING_OUTPUT: {"success": True, "transactionId": "txn-20-carol"}}
     res = await chat.resume(respond=[res.interrupts[0].respond({"approved": False})])
     assert len(app.transfers) == 1, "the finished sibling must not run again"
     tool_message = res.messages[2]
-    replayed = next(p for p in tool_message.content if p.tool_response.name == "transferMoney")
+    replayed = next(p for p in tool_message.content if response_in(p).name == "transferMoney")
     assert replayed.metadata == {SOURCE: "pending"}
-    assert replayed.tool_response.output == {"success": True, "transactionId": "txn-20-carol"}
-    amended = next(p for p in res.messages[1].content if p.tool_request.name == "transferMoney")
+    assert response_in(replayed).output == {"success": True, "transactionId": "txn-20-carol"}
+    amended = next(p for p in res.messages[1].content if request_in(p).name == "transferMoney")
     assert PENDING_OUTPUT not in (amended.metadata or {})
 
 
@@ -109,7 +115,7 @@ async def test_non_interrupt_tools_of_one_round_run_concurrently() -> None:
     )
     res = await agent.chat().send("go")
     assert res.text == "both ran"
-    outputs = [p.tool_response.output for p in res.messages[2].content]
+    outputs = [response_in(p).output for p in res.messages[2].content]
     assert outputs == [{"tool": "a"}, {"tool": "b"}]
 
 
@@ -145,7 +151,7 @@ async def test_restart_reruns_the_tool_with_resumed_set() -> None:
     res = await chat.resume(restart=[res.interrupts[0].restart(resumed_metadata={"ok": True})])
     assert res.text == "paid"
     assert seen == [None, {"ok": True}]
-    assert res.messages[2].content[0].tool_response.output == {"paid": 500, "resumed": {"ok": True}}
+    assert response_in(res.messages[2].content[0]).output == {"paid": 500, "resumed": {"ok": True}}
 
 
 async def test_restart_without_metadata_sets_resumed_true() -> None:
@@ -206,7 +212,7 @@ async def test_respond_and_restart_mixed_in_one_resume() -> None:
         restart=[by_name["pay"].restart(resumed_metadata={"ok": True})],
     )
     assert res.text == "done"
-    outputs = {p.tool_response.name: p.tool_response.output for p in res.messages[2].content}
+    outputs = {response_in(p).name: response_in(p).output for p in res.messages[2].content}
     assert outputs == {"pay": {"paid": 500, "resumed": {"ok": True}}, "ask": "because"}
 
 
@@ -254,13 +260,14 @@ async def test_refs_are_assigned_and_unique_within_a_session() -> None:
         p.tool_request.ref for m in res.messages for p in m.content if p.tool_request is not None
     ]
     assert all(refs) and len(set(refs)) == len(refs) == 4
-    assert refs[2] == "x" and refs[3].startswith("x~")
+    assert refs[2] == "x" and refs[3] is not None and refs[3].startswith("x~")
     responses = [
         p.tool_response.ref for m in res.messages for p in m.content if p.tool_response is not None
     ]
     assert responses == refs
 
 
+@pytest.mark.behaviour
 async def test_a_second_transfer_in_the_same_session_gets_a_fresh_ref(app: BankingApp) -> None:
     """The scripted model reuses approval-1; the engine renames it so both stay answerable."""
     chat = app.banking_agent.chat()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -22,6 +23,7 @@ from engine import (
 from engine.chat import Chat
 from examples.banking import ApprovalDecision, BankingApp, build
 from tests.conftest import TEST_STATE_KEYS
+from tests.support import request_in, response_in
 
 
 async def paused_pair(app: BankingApp) -> tuple[Chat, Any]:
@@ -49,7 +51,8 @@ async def assert_still_resumable(app: BankingApp, chat: Chat, res: Any) -> None:
     assert res2.text.startswith("Done.")
 
 
-CASES = {
+#: Each invalid resume: how to build it from the paused response, its error and text.
+CASES: dict[str, tuple[Callable[[Any], dict[str, Any]], type[AgentError], str]] = {
     "unknown ref": (
         lambda res: {
             "respond": [Part.of_response("userApproval", "approval-9", {"approved": True})]
@@ -108,6 +111,7 @@ CASES = {
 }
 
 
+@pytest.mark.behaviour
 @pytest.mark.parametrize("case", sorted(CASES))
 async def test_invalid_resume_is_rejected_and_writes_nothing(app: BankingApp, case: str) -> None:
     """Each invalid resume raises INVALID_ARGUMENT with Genkit's text and changes nothing."""
@@ -124,6 +128,7 @@ async def test_invalid_resume_is_rejected_and_writes_nothing(app: BankingApp, ca
     await assert_still_resumable(app, chat, res)
 
 
+@pytest.mark.behaviour
 async def test_resume_with_a_new_message_is_rejected(app: BankingApp) -> None:
     """A resume must not carry a new user message (FAILED_PRECONDITION, Genkit's text)."""
     chat, res = await paused_pair(app)
@@ -136,6 +141,7 @@ async def test_resume_with_a_new_message_is_rejected(app: BankingApp) -> None:
     await assert_still_resumable(app, chat, res)
 
 
+@pytest.mark.behaviour
 async def test_resume_of_a_snapshot_that_is_not_paused_is_rejected(app: BankingApp) -> None:
     """Resuming a snapshot without pending interrupts is FAILED_PRECONDITION."""
     chat = app.banking_agent.chat()
@@ -146,6 +152,7 @@ async def test_resume_of_a_snapshot_that_is_not_paused_is_rejected(app: BankingA
         )
 
 
+@pytest.mark.behaviour
 async def test_new_message_while_paused_is_rejected(app: BankingApp) -> None:
     """A paused snapshot only accepts a resume: a new message would leave a dangling request."""
     chat, res = await paused_pair(app)
@@ -157,6 +164,7 @@ async def test_new_message_while_paused_is_rejected(app: BankingApp) -> None:
     await assert_still_resumable(app, chat, res)
 
 
+@pytest.mark.behaviour
 async def test_an_interrupt_is_answered_only_once(app: BankingApp) -> None:
     """Resuming the same paused snapshot a second time is refused: one approval, one transfer."""
     chat, res = await paused_pair(app)
@@ -231,11 +239,11 @@ async def test_random_resumes_are_either_valid_or_rejected_cleanly(
     ]
     valid = (
         sorted(answered) == ["approval-1", "approval-2"]
-        and all(p.tool_response.name == "userApproval" for p in respond)
-        and all(_satisfies_schema(p.tool_response.output) for p in respond)
+        and all(response_in(p).name == "userApproval" for p in respond)
+        and all(_satisfies_schema(response_in(p).output) for p in respond)
         and all(
-            p.tool_request.name == "userApproval"
-            and p.tool_request.input == originals[str(p.tool_request.ref)].raw_input
+            request_in(p).name == "userApproval"
+            and request_in(p).input == originals[str(request_in(p).ref)].raw_input
             for p in restart
         )
     )

@@ -133,8 +133,9 @@ def _edit(blob: dict[str, Any], path: Path, change: Callable[[Any], Any]) -> dic
     """
     copied = copy.deepcopy(blob)
     if not path:
-        return change(copied)
-    parent = copied
+        changed: dict[str, Any] = change(copied)
+        return changed
+    parent: Any = copied
     for step in path[:-1]:
         parent = parent[step]
     parent[path[-1]] = change(parent[path[-1]])

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from engine import AgentResponse
 from examples.banking import BankingApp, build
 from tests.conftest import TEST_STATE_KEYS
+from tests.support import request_in, response_in
 
 
 def transcript(res: AgentResponse) -> list[dict[str, Any]]:
@@ -14,6 +17,7 @@ def transcript(res: AgentResponse) -> list[dict[str, Any]]:
     return [m.to_wire() for m in res.messages]
 
 
+@pytest.mark.behaviour
 async def test_send_stream_yields_word_chunks_then_the_response(app: BankingApp) -> None:
     """Text arrives word by word, and the final response holds the whole text."""
     turn = app.banking_agent.chat().send_stream("hello wide world")
@@ -24,12 +28,13 @@ async def test_send_stream_yields_word_chunks_then_the_response(app: BankingApp)
     assert res.text == "".join(c.text for c in chunks)
 
 
+@pytest.mark.behaviour
 async def test_tool_request_streams_as_one_chunk(app: BankingApp) -> None:
     """A tool-requesting answer streams as one chunk holding its toolRequest parts."""
     turn = app.banking_agent.chat().send_stream("Transfer $50 to Alice and $75 to Bob")
     chunks = [chunk async for chunk in turn.stream]
     assert len(chunks) == 1
-    assert [p.tool_request.ref for p in chunks[0].tool_requests] == ["approval-1", "approval-2"]
+    assert [request_in(p).ref for p in chunks[0].tool_requests] == ["approval-1", "approval-2"]
     res = await turn
     assert len(res.interrupts) == 2
 
@@ -49,8 +54,8 @@ async def test_resume_stream_starts_with_the_tool_responses() -> None:
         ("model", 3),
         ("model", 3),
     ]
-    assert chunks[0].content[0].tool_response.output == {"approved": True}
-    assert chunks[1].tool_requests[0].tool_request.name == "transferMoney"
+    assert response_in(chunks[0].content[0]).output == {"approved": True}
+    assert request_in(chunks[1].tool_requests[0]).name == "transferMoney"
     assert "".join(c.text for c in chunks[3:]) == "Done. Transaction txn-500-my-savings-account."
     final = await turn.response
     assert final.text == "Done. Transaction txn-500-my-savings-account."
@@ -81,6 +86,7 @@ async def test_streaming_and_plain_calls_give_the_same_response() -> None:
     assert a.text == b.text == "Done. Transaction txn-50-alice. Done. Transaction txn-75-bob."
 
 
+@pytest.mark.behaviour
 async def test_stream_of_a_stateless_agent_carries_state_in_the_response(app: BankingApp) -> None:
     """Client-managed agents stream too; the final response carries the signed state."""
     turn = app.banking_agent_stateless.chat().send_stream("hi there")

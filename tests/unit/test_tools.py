@@ -11,7 +11,7 @@ from engine import Engine, Message, Part, ToolContext, TurnFailedError
 from engine.parts import MALFORMED_INPUT, TOOL_ERROR
 from engine.store import ToolCallStatus
 from stores import InMemorySessionStore
-from tests.support import ListModel, ask, say
+from tests.support import ListModel, ask, response_in, say, store_of
 
 KEYS = {"k": "secret-secret-secret"}
 
@@ -52,7 +52,8 @@ async def test_decorated_tool_gets_typed_input_and_may_omit_ctx() -> None:
         return Sum(total=point.x + point.y)
 
     assert add.name == "add" and add.description == "Add the coordinates."
-    assert add.spec().input_schema["properties"].keys() == {"x", "y"}
+    schema = add.spec().input_schema
+    assert schema is not None and schema["properties"].keys() == {"x", "y"}
     res = await run(ai, add)
     assert seen == [Point(x=2, y=3)]
     assert res.messages[2].content[0].tool_response.output == {"total": 5}
@@ -82,23 +83,31 @@ async def test_json_schema_dicts_are_accepted_and_enforced() -> None:
     )
     ai = Engine(model=model, state_keys=KEYS)
     ran: list[Any] = []
-    tool = ai.define_tool(name="count", input_schema=schema, fn=lambda i: ran.append(i) or i)
+
+    def count(given: Any) -> Any:
+        ran.append(given)
+        return given
+
+    tool = ai.define_tool(name="count", input_schema=schema, fn=count)
     agent = ai.define_agent(name="a", tools=[tool], store=InMemorySessionStore())
     res = await agent.chat().send("go")
     assert res.text == "ok"
     assert ran == [{"n": 3}]
     rejected = res.messages[2].content[0]
     assert rejected.metadata == {TOOL_ERROR: True}
-    assert rejected.tool_response.output["error"].startswith(
-        "Tool 'count' was called with input that does not match its input schema"
+    assert (
+        response_in(rejected)
+        .output["error"]
+        .startswith("Tool 'count' was called with input that does not match its input schema")
     )
     assert model.requests[1].messages[-1].content[0] == rejected
-    calls = await agent.store.list_calls(res.snapshot_id)
+    assert res.snapshot_id is not None
+    calls = await store_of(agent).list_calls(res.snapshot_id)
     assert [(c.ref, c.status) for c in calls] == [
         ("r1", ToolCallStatus.FAILED),
         ("r2", ToolCallStatus.DONE),
     ]
-    assert calls[0].error.status == "INVALID_ARGUMENT"
+    assert calls[0].error is not None and calls[0].error.status == "INVALID_ARGUMENT"
 
 
 async def test_malformed_calls_are_bounded_by_max_turns() -> None:
@@ -124,7 +133,7 @@ async def test_non_json_arguments_marked_by_an_adapter_become_a_tool_error() -> 
     agent = ai.define_agent(name="a", tools=[interrupt], store=InMemorySessionStore())
     res = await agent.chat().send("go")
     assert res.interrupts == [] and res.text == "sorry"
-    output = res.messages[2].content[0].tool_response.output
+    output = response_in(res.messages[2].content[0]).output
     assert "not valid JSON (Expecting value)" in output["error"]
 
 
@@ -152,8 +161,10 @@ async def test_tool_exception_fails_the_turn_and_is_journaled() -> None:
     with pytest.raises(TurnFailedError) as failed:
         await agent.chat().send("go")
     assert (failed.value.status, failed.value.message) == ("INTERNAL", "Tool 'boom' failed: kaboom")
-    [call] = await agent.store.list_calls(failed.value.snapshot_id)
-    assert call.status is ToolCallStatus.FAILED and call.error.message.endswith("kaboom")
+    assert failed.value.snapshot_id is not None
+    [call] = await store_of(agent).list_calls(failed.value.snapshot_id)
+    assert call.status is ToolCallStatus.FAILED
+    assert call.error is not None and call.error.message.endswith("kaboom")
 
 
 async def test_unknown_tool_fails_the_turn_with_not_found() -> None:

@@ -50,15 +50,18 @@ async def test_abort_moves_a_running_turn_through_aborting_to_aborted() -> None:
     assert first.text == "Echo: "
     running = chat.pending_snapshot_id
     assert running is not None
-    assert (await agent.get_snapshot(snapshot_id=running)).status is TurnStatus.PENDING
+    before = await agent.get_snapshot(snapshot_id=running)
+    assert before is not None and before.status is TurnStatus.PENDING
     assert await agent.abort(running) is TurnStatus.ABORTING
-    assert (await agent.get_snapshot(snapshot_id=running)).status is TurnStatus.ABORTING
+    aborting = await agent.get_snapshot(snapshot_id=running)
+    assert aborting is not None and aborting.status is TurnStatus.ABORTING
     res = await turn.response
     assert res.status is TurnStatus.ABORTED
     assert res.finish_reason is FinishReason.ABORTED
     snapshot = await agent.get_snapshot(snapshot_id=running)
-    assert snapshot.status is TurnStatus.ABORTED
+    assert snapshot is not None and snapshot.status is TurnStatus.ABORTED
     assert [m.role for m in snapshot.state.messages] == ["user"]
+    assert agent.store is not None
     events = await events_of(agent.store, running)
     assert [e.to_status for e in events] == [
         TurnStatus.PENDING,
@@ -146,7 +149,7 @@ async def test_failed_turn_is_resumable_and_bare_send_retries() -> None:
         await chat.send("flaky request")
     assert failed.value.message == "Scripted transient model failure"
     snapshot = await app.banking_agent.get_snapshot(snapshot_id=failed.value.snapshot_id)
-    assert snapshot.status is TurnStatus.FAILED
+    assert snapshot is not None and snapshot.status is TurnStatus.FAILED
     assert snapshot.error == {
         "status": "UNAVAILABLE",
         "message": "Scripted transient model failure",
@@ -171,16 +174,19 @@ async def test_transient_errors_are_retried_with_backoff() -> None:
     app = build(state_keys=TEST_STATE_KEYS, max_attempts=3)
     res = await app.banking_agent.chat().send("flaky but fine")
     assert res.text == "Echo: flaky but fine"
-    events = await events_of(app.banking_agent.store, res.snapshot_id)
+    store, turn_id = app.banking_agent.store, res.snapshot_id
+    assert store is not None and turn_id is not None
+    events = await events_of(store, turn_id)
     assert [(e.from_status, e.to_status) for e in events] == [
         (None, TurnStatus.PENDING),
         (TurnStatus.PENDING, TurnStatus.PENDING),
         (TurnStatus.PENDING, TurnStatus.COMPLETED),
     ]
-    turn = await app.banking_agent.store.get_turn(res.snapshot_id)
-    assert turn.attempts == 2
+    turn = await store.get_turn(turn_id)
+    assert turn is not None and turn.attempts == 2
 
 
+@pytest.mark.behaviour
 async def test_get_snapshot_by_session_returns_the_latest(app: BankingApp) -> None:
     """get_snapshot(session_id=...) is the newest snapshot; unknown ids give None."""
     agent = app.banking_agent
@@ -188,7 +194,7 @@ async def test_get_snapshot_by_session_returns_the_latest(app: BankingApp) -> No
     await chat.send("one")
     second = await chat.send("two")
     latest = await agent.get_snapshot(session_id=second.session_id)
-    assert latest.snapshot_id == second.snapshot_id
+    assert latest is not None and latest.snapshot_id == second.snapshot_id
     assert latest.status is TurnStatus.COMPLETED
     assert [m.text for m in latest.state.messages] == ["one", "Echo: one", "two", "Echo: two"]
     assert await agent.get_snapshot(snapshot_id="nope") is None
@@ -197,12 +203,15 @@ async def test_get_snapshot_by_session_returns_the_latest(app: BankingApp) -> No
         await agent.abort("nope")
 
 
+@pytest.mark.behaviour
 async def test_abort_of_a_settled_snapshot_is_a_no_op(app: BankingApp) -> None:
     """Aborting a completed snapshot changes nothing and returns completed."""
     res = await app.banking_agent.chat().send("hi")
+    assert res.snapshot_id is not None
     assert await app.banking_agent.abort(res.snapshot_id) is TurnStatus.COMPLETED
 
 
+@pytest.mark.behaviour
 async def test_reopened_session_continues_the_conversation(app: BankingApp) -> None:
     """chat(session_id=...) continues from the session's latest snapshot in a new chat object."""
     first = await app.banking_agent.chat().send("Transfer $500 to my savings account.")
