@@ -1,40 +1,24 @@
 """Turnstile's engine: Genkit-style agents with interrupts, run as a persisted state machine.
 
-The engine holds the semantics and never imports :mod:`stores` or :mod:`workers`.
+The package root holds what an application writes against: the engine and its agents, chats
+and their responses, tools and interrupts, models, and the errors to catch. Everything else
+is importable from its module (``engine.errors`` for every typed error, ``engine.store`` for
+the store protocol and its records, ``engine.executor`` for lease settings, and so on).
+The engine never imports :mod:`stores` or :mod:`workers`.
 """
 
 from __future__ import annotations
 
-from engine.agent import Agent, SessionSnapshot, SessionState
-from engine.chat import AgentTurn, Chat
+from engine.agent import Agent
+from engine.chat import Chat
 from engine.engine import Engine
-from engine.errors import (
-    AgentError,
-    ApprovalNotPendingError,
-    DecisionConflictError,
-    FailedPreconditionError,
-    InvalidArgumentError,
-    InvalidStateError,
-    LeaseLostError,
-    NotFoundError,
-    ResumeValidationError,
-    SessionBusyError,
-    SnapshotNotResumableError,
-    StaleSnapshotError,
-    StaleTransitionError,
-    StoreError,
-    ToolError,
-    TransientError,
-    TurnFailedError,
-    TurnstileError,
-)
-from engine.executor import LeaseSettings, RetryPolicy
-from engine.model import Model, ModelRequest, ModelResponse, ToolSpec, TransientModelError
-from engine.parts import Message, Part, ToolRequest, ToolResponse
+from engine.errors import AgentError, TurnFailedError, TurnstileError
+from engine.executor import RetryPolicy
+from engine.model import Model
+from engine.parts import Message, Part
 from engine.response import AgentChunk, AgentInterrupt, AgentResponse
 from engine.scripted import ScriptedModel
 from engine.status import FinishReason, TurnStatus
-from engine.store import SessionStore
 from engine.tools import InterruptTool, Tool, ToolContext, ToolInterrupt
 
 __all__ = [
@@ -43,44 +27,18 @@ __all__ = [
     "AgentError",
     "AgentInterrupt",
     "AgentResponse",
-    "AgentTurn",
-    "ApprovalNotPendingError",
     "Chat",
-    "DecisionConflictError",
     "Engine",
-    "FailedPreconditionError",
     "FinishReason",
     "InterruptTool",
-    "InvalidArgumentError",
-    "InvalidStateError",
-    "LeaseLostError",
-    "LeaseSettings",
     "Message",
     "Model",
-    "ModelRequest",
-    "ModelResponse",
-    "NotFoundError",
     "Part",
-    "ResumeValidationError",
     "RetryPolicy",
     "ScriptedModel",
-    "SessionBusyError",
-    "SessionSnapshot",
-    "SessionState",
-    "SessionStore",
-    "SnapshotNotResumableError",
-    "StaleSnapshotError",
-    "StaleTransitionError",
-    "StoreError",
     "Tool",
     "ToolContext",
-    "ToolError",
     "ToolInterrupt",
-    "ToolRequest",
-    "ToolResponse",
-    "ToolSpec",
-    "TransientError",
-    "TransientModelError",
     "TurnFailedError",
     "TurnStatus",
     "TurnstileError",

@@ -23,16 +23,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from engine import (
-    Agent,
-    Engine,
-    InterruptTool,
-    LeaseSettings,
-    Model,
-    ScriptedModel,
-    Tool,
-    ToolContext,
-)
+from engine import Agent, Engine, InterruptTool, Model, ScriptedModel, Tool, ToolContext
+from engine.executor import LeaseSettings
 from engine.models import model_from_env
 from engine.scripted import transaction_id
 from engine.store import SessionStore

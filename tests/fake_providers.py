@@ -33,8 +33,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from engine import ScriptedModel, TransientModelError
-from engine.model import ModelRequest
+from engine import ScriptedModel
+from engine.model import ModelRequest, TransientModelError
 from engine.parts import Message, Part
 
 CREATED = 1764547200  # a fixed `created` timestamp keeps fixtures reproducible

@@ -29,12 +29,13 @@ from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any
 
-from engine import Agent, Engine, SessionStore, StaleTransitionError, TurnStatus
+from engine import Agent, Engine, TurnStatus
+from engine.errors import StaleTransitionError
 from engine.executor import execute_claimed
 from engine.response import AgentChunk
 from engine.signals import AbortSignal
 from engine.status import SETTLED_STATUSES, FinishReason
-from engine.store import FollowOnClaim, Transition, TurnRecord
+from engine.store import FollowOnClaim, SessionStore, Transition, TurnRecord
 from workers.observers import PoolObserver
 from workers.scheduler import MaintenanceScheduler
 

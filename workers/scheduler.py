@@ -24,8 +24,9 @@ from typing import Any, cast
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler  # type: ignore[import-untyped]
 
-from engine import Engine, SessionStore
+from engine import Engine
 from engine.expiry import expire_approvals
+from engine.store import SessionStore
 
 __all__ = ["EXPIRY_LOCK", "RETENTION_LOCK", "MaintenanceScheduler"]
 

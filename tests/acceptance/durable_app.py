@@ -30,15 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine import (
-    Agent,
-    Engine,
-    InterruptTool,
-    LeaseSettings,
-    ScriptedModel,
-    Tool,
-    ToolContext,
-)
+from engine import Agent, Engine, InterruptTool, ScriptedModel, Tool, ToolContext
+from engine.executor import LeaseSettings
 from engine.expiry import FAIL
 from engine.model import ChunkSink, ModelRequest, ModelResponse
 from engine.scripted import transaction_id

@@ -21,13 +21,8 @@ from typing import Any
 
 import pytest
 
-from engine import (
-    AgentError,
-    ApprovalNotPendingError,
-    SessionBusyError,
-    TurnFailedError,
-    TurnStatus,
-)
+from engine import AgentError, TurnFailedError, TurnStatus
+from engine.errors import ApprovalNotPendingError, SessionBusyError
 from tests.acceptance.durable_support import Cluster, Worker, eventually
 from tests.databases import postgres_url
 

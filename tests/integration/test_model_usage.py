@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from engine import LeaseLostError, Message, ScriptedModel
+from engine import Message, ScriptedModel
+from engine.errors import LeaseLostError
 from engine.model import ChunkSink, ModelRequest, ModelResponse, ModelUsage
 from engine.store import NewTurn, RoundRecord, SessionStore, TurnInput
 from examples.banking import build

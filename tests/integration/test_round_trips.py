@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from engine import FinishReason, LeaseLostError, TurnStatus
-from engine.errors import ApprovalNotPendingError
+from engine import FinishReason, TurnStatus
+from engine.errors import ApprovalNotPendingError, LeaseLostError
 from engine.store import InterruptAnswer, NewTurn, RoundRecord, Transition, TurnInput
 from examples.banking import BankingApp, build
 from stores import SqlSessionStore

@@ -14,15 +14,7 @@ from typing import Any, TypedDict
 
 import pytest
 
-from engine import (
-    Agent,
-    Engine,
-    Message,
-    ScriptedModel,
-    ToolContext,
-    TurnFailedError,
-    TurnStatus,
-)
+from engine import Agent, Engine, Message, ScriptedModel, ToolContext, TurnFailedError, TurnStatus
 from engine.model import ChunkSink, ModelRequest, ModelResponse
 from engine.store import ToolCallStatus
 from examples.banking import SYSTEM_PROMPT, ApprovalDecision, ApprovalRequest, BankingApp

@@ -16,7 +16,9 @@ from typing import Any
 
 import pytest
 
-from engine import Engine, LeaseSettings, StoreError, TurnStatus
+from engine import Engine, TurnStatus
+from engine.errors import StoreError
+from engine.executor import LeaseSettings
 from engine.memory_store import InMemorySessionStore
 from engine.store import TurnRecord
 from tests.support import ListModel, ask, say

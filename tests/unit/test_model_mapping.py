@@ -7,8 +7,7 @@ from typing import Any
 
 import pytest
 
-from engine import TransientModelError
-from engine.model import ModelRequest, ToolSpec
+from engine.model import ModelRequest, ToolSpec, TransientModelError
 from engine.models import (
     AnthropicModel,
     ModelAuthenticationError,

@@ -11,16 +11,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from engine import (
-    AgentError,
+from engine import AgentError, Part, TurnStatus
+from engine.chat import Chat
+from engine.errors import (
     ApprovalNotPendingError,
     FailedPreconditionError,
-    Part,
     ResumeValidationError,
     SnapshotNotResumableError,
-    TurnStatus,
 )
-from engine.chat import Chat
 from examples.banking import ApprovalDecision, BankingApp, build
 from tests.conftest import TEST_STATE_KEYS
 from tests.support import request_in, response_in

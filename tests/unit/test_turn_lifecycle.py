@@ -6,17 +6,14 @@ import asyncio
 
 import pytest
 
-from engine import (
-    FinishReason,
+from engine import FinishReason, ScriptedModel, TurnFailedError, TurnStatus
+from engine.chat import Chat
+from engine.errors import (
     NotFoundError,
-    ScriptedModel,
     SessionBusyError,
     SnapshotNotResumableError,
     StaleSnapshotError,
-    TurnFailedError,
-    TurnStatus,
 )
-from engine.chat import Chat
 from examples.banking import BankingApp, build
 from tests.conftest import TEST_STATE_KEYS
 from tests.databases import events_of
