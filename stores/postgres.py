@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import AsyncIterator, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -83,28 +83,10 @@ class PostgresSessionStore(SqlSessionStore):
         """See :meth:`engine.store.SessionStore.get_turn`."""
         return await turn_sql.fetch_turn(self._pg, turn_id)
 
-    async def _claim(
-        self,
-        *,
-        owner: str,
-        lease_seconds: float,
-        limit: int,
-        agents: Collection[str] | None = None,
-        turn_ids: Collection[str] | None = None,
-    ) -> list[TurnRecord]:
+    async def _claim(self, request: claim_sql.ClaimRequest) -> list[TurnRecord]:
         # One autocommit statement (the claim is on every turn's pickup path).
-        checked = await claim_sql.claim_checking_abandoned(
-            self._pg,
-            claim_sql.ClaimRequest(
-                owner=owner,
-                lease_seconds=lease_seconds,
-                now=now_utc(),
-                limit=limit,
-                agents=agents,
-                turn_ids=turn_ids,
-            ),
-        )
-        return await self._claimed(checked, limit)
+        checked = await claim_sql.claim_checking_abandoned(self._pg, request)
+        return await self._claimed(checked, request.limit)
 
     async def _claimed(self, checked: claim_sql.CheckedClaim, limit: int) -> list[TurnRecord]:
         # The rare recovery of an abandoned abort follows in its own transaction.

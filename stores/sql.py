@@ -47,6 +47,7 @@ from stores import messages as message_sql
 from stores import retention as retention_sql
 from stores import sessions as session_sql
 from stores import tool_calls as call_sql
+from stores import turn_claims as claim_sql
 from stores import turns as turn_sql
 from stores import views
 from stores.database import Database, default_url, normalise_url
@@ -129,16 +130,8 @@ class SqlSessionStore:
         """See :meth:`engine.store.SessionStore.get_turn`."""
         raise NotImplementedError
 
-    async def _claim(
-        self,
-        *,
-        owner: str,
-        lease_seconds: float,
-        limit: int,
-        agents: Collection[str] | None = None,
-        turn_ids: Collection[str] | None = None,
-    ) -> list[TurnRecord]:
-        """Lease up to ``limit`` claimable turns (of ``agents``, among ``turn_ids``)."""
+    async def _claim(self, request: claim_sql.ClaimRequest) -> list[TurnRecord]:
+        """Lease the claimable turns ``request`` asks for (oldest ``run_after`` first)."""
         raise NotImplementedError
 
     async def transition(self, turn_id: str, change: Transition) -> TurnRecord:
@@ -201,7 +194,9 @@ class SqlSessionStore:
     async def claim_turn(self, turn_id: str, *, owner: str, lease_seconds: float) -> TurnRecord:
         """See :meth:`engine.store.SessionStore.claim_turn`."""
         claimed = await self._claim(
-            owner=owner, lease_seconds=lease_seconds, limit=1, turn_ids=[turn_id]
+            claim_sql.ClaimRequest(
+                owner=owner, lease_seconds=lease_seconds, now=now_utc(), limit=1, turn_ids=[turn_id]
+            )
         )
         if not claimed:
             raise StaleTransitionError(turn_id, f"Turn {turn_id} is not claimable.")
@@ -222,7 +217,14 @@ class SqlSessionStore:
         if among is not None and not among:
             return []
         return await self._claim(
-            owner=owner, lease_seconds=lease_seconds, limit=limit, agents=agents, turn_ids=among
+            claim_sql.ClaimRequest(
+                owner=owner,
+                lease_seconds=lease_seconds,
+                now=now_utc(),
+                limit=limit,
+                agents=agents,
+                turn_ids=among,
+            )
         )
 
     async def renew_lease(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Collection, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -62,28 +62,8 @@ class SqliteSessionStore(SqlSessionStore):
         """See :meth:`engine.store.SessionStore.get_turn`."""
         return await self._read(lambda c: turn_sql.get_turn(c, turn_id))
 
-    async def _claim(
-        self,
-        *,
-        owner: str,
-        lease_seconds: float,
-        limit: int,
-        agents: Collection[str] | None = None,
-        turn_ids: Collection[str] | None = None,
-    ) -> list[TurnRecord]:
-        return await self._write(
-            lambda c: claim_sql.claim(
-                c,
-                claim_sql.ClaimRequest(
-                    owner=owner,
-                    lease_seconds=lease_seconds,
-                    now=now_utc(),
-                    limit=limit,
-                    agents=agents,
-                    turn_ids=turn_ids,
-                ),
-            )
-        )
+    async def _claim(self, request: claim_sql.ClaimRequest) -> list[TurnRecord]:
+        return await self._write(lambda c: claim_sql.claim(c, request))
 
     async def transition(self, turn_id: str, change: Transition) -> TurnRecord:
         """See :meth:`engine.store.SessionStore.transition`."""
