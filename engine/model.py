@@ -10,12 +10,13 @@ protocol; :class:`~engine.scripted.ScriptedModel` is the offline, deterministic 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, runtime_checkable
+from typing import Annotated, Any, Protocol, runtime_checkable
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, BeforeValidator, Field
 
 from engine.errors import TransientError
 from engine.parts import Message, Part
+from engine.status import FinishReason
 
 __all__ = [
     "ChunkSink",
@@ -52,11 +53,19 @@ class ModelUsage(BaseModel):
     output_tokens: int | None = None
 
 
+def _known_finish(reason: Any) -> Any:
+    """A finish reason outside Genkit's set (a provider's own) counts as ``other``."""
+    if isinstance(reason, str) and reason not in FinishReason.__members__.values():
+        return FinishReason.OTHER
+    return reason
+
+
 class ModelResponse(BaseModel):
-    """The complete answer of one model call."""
+    """The complete answer of one model call. ``finish_reason`` takes Genkit's values (a
+    string is read as one; an unknown one is ``other``)."""
 
     message: Message
-    finish_reason: str = "stop"
+    finish_reason: Annotated[FinishReason, BeforeValidator(_known_finish)] = FinishReason.STOP
     usage: ModelUsage | None = None
 
 

@@ -47,6 +47,7 @@ from engine.models.common import (
 )
 from engine.models.errors import ProviderFailure, classify, provider_message
 from engine.parts import MALFORMED_INPUT, Message, Part
+from engine.status import FinishReason
 
 __all__ = ["AnthropicModel", "tool_use_id"]
 
@@ -56,13 +57,22 @@ PROVIDER = "Anthropic"
 DEFAULT_MAX_TOKENS = 4096
 
 _FINISH = {
-    "end_turn": "stop",
-    "tool_use": "stop",
-    "stop_sequence": "stop",
-    "max_tokens": "length",
-    "refusal": "blocked",
-    "pause_turn": "other",
+    "end_turn": FinishReason.STOP,
+    "tool_use": FinishReason.STOP,
+    "stop_sequence": FinishReason.STOP,
+    "max_tokens": FinishReason.LENGTH,
+    "refusal": FinishReason.BLOCKED,
+    "pause_turn": FinishReason.OTHER,
 }
+
+
+def _finish(stop: str | None) -> FinishReason:
+    """Our finish reason for the provider's stop reason (``unknown`` when it gave none)."""
+    if not stop:
+        return FinishReason.UNKNOWN
+    return _FINISH.get(stop, FinishReason.OTHER)
+
+
 _NAMES = {**GENKIT_CONFIG_KEYS, "stopSequences": "stop_sequences"}
 _ID_UNSAFE = re.compile(r"[^a-zA-Z0-9_-]")
 
@@ -201,7 +211,7 @@ class AnthropicModel(ProviderModel):
             usage = ModelUsage(input_tokens=input_tokens, output_tokens=output_tokens)
         return ModelResponse(
             message=Message(role="model", content=content),
-            finish_reason=_FINISH.get(stop or "", "other" if stop else "unknown"),
+            finish_reason=_finish(stop),
             usage=usage,
         )
 
@@ -307,7 +317,7 @@ def _response(message: Any) -> ModelResponse:
     usage = message.usage
     return ModelResponse(
         message=Message(role="model", content=content),
-        finish_reason=_FINISH.get(stop or "", "other" if stop else "unknown"),
+        finish_reason=_finish(stop),
         usage=ModelUsage(
             input_tokens=_input_tokens(usage), output_tokens=getattr(usage, "output_tokens", None)
         )

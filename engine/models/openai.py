@@ -43,25 +43,26 @@ from engine.models.common import (
 )
 from engine.models.errors import ProviderFailure, classify, provider_message
 from engine.parts import Message, Part
+from engine.status import FinishReason
 
 __all__ = ["OpenAIChatModel"]
 
 PROVIDER = "OpenAI"
 
 _FINISH = {
-    "stop": "stop",
-    "tool_calls": "stop",
-    "function_call": "stop",
-    "length": "length",
-    "content_filter": "blocked",
+    "stop": FinishReason.STOP,
+    "tool_calls": FinishReason.STOP,
+    "function_call": FinishReason.STOP,
+    "length": FinishReason.LENGTH,
+    "content_filter": FinishReason.BLOCKED,
 }
 
 
-def _finish(reason: str | None) -> str:
+def _finish(reason: str | None) -> FinishReason:
     """Our finish reason for the provider's (``unknown`` when it gave none)."""
     if not reason:
-        return "unknown"
-    return _FINISH.get(reason, "other")
+        return FinishReason.UNKNOWN
+    return _FINISH.get(reason, FinishReason.OTHER)
 
 
 @dataclass
@@ -186,7 +187,7 @@ class OpenAIChatModel(ProviderModel):
         content.extend(requests)
         return ModelResponse(
             message=Message(role="model", content=content),
-            finish_reason="blocked" if refused else _finish(finish),
+            finish_reason=FinishReason.BLOCKED if refused else _finish(finish),
             usage=usage,
         )
 
@@ -296,7 +297,7 @@ def _response(completion: Any) -> ModelResponse:
         content.append(request_part(call.function.name, call.id, call.function.arguments))
     return ModelResponse(
         message=Message(role="model", content=content),
-        finish_reason="blocked" if refusal else _finish(choice.finish_reason),
+        finish_reason=FinishReason.BLOCKED if refusal else _finish(choice.finish_reason),
         usage=_usage(completion.usage) if completion.usage is not None else None,
     )
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from engine.model import ModelRequest, ToolSpec, TransientModelError
+from engine.model import ModelRequest, ModelResponse, ToolSpec, TransientModelError
 from engine.models import (
     AnthropicModel,
     ModelAuthenticationError,
@@ -19,6 +19,7 @@ from engine.models import (
 )
 from engine.models.errors import ProviderFailure, classify
 from engine.parts import MALFORMED_INPUT, TOOL_ERROR, Message, Part
+from engine.status import FinishReason
 
 
 @pytest.fixture
@@ -146,3 +147,21 @@ def test_classification(failure: ProviderFailure, expected: type, status: str | 
     assert failure.message in str(error) and "P " in str(error)
     if status is not None:
         assert getattr(error, "status", None) == status
+
+
+@pytest.mark.parametrize(
+    ("given", "read"),
+    [
+        ("length", FinishReason.LENGTH),
+        (FinishReason.BLOCKED, FinishReason.BLOCKED),
+        ("end_turn", FinishReason.OTHER),
+        ("", FinishReason.OTHER),
+    ],
+)
+def test_a_model_response_reads_its_finish_reason_as_genkits(
+    given: str, read: FinishReason
+) -> None:
+    """A model may name its finish reason as a string: Genkit's are read as such, any
+    other (a provider's own word) as ``other``."""
+    response = ModelResponse(message=Message(role="model", content=[]), finish_reason=given)
+    assert response.finish_reason is read
