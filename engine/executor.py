@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from engine import tracing
 from engine.errors import StaleTransitionError
 from engine.runner import ChunkCallback, RunnerConfig, TurnOutcome, TurnRunner
 from engine.signals import AbortSignal
@@ -200,7 +201,37 @@ async def execute_claimed(
     ``run_after`` says when), or — if the lease was lost — whatever the store now holds.
     ``then_claim`` rides on the settling transition (see :class:`FollowOnClaim`): a worker
     pool fills the slot the turn frees without a round trip of its own.
+
+    The attempt runs in its span (:func:`engine.tracing.turn_span`), a child of the span that
+    created the turn: the runner's task starts inside it, so its spans are the span's children.
     """
+    with tracing.turn_span(turn) as span:
+        settled = await _run_attempt(
+            config,
+            store,
+            turn,
+            on_chunk=on_chunk,
+            abort_signal=abort_signal,
+            lease=lease,
+            retry=retry,
+            then_claim=then_claim,
+        )
+        tracing.turn_settled(span, settled)
+        return settled
+
+
+async def _run_attempt(
+    config: RunnerConfig,
+    store: SessionStore,
+    turn: TurnRecord,
+    *,
+    on_chunk: ChunkCallback | None,
+    abort_signal: AbortSignal | None,
+    lease: LeaseSettings | None,
+    retry: RetryPolicy | None,
+    then_claim: FollowOnClaim | None,
+) -> TurnRecord:
+    """:func:`execute_claimed`'s work, in the attempt's span."""
     lease = lease or LeaseSettings()
     retry = retry or RetryPolicy(max_attempts=turn.max_attempts)
     runner = TurnRunner(config, store, turn, on_chunk)

@@ -15,6 +15,8 @@ from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from engine.approval_history import DecidedApproval, DecisionQuery
+from engine.approval_policy import AlreadyVotedError, Vote, VoteOutcome
 from engine.errors import (
     ApprovalNotPendingError,
     InvalidArgumentError,
@@ -85,6 +87,7 @@ class InMemorySessionStore:
         self._rounds: dict[str, dict[int, RoundRecord]] = {}
         self._calls: dict[str, dict[tuple[int, str], ToolCallRecord]] = {}
         self._events: dict[str, list[TurnEvent]] = {}
+        self._votes: dict[str, dict[tuple[int, str], list[Vote]]] = {}
 
     # -- turns -------------------------------------------------------------------------
 
@@ -143,6 +146,7 @@ class InMemorySessionStore:
             run_after=now,
             created_at=now,
             updated_at=now,
+            trace_context=dict(turn.trace_context) if turn.trace_context else None,
         )
         self._turns[turn.id] = record
         self._turn_order.setdefault(turn.session_id, []).append(turn.id)
@@ -462,8 +466,62 @@ class InMemorySessionStore:
                 entry = PendingApproval.of(turn, call, session.owner)
                 if query.admits(entry):
                     found.append(entry)
-        found.sort(key=lambda e: (e.created_at, e.turn_id, e.ref))
+        found.sort(key=lambda e: (e.created_at, e.turn_id, e.ref), reverse=query.descending)
         return found[: query.limit]
+
+    async def list_decisions(self, query: DecisionQuery) -> list[DecidedApproval]:
+        """See :meth:`engine.approval_history.ApprovalHistory.list_decisions`."""
+        found: list[DecidedApproval] = []
+        for turn_id, calls in self._calls.items():
+            turn = self._turns[turn_id]
+            for call in calls.values():
+                if call.decided_at is None:
+                    continue
+                entry = self._decided(turn, call)
+                if query.admits(entry):
+                    found.append(entry)
+        found.sort(key=lambda e: e.key, reverse=True)
+        return found[: query.limit]
+
+    def _decided(self, turn: TurnRecord, call: ToolCallRecord) -> DecidedApproval:
+        """The history entry of a decided ``call``, with the first turn that continued."""
+        assert call.decided_at is not None
+        following = next(
+            (
+                self._turns[t]
+                for t in self._turn_order[turn.session_id]
+                if self._turns[t].parent_id == turn.id
+            ),
+            None,
+        )
+        return DecidedApproval(
+            turn_id=turn.id,
+            session_id=turn.session_id,
+            agent=turn.agent,
+            owner=self._sessions[turn.session_id].owner,
+            round=call.round,
+            interrupt=call.name,
+            ref=call.ref,
+            input=call.input,
+            metadata=call.interrupt,
+            answer=call.answer,
+            decided_by=call.decided_by,
+            decided_at=call.decided_at,
+            created_at=call.created_at,
+            next_turn_id=following.id if following else None,
+            next_status=following.status if following else None,
+            next_finish_reason=following.finish_reason if following else None,
+        )
+
+    async def active_turn_ids(self, owner: str | None, *, limit: int) -> list[str]:
+        """Ids of at most ``limit`` pending or aborting turns of ``owner``'s sessions
+        (``None``: sessions without an owner); what admission counts per principal."""
+        found = [
+            turn.id
+            for turn in self._turns.values()
+            if turn.status in ACTIVE_STATUSES and self._sessions[turn.session_id].owner == owner
+        ]
+        return found[:limit]
 
     async def record_decision(
         self, turn_id: str, round: int, ref: str, *, answer: Any, decided_by: str | None
@@ -489,6 +547,50 @@ class InMemorySessionStore:
         )
         self._calls[turn_id][(round, ref)] = decided
         return decided.model_copy(deep=True)
+
+    async def record_vote(
+        self,
+        turn_id: str,
+        round: int,
+        ref: str,
+        *,
+        voter: str,
+        answer: Any,
+        approves: bool,
+        required: int,
+    ) -> VoteOutcome:
+        """See :meth:`engine.approval_policy.VoteBook.record_vote`."""
+        call = self._calls.get(turn_id, {}).get((round, ref))
+        if call is None or call.decided_at is not None or self._paused_latest(turn_id) is None:
+            # The same refusal as a decision on an approval that is not open.
+            await self.record_decision(turn_id, round, ref, answer=answer, decided_by=voter)
+        votes = self._votes.setdefault(turn_id, {}).setdefault((round, ref), [])
+        if any(vote.voter == voter for vote in votes):
+            raise AlreadyVotedError(
+                f"'{voter}' already voted on interrupt '{ref}' of snapshot {turn_id}; a vote "
+                "counts once."
+            )
+        vote = Vote(
+            turn_id=turn_id,
+            round=round,
+            ref=ref,
+            voter=voter,
+            answer=answer,
+            approves=approves,
+            voted_at=_now(),
+        )
+        if not approves or sum(v.approves for v in votes) + 1 >= required:
+            decided = await self.record_decision(
+                turn_id, round, ref, answer=answer, decided_by=voter
+            )
+            votes.append(vote)
+            return VoteOutcome(votes=[v.model_copy() for v in votes], decided=decided)
+        votes.append(vote)
+        return VoteOutcome(votes=[v.model_copy() for v in votes])
+
+    async def list_votes(self, turn_id: str, round: int, ref: str) -> list[Vote]:
+        """See :meth:`engine.approval_policy.VoteBook.list_votes`."""
+        return [v.model_copy() for v in self._votes.get(turn_id, {}).get((round, ref), [])]
 
     async def wait_for_work(self, timeout: float) -> None:
         """See :meth:`engine.store.SessionStore.wait_for_work`."""
@@ -523,7 +625,7 @@ class InMemorySessionStore:
         doomed.sort(key=lambda s: self._sessions[s].updated_at)
         for session_id in doomed[:limit]:
             for turn_id in self._turn_order.pop(session_id):
-                for table in (self._turns, self._rounds, self._calls, self._events):
+                for table in (self._turns, self._rounds, self._calls, self._events, self._votes):
                     table.pop(turn_id, None)
             del self._sessions[session_id]
         return len(doomed[:limit])

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from engine import tracing
 from engine.errors import AgentError, NotFoundError, StoreError, ToolError, TransientError
 from engine.model import Model, ModelRequest, ModelUsage
 from engine.outcome import TurnOutcome, error_of
@@ -187,7 +188,8 @@ class TurnRunner:
                 return TurnOutcome(TurnStatus.COMPLETED, FinishReason.INTERRUPTED)
             return calls
         paused = parent_conversation[turn.history_length]
-        resumed = await self._resume_round(paused, calls)
+        with tracing.round_span(0):
+            resumed = await self._resume_round(paused, calls)
         if isinstance(resumed, TurnOutcome):
             return resumed
         # Exactly what _resume_round just committed: no need to read it back.
@@ -213,33 +215,48 @@ class TurnRunner:
                     return TurnOutcome(TurnStatus.COMPLETED, reason)
                 number += 1
                 continue
-            if record is not None:
-                # Recovery: the model already answered this round; never ask it again.
-                model_message, finish, usage = record.messages[0], FinishReason.STOP, None
-            else:
-                model_message, finish, usage = await self._call_model(history)
-            requests = model_message.tool_requests
-            if not requests:
-                # Saved by the executor with the settling transition (one commit).
-                return TurnOutcome(
-                    TurnStatus.COMPLETED,
-                    finish,
-                    last_round=RoundRecord(round=number, messages=[model_message], committed=True),
-                    usage=usage,
-                )
-            if number > self.config.max_turns:
-                raise AgentError(
-                    f"Exceeded maximum tool call iterations ({self.config.max_turns})",
-                    status="ABORTED",
-                )
-            if record is None:
-                calls.update(await self._open_round(number, model_message, requests, usage))
-            results = await self._run_calls(number, requests, calls, restarts={})
-            closed = await self._close_round(number, model_message, results)
-            if isinstance(closed, TurnOutcome):
-                return replace(closed, usage=self._writes.take_usage(None))
-            history.extend(closed)
+            with tracing.round_span(number):
+                ran = await self._round(number, record, history, calls)
+            if isinstance(ran, TurnOutcome):
+                return ran
+            history.extend(ran)
             number += 1
+
+    async def _round(
+        self,
+        number: int,
+        record: RoundRecord | None,
+        history: list[Message],
+        calls: dict[tuple[int, str], ToolCallRecord],
+    ) -> list[Message] | TurnOutcome:
+        """Run round ``number`` (``record``: its open round, when continued): the messages it
+        committed, or the turn's outcome when it ended the turn."""
+        if record is not None:
+            # Recovery: the model already answered this round; never ask it again.
+            model_message, finish, usage = record.messages[0], FinishReason.STOP, None
+        else:
+            model_message, finish, usage = await self._call_model(history)
+        requests = model_message.tool_requests
+        if not requests:
+            # Saved by the executor with the settling transition (one commit).
+            return TurnOutcome(
+                TurnStatus.COMPLETED,
+                finish,
+                last_round=RoundRecord(round=number, messages=[model_message], committed=True),
+                usage=usage,
+            )
+        if number > self.config.max_turns:
+            raise AgentError(
+                f"Exceeded maximum tool call iterations ({self.config.max_turns})",
+                status="ABORTED",
+            )
+        if record is None:
+            calls.update(await self._open_round(number, model_message, requests, usage))
+        results = await self._run_calls(number, requests, calls, restarts={})
+        closed = await self._close_round(number, model_message, results)
+        if isinstance(closed, TurnOutcome):
+            return replace(closed, usage=self._writes.take_usage(None))
+        return closed
 
     async def _open_round(
         self, number: int, model_message: Message, requests: list[Part], usage: ModelUsage | None
@@ -303,7 +320,9 @@ class TurnRunner:
         async def forward(parts: list[Part]) -> None:
             await self._emitter.emit("model", parts)
 
-        response = await self.config.model.generate(request, forward)
+        with tracing.model_span(self.config.model.name) as span:
+            response = await self.config.model.generate(request, forward)
+            tracing.model_answered(span, response.finish_reason, response.usage)
         message = response.message.copy_deep()  # the model may keep what it returned
         message.role = "model"
         for part in message.content:
@@ -460,6 +479,12 @@ class TurnRunner:
         return updated
 
     async def _execute(self, row: ToolCallRecord, resumed: Any, *, defer: bool) -> _Result:
+        with tracing.tool_span(row) as span:
+            result = await self._execute_call(row, resumed, defer=defer)
+            tracing.tool_finished(span, "interrupted" if result.paused else "done")
+            return result
+
+    async def _execute_call(self, row: ToolCallRecord, resumed: Any, *, defer: bool) -> _Result:
         tool = self._tool(row.name)
         if (row.round, row.ref) in self._started and row.status is ToolCallStatus.RUNNING:
             pass  # journaled running when its round opened (see _opening)

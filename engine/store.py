@@ -63,14 +63,20 @@ __all__ = [
 class TurnInput(BaseModel):
     """What started a turn: a user message, a resume, a bare retry (``send()``), or a
     ``restore`` — a settled snapshot rebuilt from a verified client-managed state blob, or
-    ``expire`` — an approval timed out with no default answer, so the turn fails."""
+    ``expire`` — an approval timed out with no default answer, so the turn fails, or
+    ``fork`` — the first turn of a new session, opening with another turn's conversation up to
+    one of its completed rounds (:mod:`engine.fork`)."""
 
-    kind: Literal["message", "resume", "retry", "restore", "expire"]
+    kind: Literal["message", "resume", "retry", "restore", "expire", "fork"]
     message: Message | None = None
     respond: list[Part] = Field(default_factory=list)
     restart: list[Part] = Field(default_factory=list)
     #: For ``expire``: why the paused turn is being failed (shown as the turn's error).
     reason: str | None = None
+    #: For ``fork``: the turn whose conversation the new session starts from, and the round
+    #: of that turn it was copied up to.
+    forked_from: str | None = None
+    fork_round: int | None = None
     #: A caller is streaming this turn: whoever runs it publishes its chunks through the
     #: store (:meth:`SessionStore.publish_chunk`). Off by default, so unwatched turns cost
     #: nothing extra.
@@ -111,6 +117,9 @@ class NewTurn(BaseModel):
     initial_messages: list[Message] = Field(default_factory=list)
     owner: str | None = None
     max_attempts: int = 1
+    #: The W3C trace context (``traceparent``, ``tracestate``) of the request that created
+    #: the turn, so the spans of whoever runs it join that trace; ``None`` outside a trace.
+    trace_context: dict[str, str] | None = None
 
 
 class TurnRecord(BaseModel):
@@ -137,6 +146,8 @@ class TurnRecord(BaseModel):
     #: Tokens of all the turn's model calls, summed; ``None`` while no call reported usage.
     input_tokens: int | None = None
     output_tokens: int | None = None
+    #: The creating request's W3C trace context (see :attr:`NewTurn.trace_context`).
+    trace_context: dict[str, str] | None = None
 
 
 class RoundRecord(BaseModel):
@@ -269,7 +280,8 @@ class PendingApproval(BaseModel):
 
 
 class ApprovalQuery(BaseModel):
-    """Filters and keyset page of :meth:`SessionStore.list_approvals` (oldest first)."""
+    """Filters and keyset page of :meth:`SessionStore.list_approvals` (oldest first, or
+    newest first with ``descending``)."""
 
     #: Only approvals of these agents (``None``: any agent).
     agents: tuple[str, ...] | None = None
@@ -280,15 +292,18 @@ class ApprovalQuery(BaseModel):
     #: Keyset cursor: the ``(created_at, turn_id, ref)`` of the last entry already seen.
     after: tuple[datetime, str, str] | None = None
     limit: int = Field(default=50, ge=1, le=1000)
+    #: Newest first: the order, and the cursor, run backwards.
+    descending: bool = False
 
     def admits(self, entry: PendingApproval) -> bool:
-        """Whether ``entry`` passes the filters and lies after the cursor."""
+        """Whether ``entry`` passes the filters and lies after the cursor (in the order)."""
+        key = (entry.created_at, entry.turn_id, entry.ref)
         return (
             (self.agents is None or entry.agent in self.agents)
             and (self.interrupt is None or entry.interrupt == self.interrupt)
             and (self.owner is None or entry.owner == self.owner)
             and (self.created_before is None or entry.created_at <= self.created_before)
-            and (self.after is None or (entry.created_at, entry.turn_id, entry.ref) > self.after)
+            and (self.after is None or (key < self.after if self.descending else key > self.after))
         )
 
 

@@ -26,11 +26,13 @@ from engine.errors import (
 from engine.executor import RetryPolicy
 from engine.idempotency import created_already, keyed_turn_id, repeated_turn
 from engine.ownership import check_own, visible
+from engine.parts import Message
 from engine.resume import plan_continuation
 from engine.signing import StateSigner
 from engine.status import ACTIVE_STATUSES
 from engine.store import NewTurn, SessionStore, StoredSnapshot, TurnRecord
 from engine.tools import Tool
+from engine.tracing import capture_trace_context
 from engine.turn_request import TurnRequest
 
 __all__ = ["StartedTurn", "StartingAgent", "start_turn"]
@@ -126,9 +128,10 @@ async def start_turn(
         parent_id=base.turn.id if base.turn is not None else None,
         input=request.input,
         history_length=history_length,
-        initial_messages=[request.input.message] if request.input.message is not None else [],
+        initial_messages=_opening(request),
         max_attempts=agent.retry.max_attempts,
         owner=request.owner,
+        trace_context=capture_trace_context(),
     )
     if listen is not None:
         # Wait for the turn's change notification from before it exists: nothing can be
@@ -213,6 +216,13 @@ def _check_settled(base: _Base, request: TurnRequest) -> None:
         "abort it before continuing the session.",
         snapshot_id=turn.id,
     )
+
+
+def _opening(request: TurnRequest) -> list[Message]:
+    """The new turn's round 0: the caller's opening messages (a fork), else the message."""
+    if request.opening is not None:
+        return list(request.opening)
+    return [request.input.message] if request.input.message is not None else []
 
 
 def _new_turn_id(agent: StartingAgent, request: TurnRequest, base: _Base) -> str:

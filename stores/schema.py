@@ -20,6 +20,7 @@ __all__ = [
     "JSON",
     "TIMESTAMP",
     "approval_queue",
+    "approval_votes",
     "messages",
     "metadata",
     "sessions",
@@ -101,6 +102,12 @@ turns = sa.Table(
         "output_tokens",
         sa.Integer,
         comment="Completion tokens of all model calls of the turn, as reported.",
+    ),
+    # The creating request's trace (migration 0005); NULL when it was made outside a trace.
+    sa.Column(
+        "trace_context",
+        JSON,
+        comment="W3C trace context (traceparent, tracestate) of the request that created it.",
     ),
     sa.UniqueConstraint("session_id", "seq"),
     # Claiming scans only pending rows, oldest run_after first.
@@ -231,4 +238,29 @@ approval_queue = sa.Table(
         "The open approvals (the rows of the view open_approvals), kept by triggers on "
         "tool_calls and turns."
     ),
+)
+
+approval_votes = sa.Table(
+    "approval_votes",
+    metadata,
+    sa.Column("turn_id", sa.Text, primary_key=True),
+    sa.Column("round", sa.Integer, primary_key=True),
+    sa.Column("ref", sa.Text, primary_key=True),
+    # One vote per approver and approval: the key makes a second vote by the same approver fail.
+    sa.Column("voter", sa.Text, primary_key=True, comment="The approver's principal id."),
+    sa.Column("answer", JSON, comment="The vote's answer ({'respond': ...} or {'restart': ...})."),
+    sa.Column(
+        "approves",
+        sa.Boolean,
+        nullable=False,
+        comment="Counts towards the quorum; any other vote decided the approval.",
+    ),
+    sa.Column("voted_at", TIMESTAMP, nullable=False),
+    # Retention (and any delete of a journal row) takes the votes with it.
+    sa.ForeignKeyConstraint(
+        ["turn_id", "round", "ref"],
+        [tool_calls.c.turn_id, tool_calls.c.round, tool_calls.c.ref],
+        ondelete="CASCADE",
+    ),
+    comment="Votes on approvals whose interrupt has an approval policy (migration 0006).",
 )

@@ -123,6 +123,7 @@ async def create_turn_in_one_statement(
                 "input": turn.input.model_dump(mode="json", by_alias=True, exclude_unset=True),
                 "history_length": turn.history_length,
                 "max_attempts": turn.max_attempts,
+                "trace_context": turn.trace_context,
                 "now": now,
                 # Serialised here: jsonb_to_recordset takes one JSON document per parameter.
                 "answers": json_codec.dumps(answered),
@@ -281,12 +282,13 @@ answered AS (
         f"""
 created AS (
     INSERT INTO turns (id, session_id, seq, agent, parent_id, status, input, history_length,
-                       attempts, max_attempts, lease_token, run_after, created_at, updated_at)
+                       attempts, max_attempts, lease_token, run_after, created_at, updated_at,
+                       trace_context)
     SELECT {turn_id},
            session.id,
            (SELECT coalesce(max(seq), 0) + 1 FROM turns WHERE session_id = :session_id),
            :agent, :parent_id, CAST('pending' AS turn_status), :input, :history_length,
-           0, :max_attempts, 0, :now, :now, :now
+           0, :max_attempts, 0, :now, :now, :now, :trace_context
     FROM session
     RETURNING *),"""
     )
@@ -337,6 +339,7 @@ FROM (SELECT 1) AS one LEFT JOIN created ON true
     bound = sa.text("".join(parts)).bindparams(
         sa.bindparam("now", type_=TIMESTAMP),
         sa.bindparam("input", type_=JSON),
+        sa.bindparam("trace_context", type_=JSON),
         sa.bindparam("history_length", type_=sa.Integer),
         sa.bindparam("max_attempts", type_=sa.Integer),
     )

@@ -62,6 +62,7 @@ def record(row: sa.Row[tuple[object, ...]] | Mapping[str, Any]) -> TurnRecord:
         settled_at=utc(m["settled_at"]),
         input_tokens=m["input_tokens"],
         output_tokens=m["output_tokens"],
+        trace_context=m["trace_context"],
     )
 
 
@@ -188,6 +189,7 @@ def insert_turn(connection: Connection, turn: NewTurn, now: datetime) -> TurnRec
         "run_after": now,
         "created_at": now,
         "updated_at": now,
+        "trace_context": turn.trace_context,
     }
     row = connection.execute(_INSERT_TURN, values).one()
     _event(connection, turn.id, None, TurnStatus.PENDING, 0, now, None, notify=(WORK_CHANNEL,))
