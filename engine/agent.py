@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -38,11 +39,42 @@ from engine.store import SessionStore, StoredSnapshot, TurnRecord
 from engine.tools import Tool
 from engine.turn_request import TurnRequest
 from engine.turn_start import StartedTurn, start_turn
-from engine.waiting import wait_settled
+from engine.waiting import timed_out, wait_settled
 
-__all__ = ["Agent", "SessionSnapshot", "SessionState", "TurnRequest"]
+__all__ = [
+    "DEFAULT_UNCLAIMED_WARNING",
+    "UNCLAIMED_WARNING_ENV",
+    "Agent",
+    "SessionSnapshot",
+    "SessionState",
+    "TurnRequest",
+    "unclaimed_warning_from_env",
+]
 
 logger = logging.getLogger("turnstile.agent")
+
+#: Seconds a queued turn may wait unclaimed before its waiting caller logs a warning.
+DEFAULT_UNCLAIMED_WARNING = 30.0
+#: Overrides :data:`DEFAULT_UNCLAIMED_WARNING` for agents that do not set it (0: never warn).
+UNCLAIMED_WARNING_ENV = "TURNSTILE_UNCLAIMED_WARNING"
+
+
+def unclaimed_warning_from_env() -> float:
+    """``TURNSTILE_UNCLAIMED_WARNING`` in seconds, else the default; raises ``ValueError``
+    naming the variable when it is not a number of seconds."""
+    raw = os.environ.get(UNCLAIMED_WARNING_ENV, "").strip()
+    if not raw:
+        return DEFAULT_UNCLAIMED_WARNING
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0 or seconds == float("inf"):
+        raise ValueError(
+            f"{UNCLAIMED_WARNING_ENV} must be a number of seconds (0 turns the warning off); "
+            f"got {raw!r}."
+        )
+    return seconds
 
 
 class Agent:
@@ -64,6 +96,7 @@ class Agent:
         local_aborts: dict[str, AbortSignal] | None = None,
         execution: str = "auto",
         poll_interval: float = 1.0,
+        unclaimed_warning: float | None = None,
     ) -> None:
         if execution not in ("auto", "inline", "workers"):
             raise ValueError("execution must be 'auto', 'inline' or 'workers'.")
@@ -83,15 +116,26 @@ class Agent:
         self.signer = signer
         self.max_turns = max_turns
         self.retry = retry or RetryPolicy()
+        #: Whether the agent was given no policy of its own: ``turnstile worker --max-attempts``
+        #: and ``--retry-backoff`` replace only such an agent's.
+        self.default_retry = retry is None
         self.lease = lease or LeaseSettings()
         #: ``auto``: queue turns for the worker pool when the store is durable, else run
         #: them in the caller; ``inline`` / ``workers`` force one or the other.
         self.execution = execution
         self.poll_interval = poll_interval
+        #: Seconds after which a caller waiting for a queued turn that no worker claimed
+        #: logs a warning (once per wait); 0 never. Default: ``TURNSTILE_UNCLAIMED_WARNING``,
+        #: else :data:`DEFAULT_UNCLAIMED_WARNING`.
+        self.unclaimed_warning = (
+            unclaimed_warning if unclaimed_warning is not None else unclaimed_warning_from_env()
+        )
         #: Who leases the turns this agent runs in the caller (inline and client-managed).
         self.lease_owner = owner
         self._local_aborts = local_aborts if local_aborts is not None else {}
         self._input_schemas: dict[str, Schema] = {t.name: t.input for t in tools}
+        #: Inline runs whose caller stopped waiting (a timeout): kept until they settle.
+        self._unwaited: set[asyncio.Task[TurnRecord]] = set()
 
     @property
     def state_management(self) -> str:
@@ -196,18 +240,24 @@ class Agent:
         on_chunk: ChunkCallback | None = None,
         on_started: Any = None,
         wait: bool = True,
+        timeout: float | None = None,
     ) -> AgentResponse:
         """Validate ``request``, create its pending turn, run it (here, or by the worker
         pool for a durable store) and answer.
 
         ``on_started(store, turn)`` is called once the turn exists (the chat uses it to
         track the running turn for ``abort``). With ``wait=False`` a queued turn is not
-        awaited: the response is ``pending`` and carries its snapshot id. Raises a typed
-        error, writing nothing, when the request is invalid; raises
-        :class:`TurnFailedError` when the turn fails.
+        awaited: the response is ``pending`` and carries its snapshot id. ``timeout``
+        (seconds) bounds the wait for the turn to settle: past it
+        :class:`~engine.errors.TurnTimeoutError` is raised and the turn is left pending
+        (queued, or running — inline turns go on in this process). Raises a typed error,
+        writing nothing, when the request is invalid; raises :class:`TurnFailedError` when
+        the turn fails.
         """
+        if timeout is not None and timeout <= 0:
+            raise InvalidArgumentError(f"timeout must be positive seconds (got {timeout!r}).")
         if self.queued and on_chunk is not None and wait:
-            return await self._run_relayed(request, on_chunk, on_started)
+            return await self._run_relayed(request, on_chunk, on_started, timeout)
         listening: list[asyncio.Future[None]] = []
         try:
             started = await start_turn(
@@ -216,14 +266,18 @@ class Agent:
             if on_started is not None:
                 on_started(started.store, started.turn)
             if self.queued or started.repeated:
-                return await self._answer_queued(started, wait, listening)
+                return await self._answer_queued(started, wait, listening, timeout)
         finally:
             for waiter in listening:
                 waiter.cancel()
-        return await self._run_inline(started, on_chunk)
+        return await self._run_inline(started, on_chunk, timeout)
 
     async def _answer_queued(
-        self, started: StartedTurn, wait: bool, listening: list[asyncio.Future[None]]
+        self,
+        started: StartedTurn,
+        wait: bool,
+        listening: list[asyncio.Future[None]],
+        timeout: float | None,
     ) -> AgentResponse:
         """The response for a turn somebody else runs: settled, or ``pending`` at once
         without ``wait``."""
@@ -237,37 +291,55 @@ class Agent:
                 messages=[],
             )
         settled = await self.wait_settled(
-            started.store, started.turn.id, listening=listening[0] if listening else None
+            started.store,
+            started.turn.id,
+            timeout,
+            listening=listening[0] if listening else None,
         )
         return await self.respond_for(started.store, settled)
 
     async def _run_inline(
-        self, started: StartedTurn, on_chunk: ChunkCallback | None
+        self, started: StartedTurn, on_chunk: ChunkCallback | None, timeout: float | None
     ) -> AgentResponse:
         """Run a turn in the caller, abortable from this process by its signal."""
+        turn_id = started.turn.id
         signal = AbortSignal()
-        self._local_aborts[started.turn.id] = signal
+        self._local_aborts[turn_id] = signal
+        running = asyncio.ensure_future(
+            run_inline(
+                self.runner_config(),
+                started.store,
+                turn_id,
+                owner=self.lease_owner,
+                on_chunk=on_chunk,
+                abort_signal=signal,
+                lease=self.lease,
+                retry=self.retry,
+            )
+        )
+        # Abortable until it settles, even once nobody waits for it any more.
+        running.add_done_callback(lambda _: self._local_aborts.pop(turn_id, None))
         try:
             # Shielded: a caller that stops waiting does not stop the turn (it settles and
             # persists, as a durable turn must); abort is the way to stop it.
-            finished = await asyncio.shield(
-                run_inline(
-                    self.runner_config(),
-                    started.store,
-                    started.turn.id,
-                    owner=self.lease_owner,
-                    on_chunk=on_chunk,
-                    abort_signal=signal,
-                    lease=self.lease,
-                    retry=self.retry,
-                )
-            )
-        finally:
-            self._local_aborts.pop(started.turn.id, None)
+            finished = await asyncio.wait_for(asyncio.shield(running), timeout)
+        except TimeoutError:
+            self._unwaited.add(running)
+            running.add_done_callback(self._unwaited.discard)
+            current = await started.store.get_turn(turn_id)
+            raise timed_out(turn_id, timeout, current) from None
+        except asyncio.CancelledError:
+            self._unwaited.add(running)
+            running.add_done_callback(self._unwaited.discard)
+            raise
         return await self.respond_for(started.store, finished)
 
     async def _run_relayed(
-        self, request: TurnRequest, on_chunk: ChunkCallback, on_started: Any
+        self,
+        request: TurnRequest,
+        on_chunk: ChunkCallback,
+        on_started: Any,
+        timeout: float | None,
     ) -> AgentResponse:
         """A queued turn whose caller streams: subscribe to its chunks *before* it exists
         (so the worker cannot publish one we miss), then forward them until it settles."""
@@ -291,7 +363,7 @@ class Agent:
 
             forwarder = asyncio.create_task(forward())
             try:
-                settled = await self.wait_settled(store, turn_id)
+                settled = await self.wait_settled(store, turn_id, timeout)
             finally:
                 forwarder.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -321,13 +393,15 @@ class Agent:
             poll_interval=self.poll_interval,
             timeout=timeout,
             listening=listening,
+            unclaimed_warning=self.unclaimed_warning,
         )
 
     async def wait(
         self, snapshot_id: str, *, timeout: float | None = None, owner: str | None = None
     ) -> AgentResponse:
         """Wait for a pending snapshot (e.g. from ``send(..., wait=False)``) to settle and
-        return its response; usable from any process that shares the store."""
+        return its response; usable from any process that shares the store. Past
+        ``timeout`` seconds, :class:`~engine.errors.TurnTimeoutError`."""
         store = self._require_store("wait")
         await own_turn(store, snapshot_id, agent=self.name, owner=owner)
         settled = await self.wait_settled(store, snapshot_id, timeout)

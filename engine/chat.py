@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Mapping, Sequence
 from typing import Any, Protocol
 
-from engine.errors import SessionBusyError, TurnFailedError
+from engine.errors import SessionBusyError, TurnFailedError, TurnTimeoutError
 from engine.parts import Message, Part
 from engine.response import AgentChunk, AgentResponse
 from engine.snapshots import coerce_message
@@ -38,6 +38,7 @@ class ChatAgent(Protocol):
         on_chunk: ChunkSink | None = None,
         on_started: Any = None,
         wait: bool = True,
+        timeout: float | None = None,
     ) -> AgentResponse: ...
 
     async def abort_in(self, store: SessionStore, turn_id: str) -> TurnStatus: ...
@@ -96,6 +97,7 @@ class ChatAPI(ABC):
         resume: Mapping[str, Sequence[Part]] | None = None,
         wait: bool = True,
         idempotency_key: str | None = None,
+        timeout: float | None = None,
     ) -> AgentResponse:
         """Send a user message (or, with ``resume``, answer the paused interrupts).
 
@@ -104,11 +106,17 @@ class ChatAPI(ABC):
         whose turns run in workers) the call returns the ``pending`` snapshot at once;
         ``agent.wait(snapshot_id)`` later returns its settled response.
 
+        ``timeout`` (seconds) bounds the wait: past it
+        :class:`~engine.errors.TurnTimeoutError` is raised, the turn is left pending (queued
+        or running) and the chat points at it as after ``wait=False``. Without a timeout a
+        queued turn is waited for as long as it takes; one that no worker claims is logged
+        (a warning, see ``docs/operations.md``).
+
         ``idempotency_key`` (agents with a store): sending the same request again under the
         same key — after a timeout or a lost answer — answers with the turn the first one
         created rather than creating a second; another request under it is refused.
         """
-        return await self._guarded(message, resume, None, wait, idempotency_key)
+        return await self._guarded(message, resume, None, wait, idempotency_key, timeout)
 
     def send_stream(
         self,
@@ -124,7 +132,7 @@ class ChatAPI(ABC):
 
         async def run() -> AgentResponse:
             try:
-                return await self._guarded(message, resume, sink, True, None)
+                return await self._guarded(message, resume, sink, True, None, None)
             finally:
                 queue.put_nowait(END_OF_STREAM)
 
@@ -137,12 +145,14 @@ class ChatAPI(ABC):
         restart: Sequence[Part] = (),
         wait: bool = True,
         idempotency_key: str | None = None,
+        timeout: float | None = None,
     ) -> AgentResponse:
         """Answer the paused interrupts: sugar for ``send(resume={...})``."""
         return await self.send(
             resume={"respond": respond, "restart": restart},
             wait=wait,
             idempotency_key=idempotency_key,
+            timeout=timeout,
         )
 
     def resume_stream(
@@ -158,6 +168,7 @@ class ChatAPI(ABC):
         sink: ChunkSink | None,
         wait: bool,
         idempotency_key: str | None,
+        timeout: float | None,
     ) -> AgentResponse:
         if self._busy:
             raise SessionBusyError(
@@ -166,7 +177,7 @@ class ChatAPI(ABC):
             )
         self._busy = True
         try:
-            return await self._turn(message, resume, sink, wait, idempotency_key)
+            return await self._turn(message, resume, sink, wait, idempotency_key, timeout)
         finally:
             self._busy = False
 
@@ -178,6 +189,7 @@ class ChatAPI(ABC):
         sink: ChunkSink | None,
         wait: bool,
         idempotency_key: str | None = None,
+        timeout: float | None = None,
     ) -> AgentResponse:
         """Run one turn (the busy guard is already held)."""
 
@@ -240,6 +252,7 @@ class Chat(ChatAPI):
         sink: ChunkSink | None,
         wait: bool,
         idempotency_key: str | None = None,
+        timeout: float | None = None,
     ) -> AgentResponse:
         try:
             request = TurnRequest(
@@ -256,11 +269,16 @@ class Chat(ChatAPI):
 
             try:
                 response = await self.agent.run_turn(
-                    request, on_chunk=sink, on_started=started, wait=wait
+                    request, on_chunk=sink, on_started=started, wait=wait, timeout=timeout
                 )
             except TurnFailedError as failure:
                 if isinstance(failure.response, AgentResponse):
                     self._follow(failure.response)
+                raise
+            except TurnTimeoutError as expired:
+                # As after wait=False: the chat continues from the turn once it settles.
+                if self.state is None and expired.snapshot_id is not None:
+                    self.snapshot_id = expired.snapshot_id
                 raise
             self._follow(response)
             return response

@@ -16,6 +16,7 @@ __all__ = [
     "ApprovalNotPendingError",
     "DecisionConflictError",
     "FailedPreconditionError",
+    "InsecureKeyError",
     "InvalidArgumentError",
     "InvalidStateError",
     "LeaseLostError",
@@ -26,9 +27,11 @@ __all__ = [
     "StaleSnapshotError",
     "StaleTransitionError",
     "StoreError",
+    "TooManyTurnsError",
     "ToolError",
     "TransientError",
     "TurnFailedError",
+    "TurnTimeoutError",
     "TurnstileError",
 ]
 
@@ -130,6 +133,23 @@ class InvalidStateError(InvalidArgumentError):
     """A client-managed state blob is malformed, tampered with, expired or foreign."""
 
 
+class InsecureKeyError(TurnstileError):
+    """A client-managed agent would sign its state with no configured key or with a key
+    published in Turnstile's examples or docs, so anyone could forge its state; raised at
+    startup by :func:`engine.signing.check_deployable_keys`."""
+
+
+class TooManyTurnsError(AgentError):
+    """The caller already has as many turns in flight as the server allows one principal
+    (HTTP 429); ``retry_after`` is the number of seconds to wait before asking again."""
+
+    default_status = "RESOURCE_EXHAUSTED"
+
+    def __init__(self, message: str, *, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 class ToolError(AgentError):
     """A tool raised, returned an output that violates its schema, or was given bad input."""
 
@@ -160,6 +180,15 @@ class TurnFailedError(AgentError):
     ) -> None:
         super().__init__(message, status=status, details=details, snapshot_id=snapshot_id)
         self.response = response
+
+
+class TurnTimeoutError(AgentError, TimeoutError):
+    """The caller's ``timeout`` passed before its turn settled. The turn is left as it was —
+    pending: queued, or running — and ``snapshot_id`` names it: wait again
+    (``agent.wait(snapshot_id)``) or stop it (``agent.abort(snapshot_id)``). Also a
+    :class:`TimeoutError`."""
+
+    default_status = "DEADLINE_EXCEEDED"
 
 
 class StoreError(AgentError):

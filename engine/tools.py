@@ -8,15 +8,21 @@ human (or other code) can answer. A regular tool can pause itself too, condition
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import inspect
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from engine.errors import ToolError
 from engine.model import ToolSpec
 from engine.parts import MALFORMED_INPUT, Part
 from engine.schemas import Schema, SchemaSpec, SchemaViolation
+
+if TYPE_CHECKING:
+    from engine.approval_policy import ApprovalPolicy
 
 __all__ = [
     "InterruptTool",
@@ -24,6 +30,7 @@ __all__ = [
     "ToolContext",
     "ToolFn",
     "ToolInterrupt",
+    "in_daemon_thread",
     "malformed_call_reason",
 ]
 
@@ -131,8 +138,8 @@ class Tool:
     async def invoke(self, raw_input: Any, ctx: ToolContext) -> Any:
         """Run the tool: validate input, call ``fn``, validate output; return JSON data.
 
-        Sync functions run in a worker thread so they cannot stall the event loop.
-        Raises :class:`ToolInterrupt` when the tool pauses.
+        Sync functions run in a thread of their own so they cannot stall the event loop (see
+        :func:`in_daemon_thread`). Raises :class:`ToolInterrupt` when the tool pauses.
         """
         value = self.parse_input(raw_input)
         if self.fn is None:
@@ -141,7 +148,7 @@ class Tool:
         if inspect.iscoroutinefunction(self.fn):
             result = await self.fn(*args)
         else:
-            result = await asyncio.to_thread(self.fn, *args)
+            result = await in_daemon_thread(self.fn, *args, name=f"tool {self.name}")
             if inspect.isawaitable(result):
                 result = await result
         try:
@@ -160,6 +167,8 @@ class InterruptTool(Tool):
 
     ``timeout`` (seconds) and ``on_timeout`` (a default answer, or ``"fail"``) describe what
     happens to an approval nobody answers; the durable worker pool enforces them.
+    ``approval_policy`` (see :mod:`engine.approval_policy`) says who may decide it and how
+    many approvals it needs; the inbox enforces it.
     """
 
     is_interrupt = True
@@ -174,6 +183,7 @@ class InterruptTool(Tool):
         metadata: Any = None,
         timeout: float | None = None,
         on_timeout: Any = None,
+        approval_policy: ApprovalPolicy | None = None,
     ) -> None:
         super().__init__(
             name=name,
@@ -185,11 +195,47 @@ class InterruptTool(Tool):
         self.metadata = metadata
         self.timeout = timeout
         self.on_timeout = on_timeout
+        self.approval_policy = approval_policy
 
     async def invoke(self, raw_input: Any, ctx: ToolContext) -> Any:
         """Validate the input, then pause: an interrupt never executes."""
         self.parse_input(raw_input)
         raise ToolInterrupt(self.metadata if self.metadata is not None else True)
+
+
+async def in_daemon_thread(fn: Callable[..., Any], *args: Any, name: str) -> Any:
+    """``fn(*args)`` in a new daemon thread (with the caller's context variables), awaited.
+
+    Not the loop's default executor: a process waits for that executor's threads before it
+    exits, so a synchronous tool still running at shutdown would hold the process past its
+    grace period. Cancelling the await abandons the call: the thread runs on (Python cannot
+    stop it), its result is dropped, and a process that exits ends it wherever it is.
+    """
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[Any] = loop.create_future()
+    context = contextvars.copy_context()
+
+    def settle(outcome: BaseException | None, result: Any) -> None:
+        if done.done():  # abandoned: the awaiting task was cancelled
+            return
+        if outcome is None:
+            done.set_result(result)
+        else:
+            done.set_exception(outcome)
+
+    def run() -> None:
+        try:
+            result = context.run(fn, *args)
+        except BaseException as exc:  # handed to the awaiting task, as to_thread does
+            report: tuple[BaseException | None, Any] = (exc, None)
+        else:
+            report = (None, result)
+        # The loop may be closed by now (the process is shutting down): nobody waits.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(settle, *report)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return await done
 
 
 def malformed_call_reason(tool: Tool, part: Part) -> str | None:

@@ -2,18 +2,75 @@
 
 Waits are woken by the store's change notifications and fall back to polling, because a
 notification is only a hint: it may be missed, and a turn may be run by another process.
+
+A wait is not silent when nothing happens: a queued turn that no worker has claimed after
+``unclaimed_warning`` seconds is logged once (a WARNING naming the turn), and a wait given a
+``timeout`` ends with :class:`~engine.errors.TurnTimeoutError`, leaving the turn as it is.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 
-from engine.errors import NotFoundError
-from engine.status import ACTIVE_STATUSES
-from engine.store import SessionStore, StoredSnapshot
+from engine.errors import NotFoundError, TurnTimeoutError
+from engine.status import ACTIVE_STATUSES, TurnStatus
+from engine.store import SessionStore, StoredSnapshot, TurnRecord
 
-__all__ = ["wait_settled"]
+__all__ = ["never_claimed", "timed_out", "wait_settled"]
+
+logger = logging.getLogger("turnstile.agent")
+
+
+def never_claimed(turn: TurnRecord) -> bool:
+    """Whether ``turn`` is pending and no worker has ever claimed it."""
+    return turn.status is TurnStatus.PENDING and turn.attempts == 0 and turn.lease_owner is None
+
+
+class _UnclaimedWatch:
+    """Logs once when a waited-for turn stays unclaimed past ``after`` seconds."""
+
+    def __init__(self, store: SessionStore, agent: str, after: float | None, now: float) -> None:
+        self._store = store
+        self._agent = agent
+        self._due = None if not after else now + after
+        self._after = after
+
+    def check(self, turn: TurnRecord, now: float) -> None:
+        if self._due is None or now < self._due:
+            return
+        if never_claimed(turn):
+            logger.warning(
+                "turn %s of agent %s: no worker has claimed it after %gs; is a worker "
+                "(turnstile worker, or turnstile serve --workers N) running on %r with a "
+                "free slot? Still waiting",
+                turn.id,
+                self._agent,
+                self._after,
+                self._store,
+                extra={"turn_id": turn.id, "session_id": turn.session_id, "agent": self._agent},
+            )
+        self._due = None  # once per wait, claimed or not
+
+
+def timed_out(turn_id: str, timeout: float | None, turn: TurnRecord | None) -> TurnTimeoutError:
+    """The error of a wait for ``turn_id`` that ``timeout`` ended, saying where the turn
+    stands (``turn``: as last read) and how to wait again or stop it."""
+    if turn is None or turn.status is TurnStatus.PENDING:
+        state = (
+            "still pending, not claimed by any worker yet"
+            if turn is not None and never_claimed(turn)
+            else "still pending"
+        )
+    else:
+        state = f"still {turn.status.value}"
+    return TurnTimeoutError(
+        f"Snapshot {turn_id} did not settle within {timeout:g}s; it is {state} and left as "
+        f"it is. Wait again with agent.wait({turn_id!r}), or stop it with "
+        f"agent.abort({turn_id!r}).",
+        snapshot_id=turn_id,
+    )
 
 
 async def wait_settled(
@@ -24,18 +81,22 @@ async def wait_settled(
     poll_interval: float,
     timeout: float | None = None,
     listening: asyncio.Future[None] | None = None,
+    unclaimed_warning: float | None = None,
 ) -> StoredSnapshot:
     """Wait until a turn settles and return it, with its conversation and journal (read
     together, in one round trip where the store can).
 
     Woken by the store's change notifications, re-checking every ``poll_interval`` seconds
-    in case one was missed. Raises :class:`TimeoutError` after ``timeout``, and
-    :class:`NotFoundError` (naming ``agent``) when the turn does not exist. ``listening``: a
-    wait for the turn's change notification registered before the turn was created
-    (nothing can have been missed): awaited first, without a read.
+    in case one was missed. Raises :class:`TurnTimeoutError` (a :class:`TimeoutError`) after
+    ``timeout``, and :class:`NotFoundError` (naming ``agent``) when the turn does not exist.
+    ``listening``: a wait for the turn's change notification registered before the turn was
+    created (nothing can have been missed): awaited first, without a read.
+    ``unclaimed_warning``: seconds after which a turn no worker has claimed is logged, once
+    (``None`` or 0: never).
     """
     loop = asyncio.get_running_loop()
     deadline = None if timeout is None else loop.time() + timeout
+    unclaimed = _UnclaimedWatch(store, agent, unclaimed_warning, loop.time())
     if listening is not None:
         with contextlib.suppress(TimeoutError):  # past the deadline: raised below
             await asyncio.wait_for(listening, timeout)
@@ -43,12 +104,13 @@ async def wait_settled(
     # turn still running then is polled by its row alone (a long turn must not cost its
     # whole conversation every poll) and read whole once settled.
     whole = True
+    turn: TurnRecord | None = None
     while True:
         wait_for = poll_interval
         if deadline is not None:
             remaining = deadline - loop.time()
             if remaining <= 0:
-                raise TimeoutError(f"Snapshot {turn_id} did not settle in {timeout}s.")
+                raise timed_out(turn_id, timeout, turn)
             wait_for = min(wait_for, remaining)
         # Listen before reading: a settlement that lands between the read and the wait
         # must still wake us (the waiter registers as soon as the read yields).
@@ -66,6 +128,7 @@ async def wait_settled(
                 turn = None  # gone since (pruned)
             if turn is None:
                 raise NotFoundError(f"Snapshot '{turn_id}' not found for agent '{agent}'.")
+            unclaimed.check(turn, loop.time())
             whole = False
             await waiter
         finally:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -50,12 +50,10 @@ def default_url() -> str:
 
 
 def normalise_url(url: str | URL) -> URL:
-    """Pick our drivers: ``postgresql://`` → psycopg 3; ``sqlite://`` stays the stdlib one."""
+    """Pick our drivers: ``postgresql://`` (or ``postgres://``) → psycopg 3; ``sqlite://``
+    stays the stdlib one."""
     parsed = make_url(url)
-    if parsed.get_backend_name() == "postgresql" and parsed.drivername in (
-        "postgresql",
-        "postgres",
-    ):
+    if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
     if parsed.get_backend_name() not in ("postgresql", "sqlite"):
         raise ValueError(f"Unsupported database {parsed.drivername!r}: use PostgreSQL or SQLite.")
@@ -107,6 +105,8 @@ class Database:
     ) -> None:
         self.url = normalise_url(url)
         self.is_postgres = self.url.get_backend_name() == "postgresql"
+        #: Turns a driver error into a more telling typed one (see stores/schema_check.py).
+        self.explain_error: Callable[[BaseException], Awaitable[StoreError | None]] | None = None
         if self.is_postgres:
             self.engine = sa.create_engine(
                 self.url,
@@ -200,7 +200,10 @@ class Database:
                     logger.warning("database connection lost; retrying (%d/%d)", attempt, retries)
                     await asyncio.sleep(0.05 * 2**attempt)
                     continue
-                raise StoreError(
+                explained = (
+                    await self.explain_error(exc.orig or exc) if self.explain_error else None
+                )
+                raise explained or StoreError(
                     f"Database error: {exc.orig!r}", may_have_applied=exc.connection_invalidated
                 ) from exc
             except sa.exc.SQLAlchemyError as exc:

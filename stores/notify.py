@@ -2,14 +2,14 @@
 
 Notifications are hints, never the source of truth: waiters always re-read the row. Payloads
 are turn ids (well under NOTIFY's 8,000-byte limit), sent inside the writing transaction so
-they are delivered only if it commits.
+they are delivered only if it commits; relayed chunks travel in batches of their own
+(``stores/chunk_relay.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from typing import Any
 
@@ -19,6 +19,7 @@ from sqlalchemy.engine import URL, Connection
 
 from engine.relay import ChunkBroker
 from engine.signals import KeyedSignals, WakeEvent
+from stores.chunk_relay import read_chunk_payload
 
 __all__ = [
     "CHANGE_CHANNEL",
@@ -26,7 +27,6 @@ __all__ = [
     "LISTEN_STATEMENT",
     "WORK_CHANNEL",
     "Listener",
-    "chunk_payloads",
     "notify",
 ]
 
@@ -36,7 +36,8 @@ logger = logging.getLogger("turnstile.notify")
 WORK_CHANNEL = "turnstile_work"
 #: A turn's status changed (settled, aborting, ...): payload is its id.
 CHANGE_CHANNEL = "turnstile_turn"
-#: A streamed chunk of a turn somebody watches: payload ``{"t": turn id, "c": chunk}``.
+#: Streamed chunks of a turn somebody watches: payload ``{"t": turn id, "n": number, "c":
+#: [chunk, ...]}`` (see :func:`stores.chunk_relay.pack_chunks`).
 CHUNK_CHANNEL = "turnstile_chunk"
 
 #: What the listener runs once connected (also how an operator or a benchmark can tell, in
@@ -47,34 +48,6 @@ LISTEN_STATEMENT = f"LISTEN {WORK_CHANNEL}; LISTEN {CHANGE_CHANNEL}; LISTEN {CHU
 #: takes them at every wake-up, so only a pool busy for a long time fills this; past it the
 #: hints are incomplete and the pool claims from the whole queue instead.
 MAX_WORK_HINTS = 1_000
-
-#: NOTIFY payloads must stay under 8,000 bytes; keep a margin for the envelope.
-MAX_PAYLOAD_BYTES = 7_000
-
-
-def chunk_payloads(turn_id: str, chunk: dict[str, Any]) -> list[str]:
-    """``chunk`` as NOTIFY payloads: one, or — for a long text delta — several deltas whose
-    texts concatenate to the original. A large non-text chunk (e.g. a tool request with a big
-    input) cannot be cut and is not relayed; the settled turn still holds it."""
-    whole = json.dumps({"t": turn_id, "c": chunk}, separators=(",", ":"))
-    if len(whole.encode()) <= MAX_PAYLOAD_BYTES:
-        return [whole]
-    body = chunk.get("modelChunk") or {}
-    content = body.get("content") or []
-    if not content or any(set(part) != {"text"} for part in content):
-        logger.warning("chunk of turn %s too large to relay (%d bytes)", turn_id, len(whole))
-        return []
-    text = "".join(str(part["text"]) for part in content)
-    # Characters, not bytes: a quarter of the budget is safe for any UTF-8 text and escapes.
-    step = MAX_PAYLOAD_BYTES // 8
-    pieces = [text[i : i + step] for i in range(0, len(text), step)]
-    return [
-        json.dumps(
-            {"t": turn_id, "c": {"modelChunk": {**body, "content": [{"text": piece}]}}},
-            separators=(",", ":"),
-        )
-        for piece in pieces
-    ]
 
 
 def notify(connection: Connection, channel: str, payload: str) -> None:
@@ -171,10 +144,12 @@ class Listener:
         if not self._chunks.has_subscribers:
             return  # the common case in a worker: nobody here watches any turn
         try:
-            note = json.loads(payload)
-            self._chunks.deliver(str(note["t"]), dict(note["c"]))
+            turn_id, chunks = read_chunk_payload(payload)
         except (ValueError, KeyError, TypeError):
             logger.warning("ignoring a malformed chunk notification")
+            return
+        for chunk in chunks:
+            self._chunks.deliver(turn_id, chunk)
 
     async def wait_connected(self, timeout: float) -> None:
         """Start listening if needed and wait (up to ``timeout``) until LISTEN is active."""

@@ -22,7 +22,7 @@ import contextlib
 import itertools
 import logging
 import re
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -170,6 +170,8 @@ class PgConnections:
         self._closed = False
         self._slots: asyncio.Semaphore | None = None
         self._slots_loop: asyncio.AbstractEventLoop | None = None
+        #: Turns a driver error into a more telling typed one (see stores/schema_check.py).
+        self.explain_error: Callable[[BaseException], Awaitable[StoreError | None]] | None = None
 
     async def fetch(
         self, statement: PgStatement, values: Mapping[str, Any], *, retries: int = 3
@@ -221,7 +223,8 @@ class PgConnections:
                     continue
                 raise StoreError(f"Database error: {exc!r}", may_have_applied=lost) from exc
             except psycopg.Error as exc:
-                raise StoreError(f"Database error: {exc!r}") from exc
+                explained = await self.explain_error(exc) if self.explain_error else None
+                raise explained or StoreError(f"Database error: {exc!r}") from exc
 
     @asynccontextmanager
     async def _session(self) -> AsyncIterator[_Session]:

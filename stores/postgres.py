@@ -36,14 +36,20 @@ from stores import snapshots as snapshot_sql
 from stores import turn_claims as claim_sql
 from stores import turn_creation as creation_sql
 from stores import turns as turn_sql
-from stores.notify import CHUNK_CHANNEL, Listener, chunk_payloads, notify
-from stores.pg import PLANNER_SETTINGS, PgConnections
+from stores.chunk_relay import ChunkBatcher
+from stores.notify import CHUNK_CHANNEL, Listener
+from stores.pg import PLANNER_SETTINGS, PgConnections, PgStatement
 from stores.sql import SqlSessionStore, now_utc, round_and_transition_times
 
 __all__ = ["PLANNER_ENV", "PostgresSessionStore"]
 
 #: ``off`` leaves the hot path's connections PostgreSQL's own planner settings.
 PLANNER_ENV = "TURNSTILE_PG_PLANNER"
+
+#: One payload of relayed chunks; a batch runs it once per payload, in one transaction.
+_NOTIFY_CHUNKS = PgStatement(
+    sa.select(sa.func.pg_notify(sa.literal(CHUNK_CHANNEL), sa.bindparam("payload", type_=sa.Text)))
+)
 
 
 class PostgresSessionStore(SqlSessionStore):
@@ -54,7 +60,7 @@ class PostgresSessionStore(SqlSessionStore):
         self,
         url: str | URL | None = None,
         *,
-        pool_size: int = 10,
+        pool_size: int | None = None,
         poll_interval: float = 0.05,
         planner_settings: Mapping[str, str] | None = None,
     ) -> None:
@@ -69,6 +75,8 @@ class PostgresSessionStore(SqlSessionStore):
         assert self.db.pg is not None, "a PostgreSQL database has async connections"
         self._pg: PgConnections = self.db.pg
         self._listener = Listener(self.db.url, self._chunks)
+        #: Relayed chunks waiting to be published together (see publish_chunk).
+        self.relay = ChunkBatcher(self._notify_chunks)
 
     # -- turns -------------------------------------------------------------------------
 
@@ -96,6 +104,9 @@ class PostgresSessionStore(SqlSessionStore):
 
     async def transition(self, turn_id: str, change: Transition) -> TurnRecord:
         """See :meth:`engine.store.SessionStore.transition`."""
+        if self.relay.holds(turn_id):
+            # The turn's last chunks commit first, so listeners get them before its change.
+            await self.relay.flush(turn_id)
         then_claim = change.then_claim
         saved_at, now = round_and_transition_times()
         # The follow-on claim, if any, rides in the same round trip and transaction.
@@ -168,18 +179,17 @@ class PostgresSessionStore(SqlSessionStore):
     async def publish_chunk(self, turn_id: str, chunk: dict[str, Any]) -> None:
         """See :meth:`engine.store.SessionStore.publish_chunk`.
 
-        ``NOTIFY`` on ``turnstile_chunk``, so a subscriber in any process gets it (every
-        listening process receives it; only subscribers of the turn keep it).
+        Batched: the chunk waits in :attr:`relay` with the turn's next ones and leaves with
+        them — a ``NOTIFY`` on ``turnstile_chunk`` per payload, one transaction per batch —
+        within :data:`~stores.chunk_relay.RELAY_INTERVAL`, and always before the turn's next
+        status change (see :meth:`transition`). Every listening process receives it; only
+        subscribers of the turn keep it.
         """
-        payloads = chunk_payloads(turn_id, chunk)
-        if not payloads:
-            return
+        await self.relay.publish(turn_id, chunk)
 
-        def send(connection: sa.Connection) -> None:
-            for payload in payloads:
-                notify(connection, CHUNK_CHANNEL, payload)
-
-        await self._write(send)
+    async def _notify_chunks(self, payloads: list[str]) -> None:
+        # One pipeline with one sync: the batch's payloads commit together, in order.
+        await self._pg.fetch_together([(_NOTIFY_CHUNKS, {"payload": p}) for p in payloads])
 
     @contextlib.asynccontextmanager
     async def _subscribe(self, turn_id: str) -> AsyncIterator[ChunkSubscription]:
@@ -198,6 +208,7 @@ class PostgresSessionStore(SqlSessionStore):
 
     async def close(self) -> None:
         """See :meth:`engine.store.SessionStore.close`."""
+        await self.relay.flush_all()
         await self._listener.close()
         await self._pg.close()
         await super().close()

@@ -12,7 +12,8 @@ passes, or it is told to stop.
 
 Stopping is graceful: claiming stops at once, running turns get ``shutdown_grace`` seconds to
 settle, and the rest are cancelled and handed back ``pending`` with their lease released, so
-another worker continues them at once from their journal.
+another worker continues them at once from their journal. The pool returns within the grace
+period plus :data:`SHUTDOWN_MARGIN`, even with a synchronous tool still running in its thread.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import Any
 from engine import Agent, Engine, TurnStatus
 from engine.errors import StaleTransitionError
 from engine.executor import execute_claimed
+from engine.log_context import turn_context
 from engine.response import AgentChunk
 from engine.signals import AbortSignal
 from engine.status import SETTLED_STATUSES, FinishReason
@@ -45,6 +47,10 @@ logger = logging.getLogger("turnstile.worker")
 
 #: Longest pause between claim attempts while the store keeps failing (e.g. DB restarting).
 MAX_CLAIM_BACKOFF = 5.0
+
+#: After the grace period, how long the cancelled turns get to stop and be handed back; past
+#: it the pool stops without them, and their leases hand them to another worker.
+SHUTDOWN_MARGIN = 5.0
 
 
 def default_owner() -> str:
@@ -394,13 +400,14 @@ class WorkerPool:
 
     def _note_claimed(self, turn: TurnRecord) -> None:
         self.claimed_total += 1
-        logger.info(
-            "turn %s attempt %d claimed (agent %s)",
-            turn.id,
-            turn.attempts,
-            turn.agent,
-            extra={"turn_id": turn.id, "attempt": turn.attempts},
-        )
+        with turn_context(turn):
+            logger.info(
+                "turn %s attempt %d claimed (agent %s)",
+                turn.id,
+                turn.attempts,
+                turn.agent,
+                extra={"turn_id": turn.id, "attempt": turn.attempts},
+            )
         for observer in self._observers:
             observer.turn_claimed(turn)
 
@@ -464,6 +471,14 @@ class WorkerPool:
             self._note_claimed(turn)
 
     async def _execute(self, turn: TurnRecord, follow: FollowOnClaim | None = None) -> None:
+        """Run one claimed turn; every line logged meanwhile names it (its turn_id,
+        session_id and agent, engine/log_context.py)."""
+        with turn_context(turn):
+            await self._execute_in_context(turn, follow)
+
+    async def _execute_in_context(
+        self, turn: TurnRecord, follow: FollowOnClaim | None = None
+    ) -> None:
         """Run one claimed turn; logs every failure (a turn never takes the pool down)."""
         agent = self.agents.get(turn.agent)
         if agent is None:  # the store ignored agents=: not ours to run
@@ -553,7 +568,22 @@ class WorkerPool:
         turns = {task: self._tasks[task] for task in pending}
         for task in pending:
             task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+        try:
+            await asyncio.wait_for(self._hand_back_cancelled(turns), SHUTDOWN_MARGIN)
+        except TimeoutError:
+            logger.warning(
+                "stopping: turns did not stop within %.1fs of the grace period; left to "
+                "their leases",
+                SHUTDOWN_MARGIN,
+            )
+
+    async def _hand_back_cancelled(self, turns: dict[asyncio.Task[None], TurnRecord]) -> None:
+        """Wait for the cancelled slot tasks to end, then hand back the turns they ran.
+
+        A synchronous tool does not delay this: its thread is abandoned, not waited for
+        (:func:`engine.tools.in_daemon_thread`), and its journal row stays ``running``.
+        """
+        await asyncio.gather(*turns, return_exceptions=True)
         for task, turn in turns.items():
             if task.cancelled():
                 await self._hand_back(turn, note="worker shutdown")

@@ -198,7 +198,12 @@ class RemoteAgent:
             if snapshot.status not in ACTIVE_STATUSES:
                 return _response_of_snapshot(snapshot, self.schemas)
             if deadline is not None and loop.time() >= deadline:
-                raise TimeoutError(f"Snapshot {snapshot_id} did not settle in {timeout}s.")
+                raise errors.TurnTimeoutError(
+                    f"Snapshot {snapshot_id} did not settle within {timeout:g}s; it is still "
+                    f"{snapshot.status.value} and left as it is. Wait again with "
+                    f"wait({snapshot_id!r}), or stop it with abort({snapshot_id!r}).",
+                    snapshot_id=snapshot_id,
+                )
             await asyncio.sleep(poll_interval)
 
     # -- turns -----------------------------------------------------------------------------
@@ -421,7 +426,13 @@ class RemoteChat(ChatAPI):
         sink: ChunkSink | None,
         wait: bool,
         idempotency_key: str | None = None,
+        timeout: float | None = None,
     ) -> AgentResponse:
+        if timeout is not None and wait:
+            # Detached, then polled: a streaming request given up would abort its turn,
+            # and an expired timeout must leave it pending (needs an agent with a store).
+            await self._turn(message, resume, None, False, idempotency_key)
+            return await self.wait(timeout=timeout)
         data, user = self._data(message, resume, wait)
         result = await self.agent.run(data, self._init(), sink, idempotency_key)
         history = None

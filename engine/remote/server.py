@@ -13,8 +13,10 @@ id, unknown agent) is a 4xx JSON error before any frame; misuse Genkit throws on
 does not fit the agent, a snapshot of another session, a detach with no turn to detach) is an
 error frame; a turn that is refused (bad resume, busy session, unknown snapshot) or fails is a
 *result* with ``finishReason: "failed"`` and ``error``. Nothing is written for a refused
-request. A client that goes away does not stop its turn: it settles and persists (``abort``
-stops a turn). Client text reaches the log only escaped (:mod:`engine.remote.logsafe`).
+request. A client of a non-streaming or detached request that goes away does not stop its
+turn: it settles and persists (``abort`` stops a turn); a streaming client that disconnects
+before its turn settles aborts it. Client text reaches the log only escaped
+(:mod:`engine.remote.logsafe`).
 """
 
 from __future__ import annotations
@@ -43,9 +45,12 @@ from engine.errors import (
     NotFoundError,
     TurnFailedError,
 )
+from engine.remote.admission import Reservation, TurnAdmission
 from engine.remote.auth import Authenticator, InboxPolicy, OwnerInboxPolicy, Principal
 from engine.remote.inbox_routes import InboxRoutes
 from engine.remote.logsafe import escaped, escaped_traceback
+from engine.remote.redirects import relative_slash_redirects
+from engine.remote.ui import InboxUI, UiSettings
 from engine.remote.wire import (
     IDEMPOTENCY_HEADER,
     AbortBody,
@@ -63,7 +68,7 @@ from engine.remote.wire import (
 )
 from engine.response import AgentChunk, AgentResponse
 from engine.status import FinishReason, TurnStatus
-from engine.store import TurnInput, TurnRecord
+from engine.store import SessionStore, TurnInput, TurnRecord
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "create_app"]
 
@@ -89,6 +94,9 @@ def create_app(
     lifespan: Lifespan[Starlette] | None = None,
     routes: Sequence[BaseRoute] = (),
     middleware: Sequence[Middleware] = (),
+    max_turns_per_principal: int | None = None,
+    ui: bool = True,
+    ui_settings: UiSettings | None = None,
 ) -> Starlette:
     """An ASGI app serving ``engine``'s agents (run it with uvicorn or ``turnstile serve``).
 
@@ -97,8 +105,19 @@ def create_app(
     approvals a principal sees and decides (default: those of its own sessions). ``routes``
     are served as well, without authentication (``turnstile serve`` adds its health probes
     and metrics); ``middleware`` wraps every route, outermost first.
+    ``max_turns_per_principal`` refuses a turn request with 429 while its principal (every
+    unauthenticated caller together counting as one) has that many turns in flight
+    (:mod:`engine.remote.admission`; ``None``: no limit). Redirects (a path with a trailing
+    slash too many or too few) are relative: the request's ``Host`` never comes back.
+    ``ui`` serves the approval inbox's web pages at ``/ui`` (:mod:`engine.remote.ui`,
+    ``docs/inbox.md``), with browser sessions signed per ``ui_settings``.
     """
-    server = _Server(engine, auth, max_body_bytes)
+    admission = (
+        TurnAdmission(engine, max_turns_per_principal)
+        if max_turns_per_principal is not None
+        else None
+    )
+    server = _Server(engine, auth, max_body_bytes, admission)
     inbox = InboxRoutes(
         engine, server.authenticate, inbox_policy or OwnerInboxPolicy(), max_body_bytes
     )
@@ -109,12 +128,19 @@ def create_app(
         Route("/api/{agent}/abort", server.abort, methods=["POST"]),
         *inbox.routes(),
     ]
+    if ui:
+        policy = inbox_policy or OwnerInboxPolicy()
+        pages = InboxUI(
+            engine, auth=auth, policy=policy, max_body_bytes=max_body_bytes, settings=ui_settings
+        )
+        served.extend(pages.routes())
     app = Starlette(
         routes=served,
         lifespan=lifespan,
         middleware=[*middleware, Middleware(_EscapedErrors)],
         exception_handlers={HTTPException: _http_error, Exception: _internal_error},
     )
+    relative_slash_redirects(app)
     app.state.turnstile = server
     return app
 
@@ -181,10 +207,17 @@ class _EscapedErrors:
 
 
 class _Server:
-    def __init__(self, engine: Engine, auth: Authenticator | None, max_body_bytes: int) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        auth: Authenticator | None,
+        max_body_bytes: int,
+        admission: TurnAdmission | None = None,
+    ) -> None:
         self.engine = engine
         self.auth = auth
         self.max_body_bytes = max_body_bytes
+        self.admission = admission
         # Turns outlive the request that started them (a client may disconnect, a detached
         # turn runs on): keep a reference so they are not garbage-collected mid-run.
         self._background: set[asyncio.Task[Any]] = set()
@@ -258,6 +291,17 @@ class _Server:
     # -- turns ---------------------------------------------------------------------------
 
     async def turn(self, request: Request) -> Response:
+        """A turn request; an admitted one keeps its place among its principal's turns in
+        flight until its response has been sent (or abandoned by the client)."""
+        reservation = Reservation()
+        try:
+            response = await self._turn(request, reservation)
+        except BaseException:
+            reservation.release()
+            raise
+        return reservation.released_after(response)
+
+    async def _turn(self, request: Request, reservation: Reservation) -> Response:
         try:
             agent, body, principal = await self._handle(request, TurnBody)
             turn_request, detach = _turn_request(agent, body, principal)
@@ -267,10 +311,13 @@ class _Server:
                     key = check_id(key, "The Idempotency-Key header")
                     turn_request = replace(turn_request, idempotency_key=key)
                 turn_request = await self._foreign_snapshot(agent, turn_request) or turn_request
+            if self.admission is not None and isinstance(turn_request, TurnRequest):
+                turn_request = await self.admission.admit(agent, turn_request, reservation)
         except AgentError as error:
             return error_response(error)
-        events = self._turn_events(agent, turn_request, detach, body.init.state)
-        if wants_stream(request):
+        stream = wants_stream(request)
+        events = self._turn_events(agent, turn_request, detach, body.init.state, stream)
+        if stream:
             return StreamingResponse(_frames(events), media_type="text/plain")
         async for kind, payload in events:
             if kind == "result":
@@ -286,8 +333,12 @@ class _Server:
         turn_request: TurnRequest | _Misuse,
         detach: bool,
         echo_state: Any,
+        stream: bool,
     ) -> AsyncIterator[tuple[str, Any]]:
-        """``("message", chunk)``... then ``("result", output)`` or ``("error", AgentError)``."""
+        """``("message", chunk)``... then ``("result", output)`` or ``("error", AgentError)``.
+
+        Chunks only when ``stream``: a queued turn nobody streams publishes none. A streamed
+        turn whose client goes away before it settles is aborted (see _abort_abandoned)."""
         if isinstance(turn_request, _Misuse):
             yield "error", turn_request
             return
@@ -299,20 +350,26 @@ class _Server:
         async def sink(chunk: AgentChunk) -> None:
             chunks.put_nowait(chunk.to_wire())
 
-        task = asyncio.create_task(agent.run_turn(turn_request, on_chunk=sink))
+        started: asyncio.Future[tuple[SessionStore, TurnRecord]] = (
+            asyncio.get_running_loop().create_future()
+        )
+
+        def on_started(store: SessionStore, turn: TurnRecord) -> None:
+            if not started.done():
+                started.set_result((store, turn))
+
+        task = asyncio.create_task(
+            agent.run_turn(turn_request, on_chunk=sink if stream else None, on_started=on_started)
+        )
         self._keep(task)
         task.add_done_callback(_log_unexpected)
-        while not task.done():
-            getter = asyncio.ensure_future(chunks.get())
-            try:
-                # Not cancelled when the client goes away: the turn is shielded by
-                # asyncio.wait, and settles on its own.
-                await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                if not getter.done():
-                    getter.cancel()
-            if getter.done() and not getter.cancelled():
-                yield "message", getter.result()
+        try:
+            async for chunk in _chunks_until_done(chunks, task):
+                yield "message", chunk
+        finally:
+            # Only a streaming response is cancelled when its client disconnects.
+            if stream and not task.done():
+                self._keep(asyncio.create_task(_abort_abandoned(agent, started, task)))
         while not chunks.empty():
             yield "message", chunks.get_nowait()
         try:
@@ -504,6 +561,46 @@ async def _frames(events: AsyncIterator[tuple[str, Any]]) -> AsyncIterator[bytes
     except Exception as error:
         logger.error("turn stream failed\n%s", escaped_traceback(error))
         yield frame({"error": {"status": "INTERNAL", "message": "Internal error."}}, field="error")
+
+
+async def _chunks_until_done(
+    chunks: asyncio.Queue[dict[str, Any]], task: asyncio.Task[Any]
+) -> AsyncIterator[dict[str, Any]]:
+    """The chunks queued while ``task`` runs (the ones left after it ends are the caller's)."""
+    while not task.done():
+        getter = asyncio.ensure_future(chunks.get())
+        try:
+            # The turn is not cancelled with this wait (asyncio.wait shields it).
+            await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not getter.done():
+                getter.cancel()
+        if getter.done() and not getter.cancelled():
+            yield getter.result()
+
+
+async def _abort_abandoned(
+    agent: Agent,
+    started: asyncio.Future[tuple[SessionStore, TurnRecord]],
+    task: asyncio.Task[Any],
+) -> None:
+    """Abort the turn of a streaming request whose client disconnected, so it does not hold
+    a worker slot for nobody (``docs/decisions.md``, "A streamed turn ends with its
+    connection"); once it exists, if the client left while it was being created."""
+    await asyncio.wait({started, task}, return_when=asyncio.FIRST_COMPLETED)
+    if not started.done() or task.done():
+        return
+    store, turn = started.result()
+    try:
+        status = await agent.abort_in(store, turn.id)
+    except Exception as error:  # the turn still settles on its own; nothing else to do
+        logger.warning("turn %s: abort after disconnect failed: %s", turn.id, escaped(error))
+        return
+    logger.info(
+        "turn %s: its streaming client disconnected; abort requested (%s)",
+        turn.id,
+        status.value,
+    )
 
 
 def _log_unexpected(task: asyncio.Task[Any]) -> None:
