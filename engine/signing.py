@@ -15,6 +15,10 @@ The MAC covers a domain tag, the agent name, the issue time and the canonical JS
 other field (sorted keys, no spaces, integral floats written as integers so that a
 JavaScript round trip of ``500.0`` → ``500`` does not break the signature). Keys are named,
 so they can be rotated: the first key signs, every listed key verifies.
+
+A key written in a public place (this repository's examples and docs) lets anyone forge a
+paused state — an approval nobody gave. :func:`check_deployable_keys` is what ``turnstile
+serve`` and ``turnstile worker`` call at startup to refuse such keys, and missing ones.
 """
 
 from __future__ import annotations
@@ -30,11 +34,19 @@ import re
 import secrets
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
-from engine.errors import InvalidStateError
+from engine.errors import InsecureKeyError, InvalidStateError
 
-__all__ = ["SIGNATURE_FIELD", "StateSigner", "canonical_json"]
+__all__ = [
+    "PUBLISHED_KEY_FINGERPRINTS",
+    "SIGNATURE_FIELD",
+    "SignedAgents",
+    "StateSigner",
+    "canonical_json",
+    "check_deployable_keys",
+    "key_fingerprint",
+]
 
 logger = logging.getLogger("turnstile.signing")
 
@@ -49,6 +61,30 @@ _KEY_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 # Strict ASCII grammar: no Unicode digits, no leading zeros, an unpadded 32-byte base64url MAC,
 # so that no two spellings of one signature exist.
 _SIGNATURE = re.compile(r"ts1\.([A-Za-z0-9_-]{1,64})\.(0|[1-9][0-9]{0,15})\.([A-Za-z0-9_-]{43})")
+
+#: SHA-256 (hex) of every signing secret written in this repository's examples and docs: the
+#: example apps' fixed keys and the placeholder secrets of the configuration examples. Only
+#: fingerprints are kept, so the secrets themselves are written in one place each;
+#: ``tests/unit/test_published_keys.py`` checks that every key in examples/ and docs/ is here.
+PUBLISHED_KEY_FINGERPRINTS: frozenset[str] = frozenset(
+    {
+        # examples/banking.py (the example's key when TURNSTILE_STATE_KEYS is unset)
+        "554a4beed57f397b99e48bfde96471749e6021fb39e6cbddd1f5510804ae795b",
+        # examples/tour.py
+        "75a3c845d91518deab0730512ad0b5c4be785aed9b8b7b911ed6d7a4d0468a44",
+        # docs/configuration.md: kid1:secret1,kid2:secret2
+        "5b11618c2e44027877d0cd0921ed166b9f176f50587fc91e7534dd2946db77d6",
+        "35224d0d3465d74e855f8d69a136e79c744ea35a675d3393360a327cbf6359a2",
+        # docs/decisions.md: kid:secret
+        "2bb80d537b1da3e38bd30361aa855686bde0eacd7162fef6a25fe97bf527a25b",
+    }
+)
+
+_HOW_TO_CONFIGURE = (
+    f"Configure a secret key: {_ENV_KEYS}=<key id>:<secret> (a secret such as the output of "
+    "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`), or "
+    "Engine(state_keys={<key id>: <secret>}); --dev accepts it for local development only."
+)
 
 
 def _normalise(value: Any) -> Any:
@@ -77,6 +113,12 @@ def canonical_json(value: Any) -> bytes:
         ensure_ascii=False,
         allow_nan=False,
     ).encode()
+
+
+def key_fingerprint(secret: str | bytes) -> str:
+    """The SHA-256 (hex) of a signing secret, as :data:`PUBLISHED_KEY_FINGERPRINTS` holds."""
+    raw = secret.encode() if isinstance(secret, str) else secret
+    return hashlib.sha256(raw).hexdigest()
 
 
 def _parse_keys(spec: str) -> dict[str, bytes]:
@@ -112,6 +154,8 @@ class StateSigner:
             parsed = _parse_keys(spec) if spec else {}
         else:
             parsed = {kid: s.encode() if isinstance(s, str) else s for kid, s in keys.items()}
+        #: Whether no key was configured and a random one was made for this process.
+        self.generated = not parsed
         if not parsed:
             kid = "ephemeral-" + secrets.token_hex(4)
             parsed = {kid: secrets.token_bytes(32)}
@@ -136,6 +180,19 @@ class StateSigner:
     def active_key_id(self) -> str:
         """The id of the key new blobs are signed with."""
         return self._active
+
+    @property
+    def key_ids(self) -> tuple[str, ...]:
+        """Every key id: the signing key first, then those kept only to verify."""
+        return tuple(self._keys)
+
+    def published_key_ids(self) -> list[str]:
+        """The ids of keys whose secret is one of :data:`PUBLISHED_KEY_FINGERPRINTS`."""
+        return [
+            kid
+            for kid, secret in self._keys.items()
+            if key_fingerprint(secret) in PUBLISHED_KEY_FINGERPRINTS
+        ]
 
     def _mac(self, secret: bytes, agent: str, issued_at: int, body: Mapping[str, Any]) -> str:
         message = b"\n".join(
@@ -196,3 +253,74 @@ class StateSigner:
             raise InvalidStateError("Client state has no sessionId.")
         result: dict[str, Any] = _normalise(body)
         return result
+
+
+class _SigningAgent(Protocol):
+    """What the key check reads of an agent."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def store(self) -> object | None: ...
+
+    @property
+    def signer(self) -> StateSigner: ...
+
+
+class SignedAgents(Protocol):
+    """An app whose agents' keys can be checked: an :class:`~engine.Engine` (declared here
+    so that this module needs no import of the engine, which imports it)."""
+
+    @property
+    def agents(self) -> Mapping[str, _SigningAgent]: ...
+
+
+def _key_problem(signer: StateSigner) -> str | None:
+    """Why ``signer``'s keys are unfit to serve with, or ``None`` when they are fit."""
+    if signer.generated:
+        return (
+            f"with no configured key ({_ENV_KEYS} is unset and Engine got no state_keys): a "
+            "random key made at startup would not verify its state after a restart or in "
+            "another process"
+        )
+    published = signer.published_key_ids()
+    if published:
+        which = ", ".join(repr(kid) for kid in published)
+        return (
+            f"with a key published in Turnstile's examples or docs ({which}): anyone can sign "
+            "a state it accepts, such as a paused transfer with a forged approval"
+        )
+    return None
+
+
+def check_deployable_keys(app: SignedAgents, *, dev: bool) -> list[str]:
+    """Refuse to serve client-managed agents whose state anyone could forge.
+
+    For every agent of ``app`` (an :class:`~engine.Engine`) without a store (its state
+    travels signed with the client), the signing keys must be configured and none may be a
+    key published in this repository's examples or docs. Otherwise raises
+    :class:`~engine.errors.InsecureKeyError` naming each such agent and how to configure a
+    key — unless ``dev`` is true, when a warning is logged instead. Returns the key ids in
+    use (signing key first, then the keys kept only to verify), never key material; empty
+    when no agent is client-managed.
+    """
+    problems: list[str] = []
+    key_ids: list[str] = []
+    for agent in app.agents.values():
+        if agent.store is not None:
+            continue
+        for kid in agent.signer.key_ids:
+            if kid not in key_ids:
+                key_ids.append(kid)
+        problem = _key_problem(agent.signer)
+        if problem is not None:
+            problems.append(
+                f"Agent '{agent.name}' keeps its state on the client, signed {problem}."
+            )
+    if problems:
+        if not dev:
+            raise InsecureKeyError(" ".join([*problems, _HOW_TO_CONFIGURE]))
+        for problem in problems:
+            logger.warning("%s Accepted because of --dev: never do this in production.", problem)
+    return key_ids

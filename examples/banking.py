@@ -185,7 +185,13 @@ def _entries(text: str) -> list[dict[str, Any]]:
 
 
 def _example_keys() -> Mapping[str, str | bytes] | None:
-    """``TURNSTILE_STATE_KEYS`` when set, else a fixed key that is only fit for the example."""
+    """``TURNSTILE_STATE_KEYS`` when set, else a fixed key that is only fit for the example.
+
+    The fixed key is public (it is right here), so anyone could sign a paused state with a
+    forged approval: ``turnstile serve`` and ``turnstile worker`` refuse it unless ``--dev``
+    is given (:func:`engine.signing.check_deployable_keys` knows its fingerprint). It stays
+    so that ``--dev`` processes of the example verify each other's state.
+    """
     if os.environ.get("TURNSTILE_STATE_KEYS"):
         return None
     return {"example-only": "turnstile-example-key-not-a-secret"}

@@ -8,6 +8,10 @@ SIGKILLs the worker while the transfer runs, starts a new worker that finishes t
 its journal (the transfer re-runs under the same idempotency key, so the ledger books it
 once), and prints the finished turn and its timeline from SQL. With a terminal on stdin it
 asks you to approve; without one (or with ``--yes``) it answers by itself.
+
+The workers run as a deployment runs them: ``turnstile worker`` refuses an app whose
+client-managed agent signs with a published example key, so the demo makes a fresh signing
+key for each run (its database is new each run too) rather than running them with ``--dev``.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -88,9 +93,12 @@ async def run(automatic: bool) -> int:
     WORKDIR.mkdir(parents=True)
     url = f"sqlite:///{WORKDIR / 'demo.db'}"
     ledger = WORKDIR / "ledger.jsonl"
+    key_id = "demo-" + secrets.token_hex(4)
     os.environ.update(
         {
             "TURNSTILE_DATABASE_URL": url,
+            # Read by the app here and by every worker: one key, made for this run only.
+            "TURNSTILE_STATE_KEYS": f"{key_id}:{secrets.token_urlsafe(32)}",
             "TURNSTILE_LEDGER": str(ledger),
             "TURNSTILE_TRANSFER_SECONDS": str(TRANSFER_SECONDS),
             "TURNSTILE_LEASE_SECONDS": str(LEASE_SECONDS),
@@ -109,6 +117,7 @@ async def run(automatic: bool) -> int:
     say(f"{BOLD}Turnstile durable demo{PLAIN}: bankingAgent on {url}")
     if automatic:
         say("  (no TTY: answering automatically)")
+    say(f"  client-managed state is signed with {key_id}, a key made for this run")
     workers = [start_worker(1, url)]
     try:
         heading("1. A transfer pauses for approval")

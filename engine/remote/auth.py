@@ -8,15 +8,19 @@ proxy, a session cookie) is a small async callable.
 
 An :class:`InboxPolicy` decides which open approvals a principal sees and may decide: by
 default, those of its own sessions; :class:`RoleInboxPolicy` lets a role (e.g. ``approver``)
-decide every approval.
+decide every approval. :func:`inbox_policy_from_spec` reads one from a command-line spec
+(``owner``, ``role:NAME`` or ``module:attribute``).
 """
 
 from __future__ import annotations
 
 import hmac
+import importlib
+import os
+import sys
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from starlette.requests import Request
 
@@ -32,6 +36,7 @@ __all__ = [
     "Principal",
     "RoleInboxPolicy",
     "UnauthenticatedError",
+    "inbox_policy_from_spec",
 ]
 
 
@@ -92,6 +97,7 @@ class BearerTokenAuth:
         return found
 
 
+@runtime_checkable
 class InboxPolicy(Protocol):
     """Which approvals a principal may see and decide."""
 
@@ -132,3 +138,71 @@ class RoleInboxPolicy(OwnerInboxPolicy):
         if principal is not None and self.role in principal.roles:
             return True
         return super().can_decide(principal, approval)
+
+
+_POLICY_FORMS = (
+    "'owner' (a principal decides its own sessions' approvals), 'role:NAME' (principals "
+    "holding role NAME decide every approval, others their own) or 'module:attribute' (an "
+    "InboxPolicy, or a class or function without arguments making one, importable from the "
+    "current directory)"
+)
+
+
+def inbox_policy_from_spec(spec: str) -> InboxPolicy:
+    """The inbox policy a command-line spec names (``turnstile serve --inbox-policy``).
+
+    ``owner`` is :class:`OwnerInboxPolicy`; ``role:NAME`` is :class:`RoleInboxPolicy` with
+    role ``NAME`` (so a module named ``role`` cannot be named); anything else is read as
+    ``module:attribute``, imported from the current directory: an object with
+    ``owner_filter`` and ``can_decide``, or a class or function that makes one when called
+    without arguments. Raises :class:`ValueError` naming the accepted forms otherwise.
+    """
+    text = spec.strip()
+    if text == "owner":
+        return OwnerInboxPolicy()
+    kind, separator, rest = text.partition(":")
+    if kind == "role" and separator:
+        if not rest or any(c.isspace() for c in rest):
+            raise ValueError(
+                f"Inbox policy {spec!r} names no usable role (a role is a non-empty name "
+                f"without spaces); use {_POLICY_FORMS}."
+            )
+        return RoleInboxPolicy(role=rest)
+    if not separator or not kind or not rest:
+        raise ValueError(f"Inbox policy {spec!r} is not one of {_POLICY_FORMS}.")
+    return _imported_policy(spec, kind, rest)
+
+
+def _imported_policy(spec: str, module_name: str, attribute: str) -> InboxPolicy:
+    """``module:attribute`` as an :class:`InboxPolicy` (made by calling it when needed)."""
+    # Console scripts do not put the current directory on sys.path; policies usually live there.
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(
+            f"Inbox policy {spec!r}: cannot import module {module_name!r} ({exc}); use "
+            f"{_POLICY_FORMS}."
+        ) from exc
+    found: Any = getattr(module, attribute, None)
+    if found is None:
+        raise ValueError(
+            f"Inbox policy {spec!r}: module {module_name!r} has no attribute {attribute!r}; "
+            f"use {_POLICY_FORMS}."
+        )
+    # A class has the protocol's methods as attributes too: it is made, not used as is.
+    if isinstance(found, type) or (callable(found) and not isinstance(found, InboxPolicy)):
+        try:
+            found = found()
+        except TypeError as exc:
+            raise ValueError(
+                f"Inbox policy {spec!r} could not be made without arguments ({exc}); use "
+                f"{_POLICY_FORMS}."
+            ) from exc
+    if not isinstance(found, InboxPolicy):
+        raise ValueError(
+            f"Inbox policy {spec!r} is a {type(found).__name__}, which has no owner_filter and "
+            f"can_decide methods; use {_POLICY_FORMS}."
+        )
+    return found

@@ -94,11 +94,15 @@ def wire_error(error: AgentError) -> dict[str, Any]:
 
 def error_response(error: AgentError) -> JSONResponse:
     """Genkit's non-streaming error body: ``{"status", "message", "details"?}``; a 401 says
-    how to authenticate (``WWW-Authenticate``, the error's ``challenge``, else bearer)."""
+    how to authenticate (``WWW-Authenticate``, the error's ``challenge``, else bearer), and
+    an error with a ``retry_after`` (seconds) says when to come back (``Retry-After``)."""
     code = http_status(error)
-    headers = None
+    headers: dict[str, str] = {}
     if code == 401:
-        headers = {"www-authenticate": getattr(error, "challenge", None) or DEFAULT_CHALLENGE}
+        headers["www-authenticate"] = getattr(error, "challenge", None) or DEFAULT_CHALLENGE
+    retry_after = getattr(error, "retry_after", None)
+    if isinstance(retry_after, int):
+        headers["retry-after"] = str(retry_after)
     return JSONResponse(wire_error(error), status_code=code, headers=headers)
 
 
