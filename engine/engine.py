@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from engine.agent import Agent
+from engine.approval_policy import ApprovalPolicy, ApproverCheck, policy_of
 from engine.executor import LeaseSettings, RetryPolicy
 from engine.model import Model
 from engine.schemas import SchemaSpec
@@ -107,11 +108,15 @@ class Engine:
         metadata: Any = None,
         timeout: float | None = None,
         on_timeout: Any = None,
+        approvers: ApprovalPolicy | ApproverCheck | None = None,
+        required_approvals: int | None = None,
     ) -> InterruptTool:
         """Define an interrupt: a tool that pauses the turn until someone answers it.
 
         ``input_schema`` is what the model passes (shown to the human); ``output_schema`` is
-        what the answer must satisfy (checked when resuming).
+        what the answer must satisfy (checked when resuming). ``approvers`` (a predicate over
+        the deciding principal, or an :class:`~engine.approval_policy.ApprovalPolicy`) and
+        ``required_approvals`` set the inbox's approval policy (maker-checker, quorum).
         """
         tool = InterruptTool(
             name=name,
@@ -121,6 +126,7 @@ class Engine:
             metadata=metadata,
             timeout=timeout,
             on_timeout=on_timeout,
+            approval_policy=policy_of(approvers, required_approvals),
         )
         self._register(tool)
         return tool
@@ -134,7 +140,7 @@ class Engine:
         store: SessionStore | None = None,
         model: Model | None = None,
         max_turns: int = 5,
-        max_attempts: int = 3,
+        max_attempts: int | None = None,
         retry: RetryPolicy | None = None,
         lease: LeaseSettings | None = None,
         execution: str = "auto",
@@ -142,13 +148,17 @@ class Engine:
         """Define an agent. ``store=None`` means client-managed (signed) state.
 
         ``max_turns`` bounds the tool rounds of one send/resume; ``max_attempts`` bounds how
-        often a turn is attempted after transient failures (with ``retry``'s backoff).
+        often a turn is attempted after transient failures (default 3, with ``retry``'s
+        backoff); an agent given neither has the default ``RetryPolicy()``, which
+        ``turnstile worker --max-attempts`` / ``--retry-backoff`` may replace.
         ``execution``: ``auto`` queues turns for the worker pool when ``store`` is durable
         (a SQL store) and runs them in the caller otherwise; ``inline``/``workers`` force it.
         """
         if name in self.agents:
             raise ValueError(f"An agent named '{name}' is already defined.")
-        policy = retry or RetryPolicy(max_attempts=max_attempts)
+        policy = retry
+        if policy is None and max_attempts is not None:
+            policy = RetryPolicy(max_attempts=max_attempts)
         agent = Agent(
             name=name,
             model=model or self.model,

@@ -53,8 +53,14 @@ async def serve_in_loop(app: Starlette) -> AsyncIterator[str]:
         await task
 
 
+#: A signing key for the processes' client-managed agents: `serve` and `worker` refuse the
+#: example's published key (and a missing one) without --dev, as they would in production.
+DEPLOYABLE_STATE_KEYS = "test-key:test-secret-0123456789abcdef"
+
+
 def _env(db_url: str, extra: dict[str, str] | None) -> dict[str, str]:
     env = dict(os.environ)
+    env.setdefault("TURNSTILE_STATE_KEYS", DEPLOYABLE_STATE_KEYS)
     env["TURNSTILE_DATABASE_URL"] = db_url
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra or {})

@@ -5,6 +5,7 @@ processes on real PostgreSQL databases: nothing is mocked.
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import sys
 import time
@@ -17,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from stores.migrate import _config, head_revision
 from tests.databases import drop_postgres_database, new_postgres_database, postgres_url
-from tests.http_support import ROOT, free_port, serve_process
+from tests.http_support import DEPLOYABLE_STATE_KEYS, ROOT, free_port, serve_process
 
 TRANSFER = "Transfer $500 to my savings account"
 
@@ -178,6 +179,10 @@ def test_a_lost_database_makes_readyz_503_and_metrics_say_so_never_500() -> None
         drop_postgres_database(url)
 
 
+#: The example's published key is refused without --dev: sign with a key of the tests'.
+WORKER_ENV = {**os.environ, "TURNSTILE_STATE_KEYS": DEPLOYABLE_STATE_KEYS}
+
+
 @contextlib.contextmanager
 def worker_with_health_port(url: str, *extra: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """``turnstile worker --health-port``; yields the health server's base URL."""
@@ -201,6 +206,7 @@ def worker_with_health_port(url: str, *extra: str) -> Iterator[tuple[str, subpro
             *extra,
         ],
         cwd=ROOT,
+        env=WORKER_ENV,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -279,6 +285,7 @@ def test_worker_refuses_a_health_port_in_use() -> None:
                 port,
             ],
             cwd=ROOT,
+            env=WORKER_ENV,
             capture_output=True,
             text=True,
             timeout=60,

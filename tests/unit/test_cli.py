@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import logging
 import subprocess
 import sys
 import textwrap
@@ -10,10 +11,25 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 
 import stores
-from workers.cli import DATABASE_URL_ENV, main, redact_url, resolve_db_url
+from engine import Engine, RetryPolicy, ScriptedModel
+from engine.models.anthropic import AnthropicModel
+from engine.models.openai import OpenAIChatModel
+from stores import InMemorySessionStore, SqlSessionStore
+from stores.database import normalise_url
+from stores.sql import POOL_SIZE_ENV, default_pool_size
+from workers.cli import DATABASE_URL_ENV, cli, main, redact_url, resolve_db_url
+from workers.cli.params import env_name
+from workers.cli.startup import (
+    Refused,
+    apply_retry_defaults,
+    check_same_database,
+    describe_model,
+    worker_pool_size,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 APP_MODULES = {"probe_app", "engine_app"}
@@ -24,6 +40,17 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """No database URL in the environment, and none left behind by `turnstile worker`."""
     monkeypatch.setenv(DATABASE_URL_ENV, "unset")  # records the original value for undo
     monkeypatch.delenv(DATABASE_URL_ENV)
+
+
+@pytest.fixture(autouse=True)
+def restore_logging() -> Iterator[None]:
+    """Commands run in this process configure the root logger: undo it after each test."""
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    yield
+    for handler in [h for h in root.handlers if h not in handlers]:
+        root.removeHandler(handler)
+    root.setLevel(level)
 
 
 @pytest.fixture
@@ -150,6 +177,173 @@ def test_a_bad_log_level_is_a_usage_error_not_a_traceback(command: str) -> None:
         text=True,
     )
     assert done.returncode == 2
-    assert "invalid choice: 'LOUD'" in done.stderr
+    assert "Invalid value for '--log-level'" in done.stderr
+    assert "'LOUD' is not one of 'debug', 'info', 'warning', 'error', 'critical'" in done.stderr
     assert "Traceback" not in done.stderr
     assert main([command, "--app", "no_such_module_here:ai", "--log-level", "debug"]) == 2
+
+
+# -- options and their environment variables ------------------------------------------------
+
+
+def _options() -> list[tuple[str, click.Option]]:
+    """Every option of every command, as ``(command, option)``."""
+    return [
+        (name, param)
+        for name, command in cli.commands.items()
+        for param in command.params
+        if isinstance(param, click.Option) and param.name != "help"
+    ]
+
+
+def test_every_option_reads_its_turnstile_variable() -> None:
+    """``--some-flag`` reads ``TURNSTILE_SOME_FLAG``; ``--db`` reads TURNSTILE_DATABASE_URL."""
+    for command, param in _options():
+        flag = param.opts[0]
+        expected = DATABASE_URL_ENV if flag == "--db" else env_name(flag)
+        assert param.envvar == expected, (command, flag)
+        assert expected.startswith("TURNSTILE_")
+    assert env_name("--max-turns-per-principal") == "TURNSTILE_MAX_TURNS_PER_PRINCIPAL"
+
+
+def test_docs_list_every_option_with_its_variable_and_default() -> None:
+    """docs/configuration.md's flag table has a row per option naming its variable, the
+    commands that take it and its default as the code has it."""
+    docs = (ROOT / "docs" / "configuration.md").read_text()
+    table = docs.split("| flag | variable | default | commands | meaning |\n", 1)[1]
+    rows: dict[str, list[str]] = {}
+    for line in table.split("\n\n", 1)[0].splitlines()[1:]:
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        rows[cells[0].strip("`").split()[0]] = cells
+    for command, param in _options():
+        flag = param.opts[0]
+        assert flag in rows, f"docs/configuration.md has no row for {flag}"
+        _, variable, default, commands, _meaning = rows[flag]
+        assert variable == f"`{param.envvar}`", flag
+        assert command in commands, (flag, command)
+        value = param.default  # Click's sentinel when an option has none
+        if isinstance(value, int | float | str) and not isinstance(value, bool):
+            shown = f"{value:g}" if isinstance(value, float) else str(value)
+            assert default.startswith(f"`{shown}`"), (flag, default, shown)
+    flags = {param.opts[0] for _, param in _options()}
+    assert set(rows) == flags, "rows for options that do not exist"
+
+
+def test_a_flag_wins_over_its_variable_which_wins_over_the_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Click's own resolution, through the commands as defined."""
+    command = cli.commands["worker"]
+
+    def concurrency(*argv: str) -> int:
+        with command.make_context("worker", ["--app", "m:a", *argv]) as ctx:
+            return int(ctx.params["concurrency"])
+
+    assert concurrency() == 4
+    monkeypatch.setenv("TURNSTILE_CONCURRENCY", "7")
+    assert concurrency() == 7
+    assert concurrency("--concurrency", "2") == 2
+
+
+def test_worker_pool_size_grows_with_concurrency() -> None:
+    """A connection of the hot path per slot, and three or four more (its pool holds twice
+    pool_size)."""
+    assert [worker_pool_size(n) for n in (1, 2, 4, 8, 33)] == [2, 3, 4, 6, 18]
+    for slots in range(1, 100):
+        assert 2 * worker_pool_size(slots) >= slots + 3
+
+
+def test_a_postgres_scheme_url_is_accepted_and_an_unknown_one_refused() -> None:
+    assert resolve_db_url("postgres://u:pw@db.example/app") == "postgres://u:pw@db.example/app"
+    assert normalise_url("postgres://u:pw@db.example/app").drivername == "postgresql+psycopg"
+    with pytest.raises(Refused, match="Unsupported database 'mysql'"):
+        resolve_db_url("mysql://u:pw@db.example/app")
+
+
+# -- the app's store, retries, models ----------------------------------------------------------
+
+
+def _sqlite_app(tmp_path: Path, file: str) -> Engine:
+    ai = Engine(model=ScriptedModel(), state_keys={"k": "unit-test-secret"})
+    ai.define_agent(name="queued", store=SqlSessionStore(f"sqlite:///{tmp_path / file}"))
+    ai.define_agent(name="memory", store=InMemorySessionStore())
+    return ai
+
+
+def test_an_app_on_the_same_database_passes_however_the_url_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same SQLite file by a relative or an absolute path is the same database."""
+    monkeypatch.chdir(tmp_path)
+    app = _sqlite_app(tmp_path, "app.db")
+    check_same_database(app, f"sqlite:///{tmp_path / 'app.db'}")
+    check_same_database(app, "sqlite:///app.db")
+    with pytest.raises(Refused, match=r"agent 'queued' keeps its turns in sqlite:///.*/app\.db"):
+        check_same_database(app, "sqlite:///other.db")
+
+
+def test_postgres_databases_differ_by_server_and_name_not_by_credentials() -> None:
+    same = _identity("postgresql://alice:pw@db.example:5432/app")
+    assert _identity("postgres://bob@db.example/app") == same
+    assert _identity("postgresql://alice@db.example/other") != same
+    assert _identity("postgresql://alice@db.example:6543/app") != same
+
+
+def _identity(url: str) -> tuple[str, ...]:
+    from workers.cli.startup import _database_identity
+
+    return _database_identity(normalise_url(url))
+
+
+def test_retry_flags_replace_only_the_default_policy() -> None:
+    """Agents given max_attempts= or retry= keep theirs; the rest get the command line's."""
+    ai = Engine(model=ScriptedModel(), state_keys={"k": "unit-test-secret"})
+    plain = ai.define_agent(name="plain", store=InMemorySessionStore())
+    counted = ai.define_agent(name="counted", store=InMemorySessionStore(), max_attempts=2)
+    own = RetryPolicy(max_attempts=9, initial_delay=4.0)
+    tuned = ai.define_agent(name="tuned", store=InMemorySessionStore(), retry=own)
+    assert plain.retry == RetryPolicy() and plain.default_retry
+
+    apply_retry_defaults(ai, None, None)
+    assert plain.retry == RetryPolicy()
+    apply_retry_defaults(ai, 6, 1.5)
+    assert (plain.retry.max_attempts, plain.retry.initial_delay) == (6, 1.5)
+    assert plain.retry.max_delay == RetryPolicy().max_delay
+    assert counted.retry == RetryPolicy(max_attempts=2)
+    assert tuned.retry is own
+
+
+def test_models_are_described_without_keys() -> None:
+    """The scripted model is "scripted"; an adapter shows its provider, model and base URL
+    with neither the key nor credentials or a query that could carry one."""
+    assert describe_model(ScriptedModel()) == ("scripted", "scripted", None)
+    openai_model = OpenAIChatModel(
+        "gpt-4o-mini",
+        api_key="sk-secret-key",
+        base_url="https://user:hunter2@llm.example:8443/v1?api-key=sk-query-key",
+    )
+    provider, name, base_url = describe_model(openai_model)
+    assert (provider, name) == ("openai", "gpt-4o-mini")
+    assert base_url is not None and base_url.startswith("https://llm.example:8443/v1")
+    for secret in ("sk-secret-key", "hunter2", "sk-query-key", "user"):
+        assert secret not in base_url
+    anthropic_model = AnthropicModel("claude-x", api_key="sk-ant-secret")
+    assert describe_model(anthropic_model)[:2] == ("anthropic", "claude-x")
+    assert "sk-ant-secret" not in str(describe_model(anthropic_model))
+
+
+def test_the_store_pool_size_defaults_to_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """TURNSTILE_DB_POOL_SIZE (what `turnstile worker` sets) sizes a store built without
+    pool_size; an explicit pool_size wins; a bad value is refused by name. Building a
+    PostgreSQL store opens no connection."""
+    monkeypatch.delenv(POOL_SIZE_ENV, raising=False)
+    assert default_pool_size() == 10
+    monkeypatch.setenv(POOL_SIZE_ENV, "3")
+    assert default_pool_size() == 3
+    url = "postgresql://nobody@127.0.0.1:1/never_opened"
+    assert SqlSessionStore(url).db.engine.pool.size() == 3  # type: ignore[attr-defined]
+    assert SqlSessionStore(url, pool_size=5).db.engine.pool.size() == 5  # type: ignore[attr-defined]
+    for bad in ("0", "many", "-2"):
+        monkeypatch.setenv(POOL_SIZE_ENV, bad)
+        with pytest.raises(ValueError, match="TURNSTILE_DB_POOL_SIZE must be a whole number"):
+            default_pool_size()

@@ -1,0 +1,317 @@
+"""``turnstile serve --app module:engine``: the app's agents over HTTP (Genkit's protocol and
+the approval inbox, :func:`engine.remote.create_app`), with health probes and metrics on the
+same port, uvicorn's h11 protocol under the connection limits of :mod:`workers.http_limits`,
+and optionally a worker pool in the same process (``--workers N``)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from workers.cli.params import (
+    Port,
+    Seconds,
+    WholeNumber,
+    app_option,
+    connect_timeout_option,
+    db_option,
+    dev_option,
+    log_options,
+    option,
+    pool_size_option,
+    retry_options,
+)
+from workers.cli.probes import hold_back_floods, observability
+from workers.cli.startup import (
+    Refused,
+    TurnstileCommand,
+    apply_retry_defaults,
+    check_at_head,
+    check_keys,
+    check_same_database,
+    configure_tracing,
+    durable,
+    export_environment,
+    load_app,
+    load_attr,
+    log_models,
+    redact_url,
+    resolve_db_url,
+)
+from workers.logs import configure_logging
+from workers.pool import WorkerPool
+
+if TYPE_CHECKING:
+    from engine.remote.auth import InboxPolicy
+    from workers.health import Readiness
+    from workers.http_limits import ConnectionLimits
+
+__all__ = ["ServeFlags", "run_serve", "serve"]
+
+logger = logging.getLogger("turnstile.cli")
+
+
+@dataclass(frozen=True)
+class ServeFlags:
+    """``turnstile serve``'s options, parsed (see ``docs/configuration.md``)."""
+
+    app: str
+    db: str | None
+    host: str
+    port: int
+    workers: int
+    auth: str | None
+    inbox_policy: str | None
+    max_turns_per_principal: int | None
+    max_body_bytes: int
+    connect_timeout: float
+    log_level: str
+    log_format: str
+    max_attempts: int | None
+    retry_backoff: float | None
+    db_pool_size: int | None
+    dev: bool
+    limit_connections: int | None
+    limit_concurrency: int | None
+    header_timeout: float
+    body_timeout: float
+    timeout_keep_alive: int
+    max_header_bytes: int
+    backlog: int
+
+
+def _limit_options(function: Any) -> Any:
+    """``turnstile serve``'s connection and request limits (docs/configuration.md)."""
+    decorators = [
+        option(
+            "--limit-connections",
+            type=WholeNumber(1),
+            default=None,
+            help="open connections kept at most; past it the longest-idle one is closed "
+            "[default: 1000, or half the open-file limit when lower]",
+        ),
+        option(
+            "--limit-concurrency",
+            type=WholeNumber(1),
+            default=None,
+            help="requests served at once; the next get 503 (probes and /metrics are exempt) "
+            "[default: half of --limit-connections]",
+        ),
+        option(
+            "--header-timeout",
+            type=Seconds(positive=True),
+            default=10.0,
+            help="seconds a connection may take to send a complete request head",
+        ),
+        option(
+            "--body-timeout",
+            type=Seconds(positive=True),
+            default=30.0,
+            help="seconds a request may take to send its whole body; then 408",
+        ),
+        option(
+            "--timeout-keep-alive",
+            type=WholeNumber(1),
+            default=5,
+            help="seconds an idle keep-alive connection is kept",
+        ),
+        option(
+            "--max-header-bytes",
+            type=WholeNumber(1),
+            default=16384,
+            help="largest request head accepted; larger get 400",
+        ),
+        option(
+            "--backlog",
+            type=WholeNumber(1),
+            default=2048,
+            help="connections the kernel queues before they are accepted",
+        ),
+    ]
+    for decorate in reversed(decorators):
+        function = decorate(function)
+    return function
+
+
+@click.command("serve", cls=TurnstileCommand)
+@app_option
+@db_option
+@option("--host", default="127.0.0.1", help="interface to listen on")
+@option("--port", type=Port(), default=8080, help="port to listen on")
+@option(
+    "--workers",
+    type=WholeNumber(0),
+    default=0,
+    help="also run a worker pool with this many slots in this process",
+)
+@option("--auth", metavar="MODULE:ATTR", help="an Authenticator [default: none, an open server]")
+@option(
+    "--inbox-policy",
+    metavar="SPEC",
+    help="who sees and decides approvals: owner, role:NAME or module:attribute [default: owner]",
+)
+@option(
+    "--max-turns-per-principal",
+    type=WholeNumber(1),
+    default=None,
+    help="turns one principal may have in flight; more get 429 [default: unlimited]",
+)
+@option("--max-body-bytes", type=WholeNumber(1), default=1_000_000, help="larger bodies get 413")
+@connect_timeout_option
+@log_options
+@retry_options
+@pool_size_option("10")
+@dev_option
+@_limit_options
+def serve(**values: Any) -> int:
+    """Serve an app's agents over HTTP (Genkit's protocol and the approval inbox)."""
+    return run_serve(ServeFlags(**values))
+
+
+def run_serve(flags: ServeFlags) -> int:
+    """Start, run and stop one server process; its exit status."""
+    import uvicorn
+    from starlette.middleware import Middleware
+
+    from engine.remote import create_app
+    from engine.remote.tracing import request_span_middleware
+    from workers.health import health_routes
+    from workers.http_limits import BodyDeadline, InFlightLimit
+    from workers.metrics import HttpMetrics
+
+    configure_logging(flags.log_level, flags.log_format)
+    configure_tracing()
+    limits = serve_limits(flags)
+    url = resolve_db_url(flags.db)
+    export_environment(url, flags.db_pool_size)  # read by the app module at import time
+    app = load_app(flags.app)
+    apply_retry_defaults(app, flags.max_attempts, flags.retry_backoff)
+    check_same_database(app, url)
+    check_keys(app, dev=flags.dev)
+    if durable(app):
+        check_at_head(url, flags.connect_timeout)
+    auth = load_attr(flags.auth, "--auth") if flags.auth else None
+    if auth is not None and not callable(auth):
+        raise Refused(f"--auth {flags.auth} is not callable (an Authenticator).")
+    inbox_policy = _inbox_policy(flags.inbox_policy)
+    pool: WorkerPool | None = None
+    if flags.workers > 0:
+        try:
+            pool = WorkerPool(app, concurrency=flags.workers)
+        except ValueError as exc:
+            raise Refused(str(exc)) from exc
+    readiness, metrics = observability(app, url, pool)
+    asgi = create_app(
+        app,
+        auth=auth,
+        inbox_policy=inbox_policy,
+        max_turns_per_principal=flags.max_turns_per_principal,
+        max_body_bytes=flags.max_body_bytes,
+        lifespan=_pool_lifespan(pool, readiness),
+        routes=health_routes(readiness, metrics),
+        middleware=[
+            # First, so a request's span covers everything else and carries its traceparent
+            # to the turn it creates (recorded only when tracing is configured).
+            request_span_middleware(),
+            Middleware(HttpMetrics, metrics=metrics),
+            Middleware(InFlightLimit, limit=limits.max_requests),
+            Middleware(BodyDeadline, seconds=limits.body_timeout),
+        ],
+    )
+    log_models(app.agents.values())
+    logger.info(
+        "serving %s on http://%s:%d (%s, %d worker slot(s); at most %d connections, "
+        "%d requests at once)",
+        ", ".join(app.agents),
+        flags.host,
+        flags.port,
+        redact_url(url),
+        flags.workers,
+        limits.max_connections,
+        limits.max_requests,
+        extra={"database": redact_url(url), "concurrency": flags.workers},
+    )
+    config = uvicorn.Config(
+        asgi,
+        host=flags.host,
+        port=flags.port,
+        log_level=flags.log_level.lower(),
+        # Its records go through the handler configure_logging installed, in our format.
+        log_config=None,
+        **limits.uvicorn_options(),
+    )
+    hold_back_floods()
+    # uvicorn re-raises the signal that stopped it once it has shut down; SIGTERM is how an
+    # orchestrator asks for a clean stop, so after it the process exits 0, not 143.
+    signal.signal(signal.SIGTERM, _stopped_cleanly)
+    try:
+        uvicorn.Server(config).run()
+    finally:
+        if readiness.database is not None:
+            readiness.database.dispose()
+    return 0
+
+
+def _inbox_policy(spec: str | None) -> InboxPolicy | None:
+    """The ``--inbox-policy`` a spec names (``None``: the server's default, owner)."""
+    if spec is None:
+        return None
+    from engine.remote.auth import inbox_policy_from_spec
+
+    try:
+        return inbox_policy_from_spec(spec)
+    except ValueError as exc:
+        raise Refused(f"--inbox-policy: {exc}") from exc
+
+
+def serve_limits(flags: ServeFlags) -> ConnectionLimits:
+    """The connection and request limits of ``turnstile serve`` from its flags."""
+    from workers.http_limits import ConnectionLimits, default_connection_limit
+
+    connections = flags.limit_connections or default_connection_limit()
+    requests = flags.limit_concurrency or max(1, connections // 2)
+    if requests > connections:
+        raise Refused(
+            f"--limit-concurrency {requests} exceeds --limit-connections {connections}: "
+            "requests beyond the connections could never arrive, and probes need room."
+        )
+    return ConnectionLimits(
+        max_connections=connections,
+        max_requests=requests,
+        header_timeout=flags.header_timeout,
+        body_timeout=flags.body_timeout,
+        keep_alive=flags.timeout_keep_alive,
+        max_header_bytes=flags.max_header_bytes,
+        backlog=flags.backlog,
+    )
+
+
+def _pool_lifespan(pool: WorkerPool | None, readiness: Readiness | None = None) -> Any:
+    """Run the embedded worker pool for as long as the server runs (``--workers N``)."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Any) -> Any:
+        if pool is None:
+            yield
+            return
+        stop = asyncio.Event()
+        running = asyncio.create_task(pool.run(stop))
+        if readiness is not None:
+            readiness.watch(running)
+        try:
+            yield
+        finally:
+            stop.set()  # uvicorn stopped taking requests: finish or hand back running turns
+            await running
+
+    return lifespan
+
+
+def _stopped_cleanly(signum: int, frame: object) -> None:
+    raise SystemExit(0)
