@@ -8,7 +8,10 @@ STAMP := $(VENV)/.installed-stamp
 # The genuine Genkit JS client the acceptance tests drive our server with (installed locally).
 JS_STAMP := tests/js/node_modules/.installed-stamp
 
-.PHONY: demo tour test test-unit test-fast lint typecheck install clean
+# The browser the inbox UI's acceptance tests drive (Debian's package; see docs/inbox.md).
+CHROMIUM ?= /usr/bin/chromium
+
+.PHONY: demo tour test test-unit test-fast lint typecheck install browser clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,6 +20,16 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# Installs Debian's chromium when it is missing and we may (root); otherwise says how.
+browser:
+	@if [ -x $(CHROMIUM) ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing chromium (Debian package)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	else \
+	  echo "$(CHROMIUM) is missing: run 'sudo apt-get install chromium' (the browser tests skip without it)"; \
+	fi
 
 $(JS_STAMP): tests/js/package.json tests/js/package-lock.json
 	cd tests/js && npm ci --no-audit --no-fund --loglevel=error
@@ -35,7 +48,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-test: lint typecheck $(JS_STAMP)
+test: lint typecheck $(JS_STAMP) browser
 	$(VENV)/bin/pytest
 
 # The edit-test loop: the unit tier only (no database, no processes), in seconds.

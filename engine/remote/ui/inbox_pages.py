@@ -1,0 +1,331 @@
+"""The inbox page, its live updates, and the page of one approval with its decision form.
+
+Every decision goes through :meth:`ApprovalPages.decision`, which hands it to
+:func:`engine.inbox.decide` — the path ``POST /inbox/{id}/decision`` takes — so each rule about
+who may decide what, and which answers fit, is the engine's; the form only reports problems
+earlier and on the right field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from engine.approval_policy import AlreadyVotedError, ApprovalRefusedError
+from engine.errors import ApprovalNotPendingError, InvalidArgumentError, NotFoundError
+from engine.inbox import Decision, approval_id, decide, parse_approval_id
+from engine.remote.auth import Principal
+from engine.remote.inbox_routes import policy_wire
+from engine.remote.ui import present
+from engine.remote.ui.forms import DecisionForm, build_form
+from engine.remote.ui.kit import PageKit, Viewer, query_of, segment
+from engine.remote.ui.queries import AGE_CHOICES, ApprovalFound, InboxFilters, next_turn
+from engine.remote.wire import check_id
+from engine.store import PendingApproval, ToolCallStatus, TurnRecord
+
+__all__ = ["ApprovalPages", "InboxPages"]
+
+#: Approvals on one page of the inbox.
+PAGE_SIZE = 25
+#: The title counts open approvals up to this many (then shows "100+").
+COUNT_CAP = 100
+
+
+def _count_text(count: int) -> str:
+    return f"{COUNT_CAP}+" if count >= COUNT_CAP else str(count)
+
+
+class InboxPages:
+    """``GET /ui`` and the JSON its script polls."""
+
+    def __init__(self, kit: PageKit) -> None:
+        self.kit = kit
+
+    async def _rows(
+        self,
+        request: Request,
+        approvals: list[PendingApproval],
+        now: datetime,
+        viewer: Viewer,
+    ) -> list[dict[str, Any]]:
+        return [
+            {
+                "votes": await self._votes_text(a, viewer),
+                "id": approval_id(a.turn_id, a.ref),
+                "href": self.kit.url(
+                    request, f"/ui/approvals/{segment(approval_id(a.turn_id, a.ref))}"
+                ),
+                "interrupt": a.interrupt,
+                "summary": present.input_summary(a.input),
+                "agent": a.agent,
+                "requester": a.owner,
+                "created_at": a.created_at,
+                "age": present.ago(a.created_at, now),
+                "deadline": a.deadline,
+                "deadline_in": present.ago(a.deadline, now) if a.deadline else "",
+                "overdue": a.deadline is not None and a.deadline <= now,
+            }
+            for a in approvals
+        ]
+
+    async def _votes_text(self, approval: PendingApproval, viewer: Viewer) -> str:
+        """``"1 of 2 approvals"`` for an interrupt with an approval policy, else ``""``."""
+        agent = self.kit.catalog.engine.agents.get(approval.agent)
+        if agent is None or agent.store is None:
+            return ""
+        policy = await policy_wire(agent, agent.store, approval, viewer.principal)
+        if policy is None:
+            return ""
+        return f"{policy['approvals']} of {policy['requiredApprovals']} approvals"
+
+    async def inbox(self, request: Request, viewer: Viewer) -> Response:
+        """The open approvals the viewer may decide: filters, order, pages, a live count."""
+        filters = InboxFilters.from_query(query_of(request))
+        catalog = self.kit.catalog
+        page = await catalog.open_approvals(viewer.principal, filters, limit=PAGE_SIZE)
+        count = await catalog.count_open(
+            viewer.principal, replace(filters, cursor=None), cap=COUNT_CAP
+        )
+        context = {
+            "nav": "inbox",
+            "filters": filters,
+            "rows": await self._rows(request, page.items, datetime.now(UTC), viewer),
+            "count": count,
+            "count_text": _count_text(count),
+            "agents": catalog.agent_names(),
+            "interrupts": catalog.interrupt_names(),
+            "ages": AGE_CHOICES,
+            "next_query": filters.query(cursor=page.next_cursor) if page.next_cursor else None,
+            "first_query": filters.query(cursor=None) if filters.cursor else None,
+            "live_query": filters.query(cursor=None),
+        }
+        return self.kit.page(request, viewer, "inbox.html", context)
+
+    async def live(self, request: Request, viewer: Viewer) -> Response:
+        """The first page's rows and the count, for the inbox's script to swap in."""
+        filters = replace(InboxFilters.from_query(query_of(request)), cursor=None)
+        catalog = self.kit.catalog
+        page = await catalog.open_approvals(viewer.principal, filters, limit=PAGE_SIZE)
+        count = await catalog.count_open(viewer.principal, filters, cap=COUNT_CAP)
+        rows = self.kit.env.get_template("_inbox_rows.html").render(
+            rows=await self._rows(request, page.items, datetime.now(UTC), viewer)
+        )
+        body = {
+            "count": count,
+            "countText": _count_text(count),
+            "rows": rows,
+            "ids": [approval_id(a.turn_id, a.ref) for a in page.items],
+        }
+        return self.kit.json(request, viewer, body)
+
+
+class ApprovalPages:
+    """``GET /ui/approvals/{id}`` and the one handler every decision goes through."""
+
+    def __init__(self, kit: PageKit) -> None:
+        self.kit = kit
+
+    async def _find(self, request: Request, viewer: Viewer) -> ApprovalFound:
+        raw = request.path_params["approval_id"]
+        turn_id, ref = parse_approval_id(raw)
+        check_id(turn_id, "The turn id of the approval id")
+        check_id(ref, "The ref of the approval id")
+        found = await self.kit.catalog.approval(viewer.principal, turn_id, ref)
+        if found is None:
+            raise NotFoundError(f"Approval '{raw}' not found.")
+        return found
+
+    def _form(self, found: ApprovalFound) -> DecisionForm:
+        tool = found.agent.tools.get(found.approval.interrupt)
+        return build_form(tool.output.json_schema() if tool is not None else None)
+
+    async def show(self, request: Request, viewer: Viewer) -> Response:
+        """The approval: what is asked, the call, the conversation, and the form or result."""
+        found = await self._find(request, viewer)
+        query = query_of(request)
+        notice = None
+        if query.get("decided"):
+            notice = "Your decision was recorded."
+        elif query.get("voted"):
+            notice = "Your vote was recorded; the approval waits for more approvals."
+        context = await self._context(
+            found, self._form(found), notice=notice, principal=viewer.principal
+        )
+        return self.kit.page(request, viewer, "approval.html", context)
+
+    async def state(self, request: Request, viewer: Viewer) -> Response:
+        """A fingerprint of the approval and the turn that continued it (the page's script
+        reloads when it changes)."""
+        found = await self._find(request, viewer)
+        following = None if found.is_open else await next_turn(found.store, await self._turn(found))
+        return self.kit.json(request, viewer, {"state": _fingerprint(found, following)})
+
+    async def _turn(self, found: ApprovalFound) -> TurnRecord:
+        turn = await found.store.get_turn(found.approval.turn_id)
+        if turn is None:  # pragma: no cover - deleted between two reads (retention)
+            raise NotFoundError(f"Snapshot '{found.approval.turn_id}' not found.")
+        return turn
+
+    async def decision(self, request: Request, viewer: Viewer) -> Response:
+        """Record a decision from the form: respond with the form's answer, or restart."""
+        form_data = await self.kit.form(request)
+        self.kit.check_csrf(request, viewer, form_data)
+        found = await self._find(request, viewer)
+        form = self._form(found)
+        if not found.is_open:
+            return await self._refused(
+                request, viewer, found, form, "This approval was already decided."
+            )
+        action = form_data.get("action")
+        if action == "restart":
+            choice = Decision(restart=True)
+        elif action == "respond":
+            reading = form.read(form_data)
+            if not reading.ok:
+                return await self._again(request, viewer, found, reading.form)
+            form = reading.form
+            choice = Decision(respond=reading.answer)
+        else:
+            raise InvalidArgumentError("The form's action must be 'respond' or 'restart'.")
+        try:
+            outcome = await decide(
+                found.agent,
+                found.approval,
+                choice,
+                decided_by=viewer.id,
+                approver=viewer.principal,
+            )
+        except InvalidArgumentError as problem:
+            return await self._again(request, viewer, found, form.with_error(problem.message))
+        except (ApprovalNotPendingError, AlreadyVotedError) as late:
+            return await self._refused(request, viewer, found, form, late.message)
+        except ApprovalRefusedError as refused:
+            return await self._refused(request, viewer, found, form, refused.message, status=403)
+        done = {"decided": "1"} if outcome.is_decided else {"voted": "1"}
+        return self.kit.redirect(
+            request,
+            viewer,
+            f"/ui/approvals/{segment(approval_id(found.approval.turn_id, found.approval.ref))}",
+            **done,
+        )
+
+    async def _again(
+        self, request: Request, viewer: Viewer, found: ApprovalFound, form: DecisionForm
+    ) -> Response:
+        """The page again with the form's problems marked (400, nothing recorded)."""
+        context = await self._context(found, form, principal=viewer.principal)
+        return self.kit.page(request, viewer, "approval.html", context, status=400)
+
+    async def _refused(
+        self,
+        request: Request,
+        viewer: Viewer,
+        found: ApprovalFound,
+        form: DecisionForm,
+        message: str,
+        *,
+        status: int = 409,
+    ) -> Response:
+        """The page as it is now, saying why the decision was not recorded (409, or 403 when
+        the approval policy refused the viewer)."""
+        fresh = await self.kit.catalog.approval(
+            viewer.principal, found.approval.turn_id, found.approval.ref
+        )
+        context = await self._context(
+            fresh or found, form, problem=message, principal=viewer.principal
+        )
+        return self.kit.page(request, viewer, "approval.html", context, status=status)
+
+    async def _context(
+        self,
+        found: ApprovalFound,
+        form: DecisionForm,
+        *,
+        notice: str | None = None,
+        problem: str | None = None,
+        principal: Principal | None = None,
+    ) -> dict[str, Any]:
+        approval, call, store = found.approval, found.call, found.store
+        tool = found.agent.tools.get(approval.interrupt)
+        now = datetime.now(UTC)
+        conversation = await store.load_conversation(approval.turn_id)
+        journal = await store.list_calls(approval.turn_id)
+        statuses = {(c.round, c.ref): c.status.value for c in journal}
+        paused = next(
+            (
+                m
+                for m in reversed(conversation)
+                if any(p.tool_request and p.tool_request.ref == approval.ref for p in m.content)
+            ),
+            None,
+        )
+        others = [
+            {
+                "name": p.tool_request.name,
+                "ref": p.tool_request.ref or "",
+                "status": statuses.get((approval.round, p.tool_request.ref or ""), "—"),
+                "rows": present.value_rows(p.tool_request.input),
+            }
+            for p in (paused.content if paused else [])
+            if p.tool_request is not None and p.tool_request.ref != approval.ref
+        ]
+        following = None
+        if not found.is_open:
+            following = await next_turn(store, await self._turn(found))
+        waiting = [
+            c.ref
+            for c in journal
+            if c.status is ToolCallStatus.INTERRUPTED and c.decided_at is None and c.interrupt
+        ]
+        metadata = approval.metadata if approval.metadata not in (None, True) else None
+        return {
+            "nav": "inbox",
+            "approval": approval,
+            "approval_id": approval_id(approval.turn_id, approval.ref),
+            "call": call,
+            "is_open": found.is_open,
+            "is_interrupt": tool is None or tool.is_interrupt,
+            "description": tool.description if tool is not None else "",
+            "input_rows": present.schema_rows(
+                tool.input.json_schema() if tool is not None else None, approval.input
+            ),
+            "metadata_rows": present.value_rows(metadata) if metadata is not None else (),
+            "others": others,
+            "messages": present.message_views(conversation),
+            "asked_ago": present.ago(approval.created_at, now),
+            "deadline_in": present.ago(approval.deadline, now) if approval.deadline else "",
+            "overdue": approval.deadline is not None and approval.deadline <= now,
+            "form": form,
+            "answer_rows": _answer_rows(call.answer),
+            "restarted": isinstance(call.answer, dict) and "restart" in call.answer,
+            "following": following,
+            "following_text": present.outcome(
+                following.status.value if following else None,
+                following.finish_reason.value if following and following.finish_reason else None,
+            ),
+            "waiting": [ref for ref in waiting if ref != approval.ref],
+            "notice": notice,
+            "problem": problem,
+            "policy": await policy_wire(found.agent, store, approval, principal),
+            "state": _fingerprint(found, following),
+        }
+
+
+def _fingerprint(found: ApprovalFound, following: TurnRecord | None) -> str:
+    """What the approval page shows of the approval's state, as one string."""
+    parts = [
+        "open" if found.is_open else "closed",
+        found.call.decided_at.isoformat() if found.call.decided_at else "",
+        f"{following.id}:{following.status}:{following.finish_reason}" if following else "",
+    ]
+    return "|".join(parts)
+
+
+def _answer_rows(answer: Any) -> tuple[present.Row, ...]:
+    if isinstance(answer, dict) and "respond" in answer:
+        return present.value_rows(answer["respond"])
+    return ()

@@ -1,0 +1,217 @@
+"""How the pages show JSON values, schemas, messages and moments to a person.
+
+Values are turned into text here, never into markup: the templates escape everything they
+print, so a tool argument or a model's text cannot inject HTML into a page.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from engine.parts import Message, Part
+
+__all__ = [
+    "MessageView",
+    "PartView",
+    "Row",
+    "ago",
+    "answer_summary",
+    "format_value",
+    "input_summary",
+    "message_views",
+    "moment",
+    "outcome",
+    "schema_rows",
+    "value_rows",
+]
+
+#: Longest text a one-line summary shows before cutting it short.
+_SUMMARY_CHARS = 120
+
+
+@dataclass(frozen=True)
+class Row:
+    """One labelled value: a property of an object, an argument of a call."""
+
+    label: str
+    value: str
+    description: str | None = None
+    #: The raw key (a table's first column when it differs from the label).
+    key: str = ""
+    #: Long or structured: shown as preformatted text.
+    block: bool = False
+
+
+@dataclass(frozen=True)
+class PartView:
+    """One part of a message, ready to show."""
+
+    kind: str
+    text: str = ""
+    name: str = ""
+    ref: str = ""
+    rows: tuple[Row, ...] = ()
+
+
+@dataclass(frozen=True)
+class MessageView:
+    """One message of a conversation, ready to show."""
+
+    role: str
+    parts: tuple[PartView, ...]
+
+
+def format_value(value: Any) -> str:
+    """A JSON value as a person reads it: Yes/No, an em dash for null, JSON for structures."""
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "Yes" if value else "No"
+    if isinstance(value, int | float | str):
+        return str(value)
+    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False)
+
+
+def _row(key: str, label: str, value: Any, description: str | None = None) -> Row:
+    text = format_value(value)
+    return Row(
+        label=label,
+        value=text,
+        description=description,
+        key=key,
+        block=isinstance(value, dict | list) or "\n" in text or len(text) > 200,
+    )
+
+
+def value_rows(value: Any) -> tuple[Row, ...]:
+    """The rows of a table showing ``value``: one per key of an object, else one row."""
+    if isinstance(value, dict):
+        return tuple(_row(str(k), str(k), v) for k, v in value.items())
+    return (_row("", "Value", value),)
+
+
+def schema_rows(schema: Mapping[str, Any] | None, value: Any) -> tuple[Row, ...]:
+    """``value`` labelled by its JSON schema: each property's title and description, in the
+    schema's order, then any keys the schema does not name."""
+    properties = schema.get("properties") if isinstance(schema, Mapping) else None
+    if not isinstance(value, dict) or not isinstance(properties, dict):
+        return value_rows(value)
+    rows: list[Row] = []
+    for name, spec in properties.items():
+        if name not in value:
+            continue
+        spec = spec if isinstance(spec, dict) else {}
+        title = spec.get("title") if isinstance(spec.get("title"), str) else None
+        description = spec.get("description")
+        rows.append(
+            _row(
+                name,
+                title or name,
+                value[name],
+                description if isinstance(description, str) else None,
+            )
+        )
+    rows.extend(_row(str(k), str(k), v) for k, v in value.items() if k not in properties)
+    return tuple(rows)
+
+
+def _cut(text: str) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= _SUMMARY_CHARS else flat[: _SUMMARY_CHARS - 1] + "…"
+
+
+def input_summary(value: Any) -> str:
+    """A one-line summary of an interrupt's input for a list: its string values, joined."""
+    if isinstance(value, dict):
+        texts = [str(v) for v in value.values() if isinstance(v, str | int | float) and v != ""]
+        if texts:
+            return _cut(" — ".join(texts))
+    if value is None or value is True:
+        return ""
+    return _cut(format_value(value))
+
+
+def answer_summary(answer: Any) -> str:
+    """A decision in one line: the respond output's fields, or that the tool was restarted."""
+    if not isinstance(answer, dict):
+        return format_value(answer)
+    if "restart" in answer:
+        return "Restarted (the tool runs again)"
+    output = answer.get("respond")
+    if isinstance(output, dict):
+        return _cut("; ".join(f"{k}: {format_value(v)}" for k, v in output.items()))
+    return _cut(format_value(output))
+
+
+def _part_view(part: Part) -> PartView:
+    if part.text is not None:
+        return PartView(kind="text", text=part.text)
+    if part.tool_request is not None:
+        request = part.tool_request
+        return PartView(
+            kind="request",
+            name=request.name,
+            ref=request.ref or "",
+            rows=value_rows(request.input),
+        )
+    if part.tool_response is not None:
+        response = part.tool_response
+        return PartView(
+            kind="response",
+            name=response.name,
+            ref=response.ref or "",
+            rows=value_rows(response.output),
+        )
+    if part.reasoning is not None:
+        return PartView(kind="reasoning", text=part.reasoning)
+    return PartView(kind="other", text=format_value(part.to_wire()))
+
+
+def message_views(messages: list[Message]) -> tuple[MessageView, ...]:
+    """A conversation, ready to show."""
+    return tuple(
+        MessageView(role=str(message.role), parts=tuple(_part_view(p) for p in message.content))
+        for message in messages
+    )
+
+
+def moment(value: datetime | None) -> str:
+    """A moment in UTC to the second (the browser's script shows it in local time)."""
+    if value is None:
+        return "—"
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def ago(value: datetime | None, now: datetime) -> str:
+    """How long ago (or how far ahead) ``value`` is, roughly: ``3 min ago``, ``in 2 h``."""
+    if value is None:
+        return ""
+    seconds = (now - value).total_seconds()
+    ahead = seconds < 0
+    span = abs(seconds)
+    if span < 60:
+        text = f"{int(span)} s"
+    elif span < 3600:
+        text = f"{int(span // 60)} min"
+    elif span < 86400:
+        text = f"{int(span // 3600)} h"
+    else:
+        text = f"{int(span // 86400)} d"
+    return f"in {text}" if ahead else f"{text} ago"
+
+
+def outcome(status: str | None, finish_reason: str | None) -> str:
+    """A turn's state in words: ``completed``, ``paused again``, ``queued or running``, …"""
+    if status is None:
+        return "not continued yet"
+    if status == "pending":
+        return "queued or running"
+    if status == "completed" and finish_reason == "interrupted":
+        return "paused again (waiting for approval)"
+    if status == "completed" and finish_reason not in (None, "stop"):
+        return f"completed ({finish_reason})"
+    return status

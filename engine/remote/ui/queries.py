@@ -1,0 +1,495 @@
+"""What the pages read: approvals open and decided, turns, timelines, across the served stores.
+
+An engine's agents may keep their turns in different stores; each page merges what every store
+of the served agents returns, in one order, with keyset cursors (as ``GET /inbox`` does). What
+a principal sees is what the :class:`~engine.remote.auth.InboxPolicy` lets it decide; a turn
+is visible to its session's owner and to principals the policy lets see every approval.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any, Generic, TypeVar
+
+from engine.agent import Agent
+from engine.approval_history import ApprovalHistory, DecidedApproval, DecisionQuery
+from engine.engine import Engine
+from engine.errors import InvalidArgumentError
+from engine.inbox import find_approval
+from engine.memory_store import InMemorySessionStore, list_events
+from engine.remote.auth import InboxPolicy, Principal
+from engine.remote.wire import check_id, check_text, id_problem
+from engine.store import (
+    ApprovalQuery,
+    PendingApproval,
+    SessionStore,
+    ToolCallRecord,
+    TurnRecord,
+)
+
+__all__ = [
+    "AGE_CHOICES",
+    "ApprovalFound",
+    "Catalog",
+    "HistoryFilters",
+    "InboxFilters",
+    "Page",
+    "TimelineRow",
+    "TurnFound",
+]
+
+T = TypeVar("T")
+Key = tuple[datetime, str, str]
+
+#: The inbox's age filter: at least this old (seconds, and what the list offers).
+AGE_CHOICES: tuple[tuple[str, str], ...] = (
+    ("", "Any age"),
+    ("300", "Older than 5 minutes"),
+    ("3600", "Older than 1 hour"),
+    ("86400", "Older than 1 day"),
+    ("604800", "Older than 1 week"),
+)
+_MAX_AGE_SECONDS = 10 * 365 * 86400
+#: A cursor is base64 of JSON holding a timestamp and two ids (a character escapes to <= 12).
+_MAX_CURSOR_LENGTH = 8192
+#: How far up a session's chain the page looks for the turn that continued another.
+_MAX_CHAIN_STEPS = 500
+
+
+@dataclass(frozen=True)
+class Page(Generic[T]):
+    """One page of a list, and the cursor of the next (``None``: this is the last)."""
+
+    items: list[T]
+    next_cursor: str | None
+
+
+@dataclass(frozen=True)
+class TimelineRow:
+    """One thing that happened to a turn."""
+
+    at: datetime
+    kind: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class ApprovalFound:
+    """An approval, whether it is still open, its journal row and where it is kept."""
+
+    approval: PendingApproval
+    is_open: bool
+    call: ToolCallRecord
+    store: SessionStore
+    agent: Agent
+
+
+@dataclass(frozen=True)
+class TurnFound:
+    """A turn, the agent it belongs to, its store, and who owns its session."""
+
+    turn: TurnRecord
+    agent: Agent
+    store: SessionStore
+    owner: str | None
+
+
+def encode_cursor(key: Key) -> str:
+    """The opaque cursor of a key."""
+    raw = json.dumps([key[0].isoformat(), key[1], key[2]]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> Key:
+    """The key of a cursor this server handed out; :class:`InvalidArgumentError` otherwise."""
+    refused = InvalidArgumentError("The page cursor is not one this server handed out.")
+    if len(cursor) > _MAX_CURSOR_LENGTH:
+        raise refused
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        moment, turn_id, ref = json.loads(base64.urlsafe_b64decode(padded.encode()))
+        at = datetime.fromisoformat(moment)
+    except (ValueError, TypeError, binascii.Error, UnicodeDecodeError) as exc:
+        raise refused from exc
+    if at.tzinfo is None or not isinstance(turn_id, str) or not isinstance(ref, str):
+        raise refused
+    if id_problem(turn_id) is not None or id_problem(ref) is not None:
+        raise refused
+    return at, turn_id, ref
+
+
+def _id_filter(params: Mapping[str, str], name: str, label: str) -> str | None:
+    value = params.get(name, "").strip()
+    if not value:
+        return None
+    check_text(value, label)
+    return check_id(value, label)
+
+
+def _cursor(params: Mapping[str, str]) -> str | None:
+    value = params.get("cursor") or None
+    if value is not None:
+        decode_cursor(value)  # refuse a bad one before any read
+    return value
+
+
+@dataclass(frozen=True)
+class InboxFilters:
+    """The inbox's filters, order and page, as the query string gives them."""
+
+    agent: str | None = None
+    interrupt: str | None = None
+    requester: str | None = None
+    min_age: int = 0
+    newest_first: bool = False
+    cursor: str | None = None
+
+    @classmethod
+    def from_query(cls, params: Mapping[str, str]) -> InboxFilters:
+        """Read and check the query string (:class:`InvalidArgumentError`: a 400)."""
+        raw_age = params.get("age", "").strip()
+        try:
+            min_age = int(raw_age) if raw_age else 0
+        except ValueError:
+            raise InvalidArgumentError(
+                f"age must be a number of seconds, not {raw_age!r}."
+            ) from None
+        if not 0 <= min_age <= _MAX_AGE_SECONDS:
+            raise InvalidArgumentError("age must be between 0 and ten years, in seconds.")
+        order = params.get("order", "oldest")
+        if order not in ("oldest", "newest"):
+            raise InvalidArgumentError("order must be 'oldest' or 'newest'.")
+        return cls(
+            agent=_id_filter(params, "agent", "The agent filter"),
+            interrupt=_id_filter(params, "interrupt", "The interrupt filter"),
+            requester=_id_filter(params, "requester", "The requester filter"),
+            min_age=min_age,
+            newest_first=order == "newest",
+            cursor=_cursor(params),
+        )
+
+    def query(self, **changes: Any) -> dict[str, str]:
+        """The query string of these filters (with ``changes``), without empty values."""
+        current = replace(self, **changes)
+        return _present(
+            {
+                "agent": current.agent,
+                "interrupt": current.interrupt,
+                "requester": current.requester,
+                "age": str(current.min_age) if current.min_age else None,
+                "order": "newest" if current.newest_first else None,
+                "cursor": current.cursor,
+            }
+        )
+
+
+@dataclass(frozen=True)
+class HistoryFilters:
+    """The history's filters and page."""
+
+    agent: str | None = None
+    interrupt: str | None = None
+    requester: str | None = None
+    decided_by: str | None = None
+    cursor: str | None = None
+
+    @classmethod
+    def from_query(cls, params: Mapping[str, str]) -> HistoryFilters:
+        """Read and check the query string (:class:`InvalidArgumentError`: a 400)."""
+        return cls(
+            agent=_id_filter(params, "agent", "The agent filter"),
+            interrupt=_id_filter(params, "interrupt", "The interrupt filter"),
+            requester=_id_filter(params, "requester", "The requester filter"),
+            decided_by=_id_filter(params, "decided_by", "The decided-by filter"),
+            cursor=_cursor(params),
+        )
+
+    def query(self, **changes: Any) -> dict[str, str]:
+        """The query string of these filters (with ``changes``), without empty values."""
+        current = replace(self, **changes)
+        return _present(
+            {
+                "agent": current.agent,
+                "interrupt": current.interrupt,
+                "requester": current.requester,
+                "decided_by": current.decided_by,
+                "cursor": current.cursor,
+            }
+        )
+
+
+def _present(values: Mapping[str, str | None]) -> dict[str, str]:
+    return {k: v for k, v in values.items() if v}
+
+
+def _pending_of(entry: DecidedApproval) -> PendingApproval:
+    """A decided entry in the shape the inbox policy judges."""
+    return PendingApproval(
+        turn_id=entry.turn_id,
+        session_id=entry.session_id,
+        agent=entry.agent,
+        owner=entry.owner,
+        round=entry.round,
+        interrupt=entry.interrupt,
+        ref=entry.ref,
+        input=entry.input,
+        metadata=entry.metadata,
+        created_at=entry.created_at or entry.decided_at,
+    )
+
+
+def _approval_key(approval: PendingApproval) -> Key:
+    return approval.created_at, approval.turn_id, approval.ref
+
+
+async def _merge(
+    fetchers: Sequence[Callable[[int], Awaitable[list[T]]]],
+    key: Callable[[T], Key],
+    *,
+    limit: int,
+    descending: bool,
+    visible: Callable[[T], bool],
+) -> Page[T]:
+    """One page over several stores: each is asked for a row more than a page, and rows past
+    the nearest last key of a store that has more stay for the next page (that store may
+    hold rows before them). Rows the viewer may not see are skipped, and the cursor moves
+    past them."""
+    examined: list[T] = []
+    horizon: Key | None = None
+    for fetch in fetchers:
+        rows = await fetch(limit + 1)
+        if len(rows) > limit:
+            last = key(rows[-1])
+            if horizon is None:
+                horizon = last
+            else:
+                horizon = max(horizon, last) if descending else min(horizon, last)
+        examined.extend(rows)
+    examined.sort(key=key, reverse=descending)
+    if horizon is not None:
+        bound = horizon
+        examined = [r for r in examined if (key(r) >= bound if descending else key(r) <= bound)]
+    page: list[T] = []
+    seen = 0
+    for row in examined:
+        if len(page) == limit:
+            break
+        seen += 1
+        if visible(row):
+            page.append(row)
+    more = seen < len(examined) or horizon is not None
+    cursor = encode_cursor(key(examined[seen - 1])) if more and seen else None
+    return Page(items=page, next_cursor=cursor)
+
+
+class Catalog:
+    """The reads of the pages, over the stores of one engine's agents."""
+
+    def __init__(self, engine: Engine, policy: InboxPolicy) -> None:
+        self.engine = engine
+        self.policy = policy
+
+    # -- who sees what -------------------------------------------------------------------
+
+    def may_decide(self, principal: Principal | None, approval: PendingApproval) -> bool:
+        """Whether ``principal`` may see and decide ``approval`` (an agent served here)."""
+        return approval.agent in self.engine.agents and self.policy.can_decide(principal, approval)
+
+    def may_view_turn(self, principal: Principal | None, owner: str | None) -> bool:
+        """Whether ``principal`` may inspect a turn of a session owned by ``owner``."""
+        return (
+            principal is None
+            or owner == principal.id
+            or self.policy.owner_filter(principal) is None
+        )
+
+    def stores(self, agent: str | None = None) -> list[tuple[SessionStore, tuple[str, ...]]]:
+        """Each store of the served agents (or of ``agent``), with the agents it holds."""
+        grouped: dict[int, tuple[SessionStore, list[str]]] = {}
+        for name, served in self.engine.agents.items():
+            if served.store is None or (agent is not None and name != agent):
+                continue
+            grouped.setdefault(id(served.store), (served.store, []))[1].append(name)
+        return [(store, tuple(names)) for store, names in grouped.values()]
+
+    def agent_names(self) -> list[str]:
+        """The served agents that keep turns in a store (the inbox's agent filter)."""
+        return sorted(name for name, a in self.engine.agents.items() if a.store is not None)
+
+    def interrupt_names(self) -> list[str]:
+        """Every interrupt or tool of the served agents (the interrupt filter)."""
+        return sorted({t for a in self.engine.agents.values() if a.store for t in a.tools})
+
+    # -- open approvals ------------------------------------------------------------------
+
+    def _approval_query(
+        self, principal: Principal | None, filters: InboxFilters, now: datetime
+    ) -> ApprovalQuery | None:
+        allowed = self.policy.owner_filter(principal)
+        if allowed is not None and filters.requester not in (None, allowed):
+            return None
+        return ApprovalQuery(
+            interrupt=filters.interrupt,
+            owner=filters.requester or allowed,
+            created_before=now - timedelta(seconds=filters.min_age) if filters.min_age else None,
+            after=decode_cursor(filters.cursor) if filters.cursor else None,
+            descending=filters.newest_first,
+        )
+
+    async def open_approvals(
+        self, principal: Principal | None, filters: InboxFilters, *, limit: int = 50
+    ) -> Page[PendingApproval]:
+        """A page of the open approvals ``principal`` may decide."""
+        query = self._approval_query(principal, filters, datetime.now(UTC))
+        if query is None:
+            return Page(items=[], next_cursor=None)
+
+        def fetcher(
+            store: SessionStore, agents: tuple[str, ...]
+        ) -> Callable[[int], Awaitable[list[PendingApproval]]]:
+            async def fetch(count: int) -> list[PendingApproval]:
+                return await store.list_approvals(
+                    query.model_copy(update={"agents": agents, "limit": count})
+                )
+
+            return fetch
+
+        return await _merge(
+            [fetcher(store, agents) for store, agents in self.stores(filters.agent)],
+            _approval_key,
+            limit=limit,
+            descending=filters.newest_first,
+            visible=lambda a: self.may_decide(principal, a),
+        )
+
+    async def count_open(
+        self, principal: Principal | None, filters: InboxFilters, *, cap: int
+    ) -> int:
+        """How many open approvals ``principal`` may decide, counting up to ``cap``."""
+        counted = 0
+        cursor: str | None = None
+        for _ in range(10):  # a bound on reads for a viewer who may decide few of many
+            page = await self.open_approvals(
+                principal, replace(filters, cursor=cursor, newest_first=False), limit=cap
+            )
+            counted += len(page.items)
+            cursor = page.next_cursor
+            if counted >= cap or cursor is None:
+                break
+        return min(counted, cap)
+
+    # -- decided approvals ---------------------------------------------------------------
+
+    def history_available(self) -> bool:
+        """Whether every store of the served agents can list decided approvals."""
+        return all(isinstance(store, ApprovalHistory) for store, _ in self.stores())
+
+    async def decided_approvals(
+        self, principal: Principal | None, filters: HistoryFilters, *, limit: int = 50
+    ) -> Page[DecidedApproval]:
+        """A page of the decided approvals ``principal`` may see, newest decision first."""
+        allowed = self.policy.owner_filter(principal)
+        if allowed is not None and filters.requester not in (None, allowed):
+            return Page(items=[], next_cursor=None)
+        query = DecisionQuery(
+            interrupt=filters.interrupt,
+            owner=filters.requester or allowed,
+            decided_by=filters.decided_by,
+            before=decode_cursor(filters.cursor) if filters.cursor else None,
+        )
+
+        def fetcher(
+            store: ApprovalHistory, agents: tuple[str, ...]
+        ) -> Callable[[int], Awaitable[list[DecidedApproval]]]:
+            async def fetch(count: int) -> list[DecidedApproval]:
+                return await store.list_decisions(
+                    query.model_copy(update={"agents": agents, "limit": count})
+                )
+
+            return fetch
+
+        fetchers = [
+            fetcher(store, agents)
+            for store, agents in self.stores(filters.agent)
+            if isinstance(store, ApprovalHistory)
+        ]
+        return await _merge(
+            fetchers,
+            lambda entry: entry.key,
+            limit=limit,
+            descending=True,
+            visible=lambda entry: self.may_decide(principal, _pending_of(entry)),
+        )
+
+    # -- one approval, one turn ----------------------------------------------------------
+
+    async def approval(
+        self, principal: Principal | None, turn_id: str, ref: str
+    ) -> ApprovalFound | None:
+        """The approval ``ref`` of ``turn_id`` if ``principal`` may see it, else ``None``."""
+        for store, _agents in self.stores():
+            found = await find_approval(store, turn_id, ref)
+            if found is None:
+                continue
+            approval, is_open = found
+            if not self.may_decide(principal, approval):
+                return None
+            call = next(c for c in await store.list_calls(turn_id) if c.ref == ref and c.interrupt)
+            agent = self.engine.agents[approval.agent]
+            return ApprovalFound(approval, is_open, call, store, agent)
+        return None
+
+    async def turn(self, principal: Principal | None, turn_id: str) -> TurnFound | None:
+        """The turn if it belongs to a served agent and ``principal`` may inspect it."""
+        for store, agents in self.stores():
+            turn = await store.get_turn(turn_id)
+            if turn is None or turn.agent not in agents:
+                continue
+            session = await store.get_session(turn.session_id)
+            owner = session.owner if session is not None else None
+            if not self.may_view_turn(principal, owner):
+                return None
+            return TurnFound(turn, self.engine.agents[turn.agent], store, owner)
+        return None
+
+
+async def next_turn(store: SessionStore, turn: TurnRecord) -> TurnRecord | None:
+    """The turn of the session that continued ``turn`` (its child on the session's current
+    chain), or ``None`` while nothing did."""
+    current = await store.latest_turn(turn.session_id)
+    for _ in range(_MAX_CHAIN_STEPS):
+        if current is None or current.id == turn.id:
+            return None
+        if current.parent_id == turn.id:
+            return current
+        if current.parent_id is None:
+            return None
+        current = await store.get_turn(current.parent_id)
+    return None
+
+
+async def timeline(store: SessionStore, turn_id: str) -> list[TimelineRow] | None:
+    """Everything that happened to the turn, in order: the ``turn_timeline`` view of a SQL
+    store, the status changes of an in-memory one; ``None`` for a store with neither."""
+    reader = getattr(store, "timeline", None)
+    if callable(reader):
+        entries: Any = await reader(turn_id)
+        return [TimelineRow(at=e.at, kind=e.kind, detail=e.detail) for e in entries]
+    if isinstance(store, InMemorySessionStore):
+        return [
+            TimelineRow(
+                at=event.at,
+                kind="status",
+                detail=(
+                    f"{event.from_status.value if event.from_status else 'new'} -> "
+                    f"{event.to_status.value}" + (f" ({event.note})" if event.note else "")
+                ),
+            )
+            for event in list_events(store, turn_id)
+        ]
+    return None

@@ -1,0 +1,23 @@
+"""The authenticator the inbox UI's acceptance tests give ``turnstile serve --auth``.
+
+Alice asks for transfers, Bob holds the ``approver`` role (the server runs with
+``--inbox-policy role:approver``), Mallory is signed in but may decide nothing of Alice's.
+"""
+
+from __future__ import annotations
+
+from engine.remote.auth import BearerTokenAuth, Principal
+
+TOKENS = {
+    "alice": "alice-token-0123456789",
+    "bob": "bob-token-0123456789",
+    "mallory": "mallory-token-0123456789",
+}
+
+auth = BearerTokenAuth(
+    {
+        TOKENS["alice"]: Principal(id="alice"),
+        TOKENS["bob"]: Principal(id="bob", roles=frozenset({"approver"})),
+        TOKENS["mallory"]: Principal(id="mallory"),
+    }
+)
