@@ -6,6 +6,10 @@ process — and a turn may wait on several of them. Each approver records a *dec
 open approval (guarded: an approval is decided once); when the last paused call of the turn
 has its decision, the resume is built from the recorded decisions and enqueued like any
 other, so validation, the one-resume guard and execution are the ordinary ones.
+
+An interrupt with an approval policy (:mod:`engine.approval_policy`) is decided by *votes*:
+:func:`decide` checks who may vote (maker-checker included), records the vote, and the store
+writes the decision only when the quorum is reached or a vote that is not an approval decides.
 """
 
 from __future__ import annotations
@@ -16,6 +20,12 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, StrictBool, model_validator
 
+from engine.approval_policy import (
+    ApprovalPolicy,
+    Approver,
+    Vote,
+    vote_book,
+)
 from engine.errors import (
     ApprovalNotPendingError,
     FailedPreconditionError,
@@ -42,7 +52,9 @@ if TYPE_CHECKING:
 __all__ = [
     "Decision",
     "DecisionOutcome",
+    "NamedApprover",
     "approval_id",
+    "approval_policy",
     "decide",
     "find_approval",
     "parse_approval_id",
@@ -106,6 +118,24 @@ class DecisionOutcome:
     resume_snapshot_id: str | None = None
     #: Refs of the turn's paused calls still waiting for a decision.
     waiting_for: list[str] = field(default_factory=list)
+    #: The votes on this approval so far (interrupts with an approval policy only).
+    votes: list[Vote] = field(default_factory=list)
+    #: Whether the decision is recorded (``False``: the vote left the quorum open).
+    is_decided: bool = True
+
+
+@dataclass(frozen=True)
+class NamedApprover:
+    """An approver known only by id (the CLI's ``--by``): it holds no roles."""
+
+    id: str
+    roles: frozenset[str] = frozenset()
+
+
+def approval_policy(agent: Agent, approval: PendingApproval) -> ApprovalPolicy | None:
+    """The approval policy of the interrupt ``approval`` pauses on (``None``: none)."""
+    tool = agent.tools.get(approval.interrupt)
+    return getattr(tool, "approval_policy", None) if tool is not None else None
 
 
 async def find_approval(
@@ -139,13 +169,21 @@ async def _paused_and_latest(store: SessionStore, turn: TurnRecord) -> bool:
 
 
 async def decide(
-    agent: Agent, approval: PendingApproval, decision: Decision, *, decided_by: str | None
+    agent: Agent,
+    approval: PendingApproval,
+    decision: Decision,
+    *,
+    decided_by: str | None,
+    approver: Approver | None = None,
 ) -> DecisionOutcome:
     """Record ``decision`` on ``approval``; enqueue the resume once every call is decided.
 
-    Raises :class:`InvalidArgumentError` (nothing written) when a respond output violates the
-    interrupt's output schema, and :class:`ApprovalNotPendingError` when the approval was
-    decided or answered meanwhile.
+    ``approver`` is who decides, with roles (``decided_by`` alone is read as an approver of
+    that id without roles). Raises :class:`InvalidArgumentError` (nothing written) when a
+    respond output violates the interrupt's output schema,
+    :class:`~engine.approval_policy.ApprovalRefusedError` when the interrupt's approval policy
+    does not let this approver cast this vote, and :class:`ApprovalNotPendingError` when the
+    approval was decided or answered meanwhile.
     """
     store = agent.store
     if store is None:
@@ -162,20 +200,63 @@ async def decide(
                 f"The decision on '{approval.interrupt}' (ref: {approval.ref}) does not match "
                 f"its output schema: {exc}"
             ) from exc
-    decided = await store.record_decision(
-        approval.turn_id, approval.round, approval.ref, answer=answer, decided_by=decided_by
-    )
+    if approver is None and decided_by is not None:
+        approver = NamedApprover(id=decided_by)
+    policy = approval_policy(agent, approval)
+    votes: list[Vote] = []
+    if policy is None:
+        decided = await store.record_decision(
+            approval.turn_id, approval.round, approval.ref, answer=answer, decided_by=decided_by
+        )
+    else:
+        denies = policy.is_denial(answer)
+        # A restart asks again: it may not come from the requester, and it decides at once.
+        policy.check(approver, requester=approval.owner, approving=not denies)
+        approves = "respond" in answer and not denies
+        assert approver is not None  # check() refuses an anonymous approver
+        outcome = await vote_book(store).record_vote(
+            approval.turn_id,
+            approval.round,
+            approval.ref,
+            voter=approver.id,
+            answer=answer,
+            approves=approves,
+            required=policy.required_approvals,
+        )
+        votes = outcome.votes
+        if outcome.decided is None:
+            logger.info(
+                "approval %s: vote by %s, %d of %d approvals",
+                approval_id(approval.turn_id, approval.ref),
+                approver.id,
+                sum(v.approves for v in votes),
+                policy.required_approvals,
+            )
+            return DecisionOutcome(
+                decided=await _call(store, approval), votes=votes, is_decided=False
+            )
+        decided = outcome.decided
     logger.info(
         "approval %s decided by %s",
         approval_id(approval.turn_id, approval.ref),
-        decided_by or "an anonymous caller",
+        decided.decided_by or "an anonymous caller",
     )
     journal = await store.list_calls(approval.turn_id)
     paused = [c for c in journal if c.status is ToolCallStatus.INTERRUPTED]
     waiting = [c.ref for c in paused if c.decided_at is None]
     if waiting:
-        return DecisionOutcome(decided=decided, waiting_for=waiting)
-    return DecisionOutcome(decided=decided, resume_snapshot_id=await _resume(agent, paused))
+        return DecisionOutcome(decided=decided, waiting_for=waiting, votes=votes)
+    return DecisionOutcome(
+        decided=decided, resume_snapshot_id=await _resume(agent, paused), votes=votes
+    )
+
+
+async def _call(store: SessionStore, approval: PendingApproval) -> ToolCallRecord:
+    """The journal row of ``approval`` as it is now."""
+    for call in await store.list_calls(approval.turn_id):
+        if (call.round, call.ref) == (approval.round, approval.ref):
+            return call
+    raise NotFoundError(f"Approval '{approval_id(approval.turn_id, approval.ref)}' not found.")
 
 
 async def _resume(agent: Agent, decided: list[ToolCallRecord]) -> str | None:

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from engine.approval_policy import check_decided_by_inbox
 from engine.errors import (
     ApprovalNotPendingError,
     DecisionConflictError,
@@ -289,6 +290,7 @@ def plan_continuation(
             restart=turn_input.restart,
             tools=tools,
         )
+        check_decided_by_inbox(paused_calls(last), journal, tools)
         return plan.decisions(base_id, decided_by), len(conversation) - 1
     if turn_input.kind == "expire":
         if base_id is None or not paused_calls(last):

@@ -5,27 +5,35 @@ paused (``completed``/``interrupted``) and still its session's latest. A decisio
 ``answer``/``decided_by``/``decided_at`` and leaves the row ``interrupted``: the resume built
 from the decisions marks it ``answered``, guarded as every resume is. The open approvals are
 the rows of ``approval_queue``, which triggers keep exact (migration 0003, docs/schema.md).
+
+An interrupt with an approval policy is decided by votes (``approval_votes``, migration 0006):
+:func:`record_vote` locks the journal row, adds the vote, and fills in the decision in the same
+transaction when the vote decides.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, NoReturn
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from engine.approval_history import DecidedApproval, DecisionQuery
+from engine.approval_policy import AlreadyVotedError, Vote, VoteOutcome
 from engine.errors import ApprovalNotPendingError
+from engine.status import FinishReason, TurnStatus
 from engine.store import ApprovalQuery, PendingApproval, ToolCallRecord, ToolCallStatus
 from stores.database import utc
-from stores.schema import approval_queue, sessions, tool_calls
+from stores.schema import approval_queue, approval_votes, sessions, tool_calls, turns
 from stores.tool_calls import record_of
 
-__all__ = ["list_approvals", "record_decision"]
+__all__ = ["list_approvals", "list_decisions", "list_votes", "record_decision", "record_vote"]
 
 
 def list_approvals(connection: Connection, query: ApprovalQuery) -> list[PendingApproval]:
-    """Open approvals in ``(created_at, turn_id, ref)`` order, filtered and keyset-paged.
+    """Open approvals in ``(created_at, turn_id, ref)`` order (or its reverse), filtered and
+    keyset-paged.
 
     Reads ``approval_queue`` (exactly the open approvals, kept by triggers) along its
     ``(created_at, turn_id, ref)`` index, joining ``sessions`` only for the owner: a page
@@ -41,9 +49,16 @@ def list_approvals(connection: Connection, query: ApprovalQuery) -> list[Pending
         conditions.append(sessions.c.owner == query.owner)
     if query.created_before is not None:
         conditions.append(q.created_at <= query.created_before)
+    key = sa.tuple_(q.created_at, q.turn_id, q.ref)
     if query.after is not None:
         created, turn_id, ref = query.after
-        conditions.append(sa.tuple_(q.created_at, q.turn_id, q.ref) > (created, turn_id, ref))
+        seen = (created, turn_id, ref)
+        conditions.append(key < seen if query.descending else key > seen)
+    order = (
+        (q.created_at.desc(), q.turn_id.desc(), q.ref.desc())
+        if query.descending
+        else (q.created_at, q.turn_id, q.ref)
+    )
     rows = connection.execute(
         sa.select(
             q.turn_id,
@@ -60,7 +75,7 @@ def list_approvals(connection: Connection, query: ApprovalQuery) -> list[Pending
         )
         .select_from(approval_queue.join(sessions, sessions.c.id == q.session_id))
         .where(*conditions)
-        .order_by(q.created_at, q.turn_id, q.ref)
+        .order_by(*order)
         .limit(query.limit)
     ).all()
     return [
@@ -115,8 +130,202 @@ def record_decision(
         .returning(*tool_calls.columns)
     )
     decided = result.first()
-    if decided is not None:
-        return record_of(decided)
+    if decided is None:
+        _refuse_not_pending(connection, turn_id, round, ref)
+    return record_of(decided)
+
+
+def list_decisions(connection: Connection, query: DecisionQuery) -> list[DecidedApproval]:
+    """Decided interrupts, newest decision first, filtered and keyset-paged, each with the
+    first turn created from its paused turn (the resume) and that turn's status.
+
+    Reads the journal rows with a decision (``decided_at`` set), joining the paused turn and
+    its session; the continuing turn is the paused turn's child of lowest ``seq``.
+    """
+    c = tool_calls.c
+    child = turns.alias("child")
+    following = (
+        sa.select(child.c.id)
+        .where(child.c.parent_id == c.turn_id)
+        .order_by(child.c.seq)
+        .limit(1)
+        .scalar_subquery()
+    )
+    conditions: list[sa.ColumnElement[bool]] = [c.decided_at.is_not(None)]
+    if query.agents is not None:
+        conditions.append(turns.c.agent.in_(query.agents))
+    if query.interrupt is not None:
+        conditions.append(c.name == query.interrupt)
+    if query.owner is not None:
+        conditions.append(sessions.c.owner == query.owner)
+    if query.decided_by is not None:
+        conditions.append(c.decided_by == query.decided_by)
+    if query.before is not None:
+        seen_at, seen_turn, seen_ref = query.before
+        conditions.append(
+            sa.tuple_(c.decided_at, c.turn_id, c.ref) < (seen_at, seen_turn, seen_ref)
+        )
+    rows = connection.execute(
+        sa.select(
+            c.turn_id,
+            turns.c.session_id,
+            turns.c.agent,
+            sessions.c.owner,
+            c.round,
+            c.name,
+            c.ref,
+            c.input,
+            c.interrupt,
+            c.answer,
+            c.decided_by,
+            c.decided_at,
+            c.created_at,
+            following.label("next_turn_id"),
+        )
+        .select_from(
+            tool_calls.join(turns, turns.c.id == c.turn_id).join(
+                sessions, sessions.c.id == turns.c.session_id
+            )
+        )
+        .where(*conditions)
+        .order_by(c.decided_at.desc(), c.turn_id.desc(), c.ref.desc())
+        .limit(query.limit)
+    ).all()
+    next_ids = {r.next_turn_id for r in rows if r.next_turn_id is not None}
+    outcomes = (
+        {
+            o.id: o
+            for o in connection.execute(
+                sa.select(turns.c.id, turns.c.status, turns.c.finish_reason).where(
+                    turns.c.id.in_(next_ids)
+                )
+            )
+        }
+        if next_ids
+        else {}
+    )
+    decided: list[DecidedApproval] = []
+    for r in rows:
+        outcome = outcomes.get(r.next_turn_id)
+        decided.append(
+            DecidedApproval(
+                turn_id=r.turn_id,
+                session_id=r.session_id,
+                agent=r.agent,
+                owner=r.owner,
+                round=r.round,
+                interrupt=r.name,
+                ref=r.ref,
+                input=r.input,
+                metadata=r.interrupt,
+                answer=r.answer,
+                decided_by=r.decided_by,
+                decided_at=utc(r.decided_at),
+                created_at=utc(r.created_at),
+                next_turn_id=r.next_turn_id,
+                next_status=TurnStatus(outcome.status) if outcome is not None else None,
+                next_finish_reason=(
+                    FinishReason(outcome.finish_reason)
+                    if outcome is not None and outcome.finish_reason
+                    else None
+                ),
+            )
+        )
+    return decided
+
+
+def list_votes(connection: Connection, turn_id: str, round: int, ref: str) -> list[Vote]:
+    """The votes on one approval, oldest first."""
+    v = approval_votes.c
+    rows = connection.execute(
+        sa.select(approval_votes)
+        .where(v.turn_id == turn_id, v.round == round, v.ref == ref)
+        .order_by(v.voted_at, v.voter)
+    ).all()
+    return [
+        Vote(
+            turn_id=r.turn_id,
+            round=r.round,
+            ref=r.ref,
+            voter=r.voter,
+            answer=r.answer,
+            approves=r.approves,
+            voted_at=utc(r.voted_at),
+        )
+        for r in rows
+    ]
+
+
+def record_vote(
+    connection: Connection,
+    turn_id: str,
+    round: int,
+    ref: str,
+    *,
+    voter: str,
+    answer: Any,
+    approves: bool,
+    required: int,
+    now: datetime,
+) -> VoteOutcome:
+    """Add ``voter``'s vote on an open approval; decide it when the vote does.
+
+    The journal row is locked first (``FOR UPDATE``; SQLite serialises writers anyway), so
+    concurrent votes on one approval count one after the other and exactly one of them sees
+    the quorum reached. Raises :class:`ApprovalNotPendingError` when the approval is not open
+    and :class:`AlreadyVotedError` when ``voter`` voted on it already; nothing is written.
+    """
+    c = tool_calls.c
+    q = approval_queue.c
+    is_open = sa.exists().where(q.turn_id == turn_id, q.round == round, q.ref == ref)
+    locked = connection.execute(
+        sa.select(c.ref)
+        .where(
+            c.turn_id == turn_id,
+            c.round == round,
+            c.ref == ref,
+            c.status == ToolCallStatus.INTERRUPTED.value,
+            c.decided_at.is_(None),
+            is_open,
+        )
+        .with_for_update(of=tool_calls)
+    ).first()
+    if locked is None:
+        _refuse_not_pending(connection, turn_id, round, ref)
+    v = approval_votes.c
+    voted = connection.execute(
+        sa.select(v.voted_at).where(
+            v.turn_id == turn_id, v.round == round, v.ref == ref, v.voter == voter
+        )
+    ).first()
+    if voted is not None:
+        raise AlreadyVotedError(
+            f"'{voter}' already voted on interrupt '{ref}' of snapshot {turn_id}; a vote counts "
+            "once."
+        )
+    connection.execute(
+        sa.insert(approval_votes).values(
+            turn_id=turn_id,
+            round=round,
+            ref=ref,
+            voter=voter,
+            answer=answer,
+            approves=approves,
+            voted_at=now,
+        )
+    )
+    votes = list_votes(connection, turn_id, round, ref)
+    if approves and sum(vote.approves for vote in votes) < required:
+        return VoteOutcome(votes=votes)
+    decided = record_decision(
+        connection, turn_id, round, ref, answer=answer, decided_by=voter, now=now
+    )
+    return VoteOutcome(votes=votes, decided=decided)
+
+
+def _refuse_not_pending(connection: Connection, turn_id: str, round: int, ref: str) -> NoReturn:
+    """Raise the typed conflict describing why the approval is not open."""
+    c = tool_calls.c
     current = connection.execute(
         sa.select(c.status, c.decided_by, c.decided_at).where(
             c.turn_id == turn_id, c.round == round, c.ref == ref

@@ -7,7 +7,13 @@
 * ``GET /inbox/{id}`` — one approval with its turn's conversation.
 * ``POST /inbox/{id}/decision`` — ``{"respond": output}`` or ``{"restart": true}``; 409 when
   the approval was decided or answered already. When it was the last undecided call of its
-  turn, the resume is enqueued and its snapshot id returned.
+  turn, the resume is enqueued and its snapshot id returned. On an interrupt with an approval
+  policy (:mod:`engine.approval_policy`) it is a vote: 403 when the policy refuses this
+  principal (maker-checker included), 409 when it voted already, and ``decided: false`` while
+  the quorum is not reached.
+
+Entries of interrupts with an approval policy carry ``policy``: who may vote, the approvals
+required, the votes so far and whether the caller may still vote (``null`` without a policy).
 
 A principal only ever sees what the :class:`~engine.remote.auth.InboxPolicy` lets it decide;
 anything else is a 404, so the inbox does not reveal other principals' approvals.
@@ -28,14 +34,23 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from engine.agent import Agent
+from engine.approval_policy import Vote, VoteBook
 from engine.engine import Engine
 from engine.errors import AgentError, ApprovalNotPendingError, InvalidArgumentError, NotFoundError
-from engine.inbox import Decision, approval_id, decide, find_approval, parse_approval_id
+from engine.inbox import (
+    Decision,
+    approval_id,
+    approval_policy,
+    decide,
+    find_approval,
+    parse_approval_id,
+)
 from engine.remote.auth import InboxPolicy, Principal
 from engine.remote.wire import check_id, check_text, error_response, id_problem, read_json
 from engine.store import ApprovalQuery, PendingApproval, SessionStore
 
-__all__ = ["InboxRoutes"]
+__all__ = ["InboxRoutes", "policy_wire", "vote_wire"]
 
 MAX_PAGE = 200
 #: A cursor is base64 of JSON holding a timestamp and two ids (a character escapes to <= 12).
@@ -75,6 +90,43 @@ def _wire(approval: PendingApproval, now: datetime) -> dict[str, Any]:
         "deadline": approval.deadline.isoformat() if approval.deadline else None,
         "createdAt": approval.created_at.isoformat(),
         "ageSeconds": round((now - approval.created_at).total_seconds(), 3),
+    }
+
+
+def vote_wire(vote: Vote) -> dict[str, Any]:
+    """One recorded vote as JSON."""
+    return {
+        "voter": vote.voter,
+        "approves": vote.approves,
+        "answer": vote.answer,
+        "votedAt": vote.voted_at.isoformat(),
+    }
+
+
+async def policy_wire(
+    agent: Agent,
+    store: SessionStore,
+    approval: PendingApproval,
+    principal: Principal | None,
+) -> dict[str, Any] | None:
+    """The approval policy of ``approval`` with its votes so far (``None``: no policy)."""
+    policy = approval_policy(agent, approval)
+    if policy is None:
+        return None
+    votes = (
+        await store.list_votes(approval.turn_id, approval.round, approval.ref)
+        if isinstance(store, VoteBook)
+        else []
+    )
+    return {
+        "approvers": policy.who(),
+        "requiredApprovals": policy.required_approvals,
+        "approvals": sum(v.approves for v in votes),
+        "requesterMayApprove": policy.requester_may_approve,
+        "votes": [vote_wire(v) for v in votes],
+        "mayVote": policy.may_vote(
+            principal, requester=approval.owner, voted={v.voter for v in votes}
+        ),
     }
 
 
@@ -204,12 +256,25 @@ class InboxRoutes:
             if self.policy.can_decide(principal, approval):
                 page.append(approval)
         more = seen < len(known) or horizon is not None
+        items = []
+        for approval in page:
+            item = _wire(approval, now)
+            item["policy"] = await self._policy(approval, principal)
+            items.append(item)
         return JSONResponse(
             {
-                "items": [_wire(a, now) for a in page],
+                "items": items,
                 "nextCursor": _encode_cursor(known[seen - 1]) if more and seen else None,
             }
         )
+
+    async def _policy(
+        self, approval: PendingApproval, principal: Principal | None
+    ) -> dict[str, Any] | None:
+        served = self.engine.agents.get(approval.agent)
+        if served is None or served.store is None:
+            return None
+        return await policy_wire(served, served.store, approval, principal)
 
     async def _visible(
         self, request: Request, principal: Principal | None
@@ -232,10 +297,14 @@ class InboxRoutes:
             principal = await self.authenticate(request)
             approval, is_open, store = await self._visible(request, principal)
             messages = await store.load_conversation(approval.turn_id)
+            policy = await policy_wire(
+                self.engine.agents[approval.agent], store, approval, principal
+            )
         except AgentError as error:
             return error_response(error)
         item = _wire(approval, datetime.now(UTC))
         item["open"] = is_open
+        item["policy"] = policy
         item["messages"] = [m.to_wire() for m in messages]
         return JSONResponse(item)
 
@@ -264,6 +333,7 @@ class InboxRoutes:
                 approval,
                 choice,
                 decided_by=principal.id if principal is not None else None,
+                approver=principal,
             )
         except AgentError as error:
             return error_response(error)
@@ -271,6 +341,8 @@ class InboxRoutes:
         return JSONResponse(
             {
                 "id": approval_id(decided.turn_id, decided.ref),
+                "decided": outcome.is_decided,
+                "votes": [vote_wire(v) for v in outcome.votes],
                 "decidedBy": decided.decided_by,
                 "decidedAt": decided.decided_at.isoformat() if decided.decided_at else None,
                 "resumeSnapshotId": outcome.resume_snapshot_id,

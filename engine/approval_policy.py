@@ -1,0 +1,265 @@
+"""Approval policies of an interrupt: who may decide it, and how many must approve.
+
+``define_interrupt(..., approvers=..., required_approvals=N)`` attaches an
+:class:`ApprovalPolicy` to the interrupt; :func:`engine.inbox.decide` enforces it for every
+decision path (the JSON inbox, the web pages, the CLI), so a page or a client cannot skip it.
+
+* **Who may decide.** ``approvers`` is a predicate over the deciding principal (anything with
+  ``id`` and ``roles``, such as :class:`engine.remote.auth.Principal`), or a policy object.
+  :func:`role` and :func:`principals` build the common predicates.
+* **Maker-checker.** When a policy requires approvers, the principal who started the turn (the
+  session's owner) may not approve it; it may still deny its own request if the predicate
+  allows it. An anonymous caller cannot decide such an interrupt at all: it cannot be told
+  apart from the requester.
+* **Quorum.** ``required_approvals=N``: N distinct approvers must approve before the recorded
+  decision is written and the turn resumes. Any vote that is not an approval — a denial, or a
+  restart (which asks again) — decides at once. Each vote is recorded (who, when, answer).
+* **Denial.** An answer is a denial when :meth:`ApprovalPolicy.is_denial` says so: by default
+  an output of ``false``, or an object whose ``approved`` field is ``false``. A policy built
+  with ``denies=`` uses its own rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol, runtime_checkable
+
+from pydantic import BaseModel
+
+from engine.errors import AgentError, FailedPreconditionError
+from engine.parts import Part
+from engine.store import ToolCallRecord
+
+__all__ = [
+    "AlreadyVotedError",
+    "ApprovalPolicy",
+    "ApprovalRefusedError",
+    "Approver",
+    "ApproverCheck",
+    "Vote",
+    "VoteBook",
+    "VoteOutcome",
+    "check_decided_by_inbox",
+    "default_is_denial",
+    "policy_of",
+    "principals",
+    "role",
+    "vote_book",
+]
+
+
+class Approver(Protocol):
+    """Who decides: a principal's id and roles (:class:`engine.remote.auth.Principal` fits)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def roles(self) -> frozenset[str]: ...
+
+
+#: ``(approver) -> bool``: whether this principal may decide the interrupt.
+ApproverCheck = Callable[[Approver], bool]
+
+
+class ApprovalRefusedError(AgentError):
+    """The policy of the interrupt does not let this principal decide it (HTTP 403)."""
+
+    default_status = "PERMISSION_DENIED"
+
+
+class AlreadyVotedError(AgentError):
+    """This approver has already voted on this approval; a vote counts once (HTTP 409)."""
+
+    default_status = "ALREADY_EXISTS"
+
+
+class Vote(BaseModel):
+    """One approver's recorded vote on one approval."""
+
+    turn_id: str
+    round: int
+    ref: str
+    voter: str
+    answer: Any = None
+    #: Whether the vote counts towards the quorum (an approval); any other vote decides.
+    approves: bool
+    voted_at: datetime
+
+
+@dataclass
+class VoteOutcome:
+    """What recording a vote did: every vote so far, and the decision if this vote made one."""
+
+    votes: list[Vote]
+    decided: ToolCallRecord | None = None
+
+
+@runtime_checkable
+class VoteBook(Protocol):
+    """A store that records votes (the memory, SQLite and PostgreSQL stores)."""
+
+    async def record_vote(
+        self,
+        turn_id: str,
+        round: int,
+        ref: str,
+        *,
+        voter: str,
+        answer: Any,
+        approves: bool,
+        required: int,
+    ) -> VoteOutcome:
+        """Record ``voter``'s vote on an open approval and, when it is a non-approving vote or
+        brings the approvals to ``required``, the recorded decision (``answer``, ``decided_by``
+        = ``voter``) in the same transaction.
+
+        Raises :class:`~engine.errors.ApprovalNotPendingError` when the approval is not open
+        and :class:`AlreadyVotedError` when ``voter`` voted on it before; nothing is written.
+        """
+        ...
+
+    async def list_votes(self, turn_id: str, round: int, ref: str) -> list[Vote]:
+        """The votes on one approval, oldest first."""
+        ...
+
+
+def default_is_denial(output: Any) -> bool:
+    """The default denial rule: ``false``, or an object whose ``approved`` field is ``false``."""
+    if output is False:
+        return True
+    return isinstance(output, dict) and output.get("approved") is False
+
+
+def role(name: str) -> ApproverCheck:
+    """Principals holding role ``name`` may decide."""
+
+    def holds_role(approver: Approver) -> bool:
+        return name in approver.roles
+
+    holds_role.__doc__ = f"role:{name}"
+    return holds_role
+
+
+def principals(*ids: str) -> ApproverCheck:
+    """Only the named principals may decide."""
+    allowed = frozenset(ids)
+
+    def is_named(approver: Approver) -> bool:
+        return approver.id in allowed
+
+    is_named.__doc__ = "principals:" + ",".join(sorted(allowed))
+    return is_named
+
+
+@dataclass(frozen=True)
+class ApprovalPolicy:
+    """Who may decide an interrupt, and how many approvals resume the turn.
+
+    ``approvers`` (``None``: anyone the inbox lets see the approval) is a predicate over the
+    deciding principal; ``required_approvals`` distinct approvals are needed;
+    ``requester_may_approve`` lifts the maker-checker rule; ``denies`` replaces the default
+    denial rule (:func:`default_is_denial`); ``description`` is what pages show as "who may
+    vote" (derived from the predicate when not given).
+    """
+
+    approvers: ApproverCheck | None = None
+    required_approvals: int = 1
+    requester_may_approve: bool = False
+    denies: Callable[[Any], bool] = default_is_denial
+    description: str = field(default="")
+
+    def __post_init__(self) -> None:
+        if self.required_approvals < 1:
+            raise ValueError("required_approvals must be at least 1.")
+
+    def who(self) -> str:
+        """A readable description of who may vote."""
+        if self.description:
+            return self.description
+        if self.approvers is None:
+            return "anyone allowed to see the approval"
+        named = self.approvers.__doc__ or getattr(self.approvers, "__name__", None)
+        return str(named or "").strip() or "principals the interrupt's predicate accepts"
+
+    def is_denial(self, answer: dict[str, Any]) -> bool:
+        """Whether a journal answer (``{"respond": ...}`` / ``{"restart": ...}``) denies."""
+        return "respond" in answer and bool(self.denies(answer["respond"]))
+
+    def may_vote(
+        self,
+        approver: Approver | None,
+        *,
+        requester: str | None,
+        voted: Collection[str] = (),
+    ) -> bool:
+        """Whether ``approver`` may still cast an approving vote."""
+        try:
+            self.check(approver, requester=requester, approving=True)
+        except ApprovalRefusedError:
+            return False
+        return approver is not None and approver.id not in voted
+
+    def check(self, approver: Approver | None, *, requester: str | None, approving: bool) -> None:
+        """Raise :class:`ApprovalRefusedError` when ``approver`` may not cast this vote."""
+        if approver is None:
+            raise ApprovalRefusedError(
+                "This approval has an approval policy: it needs an authenticated approver."
+            )
+        if self.approvers is not None and not self.approvers(approver):
+            raise ApprovalRefusedError(
+                f"'{approver.id}' may not decide this approval (approvers: {self.who()})."
+            )
+        if approving and not self.requester_may_approve and approver.id == requester:
+            raise ApprovalRefusedError(
+                f"'{approver.id}' started this turn and may not approve it: another approver "
+                "must (maker-checker)."
+            )
+
+
+def policy_of(
+    approvers: ApprovalPolicy | ApproverCheck | None, required_approvals: int | None
+) -> ApprovalPolicy | None:
+    """The policy ``define_interrupt``'s arguments describe (``None``: no policy)."""
+    if isinstance(approvers, ApprovalPolicy):
+        if required_approvals is not None and required_approvals != approvers.required_approvals:
+            raise ValueError(
+                "Give required_approvals either on the ApprovalPolicy or to define_interrupt."
+            )
+        return approvers
+    if approvers is None and (required_approvals is None or required_approvals == 1):
+        return None
+    required = 1 if required_approvals is None else required_approvals
+    return ApprovalPolicy(approvers=approvers, required_approvals=required)
+
+
+def vote_book(store: object) -> VoteBook:
+    """``store`` as a :class:`VoteBook`, or the typed refusal when it keeps no votes."""
+    if not isinstance(store, VoteBook):
+        raise FailedPreconditionError(
+            f"{type(store).__name__} records no votes: it cannot hold approvals with a policy."
+        )
+    return store
+
+
+def check_decided_by_inbox(
+    paused: Sequence[Part], journal: Sequence[ToolCallRecord], tools: Mapping[str, object]
+) -> None:
+    """Refuse a resume that answers an interrupt with an approval policy directly.
+
+    Such an interrupt is answered only from the decision its votes recorded (the inbox's
+    resume carries exactly that answer); a chat client resuming on its own would skip the
+    policy. Raises :class:`ApprovalRefusedError` naming the inbox.
+    """
+    decided = {(row.name, row.ref) for row in journal if row.decided_at is not None}
+    for part in paused:
+        request = part.tool_request
+        if request is None or getattr(tools.get(request.name), "approval_policy", None) is None:
+            continue
+        if (request.name, str(request.ref)) not in decided:
+            raise ApprovalRefusedError(
+                f"Interrupt '{request.name}' (ref: {request.ref}) has an approval policy: it is "
+                "decided through the inbox (POST /inbox/{id}/decision), not by a resume."
+            )
