@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from engine.parts import Message
 from engine.store import TurnInput
 
 __all__ = ["TurnRequest"]
@@ -33,3 +34,6 @@ class TurnRequest:
     #: The caller's key for this request: the same key again (a retry after a timeout or a
     #: lost answer) returns the turn the first request created instead of creating another.
     idempotency_key: str | None = None
+    #: The messages the new turn opens with (its round 0) instead of the input's message: a
+    #: fork's copy of another turn's conversation (:mod:`engine.fork`).
+    opening: tuple[Message, ...] | None = None

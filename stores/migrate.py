@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+from dataclasses import dataclass
 from pathlib import Path
 
 from alembic import command
@@ -13,7 +15,16 @@ from sqlalchemy.engine import URL
 from engine.errors import StoreError
 from stores.database import Database, normalise_url, redact
 
-__all__ = ["SchemaNotAtHeadError", "current_revision", "ensure_at_head", "head_revision", "migrate"]
+__all__ = [
+    "Migration",
+    "SchemaNotAtHeadError",
+    "current_revision",
+    "ensure_at_head",
+    "head_revision",
+    "migrate",
+    "migration_history",
+    "migration_sql",
+]
 
 _MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
 
@@ -63,3 +74,37 @@ def ensure_at_head(url: str | URL) -> None:
             f"Database {redact(url)} is {state}; this code needs revision {head}. "
             f"Run: turnstile migrate --db '{redact(url)}'"
         )
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One migration of the code, as ``alembic history`` lists it."""
+
+    revision: str
+    down_revision: str | None
+    description: str
+
+
+def migration_history() -> list[Migration]:
+    """The code's migrations, oldest first."""
+    scripts = ScriptDirectory.from_config(_config("sqlite://"))
+    found = [
+        Migration(
+            revision=script.revision,
+            down_revision=script.down_revision if isinstance(script.down_revision, str) else None,
+            description=" ".join((script.doc or "").split()),
+        )
+        for script in scripts.walk_revisions()
+    ]
+    return list(reversed(found))
+
+
+def migration_sql(url: str | URL, start: str | None, revision: str = "head") -> str:
+    """The SQL ``migrate`` would run on ``url``'s kind of database to go from revision
+    ``start`` (``None``: an empty database) to ``revision``, without connecting to it
+    (Alembic's offline mode)."""
+    buffer = io.StringIO()
+    config = _config(url)
+    config.output_buffer = buffer
+    command.upgrade(config, f"{start}:{revision}" if start else revision, sql=True)
+    return buffer.getvalue()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime, timedelta
@@ -23,6 +24,8 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, make_url
 
+from engine.approval_history import DecidedApproval, DecisionQuery
+from engine.approval_policy import Vote, VoteOutcome
 from engine.errors import NotFoundError, StaleTransitionError
 from engine.model import ModelUsage
 from engine.parts import Message
@@ -42,19 +45,40 @@ from engine.store import (
     TurnRecord,
 )
 from engine.store_rules import abort_target
+from stores import admission as admission_sql
 from stores import approvals as approval_sql
 from stores import messages as message_sql
+from stores import operations, views
 from stores import retention as retention_sql
 from stores import sessions as session_sql
 from stores import tool_calls as call_sql
 from stores import turn_claims as claim_sql
 from stores import turns as turn_sql
-from stores import views
 from stores.database import Database, default_url, normalise_url
+from stores.schema_check import SchemaCheck
 
-__all__ = ["SqlSessionStore"]
+__all__ = ["DEFAULT_POOL_SIZE", "POOL_SIZE_ENV", "SqlSessionStore", "default_pool_size"]
 
 T = TypeVar("T")
+
+#: The environment variable holding the default ``pool_size`` (``turnstile worker`` sets it).
+POOL_SIZE_ENV = "TURNSTILE_DB_POOL_SIZE"
+#: ``pool_size`` when neither the constructor nor the environment gives one.
+DEFAULT_POOL_SIZE = 10
+
+
+def default_pool_size() -> int:
+    """``TURNSTILE_DB_POOL_SIZE`` (a whole number >= 1) when set, else 10."""
+    text = os.environ.get(POOL_SIZE_ENV, "").strip()
+    if not text:
+        return DEFAULT_POOL_SIZE
+    try:
+        size = int(text)
+    except ValueError:
+        size = 0
+    if size < 1:
+        raise ValueError(f"{POOL_SIZE_ENV} must be a whole number >= 1, not {text!r}.")
+    return size
 
 
 def now_utc() -> datetime:
@@ -74,8 +98,9 @@ class SqlSessionStore:
     """A :class:`~engine.store.SessionStore` in PostgreSQL or SQLite.
 
     ``SqlSessionStore(url)`` makes the store of the URL's database (see the module doc).
-    ``url`` defaults to ``TURNSTILE_DATABASE_URL``, else ``sqlite:///.turnstile/turnstile.db``.
-    The schema must exist: run ``turnstile migrate`` (or ``alembic upgrade head``).
+    ``url`` defaults to ``TURNSTILE_DATABASE_URL``, else ``sqlite:///.turnstile/turnstile.db``;
+    ``pool_size`` (PostgreSQL) to ``TURNSTILE_DB_POOL_SIZE``, else 10. The schema must exist:
+    run ``turnstile migrate`` (or ``alembic upgrade head``).
     ``poll_interval`` bounds how long a missed notification can delay a waiter (SQLite has
     no notifications, so waiters poll at this interval there). ``planner_settings``
     (PostgreSQL): server settings for the hot path's connections; by default
@@ -88,7 +113,7 @@ class SqlSessionStore:
         cls,
         url: str | URL | None = None,
         *,
-        pool_size: int = 10,
+        pool_size: int | None = None,
         poll_interval: float = 0.05,
         planner_settings: Mapping[str, str] | None = None,
     ) -> SqlSessionStore:
@@ -100,15 +125,21 @@ class SqlSessionStore:
         self,
         url: str | URL | None = None,
         *,
-        pool_size: int = 10,
+        pool_size: int | None = None,
         poll_interval: float = 0.05,
         planner_settings: Mapping[str, str] | None = None,
     ) -> None:
         self.db = Database(
-            url or default_url(), pool_size=pool_size, planner_settings=planner_settings
+            url or default_url(),
+            pool_size=pool_size if pool_size is not None else default_pool_size(),
+            planner_settings=planner_settings,
         )
         self.poll_interval = poll_interval
         self._chunks = ChunkBroker()
+        # A statement meeting a schema older than the code says so, naming turnstile migrate.
+        self.db.explain_error = SchemaCheck(self.db.url)
+        if self.db.pg is not None:
+            self.db.pg.explain_error = self.db.explain_error
 
     @property
     def url(self) -> URL:
@@ -318,11 +349,34 @@ class SqlSessionStore:
         """Rows of the ``turn_timeline`` view for one turn, in order."""
         return await self._read(lambda c: views.timeline(c, turn_id))
 
+    # -- operators' reads (turnstile turns, turnstile stats; stores/operations.py) ---------
+
+    async def list_turns(self, query: operations.TurnQuery) -> list[operations.TurnRow]:
+        """The turns ``query`` selects, newest first."""
+        return await self._read(lambda c: operations.list_turns(c, query))
+
+    async def turn_detail(self, turn_id: str) -> operations.TurnDetail | None:
+        """One turn with its conversation, rounds, journal and children (``None``: unknown)."""
+        return await self._read(lambda c: operations.turn_detail(c, turn_id))
+
+    async def read_stats(self) -> operations.Stats:
+        """Counts by status, the queue, the oldest pending turn and open approvals by age."""
+        return await self._read(lambda c: operations.read_stats(c, now_utc()))
+
     # -- inbox and retention -----------------------------------------------------------
+
+    async def active_turn_ids(self, owner: str | None, *, limit: int) -> list[str]:
+        """Ids of at most ``limit`` pending or aborting turns of ``owner``'s sessions
+        (``None``: sessions without an owner); see :mod:`stores.admission`."""
+        return await self._read(lambda c: admission_sql.active_turn_ids(c, owner, limit))
 
     async def list_approvals(self, query: ApprovalQuery) -> list[PendingApproval]:
         """See :meth:`engine.store.SessionStore.list_approvals`."""
         return await self._read(lambda c: approval_sql.list_approvals(c, query))
+
+    async def list_decisions(self, query: DecisionQuery) -> list[DecidedApproval]:
+        """See :meth:`engine.approval_history.ApprovalHistory.list_decisions`."""
+        return await self._read(lambda c: approval_sql.list_decisions(c, query))
 
     async def record_decision(
         self, turn_id: str, round: int, ref: str, *, answer: Any, decided_by: str | None
@@ -333,6 +387,36 @@ class SqlSessionStore:
                 c, turn_id, round, ref, answer=answer, decided_by=decided_by, now=now_utc()
             )
         )
+
+    async def record_vote(
+        self,
+        turn_id: str,
+        round: int,
+        ref: str,
+        *,
+        voter: str,
+        answer: Any,
+        approves: bool,
+        required: int,
+    ) -> VoteOutcome:
+        """See :meth:`engine.approval_policy.VoteBook.record_vote`."""
+        return await self._write(
+            lambda c: approval_sql.record_vote(
+                c,
+                turn_id,
+                round,
+                ref,
+                voter=voter,
+                answer=answer,
+                approves=approves,
+                required=required,
+                now=now_utc(),
+            )
+        )
+
+    async def list_votes(self, turn_id: str, round: int, ref: str) -> list[Vote]:
+        """See :meth:`engine.approval_policy.VoteBook.list_votes`."""
+        return await self._read(lambda c: approval_sql.list_votes(c, turn_id, round, ref))
 
     async def prune_sessions(self, *, settled_before: datetime, limit: int = 500) -> int:
         """See :meth:`engine.store.SessionStore.prune_sessions`."""

@@ -1,0 +1,376 @@
+"""The operators' reads behind ``turnstile turns`` and ``turnstile stats``: turns by filter,
+one turn with everything it holds, and the counts of the whole database.
+
+The same SQLAlchemy Core statements run on PostgreSQL and SQLite. Listing reads ``turns``
+newest first with the filters as conditions (the waiting approvals of the rows shown come
+from ``approval_queue``, one more statement); a turn's detail reuses the aggregates' reads
+(:mod:`stores.turns`, :mod:`stores.messages`, :mod:`stores.tool_calls`). The counts by
+status scan ``turns`` once: an operator's command, not something to poll (the metrics'
+gauges in :mod:`stores.monitoring` read only the indexed active rows).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from pydantic import BaseModel, Field
+from sqlalchemy.engine import Connection
+
+from engine.parts import Message
+from engine.status import FinishReason, TurnStatus
+from engine.store import RoundRecord, ToolCallRecord, TurnError, TurnRecord
+from stores import messages as message_sql
+from stores import tool_calls as call_sql
+from stores import turns as turn_sql
+from stores.database import utc
+from stores.schema import ACTIVE, TIMESTAMP, approval_queue, turns
+
+__all__ = [
+    "AGE_BUCKETS",
+    "PAUSED",
+    "ApprovalCounts",
+    "OldestPending",
+    "QueueCounts",
+    "Stats",
+    "TurnDetail",
+    "TurnQuery",
+    "TurnRow",
+    "WaitingApproval",
+    "list_turns",
+    "read_stats",
+    "turn_detail",
+]
+
+#: The status filter for turns paused at approvals (``completed`` / ``interrupted``).
+PAUSED = "paused"
+#: The age buckets of open approvals: a label and the age (seconds) it starts at.
+AGE_BUCKETS: tuple[tuple[str, float], ...] = (
+    ("<1h", 0.0),
+    ("1h-1d", 3600.0),
+    ("1d-7d", 86400.0),
+    (">=7d", 7 * 86400.0),
+)
+
+
+class TurnQuery(BaseModel):
+    """Which turns to list: every filter given must hold; newest first."""
+
+    #: Statuses (``pending``, …, or :data:`PAUSED`); ``None`` or empty: any.
+    statuses: tuple[str, ...] | None = None
+    agent: str | None = None
+    session_id: str | None = None
+    #: Only turns created at or after this moment.
+    since: datetime | None = None
+    #: Only turns that are their session's latest (the ones a retry may continue).
+    latest_only: bool = False
+    limit: int = Field(default=50, ge=1, le=100_000)
+
+
+class WaitingApproval(BaseModel):
+    """An open, undecided approval a paused turn waits for."""
+
+    turn_id: str
+    ref: str
+    interrupt: str
+    created_at: datetime
+
+
+class TurnRow(BaseModel):
+    """One turn as a list shows it."""
+
+    id: str
+    session_id: str
+    seq: int
+    agent: str
+    parent_id: str | None
+    status: TurnStatus
+    finish_reason: FinishReason | None
+    input_kind: str
+    attempts: int
+    max_attempts: int
+    error: TurnError | None
+    created_at: datetime
+    updated_at: datetime
+    settled_at: datetime | None
+    waiting: list[WaitingApproval] = Field(default_factory=list)
+
+
+class TurnDetail(BaseModel):
+    """One turn with its conversation, its own rounds and journal, the turns that continue
+    it, and the approvals it waits for."""
+
+    turn: TurnRecord
+    conversation: list[Message]
+    rounds: list[RoundRecord]
+    calls: list[ToolCallRecord]
+    children: list[str]
+    waiting: list[WaitingApproval]
+
+
+class QueueCounts(BaseModel):
+    """Running turns by what they wait for."""
+
+    #: Pending, claimable now: waiting for a free worker slot.
+    claimable: int = 0
+    #: Pending, not claimable before their ``run_after`` (a retry's backoff).
+    backing_off: int = 0
+    #: Pending with a live lease: a worker runs them.
+    running: int = 0
+    #: Aborting: their worker is stopping them.
+    aborting: int = 0
+
+
+class OldestPending(BaseModel):
+    """The pending turn created first."""
+
+    turn_id: str
+    agent: str
+    created_at: datetime
+    run_after: datetime
+
+
+class ApprovalCounts(BaseModel):
+    """Open approvals: undecided ones by age, and decided ones whose resume is not created
+    yet (another approval of the same turn is still open)."""
+
+    open: int = 0
+    decided_waiting: int = 0
+    by_age: dict[str, int] = Field(default_factory=lambda: {label: 0 for label, _ in AGE_BUCKETS})
+    oldest_created_at: datetime | None = None
+
+
+class Stats(BaseModel):
+    """The database at one moment."""
+
+    at: datetime
+    #: Turns per status (every status, zero included).
+    turns: dict[str, int]
+    #: Turns paused at approvals now: completed at interrupts and their session's latest
+    #: (counted among ``completed``).
+    paused: int
+    queue: QueueCounts
+    oldest_pending: OldestPending | None
+    approvals: ApprovalCounts
+
+
+def _is_latest() -> sa.ColumnElement[bool]:
+    """The turn is its session's latest (no turn of the session has a higher ``seq``)."""
+    later = turns.alias("later")
+    return ~sa.exists().where(later.c.session_id == turns.c.session_id, later.c.seq > turns.c.seq)
+
+
+def _status_condition(status: str) -> sa.ColumnElement[bool]:
+    if status == PAUSED:
+        # Paused now: stopped at approvals and not continued since (a resumed one is history).
+        return sa.and_(
+            turns.c.status == TurnStatus.COMPLETED.value,
+            turns.c.finish_reason == FinishReason.INTERRUPTED.value,
+            _is_latest(),
+        )
+    return turns.c.status == TurnStatus(status).value
+
+
+def _conditions(query: TurnQuery) -> list[sa.ColumnElement[bool]]:
+    conditions: list[sa.ColumnElement[bool]] = []
+    if query.statuses:
+        conditions.append(sa.or_(*(_status_condition(s) for s in query.statuses)))
+    if query.agent is not None:
+        conditions.append(turns.c.agent == query.agent)
+    if query.session_id is not None:
+        conditions.append(turns.c.session_id == query.session_id)
+    if query.since is not None:
+        conditions.append(turns.c.created_at >= query.since)
+    if query.latest_only:
+        conditions.append(_is_latest())
+    return conditions
+
+
+def list_turns(connection: Connection, query: TurnQuery) -> list[TurnRow]:
+    """The turns ``query`` selects, newest first, each with its waiting approvals."""
+    t = turns.c
+    rows = connection.execute(
+        sa.select(
+            t.id,
+            t.session_id,
+            t.seq,
+            t.agent,
+            t.parent_id,
+            t.status,
+            t.finish_reason,
+            t.input["kind"].as_string().label("input_kind"),
+            t.attempts,
+            t.max_attempts,
+            t.error,
+            t.created_at,
+            t.updated_at,
+            t.settled_at,
+        )
+        .where(*_conditions(query))
+        .order_by(t.created_at.desc(), t.id.desc())
+        .limit(query.limit)
+    ).all()
+    waiting = _waiting(connection, [r.id for r in rows])
+    return [
+        TurnRow(
+            id=r.id,
+            session_id=r.session_id,
+            seq=r.seq,
+            agent=r.agent,
+            parent_id=r.parent_id,
+            status=TurnStatus(r.status),
+            finish_reason=FinishReason(r.finish_reason) if r.finish_reason else None,
+            input_kind=str(r.input_kind),
+            attempts=r.attempts,
+            max_attempts=r.max_attempts,
+            error=TurnError.model_validate(r.error) if r.error is not None else None,
+            created_at=utc(r.created_at),
+            updated_at=utc(r.updated_at),
+            settled_at=utc(r.settled_at),
+            waiting=waiting.get(r.id, []),
+        )
+        for r in rows
+    ]
+
+
+def _waiting(connection: Connection, turn_ids: list[str]) -> dict[str, list[WaitingApproval]]:
+    """The undecided open approvals of these turns, by turn, oldest first."""
+    if not turn_ids:
+        return {}
+    q = approval_queue.c
+    found: dict[str, list[WaitingApproval]] = {}
+    for chunk in range(0, len(turn_ids), 500):
+        rows = connection.execute(
+            sa.select(q.turn_id, q.ref, q.name, q.created_at)
+            .where(q.turn_id.in_(turn_ids[chunk : chunk + 500]), q.decided_at.is_(None))
+            .order_by(q.created_at, q.turn_id, q.ref)
+        )
+        for r in rows:
+            found.setdefault(r.turn_id, []).append(
+                WaitingApproval(
+                    turn_id=r.turn_id, ref=r.ref, interrupt=r.name, created_at=utc(r.created_at)
+                )
+            )
+    return found
+
+
+def turn_detail(connection: Connection, turn_id: str) -> TurnDetail | None:
+    """Everything one turn holds (``None``: no such turn)."""
+    turn = turn_sql.get_turn(connection, turn_id)
+    if turn is None:
+        return None
+    children = connection.execute(
+        sa.select(turns.c.id).where(turns.c.parent_id == turn_id).order_by(turns.c.seq)
+    ).scalars()
+    return TurnDetail(
+        turn=turn,
+        conversation=message_sql.load_conversation(connection, turn_id) or [],
+        rounds=message_sql.load_rounds(connection, turn_id),
+        calls=call_sql.list_calls(connection, turn_id),
+        children=list(children),
+        waiting=_waiting(connection, [turn_id]).get(turn_id, []),
+    )
+
+
+_NOW = sa.bindparam("now", type_=TIMESTAMP)
+
+
+def read_stats(connection: Connection, now: datetime) -> Stats:
+    """Counts by status, the queue, the oldest pending turn and the open approvals by age,
+    as of ``now``."""
+    t = turns.c
+    by_status = {status.value: 0 for status in TurnStatus}
+    for row in connection.execute(
+        sa.select(t.status, sa.func.count().label("total")).group_by(t.status)
+    ):
+        by_status[str(row.status)] += int(row.total)
+    # approval_queue holds the interrupted calls of exactly the paused, latest turns.
+    paused = connection.execute(
+        sa.select(sa.func.count(sa.distinct(approval_queue.c.turn_id)))
+    ).scalar_one()
+    return Stats(
+        at=now,
+        turns=by_status,
+        paused=paused,
+        queue=_queue(connection, now),
+        oldest_pending=_oldest_pending(connection),
+        approvals=_approvals(connection, now),
+    )
+
+
+def _queue(connection: Connection, now: datetime) -> QueueCounts:
+    t = turns.c
+    leased = sa.and_(t.lease_expires_at.is_not(None), t.lease_expires_at >= _NOW)
+    pending = t.status == TurnStatus.PENDING.value
+
+    def count(condition: sa.ColumnElement[bool]) -> sa.ColumnElement[Any]:
+        return sa.func.coalesce(sa.func.sum(sa.case((condition, 1), else_=0)), 0)
+
+    row = connection.execute(
+        sa.select(
+            count(sa.and_(pending, ~leased, t.run_after <= _NOW)).label("claimable"),
+            count(sa.and_(pending, ~leased, t.run_after > _NOW)).label("backing_off"),
+            count(sa.and_(pending, leased)).label("running"),
+            count(t.status == TurnStatus.ABORTING.value).label("aborting"),
+        ).where(t.status.in_(ACTIVE)),
+        {"now": now},
+    ).one()
+    return QueueCounts(
+        claimable=int(row.claimable),
+        backing_off=int(row.backing_off),
+        running=int(row.running),
+        aborting=int(row.aborting),
+    )
+
+
+def _oldest_pending(connection: Connection) -> OldestPending | None:
+    t = turns.c
+    row = connection.execute(
+        sa.select(t.id, t.agent, t.created_at, t.run_after)
+        .where(t.status == TurnStatus.PENDING.value)
+        .order_by(t.created_at, t.id)
+        .limit(1)
+    ).first()
+    if row is None:
+        return None
+    return OldestPending(
+        turn_id=row.id,
+        agent=row.agent,
+        created_at=utc(row.created_at),
+        run_after=utc(row.run_after),
+    )
+
+
+def _approvals(connection: Connection, now: datetime) -> ApprovalCounts:
+    q = approval_queue.c
+    undecided = q.decided_at.is_(None)
+    # Each bucket's bounds as bound moments: the same comparison on both databases.
+    bounds = [now - timedelta(seconds=start) for _, start in AGE_BUCKETS] + [None]
+    buckets = []
+    for index, (label, _) in enumerate(AGE_BUCKETS):
+        newest, oldest = bounds[index], bounds[index + 1]
+        within: list[sa.ColumnElement[bool]] = [undecided]
+        if index > 0:  # the youngest bucket also takes moments ahead of this clock
+            within.append(q.created_at <= newest)
+        if oldest is not None:
+            within.append(q.created_at > oldest)
+        buckets.append(sa.func.sum(sa.case((sa.and_(*within), 1), else_=0)).label(label))
+    row = connection.execute(
+        sa.select(
+            sa.func.sum(sa.case((undecided, 1), else_=0)).label("open"),
+            sa.func.sum(sa.case((undecided, 0), else_=1)).label("decided"),
+            sa.func.min(sa.case((undecided, q.created_at), else_=None)).label("oldest"),
+            *buckets,
+        )
+    ).one()
+    oldest = row.oldest
+    if isinstance(oldest, str):  # SQLite: a CASE hides the column's type
+        oldest = datetime.fromisoformat(oldest)
+    mapping = row._mapping
+    return ApprovalCounts(
+        open=int(row.open or 0),
+        decided_waiting=int(row.decided or 0),
+        by_age={label: int(mapping[label] or 0) for label, _ in AGE_BUCKETS},
+        oldest_created_at=utc(oldest),
+    )

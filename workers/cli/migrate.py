@@ -1,0 +1,205 @@
+"""``turnstile migrate``: bring the database schema to the head migration (Alembic); with
+``--sql``, print the SQL instead of applying it; ``migrate current`` and ``migrate history``
+say where the database and the code stand."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import click
+
+from workers.cli.operator import OperatorCommand, json_option, named_option
+from workers.cli.output import console, emit_json, table
+from workers.cli.params import DATABASE_URL_ENV, db_option, log_options
+from workers.cli.startup import (
+    CommandFailed,
+    Refused,
+    call_store_hook,
+    redact_url,
+    resolve_db_url,
+    store_hook,
+)
+from workers.logs import configure_logging
+
+__all__ = ["migrate"]
+
+
+class MigrateGroup(click.Group):
+    """``migrate`` itself migrates; its subcommands report. A :class:`CommandFailed` of the
+    group's own callback is reported as the commands' are."""
+
+    command_class = OperatorCommand
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except CommandFailed as exc:
+            click.echo(f"{ctx.command_path}: {exc}", err=True)
+            return exc.exit_status
+
+
+def _db(ctx: click.Context, db: str | None) -> str | None:
+    """A subcommand's ``--db``, else the one given before its name (``migrate --db URL
+    current``)."""
+    parent = ctx.parent.params.get("db") if ctx.parent is not None else None
+    return db or parent
+
+
+@click.group(
+    "migrate",
+    cls=MigrateGroup,
+    invoke_without_command=True,
+    short_help="Migrate the schema to head (--sql: print it); current, history.",
+)
+@db_option
+@log_options
+@named_option(
+    "--sql", "sql", is_flag=True, help="print the SQL the migration would run; apply nothing"
+)
+@named_option(
+    "--from",
+    "start",
+    default=None,
+    metavar="REVISION",
+    help="with --sql: the revision the SQL starts from (base: an empty database) [default: "
+    "the database's current revision]",
+)
+@click.pass_context
+def migrate(
+    ctx: click.Context,
+    db: str | None,
+    log_level: str,
+    log_format: str,
+    sql: bool,
+    start: str | None,
+) -> int | None:
+    """Bring the database schema to head (or, with --sql, print the SQL that would)."""
+    if ctx.invoked_subcommand is not None:
+        return None
+    configure_logging(log_level, log_format)
+    if start is not None and not sql:
+        raise click.UsageError("--from goes with --sql.")
+    url = resolve_db_url(db)
+    if sql:
+        return _print_sql(url, start)
+    hook = store_hook("migrate")
+    if hook is None:
+        raise Refused("this installation has no SQL store to migrate (stores.migrate).")
+    try:
+        call_store_hook(hook, url)
+    except Exception as exc:
+        print(f"turnstile migrate: failed on {redact_url(url)}: {exc}", file=sys.stderr)
+        return 1
+    print(f"database at head: {redact_url(url)}")
+    return 0
+
+
+def _print_sql(url: str, start: str | None) -> int:
+    from alembic.util import CommandError
+
+    from stores.migrate import current_revision, head_revision, migration_sql
+
+    if start is None:
+        try:
+            start = current_revision(url) or "base"
+        except Exception as exc:
+            raise CommandFailed(
+                f"cannot read the revision of {redact_url(url)} ({' '.join(str(exc).split())}); "
+                "give --from base (or a revision) to print the SQL without a database."
+            ) from exc
+    if start == head_revision():
+        click.echo(f"{redact_url(url)} is at head already: no SQL to run.", err=True)
+        return 0
+    try:
+        text = migration_sql(url, None if start == "base" else start)
+    except CommandError as exc:
+        raise Refused(f"--from {start}: {exc}") from exc
+    sys.stdout.write(text)
+    return 0
+
+
+@migrate.command("current")
+@db_option
+@json_option
+@click.pass_context
+def current(ctx: click.Context, db: str | None, as_json: bool) -> int:
+    """The database's migration revision, and whether it is the code's head."""
+    from stores.migrate import current_revision, head_revision
+
+    url = resolve_db_url(_db(ctx, db))
+    try:
+        revision = current_revision(url)
+    except Exception as exc:
+        raise CommandFailed(
+            f"cannot read {redact_url(url)}: {' '.join(str(exc).split())} (check --db)"
+        ) from exc
+    head = head_revision()
+    if as_json:
+        emit_json({"current": revision, "head": head, "at_head": revision == head})
+        return 0
+    if revision is None:
+        click.echo(f"empty (never migrated); head is {head}: run `turnstile migrate`")
+    elif revision == head:
+        click.echo(f"{revision} (head)")
+    else:
+        click.echo(f"{revision}; head is {head}: run `turnstile migrate`")
+    return 0
+
+
+@migrate.command("history")
+@db_option
+@json_option
+@click.pass_context
+def history(ctx: click.Context, db: str | None, as_json: bool) -> int:
+    """The code's migrations, oldest first (with --db: which the database has applied)."""
+    from stores.migrate import current_revision, head_revision, migration_history
+
+    migrations = migration_history()
+    given = _db(ctx, db) or os.environ.get(DATABASE_URL_ENV)
+    revision: str | None = None
+    if given:
+        url = resolve_db_url(given)
+        try:
+            revision = current_revision(url)
+        except Exception as exc:
+            raise CommandFailed(
+                f"cannot read {redact_url(url)}: {' '.join(str(exc).split())} (check --db, "
+                "or leave it out to list the code's migrations only)"
+            ) from exc
+    order = [m.revision for m in migrations]
+    applied_through = order.index(revision) if revision in order else -1
+
+    def applied(index: int) -> bool | None:
+        return index <= applied_through if given else None
+
+    if as_json:
+        emit_json(
+            {
+                "head": head_revision(),
+                "current": revision,
+                "items": [
+                    {
+                        "revision": m.revision,
+                        "down_revision": m.down_revision,
+                        "description": m.description,
+                        "applied": applied(i),
+                    }
+                    for i, m in enumerate(migrations)
+                ],
+            }
+        )
+        return 0
+    columns = ["REVISION", "DESCRIPTION"] + (["APPLIED"] if given else [])
+    console().print(
+        table(
+            None,
+            columns,
+            (
+                [m.revision, m.description] + (["yes" if applied(i) else "no"] if given else [])
+                for i, m in enumerate(migrations)
+            ),
+        )
+    )
+    return 0

@@ -1,0 +1,105 @@
+"""``turnstile stats``: the database at a glance — turns by status, the queue, the oldest
+pending turn and the open approvals by age (:func:`stores.operations.read_stats`)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import click
+
+from stores.operations import Stats
+from workers.cli.operator import OperatorCommand, json_option, run_on_store
+from workers.cli.output import ago, console, emit_json, iso, seconds_since, table
+from workers.cli.params import db_option
+
+__all__ = ["stats", "stats_wire"]
+
+
+def stats_wire(read: Stats) -> dict[str, Any]:
+    """``turnstile stats --json``."""
+    oldest = read.oldest_pending
+    approvals = read.approvals
+    return {
+        "at": iso(read.at),
+        "turns": dict(read.turns),
+        "paused": read.paused,
+        "queue": read.queue.model_dump(),
+        "oldest_pending": {
+            "turn_id": oldest.turn_id,
+            "agent": oldest.agent,
+            "created_at": iso(oldest.created_at),
+            "run_after": iso(oldest.run_after),
+            "age_seconds": seconds_since(oldest.created_at, read.at),
+        }
+        if oldest
+        else None,
+        "approvals": {
+            "open": approvals.open,
+            "decided_waiting": approvals.decided_waiting,
+            "by_age": dict(approvals.by_age),
+            "oldest_created_at": iso(approvals.oldest_created_at),
+        },
+    }
+
+
+def _print(read: Stats, now: datetime) -> None:
+    out = console()
+    out.print(
+        table(
+            "Turns",
+            ["STATUS", "TURNS"],
+            [
+                *([status, count] for status, count in read.turns.items()),
+                ["(of the completed: paused at approvals now)", read.paused],
+            ],
+        )
+    )
+    queue = read.queue
+    oldest = read.oldest_pending
+    out.print(
+        table(
+            "Queue",
+            ["WAITING FOR", "TURNS"],
+            [
+                ["a worker (claimable now)", queue.claimable],
+                ["their retry backoff", queue.backing_off],
+                ["nothing: running", queue.running],
+                ["their worker to stop (aborting)", queue.aborting],
+            ],
+        )
+    )
+    if oldest is not None:
+        out.print(
+            f"Oldest pending turn: {oldest.turn_id} ({oldest.agent}), created "
+            f"{ago(oldest.created_at, now)} ago",
+            markup=False,
+        )
+    else:
+        out.print("No pending turn.")
+    approvals = read.approvals
+    out.print(
+        table(
+            "Open approvals by age",
+            ["AGE", "APPROVALS"],
+            [
+                *([label, count] for label, count in approvals.by_age.items()),
+                ["(decided, resume not queued yet)", approvals.decided_waiting],
+            ],
+        )
+    )
+
+
+@click.command(
+    "stats", cls=OperatorCommand, short_help="Turns by status, the queue, approvals by age."
+)
+@db_option
+@json_option
+def stats(db: str | None, as_json: bool) -> int:
+    """Turns by status, the queue, the oldest pending turn, open approvals by age."""
+    read = run_on_store(db, lambda store: store.read_stats())
+    if as_json:
+        emit_json(stats_wire(read))
+    else:
+        _print(read, read.at)
+    return 0
