@@ -21,9 +21,6 @@ anything else is a 404, so the inbox does not reveal other principals' approvals
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -47,14 +44,13 @@ from engine.inbox import (
     parse_approval_id,
 )
 from engine.remote.auth import InboxPolicy, Principal
-from engine.remote.wire import check_id, check_text, error_response, id_problem, read_json
+from engine.remote.cursors import decode_cursor, encode_cursor
+from engine.remote.wire import check_id, check_text, error_response, read_json
 from engine.store import ApprovalQuery, PendingApproval, SessionStore
 
 __all__ = ["InboxRoutes", "policy_wire", "vote_wire"]
 
 MAX_PAGE = 200
-#: A cursor is base64 of JSON holding a timestamp and two ids (a character escapes to <= 12).
-MAX_CURSOR_LENGTH = 8192
 #: The filters that name an agent, an interrupt or a principal: ids, bounded as ids are.
 ID_FILTERS = ("agent", "interrupt", "owner")
 
@@ -136,28 +132,7 @@ def _key(approval: PendingApproval) -> tuple[datetime, str, str]:
 
 
 def _encode_cursor(approval: PendingApproval) -> str:
-    key = [approval.created_at.isoformat(), approval.turn_id, approval.ref]
-    return base64.urlsafe_b64encode(json.dumps(key).encode()).decode().rstrip("=")
-
-
-def _decode_cursor(cursor: str) -> tuple[datetime, str, str]:
-    refused = InvalidArgumentError("cursor is not one this server handed out.")
-    if len(cursor) > MAX_CURSOR_LENGTH:
-        raise refused
-    try:
-        padded = cursor + "=" * (-len(cursor) % 4)
-        created, turn_id, ref = json.loads(base64.urlsafe_b64decode(padded.encode()))
-        moment = datetime.fromisoformat(created)
-    except (ValueError, TypeError, binascii.Error, UnicodeDecodeError) as exc:
-        raise refused from exc
-    # A forged cursor can be well-formed and still unusable: a moment without an offset cannot
-    # be compared with the stored (aware) ones, and an id no client may send (a NUL, a lone
-    # surrogate PostgreSQL cannot encode, 3,000 characters) is no key the server handed out.
-    if moment.tzinfo is None or not isinstance(turn_id, str) or not isinstance(ref, str):
-        raise refused
-    if id_problem(turn_id) is not None or id_problem(ref) is not None:
-        raise refused
-    return moment, turn_id, ref
+    return encode_cursor(_key(approval))
 
 
 def _number(request: Request, name: str, default: float, low: float, high: float) -> float:
@@ -225,7 +200,7 @@ class InboxRoutes:
                 interrupt=params.get("interrupt"),
                 owner=owner or allowed,
                 created_before=now - timedelta(seconds=min_age) if min_age else None,
-                after=_decode_cursor(params["cursor"]) if params.get("cursor") else None,
+                after=decode_cursor(params["cursor"]) if params.get("cursor") else None,
                 limit=limit,
             )
             examined: list[PendingApproval] = []

@@ -8,9 +8,6 @@ is visible to its session's owner and to principals the policy lets see every ap
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
@@ -23,7 +20,8 @@ from engine.errors import InvalidArgumentError
 from engine.inbox import find_approval
 from engine.memory_store import InMemorySessionStore, list_events
 from engine.remote.auth import InboxPolicy, Principal
-from engine.remote.wire import check_id, check_text, id_problem
+from engine.remote.cursors import CursorKey, decode_cursor, encode_cursor
+from engine.remote.wire import check_id, check_text
 from engine.store import (
     ApprovalQuery,
     PendingApproval,
@@ -44,7 +42,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-Key = tuple[datetime, str, str]
+Key = CursorKey
 
 #: The inbox's age filter: at least this old (seconds, and what the list offers).
 AGE_CHOICES: tuple[tuple[str, str], ...] = (
@@ -55,8 +53,6 @@ AGE_CHOICES: tuple[tuple[str, str], ...] = (
     ("604800", "Older than 1 week"),
 )
 _MAX_AGE_SECONDS = 10 * 365 * 86400
-#: A cursor is base64 of JSON holding a timestamp and two ids (a character escapes to <= 12).
-_MAX_CURSOR_LENGTH = 8192
 #: How far up a session's chain the page looks for the turn that continued another.
 _MAX_CHAIN_STEPS = 500
 
@@ -97,30 +93,6 @@ class TurnFound:
     agent: Agent
     store: SessionStore
     owner: str | None
-
-
-def encode_cursor(key: Key) -> str:
-    """The opaque cursor of a key."""
-    raw = json.dumps([key[0].isoformat(), key[1], key[2]]).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def decode_cursor(cursor: str) -> Key:
-    """The key of a cursor this server handed out; :class:`InvalidArgumentError` otherwise."""
-    refused = InvalidArgumentError("The page cursor is not one this server handed out.")
-    if len(cursor) > _MAX_CURSOR_LENGTH:
-        raise refused
-    try:
-        padded = cursor + "=" * (-len(cursor) % 4)
-        moment, turn_id, ref = json.loads(base64.urlsafe_b64decode(padded.encode()))
-        at = datetime.fromisoformat(moment)
-    except (ValueError, TypeError, binascii.Error, UnicodeDecodeError) as exc:
-        raise refused from exc
-    if at.tzinfo is None or not isinstance(turn_id, str) or not isinstance(ref, str):
-        raise refused
-    if id_problem(turn_id) is not None or id_problem(ref) is not None:
-        raise refused
-    return at, turn_id, ref
 
 
 def _id_filter(params: Mapping[str, str], name: str, label: str) -> str | None:
