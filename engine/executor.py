@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from engine import tracing
+from engine import instruments, tracing
 from engine.errors import StaleTransitionError
 from engine.runner import ChunkCallback, RunnerConfig, TurnOutcome, TurnRunner
 from engine.signals import AbortSignal
@@ -302,6 +302,7 @@ async def _settle(
     try:
         if outcome is None:
             if stop_reason[0] == "lease lost":
+                instruments.lease_lost(turn.agent)
                 return await store.get_turn(turn.id) or turn
             logger.info("turn %s aborted", turn.id)
             return await store.transition(

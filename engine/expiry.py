@@ -21,6 +21,7 @@ from collections import defaultdict
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+from engine import instruments
 from engine.agent import TurnRequest
 from engine.errors import AgentError, TurnFailedError
 from engine.parts import RESUMED, Part
@@ -54,6 +55,7 @@ async def expire_approvals(
     for call in await store.list_expired_interrupts(now=moment, limit=limit, agents=served):
         overdue[call.turn_id].append(call)
     created: list[str] = []
+    expired: dict[str, int] = defaultdict(int)
     for turn_id in overdue:
         turn = await store.get_turn(turn_id)
         agent = engine.agents.get(turn.agent) if turn else None
@@ -90,6 +92,7 @@ async def expire_approvals(
             # An inline agent ran the expiry turn at once and it failed, as an expiry does.
             if failure.snapshot_id is not None:
                 created.append(failure.snapshot_id)
+                expired[turn.agent] += len(overdue[turn_id])
             continue
         except AgentError as error:
             # Decided meanwhile (a human answered, another worker expired it): nothing to do.
@@ -100,5 +103,8 @@ async def expire_approvals(
             continue
         if response.snapshot_id is not None:
             created.append(response.snapshot_id)
+        expired[turn.agent] += len(overdue[turn_id])
         logger.info("approval deadline passed on %s: %s", turn_id, turn_input.kind)
+    for name, count in expired.items():
+        instruments.approvals_expired(name, count)
     return created

@@ -12,12 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from engine import tracing
+from engine import instruments, tracing
 from engine.errors import AgentError, NotFoundError, StoreError, ToolError, TransientError
 from engine.model import Model, ModelRequest, ModelUsage
 from engine.outcome import TurnOutcome, error_of
@@ -320,9 +321,17 @@ class TurnRunner:
         async def forward(parts: list[Part]) -> None:
             await self._emitter.emit("model", parts)
 
-        with tracing.model_span(self.config.model.name) as span:
-            response = await self.config.model.generate(request, forward)
-            tracing.model_answered(span, response.finish_reason, response.usage)
+        model_name = self.config.model.name
+        started = time.monotonic()
+        try:
+            with tracing.model_span(model_name) as span:
+                response = await self.config.model.generate(request, forward)
+                tracing.model_answered(span, response.finish_reason, response.usage)
+        except BaseException as exc:
+            took = time.monotonic() - started
+            instruments.model_call(self.config.agent, model_name, took, instruments.error_kind(exc))
+            raise
+        instruments.model_call(self.config.agent, model_name, time.monotonic() - started, None)
         message = response.message.copy_deep()  # the model may keep what it returned
         message.role = "model"
         for part in message.content:
@@ -479,10 +488,18 @@ class TurnRunner:
         return updated
 
     async def _execute(self, row: ToolCallRecord, resumed: Any, *, defer: bool) -> _Result:
-        with tracing.tool_span(row) as span:
-            result = await self._execute_call(row, resumed, defer=defer)
-            tracing.tool_finished(span, "interrupted" if result.paused else "done")
-            return result
+        started = time.monotonic()
+        try:
+            with tracing.tool_span(row) as span:
+                result = await self._execute_call(row, resumed, defer=defer)
+                outcome = "interrupted" if result.paused else "done"
+                tracing.tool_finished(span, outcome)
+        except BaseException as exc:
+            took = time.monotonic() - started
+            instruments.tool_call(self.config.agent, row.name, took, instruments.error_kind(exc))
+            raise
+        instruments.tool_call(self.config.agent, row.name, time.monotonic() - started, outcome)
+        return result
 
     async def _execute_call(self, row: ToolCallRecord, resumed: Any, *, defer: bool) -> _Result:
         tool = self._tool(row.name)

@@ -21,6 +21,8 @@ import logging
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
+from engine import instruments
+
 __all__ = [
     "MAX_PAYLOAD_BYTES",
     "RELAY_BATCH_BYTES",
@@ -202,6 +204,7 @@ class ChunkBatcher:
             return
         self.batches_sent += 1
         self.payloads_sent += len(payloads)
+        instruments.chunks_relayed(len(chunks), 1)
 
     async def flush_all(self) -> None:
         """Publish everything buffered (before the store closes)."""

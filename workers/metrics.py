@@ -1,6 +1,8 @@
 """Prometheus metrics of a ``turnstile serve`` or ``turnstile worker`` process.
 
-Nothing here runs on a turn's path. What the database knows (turns in flight, the queue,
+Little here runs on a turn's path: :class:`EngineMetrics` observes a histogram or bumps a
+counter when the engine reports a model or tool call, a lost lease, expired approvals or
+relayed chunks (:mod:`engine.instruments`). What the database knows (turns in flight, the queue,
 open approvals) is read when Prometheus scrapes, by :class:`DatabaseCollector`, one statement
 per family (:mod:`stores.monitoring`). The worker pool's counters are numbers the pool keeps
 anyway, copied at scrape time. HTTP requests are counted by an ASGI middleware per route
@@ -39,7 +41,7 @@ from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.types import Message as ASGIMessage
 
-from engine import Engine
+from engine import Engine, instruments
 from engine.status import TurnStatus
 from engine.store import TurnRecord
 from stores.monitoring import DatabaseGauges, MonitoringDatabase
@@ -48,6 +50,7 @@ from workers.pool import WorkerPool
 __all__ = [
     "CONTENT_TYPE_LATEST",
     "DatabaseCollector",
+    "EngineMetrics",
     "HttpMetrics",
     "Metrics",
     "PoolMetrics",
@@ -60,6 +63,11 @@ logger = logging.getLogger("turnstile.metrics")
 HTTP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 #: Claim latency and turn duration buckets, in seconds.
 TURN_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+#: Model and tool call durations: a cached tool answers in milliseconds, a long model
+#: answer takes minutes.
+CALL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+#: Tool outcomes that are not errors.
+TOOL_SUCCESSES = frozenset({"done", "interrupted"})
 #: Methods counted under their own name; any other is counted as ``other`` (bounded labels).
 KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 #: The label of a request no route matched.
@@ -252,6 +260,93 @@ class PoolMetrics:
             self.retries.labels(turn.agent).inc()
 
 
+class EngineMetrics:
+    """An :class:`engine.instruments.Instrument` keeping the engine's series: model and tool
+    call durations and errors by name, lease losses, expired approvals, relayed chunks.
+
+    A call stopped from outside (an abort, a lost lease, a shutdown) is neither timed nor an
+    error: its duration says nothing about the model or the tool.
+    """
+
+    def __init__(self, registry: CollectorRegistry, agents: Sequence[str] = ()) -> None:
+        self.model_duration = Histogram(
+            "turnstile_model_call_duration_seconds",
+            "Model calls by agent and model, answered or failed.",
+            ["agent", "model"],
+            buckets=CALL_BUCKETS,
+            registry=registry,
+        )
+        self.model_errors = Counter(
+            "turnstile_model_call_errors",
+            "Model calls that failed, by kind (transient, or the error's status).",
+            ["agent", "model", "kind"],
+            registry=registry,
+        )
+        self.tool_duration = Histogram(
+            "turnstile_tool_call_duration_seconds",
+            "Tool runs by agent and tool, whatever their outcome.",
+            ["agent", "tool"],
+            buckets=CALL_BUCKETS,
+            registry=registry,
+        )
+        self.tool_errors = Counter(
+            "turnstile_tool_call_errors",
+            "Tool runs that failed, by outcome (transient, or the error's status).",
+            ["agent", "tool", "outcome"],
+            registry=registry,
+        )
+        self.lease_losses = Counter(
+            "turnstile_lease_losses",
+            "Runs stopped because another worker took over their turn's lease.",
+            ["agent"],
+            registry=registry,
+        )
+        self.approvals_expired_total = Counter(
+            "turnstile_approvals_expired",
+            "Approvals decided by their deadline (a default answer or a failed turn).",
+            ["agent"],
+            registry=registry,
+        )
+        self.relay_chunks = Counter(
+            "turnstile_relay_chunks",
+            "Chunks of running turns this process relayed to streaming clients.",
+            registry=registry,
+        )
+        self.relay_batches = Counter(
+            "turnstile_relay_batches",
+            "Transactions that carried relayed chunks (each holds one batch).",
+            registry=registry,
+        )
+        # Zeros from the start, so a rate over these counters has a series before the first.
+        for agent in agents:
+            self.lease_losses.labels(agent)
+            self.approvals_expired_total.labels(agent)
+
+    def model_call(self, agent: str, model: str, seconds: float, error_kind: str | None) -> None:
+        if error_kind == instruments.CANCELLED:
+            return
+        self.model_duration.labels(agent, model).observe(seconds)
+        if error_kind is not None:
+            self.model_errors.labels(agent, model, error_kind).inc()
+
+    def tool_call(self, agent: str, tool: str, seconds: float, outcome: str) -> None:
+        if outcome == instruments.CANCELLED:
+            return
+        self.tool_duration.labels(agent, tool).observe(seconds)
+        if outcome not in TOOL_SUCCESSES:
+            self.tool_errors.labels(agent, tool, outcome).inc()
+
+    def lease_lost(self, agent: str) -> None:
+        self.lease_losses.labels(agent).inc()
+
+    def approvals_expired(self, agent: str, count: int) -> None:
+        self.approvals_expired_total.labels(agent).inc(count)
+
+    def chunks_relayed(self, count: int, batches: int) -> None:
+        self.relay_chunks.inc(count)
+        self.relay_batches.inc(batches)
+
+
 class Metrics:
     """The metrics of one process: its own registry (never the global one, so several apps
     in one interpreter — tests — do not collide), rendered by :meth:`render`."""
@@ -288,6 +383,8 @@ class Metrics:
             registry=self.registry,
         )
         self.pool = pool
+        self.agents = list(agents)
+        self._engine: EngineMetrics | None = None
         self._pool_collector = _PoolCollector()
         if pool is not None:
             self.registry.register(self._pool_collector)
@@ -299,6 +396,19 @@ class Metrics:
         observer = PoolMetrics(self.registry)
         pool.add_observer(observer)
         return observer
+
+    def observe_engine(self) -> EngineMetrics:
+        """Keep the engine's series (model and tool calls, lease losses, expired approvals,
+        relayed chunks) from now until :meth:`close`, or until this object is dropped."""
+        if self._engine is None:
+            self._engine = EngineMetrics(self.registry, self.agents)
+        instruments.add_instrument(self._engine)
+        return self._engine
+
+    def close(self) -> None:
+        """Stop receiving the engine's reports (the series keep their values)."""
+        if self._engine is not None:
+            instruments.remove_instrument(self._engine)
 
     def refresh(self) -> None:
         """Copy the pool's numbers; call in the pool's event loop, before :meth:`render`."""

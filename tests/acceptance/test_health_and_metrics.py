@@ -82,6 +82,16 @@ def test_metrics_after_a_turn_that_pauses_for_approval() -> None:
             == 1
         )
         assert value(samples, "turnstile_build_info", version=_installed_version()) == 1
+        # One model call, which asked for the approval: a tool run that paused, no error.
+        model = {"agent": "bankingAgent", "model": "scripted"}
+        assert value(samples, "turnstile_model_call_duration_seconds_count", **model) == 1
+        approval = {"agent": "bankingAgent", "tool": "userApproval"}
+        assert value(samples, "turnstile_tool_call_duration_seconds_count", **approval) == 1
+        assert not any(
+            name.startswith(("turnstile_model_call_errors", "turnstile_tool_call_errors"))
+            for name, _ in samples
+        )
+        assert value(samples, "turnstile_lease_losses_total", agent="bankingAgent") == 0
         # The raw path never becomes a label: only route templates do.
         assert not any("bankingAgent" in dict(labels).get("route", "") for _, labels in samples)
 
@@ -94,6 +104,18 @@ def test_metrics_after_a_turn_that_pauses_for_approval() -> None:
         assert decided.status_code == 200, decided.text
         samples = scrape(base)
         assert value(samples, "turnstile_approvals_open", agent="bankingAgent") == 0
+        # The approved resume asked the model for the transfer, ran it once, then asked the
+        # model for its summary: two more model calls.
+        wait_until(
+            lambda: scrape(base).get(("turnstile_worker_turns_settled_total", ()), 0) == 2,
+            timeout=10,
+            what="the resume to settle",
+        )
+        samples = scrape(base)
+        transfer = {"agent": "bankingAgent", "tool": "transferMoney"}
+        assert value(samples, "turnstile_tool_call_duration_seconds_count", **transfer) == 1
+        assert value(samples, "turnstile_tool_call_duration_seconds_count", **approval) == 1
+        assert value(samples, "turnstile_model_call_duration_seconds_count", **model) == 3
         assert value(samples, "turnstile_approvals_oldest_age_seconds", agent="bankingAgent") == 0
         route = "/inbox/{approval_id}/decision"
         assert (

@@ -30,6 +30,7 @@ def observability(app: Engine, url: str, pool: WorkerPool | None) -> tuple[Readi
 
     database = MonitoringDatabase(url) if durable(app) else None
     metrics = Metrics(database=database, agents=durable_agents(app), pool=pool)
+    metrics.observe_engine()
     if pool is not None:
         metrics.observe_pool(pool)
     readiness = Readiness(
