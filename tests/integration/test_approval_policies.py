@@ -1,19 +1,33 @@
 """Approval policies enforced by the engine (engine.inbox.decide) on every store: maker-checker
-refusals, a two-person quorum, one denial deciding, and each vote recorded."""
+refusals, a two-person quorum, one denial deciding, and each vote recorded.
+
+The concurrent-vote tests make the race wide and deterministic on PostgreSQL: a deferred
+constraint trigger, created only in the test's own database, sleeps while carol's vote
+commits — after her transaction counted the votes, before it commits — and dave's vote runs
+meanwhile. Without the journal row's lock (``stores/approvals.py`` ``record_vote``), both
+would count the votes with the other's uncommitted and neither would decide; with it, dave's
+vote waits for carol's commit and then sees her vote.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import TypeVar
 
+import psycopg
 import pytest
+from sqlalchemy.engine import URL
 
 from engine.approval_policy import (
     AlreadyVotedError,
     ApprovalPolicy,
     ApprovalRefusedError,
     VoteBook,
+    VoteOutcome,
     role,
 )
 from engine.errors import ApprovalNotPendingError
@@ -26,7 +40,7 @@ from engine.turn_request import TurnRequest
 from examples.banking import BankingApp, build
 from stores import SqlSessionStore
 from tests.conftest import TEST_STATE_KEYS
-from tests.databases import sql_store
+from tests.databases import libpq_dsn, sql_store
 
 ALICE = Principal("alice", roles=frozenset({"approver"}))  # the requester, an approver too
 BOB = Principal("bob", roles=frozenset({"approver"}))
@@ -35,6 +49,25 @@ MALLORY = Principal("mallory")  # no approver role
 
 APPROVE = Decision(respond={"approved": True})
 DENY = Decision(respond={"approved": False})
+
+VoteResult = TypeVar("VoteResult")
+
+SLOW_VOTER = "carol"
+SLEEP_SECONDS = 1.0
+
+# Sleeps at the commit of SLOW_VOTER's vote: after its transaction counted the votes (and
+# while it holds the journal row's lock), before its vote is visible to anyone else.
+SLOW_VOTE_COMMIT = f"""
+CREATE FUNCTION slow_vote_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_sleep({SLEEP_SECONDS});
+    RETURN NULL;
+END $$;
+CREATE CONSTRAINT TRIGGER slow_vote_commit AFTER INSERT ON approval_votes
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
+    WHEN (NEW.voter = '{SLOW_VOTER}')
+    EXECUTE FUNCTION slow_vote_commit();
+"""
 
 
 @dataclass
@@ -176,13 +209,63 @@ async def test_a_chat_resume_cannot_skip_the_policy(store: SessionStore) -> None
     assert ctx.app.transfers == []
 
 
+def postgres_url_of(store: SessionStore) -> URL | None:
+    """The database URL of a store on PostgreSQL; None for any other store."""
+    if isinstance(store, SqlSessionStore) and store.db.is_postgres:
+        return store.url
+    return None
+
+
+def slow_down_commits_of_the_slow_voter(url: URL) -> None:
+    """Install the trigger that holds SLOW_VOTER's vote at its commit (this database only)."""
+    with psycopg.connect(libpq_dsn(url), autocommit=True) as admin:
+        admin.execute(SLOW_VOTE_COMMIT)
+
+
+async def wait_until_a_vote_sleeps(url: URL, timeout: float = 10.0) -> None:
+    """Return once a backend of this database sleeps in the trigger: the slow vote has
+    counted the votes and is committing."""
+    deadline = time.monotonic() + timeout
+    async with await psycopg.AsyncConnection.connect(libpq_dsn(url), autocommit=True) as admin:
+        while time.monotonic() < deadline:
+            cursor = await admin.execute(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND wait_event = 'PgSleep'"
+            )
+            row = await cursor.fetchone()
+            if row is not None and row[0] > 0:
+                return
+            await asyncio.sleep(0.01)
+    raise AssertionError("the slow voter's commit never started sleeping")
+
+
+async def overlapping(
+    slow_vote: Awaitable[VoteResult], other_vote: Awaitable[VoteResult], url: URL | None
+) -> list[VoteResult]:
+    """Run both votes at once; on PostgreSQL, start ``other_vote`` only while ``slow_vote``
+    sleeps in its commit, so that the two transactions overlap."""
+    if url is None:
+        return list(await asyncio.gather(slow_vote, other_vote))
+    slow = asyncio.ensure_future(slow_vote)
+    try:
+        await wait_until_a_vote_sleeps(url)
+        other = await other_vote
+        return [await slow, other]
+    finally:
+        # A failure before the slow vote finished must not leave its task running on.
+        slow.cancel()
+
+
 async def test_concurrent_last_votes_decide_once(store: SessionStore) -> None:
     """Two approvers casting the last two votes of a quorum of three at once: votes are
     counted one after the other, so exactly one of them decides and the turn resumes once."""
     ctx = await paused(store, ApprovalPolicy(approvers=role("approver"), required_approvals=3))
     assert await ctx.vote(BOB) is False
     dave = Principal("dave", roles=frozenset({"approver"}))
-    outcomes = await asyncio.gather(ctx.vote(CAROL), ctx.vote(dave))
+    url = postgres_url_of(store)
+    if url is not None:
+        slow_down_commits_of_the_slow_voter(url)
+    outcomes = await overlapping(ctx.vote(CAROL), ctx.vote(dave), url)
     assert sorted(outcomes) == [False, True]
     assert await ctx.turn_status() == (TurnStatus.COMPLETED, FinishReason.STOP)
     assert [request.amount for _key, request in ctx.app.transfers] == [40]
@@ -190,42 +273,33 @@ async def test_concurrent_last_votes_decide_once(store: SessionStore) -> None:
     assert len(await store.list_votes(ctx.approval.turn_id, 1, "approval-1")) == 3
 
 
+async def last_vote(store: SqlSessionStore, ctx: Paused, voter: str) -> VoteOutcome:
+    """``voter``'s approval, recorded straight through ``store``, under a quorum of three."""
+    return await store.record_vote(
+        ctx.approval.turn_id, 1, "approval-1", voter=voter, answer=True, approves=True, required=3
+    )
+
+
 async def test_votes_from_two_processes_count_one_after_the_other() -> None:
     """Two stores on one PostgreSQL database (as two server processes have) record the last
-    two votes of a quorum of three at once: exactly one of them writes the decision."""
+    two votes of a quorum of three at once: dave's vote, cast while carol's commits, waits for
+    it and sees her vote, so exactly one of them writes the decision."""
     async with sql_store("postgres") as first:
         ctx = await paused(first, ApprovalPolicy(approvers=role("approver"), required_approvals=3))
+        slow_down_commits_of_the_slow_voter(first.url)
         second = SqlSessionStore(first.url.render_as_string(hide_password=False))
         try:
-            # Both stores hold an open connection, so their votes start together.
-            await second.list_votes(ctx.approval.turn_id, 1, "approval-1")
-            await first.record_vote(
-                ctx.approval.turn_id,
-                1,
-                "approval-1",
-                voter="bob",
-                answer=True,
-                approves=True,
-                required=3,
-            )
-            outcomes = await asyncio.gather(
-                *(
-                    store.record_vote(
-                        ctx.approval.turn_id,
-                        1,
-                        "approval-1",
-                        voter=voter,
-                        answer=True,
-                        approves=True,
-                        required=3,
-                    )
-                    for store, voter in ((first, "carol"), (second, "dave"))
-                )
+            await last_vote(first, ctx, "bob")
+            carol, dave = await overlapping(
+                last_vote(first, ctx, SLOW_VOTER), last_vote(second, ctx, "dave"), first.url
             )
         finally:
             await second.close()
-        assert sorted(o.decided is not None for o in outcomes) == [False, True]
-        assert sorted(len(o.votes) for o in outcomes) == [2, 3]
+        assert (carol.decided, [v.voter for v in carol.votes]) == (None, ["bob", "carol"])
+        assert dave.decided is not None and dave.decided.decided_by == "dave"
+        assert [v.voter for v in dave.votes] == ["bob", "carol", "dave"]
+        votes = await first.list_votes(ctx.approval.turn_id, 1, "approval-1")
+        assert len(votes) == 3
 
 
 async def test_retention_takes_the_votes_with_the_session(store: SessionStore) -> None:
