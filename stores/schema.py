@@ -189,6 +189,15 @@ tool_calls = sa.Table(
         postgresql_where=sa.text("status = 'interrupted' AND deadline IS NOT NULL"),
         sqlite_where=sa.text("status = 'interrupted' AND deadline IS NOT NULL"),
     ),
+    # The history of decisions (migration 0007) reads it backwards: newest decision first.
+    sa.Index(
+        "ix_tool_calls_decided",
+        "decided_at",
+        "turn_id",
+        "ref",
+        postgresql_where=sa.text("decided_at IS NOT NULL"),
+        sqlite_where=sa.text("decided_at IS NOT NULL"),
+    ),
     comment="The journal: one row per tool request, keyed by (turn, round, ref).",
 )
 

@@ -8,10 +8,13 @@ from typing import Any
 
 import psycopg
 import pytest
+import sqlalchemy as sa
 from alembic import command
 from sqlalchemy.engine import make_url
 
+from engine.approval_history import DecisionQuery
 from stores import SchemaNotAtHeadError, ensure_at_head, migrate, snapshots, turn_creation, turns
+from stores import approvals as approval_sql
 from stores import turn_claims as claim_sql
 from stores.migrate import _config, current_revision, head_revision
 from stores.pg import PLANNER_SETTINGS
@@ -108,19 +111,23 @@ def _populate(connection: psycopg.Connection[Any], turns: int, *, analyze: bool 
 def _plan(connection: psycopg.Connection[Any], sql: str) -> tuple[set[str], set[str]]:
     """The indexes and the tables the plan of ``sql`` reads."""
     (plan,) = connection.execute(f"EXPLAIN (FORMAT JSON) {sql}").fetchone()  # type: ignore[misc]
-    indexes: set[str] = set()
-    tables: set[str] = set()
+    nodes = _plan_nodes(plan)
+    indexes = {node["Index Name"] for node in nodes if "Index Name" in node}
+    tables = {node["Relation Name"] for node in nodes if "Relation Name" in node}
+    return indexes, tables
+
+
+def _plan_nodes(plan: Any) -> list[dict[str, Any]]:
+    """Every node of an ``EXPLAIN (FORMAT JSON)`` result (parsed or not), top-down."""
+    nodes: list[dict[str, Any]] = []
 
     def walk(node: dict[str, Any]) -> None:
-        if "Index Name" in node:
-            indexes.add(node["Index Name"])
-        if "Relation Name" in node:
-            tables.add(node["Relation Name"])
+        nodes.append(node)
         for child in node.get("Plans", []):
             walk(child)
 
     walk(plan[0]["Plan"] if isinstance(plan, list) else json.loads(plan)[0]["Plan"])
-    return indexes, tables
+    return nodes
 
 
 def test_claim_and_open_approvals_queries_use_their_indexes() -> None:
@@ -152,6 +159,89 @@ def test_claim_and_open_approvals_queries_use_their_indexes() -> None:
         assert tables == {"approval_queue"}
         rows = connection.execute("SELECT count(*) FROM open_approvals").fetchone()
         assert rows == (50,)
+
+
+def _history_page_explained(url: str, query: DecisionQuery, explain: str) -> list[Any]:
+    """The rows of ``explain`` for the history's page for ``query``: ``list_decisions`` runs on
+    a real connection, and its statement is explained as sent, with the same parameters."""
+    sent: list[tuple[str, Any]] = []
+
+    def record(*arguments: Any) -> None:
+        _, _, statement, parameters, _, _ = arguments
+        sent.append((statement, parameters))
+
+    engine = sa.create_engine(url, poolclass=sa.NullPool)
+    try:
+        with engine.connect() as connection:
+            sa.event.listen(connection, "before_cursor_execute", record)
+            approval_sql.list_decisions(connection, query)
+            sa.event.remove(connection, "before_cursor_execute", record)
+            statement, parameters = sent[0]  # the page; a second one reads the resumes
+            assert "ORDER BY" in statement, statement
+            return list(connection.exec_driver_sql(f"{explain} {statement}", parameters))
+    finally:
+        engine.dispose()
+
+
+def _history_page_plan(url: str, query: DecisionQuery) -> list[dict[str, Any]]:
+    """The PostgreSQL plan nodes of the history's page for ``query``."""
+    [(plan,)] = _history_page_explained(url, query, "EXPLAIN (FORMAT JSON)")
+    return _plan_nodes(plan)
+
+
+def _reads_the_history_index_backwards(nodes: list[dict[str, Any]]) -> bool:
+    """Whether the plan walks ix_tool_calls_decided newest first and sorts no journal rows
+    (the resume's subquery sorts a paused turn's few children, which is not the page)."""
+    scans = [n for n in nodes if n.get("Index Name") == "ix_tool_calls_decided"]
+    sorted_tables = {
+        below.get("Relation Name")
+        for sort in nodes
+        if sort["Node Type"] in ("Sort", "Incremental Sort")
+        for below in _plan_nodes([{"Plan": sort}])
+    }
+    walks = [(n["Node Type"], n.get("Scan Direction")) for n in scans]
+    return walks == [("Index Scan", "Backward")] and "tool_calls" not in sorted_tables
+
+
+def test_the_history_of_decisions_pages_through_its_index() -> None:
+    """With 5,000 decided approvals among 20,000 journal rows, the history's first page and a
+    later keyset page each read ix_tool_calls_decided backwards from the cursor (the keyset in
+    the index condition), never scanning and sorting the decided rows; without the index they
+    do, so the check tells the two apart."""
+    with postgres_url() as url:
+        with psycopg.connect(_dsn(url), autocommit=True) as connection:
+            _populate(connection, 20_000, analyze=False)
+            connection.execute(
+                """UPDATE tool_calls
+                   SET answer = '{"respond": true}', decided_by = 'alice',
+                       decided_at = now() - substr(turn_id, 2)::int * interval '1 second'
+                   WHERE substr(turn_id, 2)::int % 4 = 0"""
+            )
+            connection.execute("ANALYZE")
+        first = _history_page_plan(url, DecisionQuery())
+        cursor = (datetime.now(UTC), "t10000", "approval-1")
+        later = _history_page_plan(url, DecisionQuery(before=cursor))
+        with psycopg.connect(_dsn(url), autocommit=True) as connection:
+            connection.execute("DROP INDEX ix_tool_calls_decided")
+        unindexed = _history_page_plan(url, DecisionQuery())
+
+    assert _reads_the_history_index_backwards(first), json.dumps(first, indent=1)
+    assert _reads_the_history_index_backwards(later), json.dumps(later, indent=1)
+    [keyset] = [n for n in later if n.get("Index Name") == "ix_tool_calls_decided"]
+    assert "decided_at, turn_id, ref" in keyset.get("Index Cond", ""), keyset
+    assert not _reads_the_history_index_backwards(unindexed), json.dumps(unindexed, indent=1)
+
+
+def test_the_history_of_decisions_reads_its_index_on_sqlite() -> None:
+    """On SQLite too the history's page searches ix_tool_calls_decided in its order: the only
+    sort left is the resume's subquery's, over a paused turn's children."""
+    rows = _history_page_explained(new_sqlite_database(), DecisionQuery(), "EXPLAIN QUERY PLAN")
+    steps = [row[3] for row in rows]
+    assert "SEARCH tool_calls USING INDEX ix_tool_calls_decided (decided_at>?)" in steps, steps
+    assert steps.count("USE TEMP B-TREE FOR ORDER BY") == 1, steps
+    assert steps.index("USE TEMP B-TREE FOR ORDER BY") > steps.index(
+        "CORRELATED SCALAR SUBQUERY 1"
+    ), steps
 
 
 def _explained(
