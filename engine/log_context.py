@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import functools
-import importlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
+
+from engine import tracing
 
 __all__ = ["CONTEXT_FIELDS", "TurnContextFilter", "TurnFields", "current_turn", "turn_context"]
 
@@ -70,27 +70,12 @@ def turn_context(turn: _Turn) -> Iterator[TurnFields]:
         _current.reset(token)
 
 
-@functools.cache
-def _trace_id_source() -> Callable[[], str | None] | None:
-    """``engine.tracing.current_trace_id`` when that optional module is present."""
-    try:
-        module = importlib.import_module("engine.tracing")
-    except ImportError:
-        return None
-    source = getattr(module, "current_trace_id", None)
-    return source if callable(source) else None
-
-
 def current_trace_id() -> str | None:
-    """The trace id of the running span, if tracing is installed and a span is recording."""
-    source = _trace_id_source()
-    if source is None:
-        return None
+    """The trace id of the running span or propagated context, if there is one."""
     try:
-        found = source()
+        return tracing.current_trace_id()
     except Exception:  # a log line must never fail because tracing did
         return None
-    return str(found) if found else None
 
 
 class TurnContextFilter(logging.Filter):

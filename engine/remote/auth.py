@@ -15,9 +15,6 @@ decide every approval. :func:`inbox_policy_from_spec` reads one from a command-l
 from __future__ import annotations
 
 import hmac
-import importlib
-import os
-import sys
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -25,6 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 from starlette.requests import Request
 
 from engine.errors import AgentError
+from engine.imports import import_attribute
 from engine.store import PendingApproval
 
 __all__ = [
@@ -175,22 +173,18 @@ def inbox_policy_from_spec(spec: str) -> InboxPolicy:
 
 def _imported_policy(spec: str, module_name: str, attribute: str) -> InboxPolicy:
     """``module:attribute`` as an :class:`InboxPolicy` (made by calling it when needed)."""
-    # Console scripts do not put the current directory on sys.path; policies usually live there.
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
     try:
-        module = importlib.import_module(module_name)
+        found: Any = import_attribute(module_name, attribute)
     except ImportError as exc:
         raise ValueError(
             f"Inbox policy {spec!r}: cannot import module {module_name!r} ({exc}); use "
             f"{_POLICY_FORMS}."
         ) from exc
-    found: Any = getattr(module, attribute, None)
-    if found is None:
+    except AttributeError as exc:
         raise ValueError(
             f"Inbox policy {spec!r}: module {module_name!r} has no attribute {attribute!r}; "
             f"use {_POLICY_FORMS}."
-        )
+        ) from exc
     # A class has the protocol's methods as attributes too: it is made, not used as is.
     if isinstance(found, type) or (callable(found) and not isinstance(found, InboxPolicy)):
         try:

@@ -12,13 +12,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import importlib
 import inspect
 import logging
 import os
 import re
 import socket
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,6 +26,7 @@ from urllib.parse import urlsplit, urlunsplit
 import click
 
 from engine import Engine
+from engine.imports import import_attribute
 from engine.model import Model
 from workers.cli.params import DATABASE_URL_ENV, DEFAULT_DB_URL
 from workers.observers import PoolObserver
@@ -145,17 +144,12 @@ def load_attr(spec: str, option: str) -> Any:
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise Refused(f"{option} must look like 'module:attribute', not {spec!r}.")
-    # Console scripts do not put the current directory on sys.path; apps usually live there.
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
     try:
-        module = importlib.import_module(module_name)
+        return import_attribute(module_name, attr)
     except ImportError as exc:
         raise Refused(f"cannot import app module {module_name!r}: {exc}") from exc
-    found = getattr(module, attr, None)
-    if found is None:
-        raise Refused(f"module {module_name!r} has no attribute {attr!r}.")
-    return found
+    except AttributeError as exc:
+        raise Refused(f"module {module_name!r} has no attribute {attr!r}.") from exc
 
 
 def load_app(spec: str) -> Engine:
