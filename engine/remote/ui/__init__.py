@@ -4,7 +4,8 @@
 * ``/ui/approvals/{id}`` — one approval, its conversation, and the decision form;
 * ``/ui/turns/{id}`` — the turn inspector, with abort and retry;
 * ``/ui/history`` (and ``/ui/history.csv``) — decided approvals;
-* ``/ui/login``, ``/ui/logout`` — browser sessions when the server has an authenticator.
+* ``/ui/login``, ``/ui/logout`` — browser sessions when the server has an authenticator;
+* ``/ui/events`` — server-sent events telling open pages that something changed.
 
 Pages are rendered on the server and work without JavaScript; a small script of our own
 (``static/ui.js``) adds live updates. See ``docs/inbox.md``.
@@ -31,6 +32,7 @@ from engine.remote.ui.kit import STATIC, PageKit, UiSettings
 from engine.remote.ui.queries import Catalog
 from engine.remote.ui.sessions import SECRET_ENV
 from engine.remote.ui.turn_pages import TurnPages
+from engine.ui_sessions import BrowserSessionStore, InMemoryBrowserSessions
 
 __all__ = ["SECRET_ENV", "InboxUI", "UiSettings"]
 
@@ -50,7 +52,16 @@ class InboxUI:
         max_body_bytes: int,
         settings: UiSettings | None = None,
     ) -> None:
-        self.kit = PageKit(Catalog(engine, policy), auth, settings or UiSettings(), max_body_bytes)
+        settings = settings or UiSettings()
+        store = settings.session_store or session_store_of(engine)
+        if store is None:
+            store = InMemoryBrowserSessions()
+            if auth is not None:
+                logger.warning(
+                    "no served agent keeps its turns in a store that can keep browser "
+                    "sessions: /ui sessions and sign-in limits live in this process only"
+                )
+        self.kit = PageKit(Catalog(engine, policy), auth, settings, max_body_bytes, store)
         if auth is not None and self.kit.cookies.ephemeral:
             logger.warning(
                 "%s is not set: browser sessions of /ui are signed with a key made by this "
@@ -91,3 +102,12 @@ class InboxUI:
 
     async def _to_inbox(self, request: Request) -> Response:
         return self.kit.redirect(request, None, "/ui")
+
+
+def session_store_of(engine: Engine) -> BrowserSessionStore | None:
+    """The store of the first served agent that can keep browser sessions (the SQL and
+    in-memory stores can), or ``None``."""
+    for agent in engine.agents.values():
+        if isinstance(agent.store, BrowserSessionStore):
+            return agent.store
+    return None
