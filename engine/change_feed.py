@@ -23,7 +23,7 @@ class ChangeFeed(Protocol):
         only sleeps, and callers should poll instead)."""
         ...
 
-    async def wait_for_any_change(self, timeout: float) -> None:
-        """Return when any turn may have been created or changed, or after ``timeout``
-        seconds. A hint only: callers re-read what they show."""
+    async def wait_for_any_change(self, timeout: float) -> bool:
+        """Return ``True`` when any turn may have been created or changed, ``False`` after
+        ``timeout`` seconds without. A hint only: callers re-read what they show."""
         ...

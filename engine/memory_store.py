@@ -613,9 +613,9 @@ class InMemorySessionStore(InMemoryBrowserSessions):
         """See :meth:`engine.store.SessionStore.wait_for_change`."""
         await self._changes.wait(turn_id, timeout)
 
-    async def wait_for_any_change(self, timeout: float) -> None:
+    async def wait_for_any_change(self, timeout: float) -> bool:
         """See :meth:`engine.change_feed.ChangeFeed.wait_for_any_change`."""
-        await self._any_change.wait(timeout)
+        return await self._any_change.wait(timeout)
 
     async def prune_sessions(self, *, settled_before: datetime, limit: int = 500) -> int:
         """See :meth:`engine.store.SessionStore.prune_sessions`."""

@@ -180,10 +180,11 @@ class Listener:
         self._ensure_started()
         await self._changes.wait(turn_id, timeout)
 
-    async def wait_for_any_change(self, timeout: float) -> None:
-        """Until a work or change notification for any turn arrives, or ``timeout``."""
+    async def wait_for_any_change(self, timeout: float) -> bool:
+        """Until a work or change notification for any turn arrives (``True``), or
+        ``timeout`` (``False``)."""
         self._ensure_started()
-        await self._any_change.wait(timeout)
+        return await self._any_change.wait(timeout)
 
     async def close(self) -> None:
         """Stop listening."""

@@ -25,6 +25,7 @@ import engine.remote.inbox_routes  # noqa: F401
 from engine.engine import Engine
 from engine.remote.auth import Authenticator, InboxPolicy
 from engine.remote.ui.auth_pages import AuthPages
+from engine.remote.ui.events import EventStream, live_feeds
 from engine.remote.ui.guard import guarded, guarded_json
 from engine.remote.ui.history_pages import HistoryPages
 from engine.remote.ui.inbox_pages import ApprovalPages, InboxPages
@@ -62,6 +63,7 @@ class InboxUI:
                     "sessions: /ui sessions and sign-in limits live in this process only"
                 )
         self.kit = PageKit(Catalog(engine, policy), auth, settings, max_body_bytes, store)
+        self.events = EventStream(self.kit, live_feeds(engine))
         if auth is not None and self.kit.cookies.ephemeral:
             logger.warning(
                 "%s is not set: browser sessions of /ui are signed with a key made by this "
@@ -85,6 +87,7 @@ class InboxUI:
             Route("/ui", guarded(kit, inbox.inbox), methods=["GET"]),
             Route("/ui/", self._to_inbox, methods=["GET"]),
             Route("/ui/inbox/live", guarded_json(kit, inbox.live), methods=["GET"]),
+            Route("/ui/events", guarded_json(kit, self.events.events), methods=["GET"]),
             Route("/ui/login", auth.login_form, methods=["GET"]),
             Route("/ui/login", auth.login, methods=["POST"]),
             Route("/ui/logout", auth.logout, methods=["POST"]),
