@@ -26,7 +26,7 @@ from tests.acceptance.inbox_ui_support import (
     screenshot,
     sign_in,
 )
-from tests.databases import postgres_url
+from tests.databases import new_sqlite_database, postgres_url
 from tests.http_support import ROOT, serve_process
 
 pytestmark = pytest.mark.postgres
@@ -118,6 +118,41 @@ def test_a_new_approval_arrives_through_the_event_stream(tmp_path: Path, page: P
         assert row.get_attribute("data-approval") == f"{turn_id}:approval-1"
         expect(page).to_have_title("(1) Inbox · Turnstile")
         screenshot(page, "inbox-live-by-events")
+
+
+def test_on_sqlite_the_page_falls_back_to_polling(tmp_path: Path, page: Page) -> None:
+    """SQLite cannot announce changes: the stream answers 204, the page's EventSource gives
+    up, and the inbox still shows a new approval by polling."""
+    settings = {
+        "TURNSTILE_LEDGER": str(tmp_path / "ledger.jsonl"),
+        "TURNSTILE_UI_POLL_SECONDS": "0.5",
+        "TURNSTILE_UI_SECRET": "polling-acceptance-secret-0123456789abcdef",
+    }
+    url = new_sqlite_database()
+    args = ["--auth", AUTH_SPEC, "--inbox-policy", "role:approver"]
+    with (
+        serve_process(url, workers=1, args=args, env=settings, log=tmp_path / "serve.log") as (
+            base,
+            _serve,
+        ),
+        evidence(page, "sessions-polling"),
+    ):
+        with page.expect_response(lambda r: "/ui/events" in r.url) as stream:
+            sign_in(page, base, "bob")
+        assert stream.value.status == 204
+        with page.expect_response(lambda r: "/ui/inbox/live" in r.url):
+            pass  # the page polls once the stream is refused
+        message = {"role": "user", "content": [{"text": "Transfer $9 to fay"}]}
+        body = {"data": {"message": message, "detach": True}}
+        with httpx.Client(base_url=base, timeout=30) as api:
+            answer = api.post(
+                "/api/bankingAgent",
+                json=body,
+                headers={"Authorization": f"Bearer {TOKENS['alice']}"},
+            )
+        answer.raise_for_status()
+        expect(page.locator("#inbox-rows tr[data-approval]")).to_have_count(1, timeout=30_000)
+        expect(page).to_have_title("(1) Inbox · Turnstile")
 
 
 def test_failed_sign_ins_are_limited_across_two_server_processes(tmp_path: Path) -> None:
