@@ -33,6 +33,10 @@ __all__ = [
 
 #: Longest user agent kept with a session (the rest is cut: it is only a hint for operators).
 MAX_USER_AGENT = 200
+#: Sessions that expired longer ago than this are deleted when another browser signs in.
+ENDED_SESSIONS_KEPT = timedelta(days=30)
+#: Sign-in counters whose window started longer ago than this are deleted then too.
+LOGIN_COUNTS_KEPT = timedelta(days=1)
 
 
 def new_session_id() -> str:
@@ -78,7 +82,9 @@ class BrowserSessionStore(Protocol):
     """Where the inbox UI keeps browser sessions and sign-in counters."""
 
     async def create_browser_session(self, session: BrowserSessionRecord) -> None:
-        """Insert a new session row."""
+        """Insert a new session row, and delete, in the same transaction, the sessions that
+        expired more than :data:`ENDED_SESSIONS_KEPT` before it was created and the sign-in
+        counters older than :data:`LOGIN_COUNTS_KEPT`."""
         ...
 
     async def get_browser_session(self, session_id: str) -> BrowserSessionRecord | None:
@@ -136,6 +142,14 @@ class InMemoryBrowserSessions:
         """See :meth:`BrowserSessionStore.create_browser_session`."""
         if session.id in self._browser_sessions:
             raise ValueError(f"Browser session {session.id} already exists.")
+        old = session.created_at - ENDED_SESSIONS_KEPT
+        for found in list(self._browser_sessions.values()):
+            if found.expires_at < old:
+                del self._browser_sessions[found.id]
+        stale = session.created_at - LOGIN_COUNTS_KEPT
+        for count in list(self._login_counts.values()):
+            if count.window_started_at < stale:
+                del self._login_counts[count.key]
         self._browser_sessions[session.id] = session
 
     async def get_browser_session(self, session_id: str) -> BrowserSessionRecord | None:

@@ -10,7 +10,13 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
-from engine.ui_sessions import BrowserSessionRecord, LoginCount, check_revoke_target
+from engine.ui_sessions import (
+    ENDED_SESSIONS_KEPT,
+    LOGIN_COUNTS_KEPT,
+    BrowserSessionRecord,
+    LoginCount,
+    check_revoke_target,
+)
 from stores.database import utc
 from stores.schema import ui_login_failures, ui_sessions
 
@@ -45,7 +51,18 @@ def _record(row: sa.Row[tuple[object, ...]]) -> BrowserSessionRecord:
 
 
 def create_session(connection: Connection, session: BrowserSessionRecord) -> None:
-    """Insert a new session row."""
+    """Insert a new session row; delete sessions long expired and sign-in counters long
+    idle (the first reads ``ix_ui_sessions_expires_at``; the second a small table)."""
+    connection.execute(
+        sa.delete(ui_sessions).where(
+            ui_sessions.c.expires_at < session.created_at - ENDED_SESSIONS_KEPT
+        )
+    )
+    connection.execute(
+        sa.delete(ui_login_failures).where(
+            ui_login_failures.c.window_started_at < session.created_at - LOGIN_COUNTS_KEPT
+        )
+    )
     connection.execute(
         sa.insert(ui_sessions).values(
             id=session.id,

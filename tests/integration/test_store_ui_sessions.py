@@ -148,3 +148,25 @@ async def test_concurrent_attempts_are_each_counted(store: SessionStore) -> None
     )
     (count,) = await sessions.count_login_attempt(["address:10.0.0.3"], now=now, window=WINDOW)
     assert count.failures == 9
+
+
+async def test_a_sign_in_deletes_long_expired_sessions_and_old_counters(
+    store: SessionStore,
+) -> None:
+    """Sessions expired over 30 days ago and day-old counters go when a browser signs in;
+    recent ones stay."""
+    sessions = _sessions(store)
+    now = datetime.now(UTC)
+    ancient = _session(now=now - timedelta(days=40))
+    recent = _session(now=now - timedelta(days=2))
+    for session in (ancient, recent):
+        await sessions.create_browser_session(session)
+    await sessions.count_login_attempt(["address:old"], now=now - timedelta(days=2), window=WINDOW)
+    await sessions.count_login_attempt(["address:new"], now=now, window=WINDOW)
+    await sessions.create_browser_session(_session(now=now))
+    assert await sessions.get_browser_session(ancient.id) is None
+    assert await sessions.get_browser_session(recent.id) is not None
+    counts = await sessions.count_login_attempt(
+        ["address:old", "address:new"], now=now, window=WINDOW
+    )
+    assert {c.key: c.failures for c in counts} == {"address:old": 1, "address:new": 2}
