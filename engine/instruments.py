@@ -33,6 +33,7 @@ __all__ = [
     "model_call",
     "remove_instrument",
     "tool_call",
+    "ui_login_failure",
 ]
 
 #: The kind of a failure worth retrying (a :class:`~engine.errors.TransientError`).
@@ -62,6 +63,10 @@ class Instrument(Protocol):
 
     def chunks_relayed(self, count: int, batches: int) -> None:
         """``count`` chunks of running turns left this process in ``batches`` transactions."""
+
+    def ui_login_failure(self, reason: str) -> None:
+        """A sign-in to the inbox UI failed: ``refused`` (the authenticator said no) or
+        ``limited`` (too many failures: refused without asking)."""
 
 
 _refs: tuple[weakref.ref[Instrument], ...] = ()
@@ -138,3 +143,10 @@ def chunks_relayed(count: int, batches: int) -> None:
     if _refs:
         for instrument in instruments():
             instrument.chunks_relayed(count, batches)
+
+
+def ui_login_failure(reason: str) -> None:
+    """Report a failed sign-in to every instrument (see :meth:`Instrument.ui_login_failure`)."""
+    if _refs:
+        for instrument in instruments():
+            instrument.ui_login_failure(reason)

@@ -26,7 +26,7 @@ from engine.errors import (
 from engine.model import ModelUsage
 from engine.parts import Message
 from engine.relay import ChunkBroker, ChunkSubscription
-from engine.signals import KeyedSignals, WakeEvent
+from engine.signals import BroadcastSignal, KeyedSignals, WakeEvent
 from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus
 from engine.store import (
     ApprovalQuery,
@@ -56,6 +56,7 @@ from engine.store_rules import (
     claim_after,
     transition_changes,
 )
+from engine.ui_sessions import InMemoryBrowserSessions
 
 __all__ = ["InMemorySessionStore", "list_events"]
 
@@ -71,12 +72,17 @@ def _plus(total: int | None, more: int | None) -> int | None:
     return (total or 0) + more
 
 
-class InMemorySessionStore:
-    """A :class:`~engine.store.SessionStore` kept in process memory (lost on exit)."""
+class InMemorySessionStore(InMemoryBrowserSessions):
+    """A :class:`~engine.store.SessionStore` kept in process memory (lost on exit); it keeps
+    the inbox UI's browser sessions too (:class:`~engine.ui_sessions.BrowserSessionStore`)."""
 
     durable = False
+    #: Every change happens in this process, so waiters hear all of them.
+    live_changes = True
 
     def __init__(self) -> None:
+        super().__init__()
+        self._any_change = BroadcastSignal()
         # Sticky: a wake-up that fires between a worker's empty claim and its wait is kept.
         self._work = WakeEvent()
         self._changes = KeyedSignals()
@@ -157,6 +163,7 @@ class InMemorySessionStore:
                 round=0, messages=[m.copy_deep() for m in turn.initial_messages], committed=True
             )
         self._work.set()
+        self._any_change.fire()
         self._events[turn.id] = [
             TurnEvent(
                 turn_id=turn.id, from_status=None, to_status=TurnStatus.PENDING, attempt=0, at=now
@@ -286,6 +293,7 @@ class InMemorySessionStore:
         moved = turn.model_copy(update=transition_changes(change, turn.lease_token, now))
         self._turns[turn_id] = moved
         self._changes.fire(turn_id)
+        self._any_change.fire()
         if change.new is TurnStatus.PENDING:
             self._work.set()
         self._events[turn_id].append(
@@ -604,6 +612,10 @@ class InMemorySessionStore:
     async def wait_for_change(self, turn_id: str, timeout: float) -> None:
         """See :meth:`engine.store.SessionStore.wait_for_change`."""
         await self._changes.wait(turn_id, timeout)
+
+    async def wait_for_any_change(self, timeout: float) -> bool:
+        """See :meth:`engine.change_feed.ChangeFeed.wait_for_any_change`."""
+        return await self._any_change.wait(timeout)
 
     async def prune_sessions(self, *, settled_before: datetime, limit: int = 500) -> int:
         """See :meth:`engine.store.SessionStore.prune_sessions`."""

@@ -56,7 +56,7 @@ class BroadcastSignal:
     """A wake-up for many waiters: every waiter at the time of :meth:`fire` returns."""
 
     def __init__(self) -> None:
-        self._waiters: set[asyncio.Future[None]] = set()
+        self._waiters: set[asyncio.Future[bool]] = set()
 
     @property
     def waiting(self) -> bool:
@@ -67,16 +67,16 @@ class BroadcastSignal:
         """Wake every current waiter (later waiters wait for the next fire)."""
         waiters, self._waiters = self._waiters, set()
         for waiter in waiters:
-            _release(waiter)
+            _release(waiter, True)
 
-    async def wait(self, timeout: float) -> None:
-        """Until the next :meth:`fire`, or ``timeout`` seconds."""
+    async def wait(self, timeout: float) -> bool:
+        """Until the next :meth:`fire` (``True``), or ``timeout`` seconds (``False``)."""
         loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[None] = loop.create_future()
+        waiter: asyncio.Future[bool] = loop.create_future()
         self._waiters.add(waiter)
-        timer = loop.call_later(timeout, _release, waiter)
+        timer = loop.call_later(timeout, _release, waiter, False)
         try:
-            await waiter
+            return await waiter
         finally:
             timer.cancel()
             self._waiters.discard(waiter)
@@ -146,6 +146,6 @@ class WakeEvent:
             await self._signal.wait(timeout)
 
 
-def _release(waiter: asyncio.Future[None]) -> None:
+def _release(waiter: asyncio.Future[bool], fired: bool) -> None:
     if not waiter.done():
-        waiter.set_result(None)
+        waiter.set_result(fired)

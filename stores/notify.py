@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection
 
 from engine.relay import ChunkBroker
-from engine.signals import KeyedSignals, WakeEvent
+from engine.signals import BroadcastSignal, KeyedSignals, WakeEvent
 from stores.chunk_relay import read_chunk_payload
 
 __all__ = [
@@ -76,6 +76,8 @@ class Listener:
         self._hints: dict[str, None] = {}
         self._hints_complete = True
         self._changes = KeyedSignals()
+        # Wakes whoever waits for any turn's creation or change (the inbox UI's events).
+        self._any_change = BroadcastSignal()
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.connected = asyncio.Event()
@@ -87,6 +89,7 @@ class Listener:
             self._work = WakeEvent()
             self._hints, self._hints_complete = {}, False
             self._changes = KeyedSignals()
+            self._any_change = BroadcastSignal()
             self.connected = asyncio.Event()
             self._task = loop.create_task(self._listen(), name="turnstile-listener")
 
@@ -119,10 +122,12 @@ class Listener:
         async for note in connection.notifies():
             if note.channel == WORK_CHANNEL:
                 self._hint(note.payload)
+                self._any_change.fire()
             elif note.channel == CHUNK_CHANNEL:
                 self._relay(note.payload)
             else:
                 self._changes.fire(note.payload)
+                self._any_change.fire()
         raise psycopg.OperationalError("the LISTEN connection was closed")
 
     def _hint(self, turn_id: str) -> None:
@@ -162,6 +167,7 @@ class Listener:
         self._hints_complete = False
         self._work.set()
         self._changes.fire_all()
+        self._any_change.fire()
 
     async def wait_for_work(self, timeout: float) -> None:
         """Until a work notification arrives, or ``timeout``."""
@@ -173,6 +179,12 @@ class Listener:
         """Until a change notification for ``turn_id`` arrives, or ``timeout``."""
         self._ensure_started()
         await self._changes.wait(turn_id, timeout)
+
+    async def wait_for_any_change(self, timeout: float) -> bool:
+        """Until a work or change notification for any turn arrives (``True``), or
+        ``timeout`` (``False``)."""
+        self._ensure_started()
+        return await self._any_change.wait(timeout)
 
     async def close(self) -> None:
         """Stop listening."""

@@ -176,6 +176,13 @@ class PostgresSessionStore(SqlSessionStore):
         """See :meth:`engine.store.SessionStore.wait_for_change`."""
         await self._listener.wait_for_change(turn_id, timeout)
 
+    #: Every process's changes arrive by NOTIFY (see :class:`engine.change_feed.ChangeFeed`).
+    live_changes = True
+
+    async def wait_for_any_change(self, timeout: float) -> bool:
+        """See :meth:`engine.change_feed.ChangeFeed.wait_for_any_change`."""
+        return await self._listener.wait_for_any_change(timeout)
+
     async def publish_chunk(self, turn_id: str, chunk: dict[str, Any]) -> None:
         """See :meth:`engine.store.SessionStore.publish_chunk`.
 

@@ -27,6 +27,8 @@ __all__ = [
     "tool_calls",
     "turn_events",
     "turns",
+    "ui_login_failures",
+    "ui_sessions",
 ]
 
 metadata = sa.MetaData(
@@ -272,4 +274,36 @@ approval_votes = sa.Table(
         ondelete="CASCADE",
     ),
     comment="Votes on approvals whose interrupt has an approval policy (migration 0006).",
+)
+
+ui_sessions = sa.Table(
+    "ui_sessions",
+    metadata,
+    sa.Column("id", sa.Text, primary_key=True, comment="What the signed cookie carries."),
+    sa.Column("principal", sa.Text, nullable=False, comment="Who signed in."),
+    sa.Column("roles", JSON, nullable=False, comment="The principal's roles at sign-in."),
+    sa.Column("csrf", sa.Text, nullable=False, comment="The session's CSRF token."),
+    sa.Column("created_at", TIMESTAMP, nullable=False),
+    sa.Column("last_seen_at", TIMESTAMP, nullable=False),
+    sa.Column("expires_at", TIMESTAMP, nullable=False, comment="The absolute end."),
+    sa.Column("revoked_at", TIMESTAMP, comment="Logout or an operator's revoke; NULL: not."),
+    sa.Column("user_agent", sa.Text, nullable=False, server_default=""),
+    sa.Column("client_address", sa.Text, nullable=False, server_default=""),
+    sa.Index("ix_ui_sessions_principal", "principal"),
+    sa.Index("ix_ui_sessions_expires_at", "expires_at"),
+    comment="Signed-in browsers of the inbox UI (migration 0010).",
+)
+
+ui_login_failures = sa.Table(
+    "ui_login_failures",
+    metadata,
+    sa.Column("key", sa.Text, primary_key=True, comment="'address:...' or 'account:...'."),
+    sa.Column(
+        "failures",
+        sa.Integer,
+        nullable=False,
+        comment="Sign-in attempts in the window not known to have succeeded.",
+    ),
+    sa.Column("window_started_at", TIMESTAMP, nullable=False),
+    comment="Failed sign-ins of the inbox UI per client address and account (migration 0010).",
 )

@@ -45,6 +45,7 @@ from engine.store import (
     TurnRecord,
 )
 from engine.store_rules import abort_target
+from engine.ui_sessions import BrowserSessionRecord, LoginCount
 from stores import admission as admission_sql
 from stores import approvals as approval_sql
 from stores import messages as message_sql
@@ -54,6 +55,7 @@ from stores import sessions as session_sql
 from stores import tool_calls as call_sql
 from stores import turn_claims as claim_sql
 from stores import turns as turn_sql
+from stores import ui_sessions as ui_session_sql
 from stores.database import Database, default_url, normalise_url
 from stores.schema_check import SchemaCheck
 
@@ -423,6 +425,52 @@ class SqlSessionStore:
         return await self._write(
             lambda c: retention_sql.prune_sessions(c, settled_before=settled_before, limit=limit)
         )
+
+    # -- the inbox UI's browser sessions (engine.ui_sessions; stores/ui_sessions.py) -----
+
+    async def create_browser_session(self, session: BrowserSessionRecord) -> None:
+        """See :meth:`engine.ui_sessions.BrowserSessionStore.create_browser_session`."""
+        await self._write(lambda c: ui_session_sql.create_session(c, session))
+
+    async def get_browser_session(self, session_id: str) -> BrowserSessionRecord | None:
+        """See :meth:`engine.ui_sessions.BrowserSessionStore.get_browser_session`."""
+        return await self._read(lambda c: ui_session_sql.get_session(c, session_id))
+
+    async def touch_browser_session(self, session_id: str, *, now: datetime) -> bool:
+        """See :meth:`engine.ui_sessions.BrowserSessionStore.touch_browser_session`."""
+        return await self._write(lambda c: ui_session_sql.touch_session(c, session_id, now))
+
+    async def revoke_browser_sessions(
+        self,
+        *,
+        now: datetime,
+        session_id: str | None = None,
+        principal: str | None = None,
+    ) -> list[str]:
+        """See :meth:`engine.ui_sessions.BrowserSessionStore.revoke_browser_sessions`."""
+        return await self._write(
+            lambda c: ui_session_sql.revoke_sessions(c, now, session_id, principal)
+        )
+
+    async def list_browser_sessions(
+        self, *, principal: str | None = None, include_ended_after: datetime | None = None
+    ) -> list[BrowserSessionRecord]:
+        """See :meth:`engine.ui_sessions.BrowserSessionStore.list_browser_sessions`."""
+        return await self._read(
+            lambda c: ui_session_sql.list_sessions(c, now_utc(), principal, include_ended_after)
+        )
+
+    async def count_login_attempt(
+        self, keys: Sequence[str], *, now: datetime, window: timedelta
+    ) -> list[LoginCount]:
+        """See :meth:`engine.ui_sessions.BrowserSessionStore.count_login_attempt`."""
+        return await self._write(lambda c: ui_session_sql.count_login_attempt(c, keys, now, window))
+
+    async def forgive_login_attempt(
+        self, *, give_back: Sequence[str], clear: Sequence[str]
+    ) -> None:
+        """See :meth:`engine.ui_sessions.BrowserSessionStore.forgive_login_attempt`."""
+        await self._write(lambda c: ui_session_sql.forgive_login_attempt(c, give_back, clear))
 
     # -- relay -------------------------------------------------------------------------
 

@@ -133,6 +133,15 @@ class SqliteSessionStore(SqlSessionStore):
         """See :meth:`engine.store.SessionStore.wait_for_change`."""
         await asyncio.sleep(min(timeout, self.poll_interval))
 
+    #: No notifications: other processes' changes are only seen by polling.
+    live_changes = False
+
+    async def wait_for_any_change(self, timeout: float) -> bool:
+        """See :meth:`engine.change_feed.ChangeFeed.wait_for_any_change` (a sleep: SQLite
+        cannot announce changes, so callers poll)."""
+        await asyncio.sleep(timeout)
+        return False
+
     async def publish_chunk(self, turn_id: str, chunk: dict[str, Any]) -> None:
         """See :meth:`engine.store.SessionStore.publish_chunk`: only subscribers in this
         process (e.g. ``turnstile serve --workers``) see it."""

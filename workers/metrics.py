@@ -317,7 +317,15 @@ class EngineMetrics:
             "Transactions that carried relayed chunks (each holds one batch).",
             registry=registry,
         )
+        self.ui_login_failures = Counter(
+            "turnstile_ui_login_failures",
+            "Failed sign-ins to the inbox UI: refused by the authenticator, or limited.",
+            ["reason"],
+            registry=registry,
+        )
         # Zeros from the start, so a rate over these counters has a series before the first.
+        for reason in ("refused", "limited"):
+            self.ui_login_failures.labels(reason)
         for agent in agents:
             self.lease_losses.labels(agent)
             self.approvals_expired_total.labels(agent)
@@ -345,6 +353,9 @@ class EngineMetrics:
     def chunks_relayed(self, count: int, batches: int) -> None:
         self.relay_chunks.inc(count)
         self.relay_batches.inc(batches)
+
+    def ui_login_failure(self, reason: str) -> None:
+        self.ui_login_failures.labels(reason).inc()
 
 
 class Metrics:

@@ -3,7 +3,10 @@ cells and the redirect targets it accepts."""
 
 from __future__ import annotations
 
+import base64
+import json
 import time
+from dataclasses import replace
 from enum import StrEnum
 from typing import Any
 
@@ -152,14 +155,15 @@ def _cookie_of(response: Response) -> str:
 
 
 def test_a_session_cookie_round_trips_and_refuses_tampering() -> None:
+    """An anonymous cookie reads back with its CSRF token; a tampered or foreign one does not."""
     cookies = SessionCookies("s" * 32)
-    session = cookies.new(Principal(id="bob", roles=frozenset({"approver"})))
+    session = cookies.new()
     response = Response()
     cookies.write(response, session, _request())
     value = _cookie_of(response)
 
     read = cookies.read(_request(value))
-    assert read is not None and read.principal == session.principal
+    assert read is not None and read.principal is None and read.id is None
     assert read.csrf == session.csrf and read.csrf_matches(session.csrf)
     assert not read.csrf_matches("forged") and not read.csrf_matches(None)
 
@@ -170,12 +174,27 @@ def test_a_session_cookie_round_trips_and_refuses_tampering() -> None:
     assert cookies.read(_request("garbage")) is None
 
 
+def test_a_signed_in_cookie_carries_only_the_session_id() -> None:
+    """A signed-in session's cookie names its row, nothing else, and only when signed."""
+    cookies = SessionCookies("s" * 32)
+    session = replace(cookies.new(), principal_id="bob", id="row-1")
+    response = Response()
+    cookies.write(response, session, _request())
+    value = _cookie_of(response)
+    payload = value.split(".")[1]
+    assert json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4))) == {
+        "s": "row-1"
+    }
+    assert cookies.session_id(_request(value)) == "row-1"
+    assert cookies.read(_request(value)) is None, "not an anonymous session"
+    assert SessionCookies("t" * 32).session_id(_request(value)) is None, "another secret"
+
+
 def test_an_expired_session_is_no_session() -> None:
+    """An anonymous cookie past its end is ignored."""
     cookies = SessionCookies("s" * 32, session_seconds=60)
-    session = cookies.new(Principal(id="bob"))
-    old = type(session)(
-        principal_id="bob", roles=frozenset(), csrf=session.csrf, expires=int(time.time()) - 1
-    )
+    session = cookies.new()
+    old = replace(session, expires=int(time.time()) - 1)
     response = Response()
     cookies.write(response, old, _request())
     assert cookies.read(_request(_cookie_of(response))) is None

@@ -15,10 +15,10 @@ async def test_a_fire_wakes_every_current_waiter_and_not_later_ones() -> None:
     waiters = [asyncio.create_task(signal.wait(5.0)) for _ in range(3)]
     await asyncio.sleep(0)
     signal.fire()
-    await asyncio.wait_for(asyncio.gather(*waiters), 1.0)
+    assert await asyncio.wait_for(asyncio.gather(*waiters), 1.0) == [True, True, True]
     loop = asyncio.get_running_loop()
     started = loop.time()
-    await signal.wait(0.05)
+    assert await signal.wait(0.05) is False
     assert loop.time() - started >= 0.04
     assert not signal.waiting
 

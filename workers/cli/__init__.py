@@ -1,5 +1,6 @@
 """The ``turnstile`` command line: ``turnstile serve``, ``turnstile worker``, ``turnstile migrate``,
-and the operator commands ``turnstile turns``, ``turnstile approvals``, ``turnstile stats``.
+and the operator commands ``turnstile turns``, ``turnstile approvals``, ``turnstile stats``,
+``turnstile ui sessions``.
 
 A Click group with one module per command (``worker.py``, ``serve.py``, ``migrate.py``,
 ``turns.py``, ``approvals.py``, ``stats.py``); the parameter types and shared options are in
@@ -35,6 +36,7 @@ from workers.cli.serve import serve
 from workers.cli.startup import redact_url, resolve_db_url
 from workers.cli.stats import stats
 from workers.cli.turns import turns
+from workers.cli.ui import ui
 from workers.cli.worker import worker
 
 __all__ = [
@@ -77,6 +79,7 @@ cli.add_command(serve)
 cli.add_command(turns)
 cli.add_command(approvals)
 cli.add_command(stats)
+cli.add_command(ui)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -10,6 +10,7 @@ import contextlib
 import logging
 import signal
 from dataclasses import dataclass
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -251,11 +252,26 @@ def run_serve(flags: ServeFlags) -> int:
     # orchestrator asks for a clean stop, so after it the process exits 0, not 143.
     signal.signal(signal.SIGTERM, _stopped_cleanly)
     try:
-        uvicorn.Server(config).run()
+        stream_closing_server(config).run()
     finally:
         if readiness.database is not None:
             readiness.database.dispose()
     return 0
+
+
+def stream_closing_server(config: Any) -> Any:
+    """A uvicorn server that ends the inbox UI's event streams when asked to stop (it waits
+    for open responses, and an event stream never ends by itself)."""
+    import uvicorn
+
+    from engine.remote.ui.events import close_event_streams
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            close_event_streams()
+            super().handle_exit(sig, frame)
+
+    return Server(config)
 
 
 def _inbox_policy(spec: str | None) -> InboxPolicy | None:

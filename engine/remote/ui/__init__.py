@@ -4,7 +4,8 @@
 * ``/ui/approvals/{id}`` — one approval, its conversation, and the decision form;
 * ``/ui/turns/{id}`` — the turn inspector, with abort and retry;
 * ``/ui/history`` (and ``/ui/history.csv``) — decided approvals;
-* ``/ui/login``, ``/ui/logout`` — browser sessions when the server has an authenticator.
+* ``/ui/login``, ``/ui/logout`` — browser sessions when the server has an authenticator;
+* ``/ui/events`` — server-sent events telling open pages that something changed.
 
 Pages are rendered on the server and work without JavaScript; a small script of our own
 (``static/ui.js``) adds live updates. See ``docs/inbox.md``.
@@ -24,6 +25,7 @@ import engine.remote.inbox_routes  # noqa: F401
 from engine.engine import Engine
 from engine.remote.auth import Authenticator, InboxPolicy
 from engine.remote.ui.auth_pages import AuthPages
+from engine.remote.ui.events import EventStream, live_feeds
 from engine.remote.ui.guard import guarded, guarded_json
 from engine.remote.ui.history_pages import HistoryPages
 from engine.remote.ui.inbox_pages import ApprovalPages, InboxPages
@@ -31,6 +33,7 @@ from engine.remote.ui.kit import STATIC, PageKit, UiSettings
 from engine.remote.ui.queries import Catalog
 from engine.remote.ui.sessions import SECRET_ENV
 from engine.remote.ui.turn_pages import TurnPages
+from engine.ui_sessions import BrowserSessionStore, InMemoryBrowserSessions
 
 __all__ = ["SECRET_ENV", "InboxUI", "UiSettings"]
 
@@ -50,7 +53,17 @@ class InboxUI:
         max_body_bytes: int,
         settings: UiSettings | None = None,
     ) -> None:
-        self.kit = PageKit(Catalog(engine, policy), auth, settings or UiSettings(), max_body_bytes)
+        settings = settings or UiSettings()
+        store = settings.session_store or session_store_of(engine)
+        if store is None:
+            store = InMemoryBrowserSessions()
+            if auth is not None:
+                logger.warning(
+                    "no served agent keeps its turns in a store that can keep browser "
+                    "sessions: /ui sessions and sign-in limits live in this process only"
+                )
+        self.kit = PageKit(Catalog(engine, policy), auth, settings, max_body_bytes, store)
+        self.events = EventStream(self.kit, live_feeds(engine))
         if auth is not None and self.kit.cookies.ephemeral:
             logger.warning(
                 "%s is not set: browser sessions of /ui are signed with a key made by this "
@@ -74,6 +87,7 @@ class InboxUI:
             Route("/ui", guarded(kit, inbox.inbox), methods=["GET"]),
             Route("/ui/", self._to_inbox, methods=["GET"]),
             Route("/ui/inbox/live", guarded_json(kit, inbox.live), methods=["GET"]),
+            Route("/ui/events", guarded_json(kit, self.events.events), methods=["GET"]),
             Route("/ui/login", auth.login_form, methods=["GET"]),
             Route("/ui/login", auth.login, methods=["POST"]),
             Route("/ui/logout", auth.logout, methods=["POST"]),
@@ -91,3 +105,12 @@ class InboxUI:
 
     async def _to_inbox(self, request: Request) -> Response:
         return self.kit.redirect(request, None, "/ui")
+
+
+def session_store_of(engine: Engine) -> BrowserSessionStore | None:
+    """The store of the first served agent that can keep browser sessions (the SQL and
+    in-memory stores can), or ``None``."""
+    for agent in engine.agents.values():
+        if isinstance(agent.store, BrowserSessionStore):
+            return agent.store
+    return None

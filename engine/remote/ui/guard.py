@@ -30,7 +30,7 @@ def guarded(kit: PageKit, handler: Handler) -> Endpoint:
         if request.method == "POST" and kit.cross_site(request):
             return kit.csrf_refused(request)
         try:
-            viewer = kit.viewer(request)
+            viewer = await kit.viewer(request)
         except NotSignedInError:
             return kit.not_signed_in(request)
         try:
@@ -48,9 +48,9 @@ def guarded_json(kit: PageKit, handler: Handler) -> Endpoint:
 
     async def endpoint(request: Request) -> Response:
         try:
-            viewer = kit.viewer(request)
+            viewer = await kit.viewer(request)
         except NotSignedInError:
-            anonymous = kit.anonymous(request)
+            anonymous = kit.cookie_viewer(request)
             body = {"status": "UNAUTHENTICATED", "message": "Sign in again."}
             return kit.json(request, anonymous, body, status=401)
         try:

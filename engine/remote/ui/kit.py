@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode
@@ -21,9 +21,21 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from engine.errors import AgentError, InvalidArgumentError
 from engine.remote.auth import Authenticator, Principal
 from engine.remote.ui import present
+from engine.remote.ui.login_limits import (
+    DEFAULT_LOGIN_LIMIT,
+    DEFAULT_LOGIN_WINDOW_SECONDS,
+    LoginLimiter,
+)
 from engine.remote.ui.queries import Catalog
-from engine.remote.ui.sessions import CSRF_FIELD, BrowserSession, SessionCookies
+from engine.remote.ui.sessions import (
+    CSRF_FIELD,
+    DEFAULT_IDLE_SECONDS,
+    BrowserSession,
+    SessionBook,
+    SessionCookies,
+)
 from engine.remote.wire import BodyTooLargeError, UnsupportedMediaTypeError, http_status
+from engine.ui_sessions import BrowserSessionStore
 
 __all__ = ["CsrfRefusedError", "NotSignedInError", "PageKit", "UiSettings", "Viewer"]
 
@@ -52,12 +64,18 @@ _SECURITY_HEADERS = {
 @dataclass(frozen=True)
 class UiSettings:
     """How the inbox UI runs: the cookie secret (``None``: ``TURNSTILE_UI_SECRET``, else
-    one made per process), how long a signed-in session lasts, and how often pages look
-    for changes (seconds)."""
+    one made per process), how long a signed-in session lasts at most and without a request,
+    how often pages look for changes (seconds), how many failed sign-ins a client address or
+    account may make per window, and where sessions are kept (``None``: the store of the
+    first served agent that can keep them, else this process's memory)."""
 
     secret: str | bytes | None = None
     session_seconds: int = 8 * 3600
     poll_seconds: float | None = None
+    idle_seconds: int = DEFAULT_IDLE_SECONDS
+    login_limit: int = DEFAULT_LOGIN_LIMIT
+    login_window_seconds: int = DEFAULT_LOGIN_WINDOW_SECONDS
+    session_store: BrowserSessionStore | None = field(default=None, compare=False)
 
     def poll_interval(self) -> float:
         """The polling interval: configured, else ``TURNSTILE_UI_POLL_SECONDS``, else 3 s."""
@@ -102,6 +120,7 @@ class PageKit:
         auth: Authenticator | None,
         settings: UiSettings,
         max_body_bytes: int,
+        session_store: BrowserSessionStore,
     ) -> None:
         self.catalog = catalog
         self.auth = auth
@@ -109,6 +128,12 @@ class PageKit:
         self.poll_seconds = settings.poll_interval()
         self.max_body_bytes = max_body_bytes
         self.cookies = SessionCookies(settings.secret, session_seconds=settings.session_seconds)
+        self.sessions = SessionBook(self.cookies, session_store, idle_seconds=settings.idle_seconds)
+        self.login_limiter = LoginLimiter(
+            session_store,
+            limit=settings.login_limit,
+            window_seconds=settings.login_window_seconds,
+        )
         self.env = jinja2.Environment(
             loader=jinja2.FileSystemLoader(TEMPLATES),
             autoescape=True,
@@ -125,19 +150,32 @@ class PageKit:
 
     # -- who -----------------------------------------------------------------------------
 
-    def viewer(self, request: Request) -> Viewer:
-        """The viewer of ``request``; :class:`NotSignedInError` when one must sign in."""
-        session = self.cookies.current(request)
+    async def viewer(self, request: Request) -> Viewer:
+        """The viewer of ``request``; :class:`NotSignedInError` when one must sign in (none
+        signed in, or the session ended: logged out, revoked, idle, expired)."""
+        session = await self._session(request)
         if self.auth is None:
             return Viewer(session=session, principal=None, open_server=True)
         if session.principal is None:
             raise NotSignedInError
         return Viewer(session=session, principal=session.principal, open_server=False)
 
-    def anonymous(self, request: Request) -> Viewer:
+    async def anonymous(self, request: Request) -> Viewer:
         """The viewer of a page anyone may open (the login page)."""
-        session = self.cookies.current(request)
+        session = await self._session(request)
         return Viewer(session=session, principal=session.principal, open_server=self.auth is None)
+
+    def cookie_viewer(self, request: Request) -> Viewer:
+        """The viewer as the cookie alone says, for an error page (no database read: a
+        signed-in browser shows as not signed in there)."""
+        session = self.cookies.current(request)
+        return Viewer(session=session, principal=None, open_server=self.auth is None)
+
+    async def _session(self, request: Request) -> BrowserSession:
+        # An open server signs nobody in: its cookie only carries the CSRF token.
+        if self.auth is None:
+            return self.cookies.current(request)
+        return await self.sessions.current(request)
 
     # -- responses -----------------------------------------------------------------------
 
@@ -201,7 +239,7 @@ class PageKit:
         """An error page: what went wrong, in words, with the HTTP status that says it."""
         # A refusal leaves the browser's cookie as it is (another site cannot sign it out).
         if viewer is None:
-            anonymous = self.anonymous(request)
+            anonymous = self.cookie_viewer(request)
             viewer = replace(anonymous, session=replace(anonymous.session, fresh=False))
         return self.page(
             request, viewer, "error.html", {"title": title, "message": message}, status=status

@@ -1,11 +1,16 @@
-"""Browser sessions of the inbox UI: a signed cookie, its CSRF token, and signing in.
+"""Browser sessions of the inbox UI: a signed cookie, a session row, its CSRF token, signing in.
 
 A browser never sends the bearer token the JSON API takes. It signs in once: the login form's
 token is handed to the server's :data:`~engine.remote.auth.Authenticator` exactly as an
 ``Authorization: Bearer`` header would be, and the principal it returns is written into a
-cookie signed with HMAC-SHA256 (``HttpOnly``, ``SameSite=Strict``, path ``/ui``, ``Secure``
-over HTTPS). Every visitor, signed in or not, holds such a cookie: it carries the per-session
-CSRF token that each form repeats in a hidden field, so a form posted from another site (which
+session row (:mod:`engine.ui_sessions`, table ``ui_sessions``). The cookie carries only the
+row's id, signed with HMAC-SHA256 (``HttpOnly``, ``SameSite=Strict``, path ``/ui``, ``Secure``
+over HTTPS); every request reads the row, so logout or an operator's revoke ends the session at
+once, in every server process, for every copy of the cookie. A session also ends after
+``idle_seconds`` without a request and ``session_seconds`` after signing in, whatever happens.
+
+A visitor who has not signed in holds a cookie too, self-contained (no row): it carries the
+CSRF token the login form repeats in a hidden field, so a form posted from another site (which
 can neither read the token nor, with ``SameSite=Strict``, send the cookie) is refused.
 
 The signing secret comes from ``TURNSTILE_UI_SECRET`` (or the ``secret`` argument); without
@@ -24,22 +29,32 @@ import os
 import secrets
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from engine.remote.auth import Authenticator, Principal, UnauthenticatedError
+from engine.ui_sessions import (
+    MAX_USER_AGENT,
+    BrowserSessionRecord,
+    BrowserSessionStore,
+    new_session_id,
+)
 
 __all__ = [
     "COOKIE_NAME",
     "CSRF_FIELD",
+    "DEFAULT_IDLE_SECONDS",
     "DEFAULT_SESSION_SECONDS",
     "MIN_SECRET_BYTES",
     "SECRET_ENV",
     "BrowserSession",
+    "SessionBook",
     "SessionCookies",
+    "client_address",
     "exchange_token",
 ]
 
@@ -48,17 +63,22 @@ COOKIE_NAME = "turnstile_ui"
 CSRF_FIELD = "csrf_token"
 #: The environment variable holding the cookie-signing secret.
 SECRET_ENV = "TURNSTILE_UI_SECRET"
-#: How long a signed-in session lasts, unless configured otherwise.
+#: How long a signed-in session lasts at most, unless configured otherwise.
 DEFAULT_SESSION_SECONDS = 8 * 3600
+#: How long a signed-in session survives without a request, unless configured otherwise.
+DEFAULT_IDLE_SECONDS = 3600
 #: A configured secret shorter than this is refused: it could be guessed offline.
 MIN_SECRET_BYTES = 32
-_VERSION = "v1"
+#: A session's ``last_seen_at`` is written at most this often (a write per page view is waste).
+TOUCH_SECONDS = 60
+_VERSION = "v2"
 
 
 @dataclass(frozen=True)
 class BrowserSession:
-    """What a session cookie says: who signed in (``None``: nobody), their roles, the CSRF
-    token of the session, and when it ends (Unix seconds)."""
+    """The session of a request: who signed in (``None``: nobody), their roles, the CSRF
+    token of the session, when it ends (Unix seconds), and the id of its row (``None`` for a
+    visitor who has not signed in: such sessions live in the cookie alone)."""
 
     principal_id: str | None
     roles: frozenset[str]
@@ -66,6 +86,7 @@ class BrowserSession:
     expires: int
     #: Made for this request (no valid cookie came with it): the response must set it.
     fresh: bool = field(default=False, compare=False)
+    id: str | None = None
 
     @property
     def principal(self) -> Principal | None:
@@ -109,19 +130,18 @@ class SessionCookies:
         self._key = hmac.new(raw, b"turnstile-ui-session", hashlib.sha256).digest()
         self.session_seconds = session_seconds
 
-    def new(self, principal: Principal | None = None) -> BrowserSession:
-        """A fresh session (a new CSRF token too: signing in never keeps the old one)."""
+    def new(self) -> BrowserSession:
+        """A fresh anonymous session (its own CSRF token)."""
         return BrowserSession(
-            principal_id=principal.id if principal is not None else None,
-            roles=principal.roles if principal is not None else frozenset(),
+            principal_id=None,
+            roles=frozenset(),
             csrf=secrets.token_urlsafe(24),
             expires=int(time.time()) + self.session_seconds,
             fresh=True,
         )
 
-    def read(self, request: Request) -> BrowserSession | None:
-        """The request's session, or ``None`` when it has no cookie or one that is forged,
-        malformed or expired."""
+    def _payload(self, request: Request) -> dict[str, Any] | None:
+        """The verified payload of the request's cookie (``None``: none, forged, malformed)."""
         value = request.cookies.get(COOKIE_NAME)
         if not value or len(value) > 4096:
             return None
@@ -135,20 +155,31 @@ class SessionCookies:
             data: Any = json.loads(_unpad(payload))
         except (ValueError, binascii.Error, UnicodeDecodeError):
             return None
-        return _session_of(data)
+        return data if isinstance(data, dict) else None
+
+    def read(self, request: Request) -> BrowserSession | None:
+        """The request's anonymous session, or ``None`` when it has no such cookie (none, a
+        forged, malformed or expired one, or a signed-in session's: see :meth:`session_id`)."""
+        data = self._payload(request)
+        return _anonymous_of(data) if data is not None else None
+
+    def session_id(self, request: Request) -> str | None:
+        """The session id a signed-in browser's cookie carries (verified), or ``None``."""
+        data = self._payload(request)
+        found = data.get("s") if data is not None else None
+        return found if isinstance(found, str) and 0 < len(found) <= 128 else None
 
     def current(self, request: Request) -> BrowserSession:
-        """The request's session, or a fresh anonymous one to set on the response."""
+        """The request's anonymous session, or a fresh one to set on the response."""
         return self.read(request) or self.new()
 
     def write(self, response: Response, session: BrowserSession, request: Request) -> None:
-        """Set the cookie holding ``session`` on ``response``."""
-        data = {
-            "p": session.principal_id,
-            "r": sorted(session.roles),
-            "c": session.csrf,
-            "e": session.expires,
-        }
+        """Set the cookie holding ``session`` on ``response`` (only its id if it has a row)."""
+        data: dict[str, Any] = (
+            {"s": session.id}
+            if session.id is not None
+            else {"c": session.csrf, "e": session.expires}
+        )
         payload = base64.urlsafe_b64encode(json.dumps(data).encode()).decode().rstrip("=")
         response.set_cookie(
             COOKIE_NAME,
@@ -179,19 +210,90 @@ def _unpad(payload: str) -> bytes:
     return base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4))
 
 
-def _session_of(data: Any) -> BrowserSession | None:
-    """The session a verified payload describes (``None`` if expired or not well formed)."""
-    if not isinstance(data, dict):
-        return None
-    principal_id, roles, csrf, expires = data.get("p"), data.get("r"), data.get("c"), data.get("e")
-    if principal_id is not None and not isinstance(principal_id, str):
-        return None
-    if not isinstance(roles, list) or not all(isinstance(role, str) for role in roles):
-        return None
+def _anonymous_of(data: dict[str, Any]) -> BrowserSession | None:
+    """The anonymous session a verified payload describes (``None``: expired, or not one)."""
+    csrf, expires = data.get("c"), data.get("e")
     if not isinstance(csrf, str) or not isinstance(expires, int) or expires <= time.time():
         return None
+    return BrowserSession(principal_id=None, roles=frozenset(), csrf=csrf, expires=expires)
+
+
+def client_address(request: Request) -> str:
+    """The address the request came from, as the server saw it (``unknown`` without one)."""
+    return request.client.host if request.client is not None else "unknown"
+
+
+class SessionBook:
+    """Signed-in sessions: rows in a :class:`~engine.ui_sessions.BrowserSessionStore`, found
+    through the cookie's id on every request."""
+
+    def __init__(
+        self,
+        cookies: SessionCookies,
+        store: BrowserSessionStore,
+        *,
+        idle_seconds: int = DEFAULT_IDLE_SECONDS,
+    ) -> None:
+        if idle_seconds < 60:
+            raise ValueError("A UI session's idle limit must be at least 60 seconds.")
+        self.cookies = cookies
+        self.store = store
+        self.idle = timedelta(seconds=idle_seconds)
+
+    async def current(self, request: Request) -> BrowserSession:
+        """The request's session: its live row's, else an anonymous one (fresh when the
+        cookie names a session that ended, so the response replaces that cookie)."""
+        session_id = self.cookies.session_id(request)
+        if session_id is None:
+            return self.cookies.current(request)
+        now = datetime.now(UTC)
+        row = await self.store.get_browser_session(session_id)
+        if row is None or not row.live_at(now, self.idle):
+            return self.cookies.new()
+        stale = now - row.last_seen_at >= timedelta(seconds=TOUCH_SECONDS)
+        # Guarded: a session revoked since the read above is not revived, and refused.
+        if stale and not await self.store.touch_browser_session(row.id, now=now):
+            return self.cookies.new()
+        return _session_of(row)
+
+    async def is_live(self, session: BrowserSession) -> bool:
+        """Whether the signed-in ``session`` is still live (read again, never touched)."""
+        if session.id is None:
+            return False
+        row = await self.store.get_browser_session(session.id)
+        return row is not None and row.live_at(datetime.now(UTC), self.idle)
+
+    async def sign_in(self, principal: Principal, request: Request) -> BrowserSession:
+        """A new session row for ``principal`` (with a new CSRF token: one seen before
+        signing in is worth nothing after), to set as the response's cookie."""
+        now = datetime.now(UTC)
+        row = BrowserSessionRecord(
+            id=new_session_id(),
+            principal=principal.id,
+            roles=tuple(sorted(principal.roles)),
+            csrf=secrets.token_urlsafe(24),
+            created_at=now,
+            last_seen_at=now,
+            expires_at=now + timedelta(seconds=self.cookies.session_seconds),
+            user_agent=request.headers.get("user-agent", "")[:MAX_USER_AGENT],
+            client_address=client_address(request),
+        )
+        await self.store.create_browser_session(row)
+        return replace(_session_of(row), fresh=True)
+
+    async def sign_out(self, session: BrowserSession) -> None:
+        """Revoke ``session``'s row (every copy of its cookie stops working)."""
+        if session.id is not None:
+            await self.store.revoke_browser_sessions(now=datetime.now(UTC), session_id=session.id)
+
+
+def _session_of(row: BrowserSessionRecord) -> BrowserSession:
     return BrowserSession(
-        principal_id=principal_id, roles=frozenset(roles), csrf=csrf, expires=expires
+        principal_id=row.principal,
+        roles=frozenset(row.roles),
+        csrf=row.csrf,
+        expires=int(row.expires_at.timestamp()),
+        id=row.id,
     )
 
 

@@ -20,6 +20,10 @@
       });
   }
 
+  function signedOut() {
+    announce("Your session ended. Reload the page to sign in again.");
+  }
+
   function every(seconds, task) {
     var delay = Math.max(0.5, Number(seconds) || 3) * 1000;
     var stopped = false;
@@ -31,7 +35,7 @@
         window.setTimeout(tick, delay);
       }, function (error) {
         if (error && error.message === "signed-out") {
-          announce("Your session ended. Reload the page to sign in again.");
+          signedOut();
           stopped = true;
           return;
         }
@@ -39,6 +43,52 @@
       });
     }
     window.setTimeout(tick, delay);
+  }
+
+  // What the page refreshes: each task is run when the server says something changed
+  // (server-sent events), or every few seconds when the event stream is not available.
+  var refreshers = [];
+  var polling = false;
+
+  function refresh(seconds, task) {
+    refreshers.push({ seconds: seconds, task: task, stopped: false });
+  }
+
+  function pollAll() {
+    if (polling) { return; }
+    polling = true;
+    refreshers.forEach(function (r) { if (!r.stopped) { every(r.seconds, r.task); } });
+  }
+
+  function refreshAll() {
+    refreshers.forEach(function (r) {
+      if (r.stopped) { return; }
+      r.task().then(function (goOn) {
+        if (goOn === false) { r.stopped = true; }
+      }, function (error) {
+        if (error && error.message === "signed-out") { r.stopped = true; signedOut(); }
+      });
+    });
+  }
+
+  function listen() {
+    var url = document.body.getAttribute("data-events-url");
+    if (!refreshers.length) { return; }
+    if (!url || !window.EventSource) { pollAll(); return; }
+    var source = new window.EventSource(url);
+    var opened = 0;
+    source.addEventListener("open", function () {
+      // After a reconnect, changes made while the stream was down were not announced.
+      opened += 1;
+      if (opened > 1) { refreshAll(); }
+    });
+    source.addEventListener("change", refreshAll);
+    source.addEventListener("signed-out", function () { source.close(); signedOut(); });
+    source.addEventListener("error", function () {
+      // Closed for good (no notifications on this server, signed out, or unreachable):
+      // poll instead, as a page does without this stream.
+      if (source.readyState === window.EventSource.CLOSED) { pollAll(); }
+    });
   }
 
   // Times are written in UTC by the server; show them in the reader's time zone.
@@ -65,7 +115,7 @@
     var count = document.getElementById("inbox-count");
     var swapRows = table.getAttribute("data-live-rows") !== "off";
     var shown = inboxIds(body);
-    every(table.getAttribute("data-live-seconds"), function () {
+    refresh(table.getAttribute("data-live-seconds"), function () {
       return getJSON(table.getAttribute("data-live-url")).then(function (data) {
         var before = count.textContent;
         count.textContent = data.countText;
@@ -92,7 +142,7 @@
   // A page showing something still in motion reloads once its state changes.
   function watch(element) {
     var known = element.getAttribute("data-watch-state");
-    every(element.getAttribute("data-watch-seconds"), function () {
+    refresh(element.getAttribute("data-watch-seconds"), function () {
       return getJSON(element.getAttribute("data-watch-url")).then(function (data) {
         if (known === null) { known = data.state; return true; }
         if (data.state !== known) { window.location.reload(); return false; }
@@ -107,6 +157,7 @@
     if (table) { liveInbox(table); }
     var watched = document.querySelectorAll("[data-watch-url]");
     for (var i = 0; i < watched.length; i++) { watch(watched[i]); }
+    listen();
     var focus = document.querySelector("[data-focus]");
     if (focus) { focus.focus(); }
   });

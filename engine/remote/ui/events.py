@@ -1,0 +1,120 @@
+"""``GET /ui/events``: server-sent events telling an open page that something changed.
+
+The stream carries no data of its own, only word: ``change`` when a turn may have been
+created or changed (the store's notifications: LISTEN/NOTIFY on PostgreSQL, in-process for
+the in-memory store), so the page re-reads what it shows through the same JSON endpoints it
+polls otherwise (and the inbox policy applies there, as always); ``signed-out`` when the
+session ended (logout, revoke, idle, expiry), after which the stream closes. A comment every
+few seconds keeps proxies from closing an idle stream.
+
+A store without notifications (SQLite) answers ``204 No Content``: the browser's
+``EventSource`` gives up and the page polls, as it does without JavaScript's ``EventSource``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Sequence
+
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from engine.change_feed import ChangeFeed
+from engine.engine import Engine
+from engine.remote.ui.kit import PageKit, Viewer
+
+__all__ = ["EventStream", "close_event_streams", "live_feeds"]
+
+#: Seconds between keep-alive comments (and looks at whether the session is still live).
+HEARTBEAT_SECONDS = 15.0
+#: Seconds a burst of changes is gathered into one event (a turn changes several times).
+GATHER_SECONDS = 0.25
+#: How long one stream lasts before the browser is asked to reconnect (seconds).
+MAX_STREAM_SECONDS = 600.0
+#: How often a stream looks whether the server is stopping (seconds).
+_CLOSING_CHECK_SECONDS = 1.0
+
+_closing = False
+
+
+def close_event_streams() -> None:
+    """End every open event stream of this process within a second (the server is stopping:
+    it waits for open responses, and a stream would never end by itself)."""
+    global _closing
+    _closing = True
+
+
+def live_feeds(engine: Engine) -> list[ChangeFeed]:
+    """The distinct stores of the served agents that announce every change."""
+    feeds: dict[int, ChangeFeed] = {}
+    for agent in engine.agents.values():
+        store = agent.store
+        if isinstance(store, ChangeFeed) and store.live_changes:
+            feeds.setdefault(id(store), store)
+    return list(feeds.values())
+
+
+async def _any_change(feeds: Sequence[ChangeFeed], timeout: float) -> bool:
+    """Whether any feed announced a change within ``timeout`` seconds."""
+    if len(feeds) == 1:
+        return await feeds[0].wait_for_any_change(timeout)
+    waits = [asyncio.ensure_future(feed.wait_for_any_change(timeout)) for feed in feeds]
+    try:
+        done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        return any(task.result() for task in done)
+    finally:
+        for task in waits:
+            task.cancel()
+
+
+class EventStream:
+    """The ``/ui/events`` endpoint of one app."""
+
+    def __init__(self, kit: PageKit, feeds: Sequence[ChangeFeed]) -> None:
+        self.kit = kit
+        self.feeds = list(feeds)
+
+    async def events(self, request: Request, viewer: Viewer) -> Response:
+        """The event stream of ``viewer`` (204 when the stores cannot announce changes)."""
+        if not self.feeds:
+            return self.kit.finish(Response(status_code=204), request, viewer)
+        response = StreamingResponse(
+            self._stream(viewer),
+            media_type="text/event-stream",
+            headers={"x-accel-buffering": "no"},
+        )
+        return self.kit.finish(response, request, viewer)
+
+    async def _stream(self, viewer: Viewer) -> AsyncIterator[str]:
+        yield "retry: 2000\n\nevent: ready\ndata: {}\n\n"
+        started = last_beat = time.monotonic()
+        # Armed before every event is sent, so a change arriving meanwhile is not missed.
+        waiting = asyncio.ensure_future(self._next_change())
+        try:
+            while not _closing and time.monotonic() - started < MAX_STREAM_SECONDS:
+                done, _ = await asyncio.wait({waiting}, timeout=_CLOSING_CHECK_SECONDS)
+                if done:
+                    waiting = asyncio.ensure_future(self._next_change())
+                    await asyncio.sleep(GATHER_SECONDS)
+                    yield "event: change\ndata: {}\n\n"
+                if time.monotonic() - last_beat >= HEARTBEAT_SECONDS:
+                    last_beat = time.monotonic()
+                    if not await self._still_signed_in(viewer):
+                        yield "event: signed-out\ndata: {}\n\n"
+                        return
+                    yield ": still here\n\n"
+        finally:
+            waiting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await waiting
+
+    async def _next_change(self) -> None:
+        while not await _any_change(self.feeds, HEARTBEAT_SECONDS):
+            pass
+
+    async def _still_signed_in(self, viewer: Viewer) -> bool:
+        if viewer.open_server:
+            return True
+        return await self.kit.sessions.is_live(viewer.session)
