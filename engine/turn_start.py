@@ -132,6 +132,9 @@ async def start_turn(
         max_attempts=agent.retry.max_attempts,
         owner=request.owner,
         trace_context=capture_trace_context(),
+        # The session state the turn continues from: its base's last committed round's.
+        custom=base.stored.turn.custom if base.stored else None,
+        artifacts=base.stored.turn.artifacts if base.stored else None,
     )
     if listen is not None:
         # Wait for the turn's change notification from before it exists: nothing can be
