@@ -16,7 +16,7 @@ from pydantic import BaseModel
 
 from engine import Engine, Message, ToolContext, TurnStatus
 from engine.agent import Agent
-from engine.errors import TurnFailedError
+from engine.errors import InvalidStateError, TurnFailedError
 from engine.response import AgentChunk
 from engine.session_state import StateSchemaError
 from engine.store import SessionStore
@@ -290,3 +290,15 @@ def test_chunks_round_trip_through_the_wire_form() -> None:
     artifact = {"artifact": {"name": "x", "parts": [{"text": "y"}]}}
     for wire in (patch, artifact):
         assert AgentChunk.from_wire(wire).to_wire() == wire
+
+
+async def test_a_client_state_with_an_edited_custom_is_refused() -> None:
+    """The signature covers custom and artifacts: an edited blob is refused before anything
+    runs, like one with edited messages."""
+    agent = _agent(None, _counter, turns=2)
+    first = await agent.chat().send("first")
+    assert first.state is not None
+    forged_artifact = [{"name": "forged", "parts": [{"text": "x"}]}]
+    for field, value in (("custom", {"counter": 1000}), ("artifacts", forged_artifact)):
+        with pytest.raises(InvalidStateError):
+            agent.chat(state={**first.state, field: value})
