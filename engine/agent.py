@@ -31,7 +31,7 @@ from engine.ownership import own_turn, visible
 from engine.response import AgentChunk, AgentResponse, settled_response
 from engine.runner import ChunkCallback, RunnerConfig
 from engine.schemas import Schema, SchemaSpec
-from engine.session_state import SessionData
+from engine.session_state import RelayedPatches, SessionData
 from engine.signals import AbortSignal
 from engine.signing import StateSigner
 from engine.snapshots import SessionSnapshot, SessionState
@@ -361,10 +361,13 @@ class Agent:
             started = await start_turn(self, request)
             if on_started is not None:
                 on_started(started.store, started.turn)
+            patches = RelayedPatches(started.turn.custom)
 
             async def forward() -> None:
                 while True:
-                    await on_chunk(AgentChunk.from_wire(await chunks.get()))
+                    chunk = await chunks.get()
+                    if patches.admit(chunk):
+                        await on_chunk(AgentChunk.from_wire(chunk))
 
             forwarder = asyncio.create_task(forward())
             try:
@@ -376,7 +379,12 @@ class Agent:
             # Chunks are published before the turn settles; the ones already delivered but
             # not yet forwarded go out now, before the response.
             for chunk in chunks.drain():
-                await on_chunk(AgentChunk.from_wire(chunk))
+                if patches.admit(chunk):
+                    await on_chunk(AgentChunk.from_wire(chunk))
+            # A lost patch must not leave the caller's custom state wrong (see RelayedPatches).
+            rebase = patches.rebase(settled.turn.custom)
+            if rebase is not None:
+                await on_chunk(AgentChunk.from_wire(rebase))
         return await self.respond_for(store, settled)
 
     # -- answering ----------------------------------------------------------------------

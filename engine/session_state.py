@@ -29,6 +29,7 @@ __all__ = [
     "Artifact",
     "Effect",
     "LiveState",
+    "RelayedPatches",
     "SessionData",
     "StateSchemaError",
     "apply_patch",
@@ -285,3 +286,37 @@ class LiveState:
                 return None
             self.changed = False
         return self.data()
+
+
+class RelayedPatches:
+    """Keeps a relayed stream's ``customPatch`` chunks consistent for the client.
+
+    A relayed chunk can be lost (too large for a notification, a dropped connection), and a
+    client applying later patches to a value that missed one goes wrong. This follows the
+    value the forwarded patches build from the turn's starting state: a patch that does not
+    apply to it is held back, and so is every later one; at the end, :meth:`rebase` gives the
+    whole-value replace that brings the client to the settled state, when it differs."""
+
+    def __init__(self, start: Any) -> None:
+        self._value = copy.deepcopy(start)
+        self._broken = False
+
+    def admit(self, chunk: Mapping[str, Any]) -> bool:
+        """Whether to forward ``chunk`` (anything but a patch that no longer applies)."""
+        if "customPatch" not in chunk:
+            return True
+        if self._broken:
+            return False
+        try:
+            self._value = apply_patch(self._value, chunk["customPatch"])
+        except InvalidArgumentError:
+            self._broken = True
+            return False
+        return True
+
+    def rebase(self, settled: Any) -> dict[str, Any] | None:
+        """The ``customPatch`` chunk replacing the whole value with ``settled``, if the
+        forwarded patches did not lead there; ``None`` when they did."""
+        if not self._broken and self._value == settled:
+            return None
+        return {"customPatch": [{"op": "replace", "path": "", "value": copy.deepcopy(settled)}]}

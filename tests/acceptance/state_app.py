@@ -8,7 +8,9 @@ custom agents of Genkit's conformance spec (``tests/specs/agent.yaml``) change i
 * ``counterAgent`` (server-managed) and ``counterAgentStateless`` (client-managed): the tool
   adds one to ``custom.counter`` and adds the artifact ``doc<counter>``;
 * ``multiStateAgent`` (server-managed): three changes of the custom state in one call, and
-  ``doc1`` added twice (the second replaces the first) then ``doc2``.
+  ``doc1`` added twice (the second replaces the first) then ``doc2``;
+* ``bigStateAgent`` (server-managed): a custom state too large for one relayed notification,
+  then a small change to it.
 """
 
 from __future__ import annotations
@@ -59,6 +61,16 @@ def _three_changes(_: Any, ctx: ToolContext) -> str:
     return "changed"
 
 
+#: Larger than a NOTIFY payload (8,000 bytes): its patch cannot be relayed from the worker.
+BIG_DRAFT = "draft " * 3000
+
+
+def _big_state(_: Any, ctx: ToolContext) -> str:
+    ctx.update_state({"draft": BIG_DRAFT, "n": 1})
+    ctx.update_state(lambda s: {**s, "n": 2})
+    return "drafted"
+
+
 def build(url: str) -> Engine:
     """The engine with the three agents, server-managed ones on a store at ``url``."""
     store = SqlSessionStore(url)
@@ -68,6 +80,8 @@ def build(url: str) -> Engine:
     ai.define_agent(name="counterAgent", tools=[count], store=store)
     ai.define_agent(name="counterAgentStateless", tools=[count])
     ai.define_agent(name="multiStateAgent", tools=[three], store=store)
+    big = ai.define_tool(name="bigState", fn=_big_state)
+    ai.define_agent(name="bigStateAgent", tools=[big], store=store)
     return ai
 
 

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.acceptance.state_app import BIG_DRAFT
 from tests.acceptance.test_genkit_js_client import JS, run
 from tests.databases import postgres_url
 from tests.http_support import serve_process
@@ -95,3 +96,13 @@ def test_client_managed_state_carries_custom_and_refuses_a_tampered_one(server: 
     assert forged["error"] is True
     assert forged["status"] == "INVALID_ARGUMENT", forged
     assert "signature" in forged["message"].lower(), forged
+
+
+def test_a_patch_too_large_to_relay_is_made_good_before_the_turn_ends(server: str) -> None:
+    """A custom state past the relay's notification size loses its patch on the way from the
+    worker; the later patch that no longer applies is held back, and one whole-value replace
+    brings the client to the settled state before turnEnd."""
+    result = run("bigState", server)
+    assert result["patches"] == [[{"op": "replace", "path": ""}]]
+    assert result["n"] == 2 and result["chatN"] == 2
+    assert result["draftLength"] == len(BIG_DRAFT)

@@ -223,6 +223,17 @@ const scenarios = {
     return { chunks, state: res.state, artifacts: res.artifacts, text: res.text };
   },
 
+  async bigState() {
+    const chat = agent('bigStateAgent').chat();
+    const turn = chat.sendStream('go');
+    const patches = [];
+    for await (const chunk of turn.stream) {
+      if (chunk.raw.customPatch) patches.push(chunk.raw.customPatch.map((op) => ({ op: op.op, path: op.path })));
+    }
+    const res = await turn.response;
+    return { patches, n: res.state.n, draftLength: res.state.draft.length, chatN: chat.state.n };
+  },
+
   async clientState() {
     const stateless = agent('counterAgentStateless');
     const chat = stateless.chat();

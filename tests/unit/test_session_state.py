@@ -7,7 +7,14 @@ from typing import Any
 import pytest
 
 from engine.errors import InvalidArgumentError
-from engine.session_state import Artifact, LiveState, SessionData, apply_patch, diff_patch
+from engine.session_state import (
+    Artifact,
+    LiveState,
+    RelayedPatches,
+    SessionData,
+    apply_patch,
+    diff_patch,
+)
 
 
 @pytest.mark.parametrize(
@@ -82,3 +89,19 @@ def test_an_artifact_of_a_taken_name_replaces_it_in_place() -> None:
     ]
     with pytest.raises(InvalidArgumentError):
         Artifact.coerce({"parts": "not a list"})
+
+
+def test_relayed_patches_hold_back_what_no_longer_applies_and_rebase_at_the_end() -> None:
+    """After a lost patch, a later one that does not apply is held back (and every one after
+    it); the end brings a whole-value replace. With nothing lost there is none."""
+    intact = RelayedPatches({"n": 0})
+    assert intact.admit({"customPatch": [{"op": "replace", "path": "/n", "value": 1}]})
+    assert intact.admit({"artifact": {"parts": []}})
+    assert intact.rebase({"n": 1}) is None
+
+    lossy = RelayedPatches(None)  # the whole-value patch making {"n": 1} was lost
+    assert not lossy.admit({"customPatch": [{"op": "replace", "path": "/n", "value": 2}]})
+    assert not lossy.admit({"customPatch": [{"op": "replace", "path": "", "value": {}}]})
+    assert lossy.rebase({"n": 2}) == {
+        "customPatch": [{"op": "replace", "path": "", "value": {"n": 2}}]
+    }
