@@ -8,7 +8,9 @@ the counters: a patch applied twice would show as a counter of 2.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -44,6 +46,17 @@ async def call_effects(cluster: Cluster, turn_id: str, ref: str) -> tuple[str, A
         (turn_id, ref),
     )
     return rows[0] if rows else ("absent", None)
+
+
+async def turns_show(cluster: Cluster, turn_id: str, *options: str) -> str:
+    """What ``turnstile turns show`` prints for the turn (operators see the state there)."""
+    command = [sys.executable, "-m", "workers.cli", "turns", "show", turn_id, "--db", cluster.url]
+    process = await asyncio.create_subprocess_exec(
+        *command, *options, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 0, err.decode()
+    return out.decode()
 
 
 async def test_killed_worker_neither_loses_nor_repeats_a_state_change(cluster: Cluster) -> None:
@@ -93,3 +106,8 @@ async def test_killed_worker_neither_loses_nor_repeats_a_state_change(cluster: C
     assert json.dumps(done.custom) == json.dumps(
         (await stored_state(cluster, done.snapshot_id or ""))[0]
     )
+
+    shown = await turns_show(cluster, turn_id)
+    assert '{"fast": 1, "slow": 1}' in shown and "fast-log" in shown, shown
+    as_json = json.loads(await turns_show(cluster, turn_id, "--json"))
+    assert as_json["turn"]["custom"] == {"fast": 1, "slow": 1}
