@@ -17,6 +17,7 @@ from pydantic import BaseModel
 from engine import Engine, Message, ToolContext, TurnStatus
 from engine.agent import Agent
 from engine.errors import InvalidStateError, TurnFailedError
+from engine.fork import fork_turn
 from engine.response import AgentChunk
 from engine.session_state import StateSchemaError
 from engine.store import SessionStore
@@ -302,3 +303,26 @@ async def test_a_client_state_with_an_edited_custom_is_refused() -> None:
     for field, value in (("custom", {"counter": 1000}), ("artifacts", forged_artifact)):
         with pytest.raises(InvalidStateError):
             agent.chat(state={**first.state, field: value})
+
+
+async def test_a_fork_opens_with_the_state_as_of_its_round(store: SessionStore) -> None:
+    """Forking after round 1 gives the new session round 1's state, not the source's final
+    one (the source's round 2 changed it again)."""
+    ai = Engine(
+        model=ListModel(
+            [ask(("count", "c1", {})), ask(("count", "c2", {})), say("done"), say("forked")]
+        ),
+        state_keys=KEYS,
+    )
+    agent = ai.define_agent(
+        name="forking",
+        tools=[ai.define_tool(name="count", fn=_counter)],
+        store=store,
+        execution="inline",
+    )
+    first = await agent.chat().send("first")
+    assert first.custom == {"counter": 2}
+    fork = await fork_turn(agent, str(first.snapshot_id), round=1, wait=True)
+    assert fork.custom == {"counter": 1}
+    snapshot = await agent.get_snapshot(snapshot_id=fork.snapshot_id)
+    assert snapshot is not None and snapshot.state.custom == {"counter": 1}
