@@ -16,11 +16,13 @@ custom agents of Genkit's conformance spec (``tests/specs/agent.yaml``) change i
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from engine import Engine, ToolContext
 from engine.model import ChunkSink, ModelRequest, ModelResponse
 from engine.parts import Message, Part
+from engine.store import SessionStore
 from stores import SqlSessionStore
 
 __all__ = ["build"]
@@ -71,10 +73,9 @@ def _big_state(_: Any, ctx: ToolContext) -> str:
     return "drafted"
 
 
-def build(url: str) -> Engine:
-    """The engine with the three agents, server-managed ones on a store at ``url``."""
-    store = SqlSessionStore(url)
-    ai = Engine(model=OneToolModel())
+def build(store: SessionStore, state_keys: Mapping[str, str] | None = None) -> Engine:
+    """The engine with its agents, the server-managed ones on ``store``."""
+    ai = Engine(model=OneToolModel(), state_keys=state_keys)
     count = ai.define_tool(name="count", fn=_count)
     three = ai.define_tool(name="threeChanges", fn=_three_changes)
     ai.define_agent(name="counterAgent", tools=[count], store=store)
@@ -92,6 +93,6 @@ def __getattr__(name: str) -> Any:
     # Built on first access (PEP 562), so importing this module builds nothing.
     if name == "ai":
         if "ai" not in _built:
-            _built["ai"] = build(os.environ["TURNSTILE_DATABASE_URL"])
+            _built["ai"] = build(SqlSessionStore(os.environ["TURNSTILE_DATABASE_URL"]))
         return _built["ai"]
     raise AttributeError(name)

@@ -1,26 +1,42 @@
 """The Python remote client exposes custom state and artifacts like the local API.
 
-A real ``turnstile serve`` process on PostgreSQL with an embedded worker pool serves
-``tests.acceptance.state_app``; ``engine.remote.client.remote_agent`` talks to it.
+``tests.acceptance.state_app`` is served two ways: by a real ``turnstile serve`` process on
+PostgreSQL with an embedded worker pool (chunks relayed from the worker), and in this process
+on an in-memory store (turns run by the server itself); ``engine.remote.client.remote_agent``
+talks to each.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
+from engine.remote import create_app
 from engine.remote.client import remote_agent
+from stores import InMemorySessionStore
+from tests.acceptance.state_app import build
 from tests.databases import postgres_url
-from tests.http_support import serve_process
+from tests.http_support import serve_in_loop, serve_process
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[str]:
+def served_process() -> Iterator[str]:
     with (
         postgres_url() as url,
         serve_process(url, app="tests.acceptance.state_app:ai", workers=2) as (base, _),
     ):
+        yield base
+
+
+@pytest.fixture(params=["postgres-workers", "memory-in-process"])
+async def server(request: pytest.FixtureRequest) -> AsyncIterator[str]:
+    """The base URL of one of the two servers."""
+    if request.param == "postgres-workers":
+        yield request.getfixturevalue("served_process")
+        return
+    ai = build(InMemorySessionStore(), state_keys={"k": "in-process-test-key-0123456789"})
+    async with serve_in_loop(create_app(ai)) as base:
         yield base
 
 
