@@ -190,7 +190,8 @@ class LiveState:
         self._custom = copy.deepcopy(data.custom)
         self._artifacts = [a.model_copy(deep=True) for a in data.artifacts]
         self._schema = Schema(schema) if schema is not None else None
-        self._lock = threading.Lock()
+        # Re-entrant: an update function may read the state through the context.
+        self._lock = threading.RLock()
         self._chunks: list[dict[str, Any]] = []
         #: What the stream last told the client the custom state is (``None``: nothing yet
         #: this turn, so the next patch replaces the whole value).
@@ -232,11 +233,11 @@ class LiveState:
         """Set the custom state to ``change`` (or to ``change(current)`` when callable);
         returns the new value. A value breaking the state schema raises
         :class:`StateSchemaError` and changes nothing."""
+        # The whole read-modify-write holds the lock: two tools in threads of their own
+        # updating at once must not both start from the same value and lose one change.
         with self._lock:
             current = copy.deepcopy(self._custom)
-        value = change(current) if callable(change) else change
-        value = self.checked(value)
-        with self._lock:
+            value = self.checked(change(current) if callable(change) else change)
             ops = diff_patch(self._custom, value)
             if not ops:
                 return copy.deepcopy(value)

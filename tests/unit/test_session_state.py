@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -105,3 +107,24 @@ def test_relayed_patches_hold_back_what_no_longer_applies_and_rebase_at_the_end(
     assert lossy.rebase({"n": 2}) == {
         "customPatch": [{"op": "replace", "path": "", "value": {"n": 2}}]
     }
+
+
+def test_concurrent_updates_from_threads_lose_no_change() -> None:
+    """Tools in threads of their own update at once: each update starts from the value the
+    previous one left (the read-modify-write is atomic), so no increment is lost."""
+    live = LiveState(SessionData(custom={"n": 0}))
+
+    def bump(effects: list[dict[str, Any]]) -> None:
+        def slow_increment(state: Any) -> Any:
+            time.sleep(0.001)  # widens the window a racy read-modify-write would lose in
+            return {"n": state["n"] + 1}
+
+        for _ in range(20):
+            live.update_custom(slow_increment, effects)
+
+    threads = [threading.Thread(target=bump, args=([],)) for _ in range(5)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert live.custom == {"n": 100}
