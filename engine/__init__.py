@@ -18,6 +18,7 @@ from engine.model import Model
 from engine.parts import Message, Part
 from engine.response import AgentChunk, AgentInterrupt, AgentResponse
 from engine.scripted import ScriptedModel
+from engine.session_state import Artifact, StateSchemaError
 from engine.status import FinishReason, TurnStatus
 from engine.tools import InterruptTool, Tool, ToolContext, ToolInterrupt
 
@@ -27,6 +28,7 @@ __all__ = [
     "AgentError",
     "AgentInterrupt",
     "AgentResponse",
+    "Artifact",
     "Chat",
     "Engine",
     "FinishReason",
@@ -36,6 +38,7 @@ __all__ = [
     "Part",
     "RetryPolicy",
     "ScriptedModel",
+    "StateSchemaError",
     "Tool",
     "ToolContext",
     "ToolInterrupt",

@@ -30,7 +30,8 @@ from engine.model import Model
 from engine.ownership import own_turn, visible
 from engine.response import AgentChunk, AgentResponse, settled_response
 from engine.runner import ChunkCallback, RunnerConfig
-from engine.schemas import Schema
+from engine.schemas import Schema, SchemaSpec
+from engine.session_state import RelayedPatches, SessionData
 from engine.signals import AbortSignal
 from engine.signing import StateSigner
 from engine.snapshots import SessionSnapshot, SessionState
@@ -97,6 +98,7 @@ class Agent:
         execution: str = "auto",
         poll_interval: float = 1.0,
         unclaimed_warning: float | None = None,
+        state_schema: SchemaSpec = None,
     ) -> None:
         if execution not in ("auto", "inline", "workers"):
             raise ValueError("execution must be 'auto', 'inline' or 'workers'.")
@@ -115,6 +117,8 @@ class Agent:
         self.store = store
         self.signer = signer
         self.max_turns = max_turns
+        #: What the session's custom state must match (``None``: any JSON value).
+        self.state_schema = state_schema
         self.retry = retry or RetryPolicy()
         #: Whether the agent was given no policy of its own: ``turnstile worker --max-attempts``
         #: and ``--retry-backoff`` replace only such an agent's.
@@ -157,6 +161,7 @@ class Agent:
             system=self.system,
             tools=self.tools,
             max_turns=self.max_turns,
+            state_schema=self.state_schema,
         )
 
     def chat(
@@ -356,10 +361,13 @@ class Agent:
             started = await start_turn(self, request)
             if on_started is not None:
                 on_started(started.store, started.turn)
+            patches = RelayedPatches(started.turn.custom)
 
             async def forward() -> None:
                 while True:
-                    await on_chunk(AgentChunk.from_wire(await chunks.get()))
+                    chunk = await chunks.get()
+                    if patches.admit(chunk):
+                        await on_chunk(AgentChunk.from_wire(chunk))
 
             forwarder = asyncio.create_task(forward())
             try:
@@ -371,7 +379,12 @@ class Agent:
             # Chunks are published before the turn settles; the ones already delivered but
             # not yet forwarded go out now, before the response.
             for chunk in chunks.drain():
-                await on_chunk(AgentChunk.from_wire(chunk))
+                if patches.admit(chunk):
+                    await on_chunk(AgentChunk.from_wire(chunk))
+            # A lost patch must not leave the caller's custom state wrong (see RelayedPatches).
+            rebase = patches.rebase(settled.turn.custom)
+            if rebase is not None:
+                await on_chunk(AgentChunk.from_wire(rebase))
         return await self.respond_for(store, settled)
 
     # -- answering ----------------------------------------------------------------------
@@ -420,6 +433,10 @@ class Agent:
             return settled_response(turn, messages, self._input_schemas)
         # Client-managed: the client keeps the conversation, signed; there is no snapshot id.
         state = sign_state(
-            self.signer, agent=self.name, session_id=turn.session_id, messages=messages
+            self.signer,
+            agent=self.name,
+            session_id=turn.session_id,
+            messages=messages,
+            data=SessionData.of(turn.custom, turn.artifacts),
         )
         return settled_response(turn, messages, self._input_schemas, state=state)

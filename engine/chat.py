@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from engine.errors import SessionBusyError, TurnFailedError, TurnTimeoutError
 from engine.parts import Message, Part
 from engine.response import AgentChunk, AgentResponse
+from engine.session_state import Artifact
 from engine.snapshots import coerce_message
 from engine.status import TurnStatus
 from engine.store import SessionStore, TurnInput, TurnRecord
@@ -217,6 +218,9 @@ class Chat(ChatAPI):
         self.state: dict[str, Any] | None = dict(state) if state is not None else None
         if self.state is not None:
             self.session_id = str(self.state.get("sessionId"))
+        #: The session's custom state and artifacts as of the last settled turn.
+        self.custom: Any = self.state.get("custom") if self.state is not None else None
+        self.artifacts: list[Artifact] = []
         self._running: tuple[SessionStore, TurnRecord] | None = None
 
     @property
@@ -287,6 +291,7 @@ class Chat(ChatAPI):
 
     def _follow(self, response: AgentResponse) -> None:
         self.session_id = response.session_id
+        self.custom, self.artifacts = response.custom, list(response.artifacts)
         if response.state is not None:
             self.state = response.state
         else:

@@ -16,6 +16,7 @@ from typing import Any
 
 from engine.memory_store import InMemorySessionStore
 from engine.parts import Message
+from engine.session_state import SessionData
 from engine.signing import StateSigner, canonical_json
 from engine.snapshots import SessionState, restore_client_state
 from engine.store import TurnInput, TurnRecord
@@ -58,11 +59,22 @@ async def open_client_state(
 
 
 def sign_state(
-    signer: StateSigner, *, agent: str, session_id: str, messages: list[Message]
+    signer: StateSigner,
+    *,
+    agent: str,
+    session_id: str,
+    messages: list[Message],
+    data: SessionData | None = None,
 ) -> dict[str, Any]:
     """The signed blob a client keeps after a turn: the session's whole conversation."""
     return signer.sign(
-        SessionState(session_id=session_id, messages=messages).to_wire(), agent=agent
+        SessionState(
+            session_id=session_id,
+            messages=messages,
+            custom=data.custom if data is not None else None,
+            artifacts=data.artifacts_wire() if data is not None else [],
+        ).to_wire(),
+        agent=agent,
     )
 
 

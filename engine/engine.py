@@ -144,6 +144,7 @@ class Engine:
         retry: RetryPolicy | None = None,
         lease: LeaseSettings | None = None,
         execution: str = "auto",
+        state_schema: SchemaSpec = None,
     ) -> Agent:
         """Define an agent. ``store=None`` means client-managed (signed) state.
 
@@ -153,6 +154,8 @@ class Engine:
         ``turnstile worker --max-attempts`` / ``--retry-backoff`` may replace.
         ``execution``: ``auto`` queues turns for the worker pool when ``store`` is durable
         (a SQL store) and runs them in the caller otherwise; ``inline``/``workers`` force it.
+        ``state_schema`` (a pydantic model or JSON schema) is what the session's custom state
+        must match: tools' updates breaking it raise ``StateSchemaError``.
         """
         if name in self.agents:
             raise ValueError(f"An agent named '{name}' is already defined.")
@@ -172,6 +175,7 @@ class Engine:
             owner=self.owner,
             local_aborts=self.local_aborts,
             execution=execution,
+            state_schema=state_schema,
         )
         self.agents[name] = agent
         return agent

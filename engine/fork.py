@@ -8,6 +8,10 @@ round 0, and the model is asked for the next round. Nothing of the source's jour
 along: the copied rounds are history (their tools ran in the source turn and are not run
 again), and every call of the fork runs under the fork's own idempotency keys. The source is
 only read; it and its session are left as they are.
+
+The fork's session state (custom state and artifacts) is the source's as of the chosen round:
+the state the source started from (its parent's) with the recorded effects of the calls of
+its rounds up to that one replayed; after the source's last committed round, simply its own.
 """
 
 from __future__ import annotations
@@ -19,7 +23,15 @@ from engine.errors import FailedPreconditionError, InvalidArgumentError, NotFoun
 from engine.ownership import own_turn
 from engine.parts import Message
 from engine.resume import paused_calls
-from engine.store import RoundRecord, TurnInput, TurnRecord
+from engine.session_state import LiveState, SessionData
+from engine.store import (
+    RoundRecord,
+    SessionStore,
+    ToolCallRecord,
+    ToolCallStatus,
+    TurnInput,
+    TurnRecord,
+)
 from engine.turn_request import TurnRequest
 
 if TYPE_CHECKING:
@@ -93,6 +105,29 @@ def fork_point(
     return ForkPoint(turn.id, round, conversation)
 
 
+async def _state_at(
+    store: SessionStore,
+    source: TurnRecord,
+    rounds: Sequence[RoundRecord],
+    journal: Sequence[ToolCallRecord],
+    point: ForkPoint,
+) -> SessionData:
+    """The source's session state after ``point.round``."""
+    committed = [r.round for r in rounds if r.committed]
+    if committed and point.round == max(committed):
+        return SessionData.of(source.custom, source.artifacts)
+    parent = await store.get_turn(source.parent_id) if source.parent_id else None
+    state = LiveState(SessionData.of(parent.custom, parent.artifacts) if parent else SessionData())
+    finished = (ToolCallStatus.DONE, ToolCallStatus.INTERRUPTED)
+    replayed = sorted(
+        (c for c in journal if c.round <= point.round and c.effects and c.status in finished),
+        key=lambda c: (c.round, c.finished_at is None, c.finished_at, c.ref),
+    )
+    for call in replayed:
+        state.replay(call.effects or [])
+    return state.data()
+
+
 async def fork_turn(
     agent: Agent,
     turn_id: str,
@@ -120,5 +155,6 @@ async def fork_turn(
         input=TurnInput(kind="fork", forked_from=point.turn_id, fork_round=point.round),
         opening=point.conversation,
         owner=owner,
+        opening_state=await _state_at(store, source, progress.rounds, progress.journal, point),
     )
     return await agent.run_turn(request, wait=wait, timeout=timeout)

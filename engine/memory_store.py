@@ -10,6 +10,7 @@ is atomic — the same guarantee the SQL store gets from one transaction per cal
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Collection, Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime, timedelta
@@ -153,6 +154,8 @@ class InMemorySessionStore(InMemoryBrowserSessions):
             created_at=now,
             updated_at=now,
             trace_context=dict(turn.trace_context) if turn.trace_context else None,
+            custom=copy.deepcopy(turn.custom),
+            artifacts=copy.deepcopy(turn.artifacts),
         )
         self._turns[turn.id] = record
         self._turn_order.setdefault(turn.session_id, []).append(turn.id)
@@ -269,8 +272,9 @@ class InMemorySessionStore(InMemoryBrowserSessions):
         turn = check_transition(self._turns.get(turn_id), turn_id, change)
         if change.saves:
             # Nothing awaits between the check above and these writes: atomic in this loop.
-            turn = self._add_usage(turn, change.usage)
+            self._add_usage(turn, change.usage)
             self._save(turn_id, change.round, change.calls)
+            turn = self._turns[turn_id]
         moved = self._move(turn, change, _now())
         if change.then_claim is not None:
             await claim_after(self, change.then_claim)
@@ -350,6 +354,13 @@ class InMemorySessionStore(InMemoryBrowserSessions):
     def _save(
         self, turn_id: str, round: RoundRecord | None, calls: Sequence[ToolCallRecord]
     ) -> None:
+        if round is not None and round.committed and round.state is not None:
+            self._turns[turn_id] = self._turns[turn_id].model_copy(
+                update={
+                    "custom": copy.deepcopy(round.state.custom),
+                    "artifacts": round.state.artifacts_wire(),
+                }
+            )
         if round is not None:
             self._rounds[turn_id][round.round] = RoundRecord(
                 round=round.round,

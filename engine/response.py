@@ -9,6 +9,7 @@ from typing import Any
 from engine.errors import AgentError, TurnFailedError
 from engine.parts import INTERRUPT, RESUMED, Message, Part, text_of
 from engine.schemas import Schema, SchemaViolation, to_jsonable
+from engine.session_state import Artifact, SessionData
 from engine.status import FinishReason, TurnStatus
 from engine.store import TurnRecord
 
@@ -17,16 +18,32 @@ __all__ = ["AgentChunk", "AgentInterrupt", "AgentResponse", "ChunkEmitter", "set
 
 @dataclass(frozen=True)
 class AgentChunk:
-    """One streamed delta of a turn (Genkit's ``modelChunk``).
+    """One streamed delta of a turn: Genkit's ``modelChunk``, or a session-state change
+    (``customPatch``, ``artifact``).
 
     ``index`` is the position of the message being produced within this turn; it moves on
     whenever the role changes (model text, then the tool responses of a round, then the
-    next model call...).
+    next model call...). A state chunk has no content: ``custom_patch`` holds RFC 6902
+    operations on the custom state (the first of a turn replaces the whole value at path
+    ``""``), ``artifact`` an artifact added or replaced.
     """
 
     role: str
     index: int
     content: list[Part]
+    custom_patch: list[dict[str, Any]] | None = None
+    artifact: dict[str, Any] | None = None
+
+    @classmethod
+    def of_state(cls, wire: Mapping[str, Any]) -> AgentChunk:
+        """A ``{"customPatch": [...]}`` or ``{"artifact": {...}}`` chunk."""
+        return cls(
+            role="",
+            index=0,
+            content=[],
+            custom_patch=list(wire["customPatch"]) if "customPatch" in wire else None,
+            artifact=dict(wire["artifact"]) if "artifact" in wire else None,
+        )
 
     @property
     def text(self) -> str:
@@ -41,6 +58,8 @@ class AgentChunk:
     @classmethod
     def from_wire(cls, wire: Mapping[str, Any]) -> AgentChunk:
         """The inverse of :meth:`to_wire`."""
+        if "modelChunk" not in wire:
+            return cls.of_state(wire)
         body = wire["modelChunk"]
         return cls(
             role=str(body["role"]),
@@ -49,7 +68,12 @@ class AgentChunk:
         )
 
     def to_wire(self) -> dict[str, Any]:
-        """``{"modelChunk": {role, index, content}}`` as Genkit streams it."""
+        """``{"modelChunk": {role, index, content}}`` as Genkit streams it (or the state
+        change's ``customPatch`` / ``artifact``)."""
+        if self.custom_patch is not None:
+            return {"customPatch": self.custom_patch}
+        if self.artifact is not None:
+            return {"artifact": self.artifact}
         return {
             "modelChunk": {
                 "role": self.role,
@@ -108,6 +132,9 @@ class AgentResponse:
     interrupts: list[AgentInterrupt] = field(default_factory=list)
     error: AgentError | None = None
     state: dict[str, Any] | None = None
+    #: The session's custom state and artifacts as of the turn's last committed round.
+    custom: Any = None
+    artifacts: list[Artifact] = field(default_factory=list)
 
     @property
     def message(self) -> Message | None:
@@ -128,6 +155,8 @@ class AgentResponse:
             wire["state"] = self.state
         if self.message is not None:
             wire["message"] = self.message.to_wire()
+        if self.artifacts:
+            wire["artifacts"] = [a.to_wire() for a in self.artifacts]
         if self.finish_reason is not None:
             wire["finishReason"] = self.finish_reason.value
         if self.error is not None:
@@ -170,6 +199,8 @@ def settled_response(
             else []
         ),
         state=state,
+        custom=turn.custom,
+        artifacts=SessionData.of(None, turn.artifacts).artifacts,
     )
     if turn.status is TurnStatus.FAILED:
         error = turn.error
@@ -200,3 +231,8 @@ class ChunkEmitter:
             self._role = role
             self._index += 1
         await self._sink(AgentChunk(role=role, index=self._index, content=content))
+
+    async def emit_state(self, wire: Mapping[str, Any]) -> None:
+        """Stream a session-state change (it does not move ``index``)."""
+        if self._sink is not None:
+            await self._sink(AgentChunk.of_state(wire))

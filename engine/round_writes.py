@@ -12,10 +12,11 @@ recovery cannot rebuild, and they ride on a later write instead of costing one o
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from engine.model import ModelUsage
 from engine.parts import Message
+from engine.session_state import SessionData
 from engine.store import RoundRecord, SessionStore, ToolCallRecord
 
 __all__ = ["RoundWriter"]
@@ -24,10 +25,19 @@ __all__ = ["RoundWriter"]
 class RoundWriter:
     """The lease holder's writes of one turn's rounds and journal rows."""
 
-    def __init__(self, store: SessionStore, turn_id: str, lease_token: int) -> None:
+    def __init__(
+        self,
+        store: SessionStore,
+        turn_id: str,
+        lease_token: int,
+        changed_state: Callable[[], SessionData | None] = lambda: None,
+    ) -> None:
         self.store = store
         self.turn_id = turn_id
         self.lease_token = lease_token
+        #: The session state if it changed since the last committed round (which then
+        #: carries it, so the state is written with the round that made it).
+        self._changed_state = changed_state
         #: Usage of a model call whose round is written later.
         self.unsaved_usage: ModelUsage | None = None
         #: A closed round that ran nothing, with its journal rows, not written yet.
@@ -56,7 +66,12 @@ class RoundWriter:
         await self.store.save_round(
             self.turn_id,
             lease_token=self.lease_token,
-            round=RoundRecord(round=number, messages=messages, committed=committed),
+            round=RoundRecord(
+                round=number,
+                messages=messages,
+                committed=committed,
+                state=self._changed_state() if committed else None,
+            ),
             calls=[*earlier_calls, *(calls or [])],
             usage=self.take_usage(usage),
             earlier=earlier,

@@ -35,6 +35,8 @@ from engine.parts import (
 from engine.response import AgentChunk, ChunkEmitter
 from engine.resume import paused_calls, plan_resume, strip_pending
 from engine.round_writes import RoundWriter
+from engine.schemas import SchemaSpec
+from engine.session_state import LiveState, SessionData
 from engine.status import FinishReason, TurnStatus
 from engine.store import (
     RoundRecord,
@@ -62,6 +64,8 @@ class RunnerConfig:
     system: str | None
     tools: Mapping[str, Tool]
     max_turns: int = 5
+    #: The pydantic model (or JSON schema) the session's custom state must match.
+    state_schema: SchemaSpec = None
 
 
 def _now() -> datetime:
@@ -106,7 +110,9 @@ class TurnRunner:
         #: The parent's journal, read with the rest of the turn's progress: a resume's
         #: answers are in it (rows a settled turn never changes once answered).
         self._parent_journal: list[ToolCallRecord] = []
-        self._writes = RoundWriter(store, turn.id, turn.lease_token)
+        #: The session's custom state and artifacts, from the turn's last committed round.
+        self._state = LiveState(SessionData.of(turn.custom, turn.artifacts), config.state_schema)
+        self._writes = RoundWriter(store, turn.id, turn.lease_token, self._state.take_changed)
 
     async def run(self) -> TurnOutcome:
         """Run (or continue) the turn; returns its outcome, raises only on cancellation."""
@@ -156,6 +162,7 @@ class TurnRunner:
         for saved in rounds.values():
             for message in saved.messages:
                 self._note_refs(message)
+        self._replay_effects(progress.journal, rounds)
         begun = await self._begin(progress.parent_conversation, rounds, calls)
         if isinstance(begun, TurnOutcome):
             return begun
@@ -163,6 +170,23 @@ class TurnRunner:
         if 0 in rounds and rounds[0].committed:
             history.extend(rounds[0].messages)
         return await self._rounds(history, rounds, calls)
+
+    def _replay_effects(
+        self, journal: Sequence[ToolCallRecord], rounds: Mapping[int, RoundRecord]
+    ) -> None:
+        """Apply what the finished calls of rounds not committed yet did to the session state
+        (the turn's stored state is its last committed round's): those calls are not run
+        again, and their round commits with their changes."""
+        finished = [
+            c
+            for c in journal
+            if c.effects
+            and not (c.round in rounds and rounds[c.round].committed)
+            and c.status in (ToolCallStatus.DONE, ToolCallStatus.INTERRUPTED)
+        ]
+        finished.sort(key=lambda c: (c.finished_at or datetime.max.replace(tzinfo=UTC), c.ref))
+        for call in finished:
+            self._state.replay(call.effects or [])
 
     async def _begin(
         self,
@@ -178,6 +202,7 @@ class TurnRunner:
             adopted = await self._adopt_open_round(turn.parent_id)
             if adopted is not None:
                 rounds[1], adopted_calls = adopted
+                self._replay_effects(adopted_calls, rounds)
                 return {(c.round, c.ref): c for c in adopted_calls}
         if turn.input.kind == "expire":
             raise AgentError(turn.input.reason or "Approval expired.", status="DEADLINE_EXCEEDED")
@@ -243,7 +268,12 @@ class TurnRunner:
             return TurnOutcome(
                 TurnStatus.COMPLETED,
                 finish,
-                last_round=RoundRecord(round=number, messages=[model_message], committed=True),
+                last_round=RoundRecord(
+                    round=number,
+                    messages=[model_message],
+                    committed=True,
+                    state=self._state.take_changed(),
+                ),
                 usage=usage,
             )
         if number > self.config.max_turns:
@@ -516,10 +546,12 @@ class TurnRunner:
             session_id=self.turn.session_id,
             idempotency_key=row.idempotency_key,
             resumed=resumed,
+            session=self._state,
         )
         try:
             output = await tool.invoke(row.input, ctx)
         except ToolInterrupt as pause:
+            await self._stream_state()
             finished = _now()
             timeout = getattr(tool, "timeout", None)
             paused = row.model_copy(
@@ -528,6 +560,7 @@ class TurnRunner:
                     "interrupt": pause.metadata,
                     "finished_at": finished,
                     "deadline": finished + timedelta(seconds=timeout) if timeout else None,
+                    "effects": ctx.effects or None,
                 }
             )
             if defer:
@@ -537,6 +570,7 @@ class TurnRunner:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
+            await self._stream_state()
             error = error_of(exc)
             if not isinstance(exc, AgentError):
                 error = TurnError(
@@ -546,8 +580,14 @@ class TurnRunner:
             if isinstance(exc, TransientError):
                 raise
             raise ToolError(error.message, status=error.status) from exc
+        await self._stream_state()
         done = row.model_copy(
-            update={"status": ToolCallStatus.DONE, "output": output, "finished_at": _now()}
+            update={
+                "status": ToolCallStatus.DONE,
+                "output": output,
+                "finished_at": _now(),
+                "effects": ctx.effects or None,
+            }
         )
         if defer:
             return _Result(output=output, journal=done)
@@ -588,7 +628,12 @@ class TurnRunner:
             return TurnOutcome(
                 TurnStatus.COMPLETED,
                 FinishReason.INTERRUPTED,
-                last_round=RoundRecord(round=number, messages=[annotated], committed=True),
+                last_round=RoundRecord(
+                    round=number,
+                    messages=[annotated],
+                    committed=True,
+                    state=self._state.take_changed(),
+                ),
                 last_calls=tuple(rows),
             )
         responses: list[Part] = []
@@ -607,7 +652,10 @@ class TurnRunner:
             # It ran nothing, so a crash before it is written loses nothing: the next
             # attempt builds the same round again from the turn's input.
             closed = RoundRecord(
-                round=number, messages=[model_message, tool_message], committed=True
+                round=number,
+                messages=[model_message, tool_message],
+                committed=True,
+                state=self._state.take_changed(),
             )
             self._writes.defer(closed, rows)
         else:
@@ -616,6 +664,11 @@ class TurnRunner:
             )
         await self._emitter.emit("tool", responses)
         return [model_message, tool_message]
+
+    async def _stream_state(self) -> None:
+        """Stream the session-state changes made so far (``customPatch`` / ``artifact``)."""
+        for chunk in self._state.take_chunks():
+            await self._emitter.emit_state(chunk)
 
     # -- resume (round 0) -----------------------------------------------------------
 

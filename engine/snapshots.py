@@ -13,6 +13,7 @@ from pydantic import BaseModel, Field
 from engine.errors import InvalidArgumentError
 from engine.parts import Message, Part
 from engine.resume import paused_calls
+from engine.session_state import SessionData
 from engine.status import FinishReason, TurnStatus
 from engine.store import (
     NewTurn,
@@ -72,7 +73,12 @@ class SessionSnapshot(BaseModel):
             status=turn.status,
             finish_reason=turn.finish_reason,
             error=turn.error.model_dump(exclude_none=True) if turn.error else None,
-            state=SessionState(session_id=turn.session_id, messages=messages),
+            state=SessionState(
+                session_id=turn.session_id,
+                messages=messages,
+                custom=turn.custom,
+                artifacts=SessionData.of(None, turn.artifacts).artifacts_wire(),
+            ),
         )
 
     def to_wire(self) -> dict[str, Any]:
@@ -136,6 +142,7 @@ async def restore_client_state(
         messages = [Message.model_validate(m) for m in state.get("messages") or []]
     except ValueError as exc:
         raise InvalidArgumentError(f"Client state holds a malformed message: {exc}") from exc
+    data = SessionData.of(state.get("custom"), state.get("artifacts"))
     # Derived from the signature, so replaying one blob yields the same idempotency keys.
     digest = hashlib.sha256(signature.encode()).hexdigest()[:24]
     turn_id = f"client-{digest}"
@@ -147,6 +154,8 @@ async def restore_client_state(
             input=TurnInput(kind="restore"),
             initial_messages=messages,
             owner=session_owner,
+            custom=data.custom,
+            artifacts=data.artifacts_wire() or None,
         )
     )
     claimed = await scratch.claim_turn(turn_id, owner=owner, lease_seconds=60)

@@ -32,6 +32,7 @@ from pydantic import BaseModel, Field
 from engine.model import ModelUsage
 from engine.parts import Message, Part
 from engine.relay import ChunkSubscription
+from engine.session_state import SessionData
 from engine.status import FinishReason, TurnStatus
 
 __all__ = [
@@ -120,6 +121,10 @@ class NewTurn(BaseModel):
     #: The W3C trace context (``traceparent``, ``tracestate``) of the request that created
     #: the turn, so the spans of whoever runs it join that trace; ``None`` outside a trace.
     trace_context: dict[str, str] | None = None
+    #: The session's custom state and artifacts the turn starts from (its parent's, or a
+    #: client's verified blob); the turn's committed rounds change them.
+    custom: Any = None
+    artifacts: list[Any] | None = None
 
 
 class TurnRecord(BaseModel):
@@ -148,6 +153,10 @@ class TurnRecord(BaseModel):
     output_tokens: int | None = None
     #: The creating request's W3C trace context (see :attr:`NewTurn.trace_context`).
     trace_context: dict[str, str] | None = None
+    #: The session's custom state and artifacts (Genkit's JSON) as of the turn's last
+    #: committed round: what a failed or aborted turn keeps.
+    custom: Any = None
+    artifacts: list[Any] | None = None
 
 
 class RoundRecord(BaseModel):
@@ -156,6 +165,9 @@ class RoundRecord(BaseModel):
     round: int
     messages: list[Message]
     committed: bool
+    #: The session's custom state and artifacts after this committed round, when the round
+    #: changed them: the store writes them onto the turn with the round.
+    state: SessionData | None = None
 
 
 class ToolCallStatus(StrEnum):
@@ -197,6 +209,10 @@ class ToolCallRecord(BaseModel):
     deadline: datetime | None = None
     #: When the call was first journaled (set by the store; an approval's age counts from it).
     created_at: datetime | None = None
+    #: The call's changes to the session's custom state and artifacts, in order
+    #: (``{"customPatch": [...]}`` / ``{"artifact": {...}}``), replayed if its round is
+    #: continued after a crash.
+    effects: list[dict[str, Any]] | None = None
 
 
 class StoredSnapshot(BaseModel):

@@ -12,14 +12,15 @@ import contextlib
 import contextvars
 import inspect
 import threading
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from engine.errors import ToolError
 from engine.model import ToolSpec
 from engine.parts import MALFORMED_INPUT, Part
 from engine.schemas import Schema, SchemaSpec, SchemaViolation
+from engine.session_state import Artifact, Effect, LiveState
 
 if TYPE_CHECKING:
     from engine.approval_policy import ApprovalPolicy
@@ -64,10 +65,45 @@ class ToolContext:
     session_id: str
     idempotency_key: str
     resumed: Any = None
+    #: The running turn's session state (``None`` outside a turn, e.g. a tool called alone).
+    session: LiveState | None = None
+    #: This call's changes to it, recorded on its journal row (see :mod:`engine.session_state`).
+    effects: list[Effect] = field(default_factory=list)
 
     def interrupt(self, metadata: Any = None) -> NoReturn:
         """Pause the turn here; ``metadata`` is shown to whoever answers (``True`` if none)."""
         raise ToolInterrupt(metadata)
+
+    @property
+    def state(self) -> Any:
+        """A copy of the session's custom state (``None`` when it has none)."""
+        return self._session().custom
+
+    @property
+    def artifacts(self) -> list[Artifact]:
+        """Copies of the session's artifacts."""
+        return self._session().artifacts
+
+    def update_state(self, change: Any) -> Any:
+        """Replace the session's custom state with ``change``, or with ``change(current)``
+        when it is callable (``current`` is a copy); returns the new state.
+
+        A value that breaks the agent's ``state_schema`` raises
+        :class:`~engine.session_state.StateSchemaError` (``INVALID_ARGUMENT``) and changes
+        nothing; uncaught, it fails the call like any tool error."""
+        return self._session().update_custom(change, self.effects)
+
+    def add_artifact(self, artifact: Artifact | Mapping[str, Any]) -> None:
+        """Add an artifact (``{name?, parts, metadata?}``), replacing the one of its name."""
+        self._session().add_artifact(artifact, self.effects)
+
+    def _session(self) -> LiveState:
+        if self.session is None:
+            raise ToolError(
+                f"Tool '{self.name}' uses session state outside a turn.",
+                status="FAILED_PRECONDITION",
+            )
+        return self.session
 
 
 def _wants_context(fn: Callable[..., Any]) -> bool:

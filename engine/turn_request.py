@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.parts import Message
+from engine.session_state import SessionData
 from engine.store import TurnInput
 
 __all__ = ["TurnRequest"]
@@ -37,3 +38,5 @@ class TurnRequest:
     #: The messages the new turn opens with (its round 0) instead of the input's message: a
     #: fork's copy of another turn's conversation (:mod:`engine.fork`).
     opening: tuple[Message, ...] | None = None
+    #: The session state a fork opens with: its source's as of the round it copies.
+    opening_state: SessionData | None = None

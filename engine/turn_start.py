@@ -28,6 +28,7 @@ from engine.idempotency import created_already, keyed_turn_id, repeated_turn
 from engine.ownership import check_own, visible
 from engine.parts import Message
 from engine.resume import plan_continuation
+from engine.session_state import SessionData
 from engine.signing import StateSigner
 from engine.status import ACTIVE_STATUSES
 from engine.store import NewTurn, SessionStore, StoredSnapshot, TurnRecord
@@ -132,6 +133,10 @@ async def start_turn(
         max_attempts=agent.retry.max_attempts,
         owner=request.owner,
         trace_context=capture_trace_context(),
+        # The session state the turn continues from: its base's last committed round's
+        # (or, for a fork, its source's as of the copied round).
+        custom=_opening_state(request, base).custom,
+        artifacts=_opening_state(request, base).artifacts_wire() or None,
     )
     if listen is not None:
         # Wait for the turn's change notification from before it exists: nothing can be
@@ -216,6 +221,14 @@ def _check_settled(base: _Base, request: TurnRequest) -> None:
         "abort it before continuing the session.",
         snapshot_id=turn.id,
     )
+
+
+def _opening_state(request: TurnRequest, base: _Base) -> SessionData:
+    if request.opening_state is not None:
+        return request.opening_state
+    if base.stored is None:
+        return SessionData()
+    return SessionData.of(base.stored.turn.custom, base.stored.turn.artifacts)
 
 
 def _opening(request: TurnRequest) -> list[Message]:

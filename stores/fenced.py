@@ -52,7 +52,7 @@ _CALL_FIELDS = (
     "round integer, ref text, name text, input jsonb, status text, output jsonb, "
     "interrupt jsonb, error jsonb, idempotency_key text, resumed jsonb, answer jsonb, "
     "decided_by text, decided_at timestamptz, started_at timestamptz, "
-    "finished_at timestamptz, deadline timestamptz"
+    "finished_at timestamptz, deadline timestamptz, effects jsonb"
 )
 _CALL_UPDATED = (
     "name",
@@ -69,6 +69,7 @@ _CALL_UPDATED = (
     "started_at",
     "finished_at",
     "deadline",
+    "effects",
 )
 
 
@@ -107,10 +108,11 @@ trimmed AS (
 journal AS (
     INSERT INTO tool_calls (turn_id, round, ref, name, input, status, output, interrupt,
                             error, idempotency_key, resumed, answer, decided_by, decided_at,
-                            started_at, finished_at, deadline, created_at)
+                            started_at, finished_at, deadline, effects, created_at)
     SELECT {source}.id, c.round, c.ref, c.name, c.input, CAST(c.status AS tool_call_status),
            c.output, c.interrupt, c.error, c.idempotency_key, c.resumed, c.answer,
-           c.decided_by, c.decided_at, c.started_at, c.finished_at, c.deadline, :saved_at
+           c.decided_by, c.decided_at, c.started_at, c.finished_at, c.deadline, c.effects,
+           :saved_at
     FROM {source}, jsonb_to_recordset(CAST(:calls AS jsonb)) AS c({_CALL_FIELDS})
     -- created_at keeps the first write's time: an approval's age is measured from it.
     ON CONFLICT (turn_id, round, ref) DO UPDATE SET {updated})"""
@@ -159,6 +161,23 @@ _ADD_USAGE = """
                          ELSE coalesce(output_tokens, 0) + :output_tokens END"""
 
 
+# The session state a committed round carries (see _state_params).
+_SET_STATE = "custom = CAST(:custom AS jsonb), artifacts = CAST(:artifacts AS jsonb)"
+
+
+def _state_params(rounds: Sequence[RoundRecord]) -> dict[str, Any] | None:
+    """The ``custom`` / ``artifacts`` parameters of the last committed round of ``rounds``
+    that changed the session state; ``None`` when none did."""
+    states = [r.state for r in rounds if r.committed and r.state is not None]
+    if not states:
+        return None
+    state = states[-1]
+    return {
+        "custom": json_codec.dumps(state.custom) if state.custom is not None else None,
+        "artifacts": json_codec.dumps(state.artifacts_wire()),
+    }
+
+
 def _counted(usage: ModelUsage | None) -> bool:
     return usage is not None and (usage.input_tokens is not None or usage.output_tokens is not None)
 
@@ -188,7 +207,12 @@ async def save_fenced(
         assert usage is not None
         params["input_tokens"] = usage.input_tokens
         params["output_tokens"] = usage.output_tokens
-    statement = _save_statement(round=bool(rounds), calls=bool(calls), usage=counted)
+    state = _state_params(rounds)
+    if state is not None:
+        params.update(state)
+    statement = _save_statement(
+        round=bool(rounds), calls=bool(calls), usage=counted, state=state is not None
+    )
     (row,) = await pg.fetch(statement, params)
     if not row["fenced"]:
         check_lease(turn_id, lease_token, _found(row))
@@ -211,10 +235,10 @@ FROM (SELECT 1) AS one LEFT JOIN found ON true
 
 
 @cache
-def _save_statement(*, round: bool, calls: bool, usage: bool) -> PgStatement:
-    # Adding usage updates the row: lock it for that from the start (a share lock upgraded
-    # later could deadlock with a heartbeat queued behind it), as SQLite's form does.
-    lock = "FOR NO KEY UPDATE" if usage else "FOR SHARE"
+def _save_statement(*, round: bool, calls: bool, usage: bool, state: bool) -> PgStatement:
+    # Adding usage or state updates the row: lock it for that from the start (a share lock
+    # upgraded later could deadlock with a heartbeat queued behind it), as SQLite's form does.
+    lock = "FOR NO KEY UPDATE" if usage or state else "FOR SHARE"
     ctes = [
         f"""
 found AS (
@@ -223,10 +247,12 @@ found AS (
 fence AS (
     SELECT id FROM found WHERE lease_token = :lease_token AND status IN ({_ACTIVE_SQL}))""",
     ]
-    if usage:
+    sets = [s for s, wanted in ((_ADD_USAGE, usage), (_SET_STATE, state)) if wanted]
+    if sets:
+        # One UPDATE: two in one statement must not touch the same row.
         ctes.append(
             f"""
-usage AS (UPDATE turns SET {_ADD_USAGE} FROM fence WHERE turns.id = fence.id)"""
+touched AS (UPDATE turns SET {", ".join(sets)} FROM fence WHERE turns.id = fence.id)"""
         )
     ctes += _writes("fence", round=round, calls=calls)
     sql = f"WITH {','.join(ctes)}\n{_REPORT}"
@@ -270,6 +296,9 @@ async def transition_fenced(
     if counted:
         assert usage is not None
         params.update(input_tokens=usage.input_tokens, output_tokens=usage.output_tokens)
+    state = _state_params([round] if round is not None else [])
+    if state is not None:
+        params.update(state)
     pending = change.new is TurnStatus.PENDING
     notify = (CHANGE_CHANNEL, WORK_CHANNEL) if pending else (CHANGE_CHANNEL,)
     statement = _transition_statement(
@@ -280,6 +309,7 @@ async def transition_fenced(
         release=change.new is not TurnStatus.ABORTING,
         fenced=change.lease_token is not None,
         usage=counted,
+        state=state is not None,
         notify=notify,
         round=round is not None,
         calls=bool(calls),
@@ -328,6 +358,7 @@ def _transition_statement(
     round: bool,
     calls: bool,
     usage: bool,
+    state: bool = False,
 ) -> PgStatement:
     sets = ", ".join(f"{column} = {_SET.get(column, ':set_' + column)}" for column in columns)
     if release:
@@ -335,6 +366,8 @@ def _transition_statement(
         sets += ", lease_token = turns.lease_token + 1"
     if usage:
         sets += f", {_ADD_USAGE}"
+    if state:
+        sets += f", {_SET_STATE}"
     statuses = ", ".join(f"'{status}'" for status in movable) or "NULL"
     token = "lease_token = :lease_token AND " if fenced else ""
     notifications = ", ".join(f"pg_notify('{channel}', turn_id)" for channel in notify)

@@ -111,6 +111,17 @@ turns = sa.Table(
         JSON,
         comment="W3C trace context (traceparent, tracestate) of the request that created it.",
     ),
+    # Genkit's session state (migration 0011), written with the round that changed it.
+    sa.Column(
+        "custom",
+        JSON,
+        comment="The custom state (Genkit's state.custom) as of the last committed round.",
+    ),
+    sa.Column(
+        "artifacts",
+        JSON,
+        comment="The session's artifacts [{name, parts, metadata}] as of the last committed round.",
+    ),
     sa.UniqueConstraint("session_id", "seq"),
     # Claiming scans only pending rows, oldest run_after first.
     sa.Index(
@@ -178,6 +189,11 @@ tool_calls = sa.Table(
     sa.Column("finished_at", TIMESTAMP),
     sa.Column("deadline", TIMESTAMP),
     sa.Column("created_at", TIMESTAMP, nullable=False),
+    sa.Column(
+        "effects",
+        JSON,
+        comment="What the call changed: [{customPatch: [ops]} | {artifact: {...}}], in order.",
+    ),
     # Open approvals and expiry only ever look at interrupted calls.
     sa.Index(
         "ix_tool_calls_open",

@@ -77,6 +77,9 @@ class SqliteSessionStore(SqlSessionStore):
             # The transition locks the turn's row and checks the lease token first, so the
             # round below is written only by the lease holder, as save_round's fence ensures.
             moved = turn_sql.transition(connection, turn_id, change, now)
+            if change.round is not None and change.round.state is not None:
+                turn_sql.set_state(connection, turn_id, [change.round])
+                moved = turn_sql.get_turn(connection, turn_id) or moved
             if change.round is not None:
                 message_sql.save_round(connection, turn_id, change.round, saved_at)
             call_sql.upsert_calls(connection, turn_id, change.calls, saved_at)
@@ -104,6 +107,7 @@ class SqliteSessionStore(SqlSessionStore):
                 # upgrading share to exclusive could deadlock with a concurrent heartbeat.
                 turn_sql.add_usage(connection, turn_id, usage)
             turn_sql.fence(connection, turn_id, lease_token)
+            turn_sql.set_state(connection, turn_id, [earlier, round])
             for written in (earlier, round):
                 if written is not None:
                     message_sql.save_round(connection, turn_id, written, now)

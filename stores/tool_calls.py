@@ -39,6 +39,7 @@ def _row(turn_id: str, call: ToolCallRecord, now: datetime) -> dict[str, Any]:
         "finished_at": call.finished_at,
         "deadline": call.deadline,
         "created_at": now,
+        "effects": data["effects"],
     }
 
 
@@ -64,6 +65,7 @@ def record_of(row: sa.Row[tuple[object, ...]]) -> ToolCallRecord:
         finished_at=utc(m["finished_at"]),
         deadline=utc(m["deadline"]),
         created_at=utc(m["created_at"]),
+        effects=m["effects"],
     )
 
 

@@ -124,6 +124,8 @@ async def create_turn_in_one_statement(
                 "history_length": turn.history_length,
                 "max_attempts": turn.max_attempts,
                 "trace_context": turn.trace_context,
+                "custom": json_codec.dumps(turn.custom) if turn.custom is not None else None,
+                "artifacts": json_codec.dumps(turn.artifacts) if turn.artifacts else None,
                 "now": now,
                 # Serialised here: jsonb_to_recordset takes one JSON document per parameter.
                 "answers": json_codec.dumps(answered),
@@ -283,12 +285,13 @@ answered AS (
 created AS (
     INSERT INTO turns (id, session_id, seq, agent, parent_id, status, input, history_length,
                        attempts, max_attempts, lease_token, run_after, created_at, updated_at,
-                       trace_context)
+                       trace_context, custom, artifacts)
     SELECT {turn_id},
            session.id,
            (SELECT coalesce(max(seq), 0) + 1 FROM turns WHERE session_id = :session_id),
            :agent, :parent_id, CAST('pending' AS turn_status), :input, :history_length,
-           0, :max_attempts, 0, :now, :now, :now, :trace_context
+           0, :max_attempts, 0, :now, :now, :now, :trace_context,
+           CAST(:custom AS jsonb), CAST(:artifacts AS jsonb)
     FROM session
     RETURNING *),"""
     )

@@ -6,7 +6,7 @@ lease token in its WHERE clause) plus its ``turn_events`` row, in one transactio
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
@@ -17,7 +17,15 @@ from sqlalchemy.engine import Connection
 from engine.errors import LeaseLostError, StaleTransitionError
 from engine.model import ModelUsage
 from engine.status import FinishReason, TurnStatus
-from engine.store import NewTurn, Transition, TurnError, TurnEvent, TurnInput, TurnRecord
+from engine.store import (
+    NewTurn,
+    RoundRecord,
+    Transition,
+    TurnError,
+    TurnEvent,
+    TurnInput,
+    TurnRecord,
+)
 from engine.store_rules import LeaseState, check_lease, check_transition, transition_changes
 from stores.database import utc
 from stores.notify import CHANGE_CHANNEL, WORK_CHANNEL
@@ -63,6 +71,8 @@ def record(row: sa.Row[tuple[object, ...]] | Mapping[str, Any]) -> TurnRecord:
         input_tokens=m["input_tokens"],
         output_tokens=m["output_tokens"],
         trace_context=m["trace_context"],
+        custom=m["custom"],
+        artifacts=m["artifacts"],
     )
 
 
@@ -190,6 +200,8 @@ def insert_turn(connection: Connection, turn: NewTurn, now: datetime) -> TurnRec
         "created_at": now,
         "updated_at": now,
         "trace_context": turn.trace_context,
+        "custom": turn.custom,
+        "artifacts": turn.artifacts,
     }
     row = connection.execute(_INSERT_TURN, values).one()
     _event(connection, turn.id, None, TurnStatus.PENDING, 0, now, None, notify=(WORK_CHANNEL,))
@@ -338,6 +350,18 @@ def list_events(connection: Connection, turn_id: str) -> list[TurnEvent]:
         )
         for r in rows
     ]
+
+
+def set_state(connection: Connection, turn_id: str, rounds: Sequence[RoundRecord | None]) -> None:
+    """Write the session state a committed round of ``rounds`` carries onto the turn, inside
+    the transaction that writes the round (the last such round's, when several do)."""
+    states = [r.state for r in rounds if r is not None and r.committed and r.state is not None]
+    if states:
+        connection.execute(
+            sa.update(turns)
+            .where(turns.c.id == turn_id)
+            .values(custom=states[-1].custom, artifacts=states[-1].artifacts_wire())
+        )
 
 
 def add_usage(connection: Connection, turn_id: str, usage: ModelUsage) -> None:

@@ -23,6 +23,7 @@ from engine.parts import Message, Part
 from engine.remote.wire import IDEMPOTENCY_HEADER
 from engine.response import AgentChunk, AgentInterrupt, AgentResponse
 from engine.schemas import Schema, SchemaSpec
+from engine.session_state import Artifact, SessionData, apply_patch
 from engine.snapshots import SessionSnapshot, coerce_message
 from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus
 
@@ -214,8 +215,10 @@ class RemoteAgent:
         init: Mapping[str, Any],
         on_chunk: ChunkSink | None,
         idempotency_key: str | None = None,
+        on_state: Callable[[Mapping[str, Any]], None] | None = None,
     ) -> Mapping[str, Any]:
-        """One turn over the streaming protocol; the ``result`` object."""
+        """One turn over the streaming protocol; the ``result`` object. ``on_state`` sees
+        every ``customPatch`` / ``artifact`` chunk, streamed to ``on_chunk`` or not."""
         body = {"data": dict(data), "init": dict(init)}
         extra = {"accept": "text/event-stream"}
         if idempotency_key is not None:
@@ -228,7 +231,12 @@ class RemoteAgent:
                     parsed = _json_text(text)
                     raise _error_from(parsed if isinstance(parsed, Mapping) else {"message": text})
                 async for kind, payload in _frames(reply.aiter_text()):
-                    if kind == "message":
+                    if kind == "message" and ("customPatch" in payload or "artifact" in payload):
+                        if on_state is not None:
+                            on_state(payload)
+                        if on_chunk is not None:
+                            await on_chunk(AgentChunk.from_wire(payload))
+                    elif kind == "message":
                         body = payload.get("modelChunk")
                         # Genkit ends a paused turn with an index-less chunk repeating the
                         # paused requests; the response carries them, a local stream does not.
@@ -317,6 +325,8 @@ def _response_of_snapshot(
         finish_reason=snapshot.finish_reason,
         messages=messages,
         interrupts=_interrupts(messages[-1] if messages else None, schemas),
+        custom=snapshot.state.custom,
+        artifacts=SessionData.of(None, snapshot.state.artifacts).artifacts,
     )
     if snapshot.status is TurnStatus.FAILED:
         error = snapshot.error or {}
@@ -365,6 +375,12 @@ class RemoteChat(ChatAPI):
             self.session_id = str(self.state.get("sessionId"))
         #: The conversation as this client knows it.
         self.messages: list[Message] = list(_state_messages(self.state))
+        #: The session's custom state and artifacts as this client knows them: from the
+        #: state blob, the snapshot, or (as Genkit's client does) the streamed patches.
+        self.custom: Any = self.state.get("custom") if self.state is not None else None
+        self.artifacts: list[Artifact] = (
+            SessionData.of(None, self.state.get("artifacts")).artifacts if self.state else []
+        )
         self._pending: str | None = None
 
     def _init(self) -> dict[str, Any]:
@@ -434,7 +450,10 @@ class RemoteChat(ChatAPI):
             await self._turn(message, resume, None, False, idempotency_key)
             return await self.wait(timeout=timeout)
         data, user = self._data(message, resume, wait)
-        result = await self.agent.run(data, self._init(), sink, idempotency_key)
+        live = _PatchedState(self.custom)
+        result = await self.agent.run(
+            data, self._init(), sink, idempotency_key, on_state=live.apply
+        )
         history = None
         settled = (
             result.get("snapshotId")
@@ -445,6 +464,10 @@ class RemoteChat(ChatAPI):
         if self.agent.full_history and settled:
             snapshot = await self.agent.get_snapshot(snapshot_id=result["snapshotId"])
             history = snapshot.state.messages if snapshot is not None else None
+            if snapshot is not None:
+                live.custom, live.changed = snapshot.state.custom, True
+        if live.changed:
+            self.custom = live.custom
         return self._follow(result, user, history)
 
     def _follow(
@@ -463,6 +486,8 @@ class RemoteChat(ChatAPI):
         if result.get("state") is not None:
             self.state = dict(result["state"])
             self.messages = list(_state_messages(self.state))
+            self.custom = self.state.get("custom")
+            self.artifacts = SessionData.of(None, self.state.get("artifacts")).artifacts
         elif history is not None:
             self.messages = list(history)
         else:
@@ -470,6 +495,8 @@ class RemoteChat(ChatAPI):
                 self.messages.append(user)
             if result.get("message") is not None:
                 self.messages.append(Message.model_validate(result["message"]))
+        if result.get("state") is None and result.get("sessionId"):
+            self.artifacts = SessionData.of(None, result.get("artifacts")).artifacts
         if finish is FinishReason.DETACHED:
             self._pending = result.get("snapshotId")
         elif result.get("snapshotId"):
@@ -486,6 +513,8 @@ class RemoteChat(ChatAPI):
                 else []
             ),
             state=self.state if result.get("state") is not None else None,
+            custom=self.custom,
+            artifacts=list(self.artifacts),
         )
         if finish is FinishReason.FAILED and error_wire is not None:
             failure = _error_from(error_wire, snapshot_id=result.get("snapshotId"))
@@ -504,6 +533,20 @@ class RemoteChat(ChatAPI):
         self.session_id = response.session_id
         self.snapshot_id = response.snapshot_id
         self.messages = list(response.messages)
+        self.custom, self.artifacts = response.custom, list(response.artifacts)
+
+
+class _PatchedState:
+    """The custom state a turn's ``customPatch`` chunks build, from the value before it."""
+
+    def __init__(self, custom: Any) -> None:
+        self.custom = custom
+        self.changed = False
+
+    def apply(self, chunk: Mapping[str, Any]) -> None:
+        if "customPatch" in chunk:
+            self.custom = apply_patch(self.custom, chunk["customPatch"])
+            self.changed = True
 
 
 def _state_messages(state: Mapping[str, Any] | None) -> list[Message]:

@@ -16,6 +16,10 @@ the tests need to watch real processes from outside:
   of :func:`examples.banking.book` (``TEST_LEDGER``);
 * the model may take ``TEST_MODEL_AFTER_TOOL_SECONDS`` before answering a transferMoney
   result, so a test can kill a worker after a tool call finished but before the turn settled;
+* ``tallyAgent`` keeps a custom session state: its first round runs ``tallyFast`` and
+  ``tallySlow`` (which takes ``TEST_TRANSFER_SECONDS``) side by side, its second round
+  ``tallySlow`` again; each call adds one to its own counter in the state and logs its
+  execution, so a test can kill a worker mid round and count both executions and patches;
 * ``expiringAgent`` and ``strictAgent`` pause at a ``userApproval`` interrupt that expires after
   ``TEST_APPROVAL_TIMEOUT`` seconds, answered ``{"approved": false, "feedback": "expired"}``
   or failing the turn, decided by the worker process's scheduler.
@@ -34,6 +38,7 @@ from engine import Agent, Engine, InterruptTool, ScriptedModel, Tool, ToolContex
 from engine.executor import LeaseSettings
 from engine.expiry import FAIL
 from engine.model import ChunkSink, ModelRequest, ModelResponse
+from engine.parts import Message, Part
 from engine.scripted import transaction_id
 from examples.banking import (
     SYSTEM_PROMPT,
@@ -85,6 +90,29 @@ class PacedModel:
         return await self.inner.generate(request, on_chunk)
 
 
+class TallyModel:
+    """``tallyAgent``'s model: both tallies, then the slow one again, then ``done``."""
+
+    name = "tally"
+
+    async def generate(
+        self, request: ModelRequest, on_chunk: ChunkSink | None = None
+    ) -> ModelResponse:
+        """The next step, read from the conversation."""
+        last = request.messages[-1]
+        answered = {p.tool_response.ref for p in last.content if p.tool_response is not None}
+        if last.role == "user":
+            parts = [
+                Part.of_request("tallyFast", "fast-1", {}),
+                Part.of_request("tallySlow", "slow-1", {}),
+            ]
+        elif "slow-1" in answered:
+            parts = [Part.of_request("tallySlow", "slow-2", {})]
+        else:
+            parts = [Part.of_text("done")]
+        return ModelResponse(message=Message(role="model", content=parts))
+
+
 @dataclass
 class DurableApp:
     """The engine and its agents."""
@@ -94,6 +122,7 @@ class DurableApp:
     banking_agent: Agent
     expiring_agent: Agent
     strict_agent: Agent
+    tally_agent: Agent
     transfer_money: Tool
 
 
@@ -149,6 +178,29 @@ def make_app(
         output_schema=ApprovalDecision,
     )
 
+    def tally(counter: str) -> Any:
+        async def count(_: Any, ctx: ToolContext) -> str:
+            log_execution(executions, "start", ctx.idempotency_key)
+            if counter == "slow" and transfer_seconds:
+                await asyncio.sleep(transfer_seconds)
+            ctx.update_state(lambda s: {**(s or {}), counter: (s or {}).get(counter, 0) + 1})
+            ctx.add_artifact({"name": f"{counter}-log", "parts": [{"text": ctx.idempotency_key}]})
+            log_execution(executions, "done", ctx.idempotency_key)
+            return counter
+
+        return count
+
+    tally_agent = ai.define_agent(
+        name="tallyAgent",
+        model=TallyModel(),
+        tools=[
+            ai.define_tool(name="tallyFast", fn=tally("fast")),
+            ai.define_tool(name="tallySlow", fn=tally("slow")),
+        ],
+        store=store,
+        lease=lease,
+    )
+
     def agent(name: str, approval: InterruptTool) -> Agent:
         return ai.define_agent(
             name=name,
@@ -166,6 +218,7 @@ def make_app(
         banking_agent=agent("bankingAgent", user_approval),
         expiring_agent=agent("expiringAgent", _approval(approval_timeout, EXPIRED_ANSWER)),
         strict_agent=agent("strictAgent", _approval(approval_timeout, FAIL)),
+        tally_agent=tally_agent,
         transfer_money=transfer_money,
     )
 

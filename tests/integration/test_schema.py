@@ -375,6 +375,8 @@ def test_a_resume_finds_its_answers_by_the_parents_key_however_many_approvals_ar
             "history_length": "1",
             "max_attempts": "3",
             "trace_context": "NULL",
+            "custom": "NULL",
+            "artifacts": "NULL",
             "work_channel": "'turnstile_work'",
         }
         arguments = ", ".join(literals[name] for name in statement.parameter_names)

@@ -183,6 +183,73 @@ const scenarios = {
     const failed = await attempt(() => chat.send('please fail now'));
     return { failed, pointsAt: chat.snapshotId };
   },
+
+  // Custom session state and artifacts (tests.acceptance.state_app).
+  async customState() {
+    const counter = agent('counterAgent');
+    const chat = counter.chat();
+    const turn = chat.sendStream('first');
+    const chunks = [];
+    const customs = [];
+    for await (const chunk of turn.stream) {
+      if (chunk.raw.customPatch || chunk.raw.artifact) chunks.push(chunk.raw);
+      if (chunk.custom !== undefined) customs.push(chunk.custom);
+    }
+    const first = await turn.response;
+    // The response's state getter reads the chat's live state: copy it before the next turn.
+    const firstSeen = { state: first.state, artifacts: first.artifacts, raw: first.raw };
+    const second = await chat.send('second');
+    const snapshot = await counter.getSnapshot(second.snapshotId);
+    const loaded = await counter.loadChat({ snapshotId: second.snapshotId });
+    return {
+      chunks,
+      customs,
+      first: firstSeen,
+      second: { state: second.state, artifacts: second.artifacts, chatState: chat.state },
+      chatArtifacts: chat.artifacts,
+      snapshotState: { custom: snapshot.state.custom, artifacts: snapshot.state.artifacts },
+      loaded: { state: loaded.state, artifacts: loaded.artifacts },
+    };
+  },
+
+  async multiState() {
+    const chat = agent('multiStateAgent').chat();
+    const turn = chat.sendStream('go');
+    const chunks = [];
+    for await (const chunk of turn.stream) {
+      if (chunk.raw.customPatch || chunk.raw.artifact) chunks.push({ raw: chunk.raw, custom: chunk.custom });
+    }
+    const res = await turn.response;
+    return { chunks, state: res.state, artifacts: res.artifacts, text: res.text };
+  },
+
+  async bigState() {
+    const chat = agent('bigStateAgent').chat();
+    const turn = chat.sendStream('go');
+    const patches = [];
+    for await (const chunk of turn.stream) {
+      if (chunk.raw.customPatch) patches.push(chunk.raw.customPatch.map((op) => ({ op: op.op, path: op.path })));
+    }
+    const res = await turn.response;
+    return { patches, n: res.state.n, draftLength: res.state.draft.length, chatN: chat.state.n };
+  },
+
+  async clientState() {
+    const stateless = agent('counterAgentStateless');
+    const chat = stateless.chat();
+    const first = await chat.send('first');
+    const firstSeen = { state: first.state, raw: first.raw.state.custom };
+    const second = await chat.send('second');
+    const tampered = stateless.chat({
+      state: { ...second.raw.state, custom: { counter: 1000 } },
+    });
+    const forged = await attempt(() => tampered.send('third'));
+    return {
+      first: firstSeen,
+      second: { state: second.state, artifacts: second.artifacts, messages: second.raw.state.messages.length },
+      forged,
+    };
+  },
 };
 
 const run = scenarios[scenario];

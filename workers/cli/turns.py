@@ -221,6 +221,8 @@ def detail_wire(detail: TurnDetail, now: datetime) -> dict[str, Any]:
             "run_after": iso(turn.run_after),
             "input_tokens": turn.input_tokens,
             "output_tokens": turn.output_tokens,
+            "custom": turn.custom,
+            "artifacts": turn.artifacts or [],
             "children": detail.children,
         }
     )
@@ -277,6 +279,10 @@ def _print_detail(detail: TurnDetail, now: datetime, full: bool) -> None:
                 "waiting for": ", ".join(
                     f"{w.interrupt} ({w.turn_id}:{w.ref})" for w in detail.waiting
                 ),
+                "custom state": short(turn.custom, 100) if turn.custom is not None else None,
+                "artifacts": ", ".join(str(a.get("name") or "(unnamed)") for a in turn.artifacts)
+                if turn.artifacts
+                else None,
             }
         )
     )
