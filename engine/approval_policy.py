@@ -111,10 +111,12 @@ class VoteBook(Protocol):
         answer: Any,
         approves: bool,
         required: int,
+        resets: bool = False,
     ) -> VoteOutcome:
         """Record ``voter``'s vote on an open approval and, when it is a non-approving vote or
         brings the approvals to ``required``, the recorded decision (``answer``, ``decided_by``
-        = ``voter``) in the same transaction.
+        = ``voter``) in the same transaction. With ``resets`` (a vote that edits the call's
+        arguments) the earlier votes are discarded first: they approved other arguments.
 
         Raises :class:`~engine.errors.ApprovalNotPendingError` when the approval is not open
         and :class:`AlreadyVotedError` when ``voter`` voted on it before; nothing is written.

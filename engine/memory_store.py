@@ -558,6 +558,7 @@ class InMemorySessionStore:
         answer: Any,
         approves: bool,
         required: int,
+        resets: bool = False,
     ) -> VoteOutcome:
         """See :meth:`engine.approval_policy.VoteBook.record_vote`."""
         call = self._calls.get(turn_id, {}).get((round, ref))
@@ -565,6 +566,8 @@ class InMemorySessionStore:
             # The same refusal as a decision on an approval that is not open.
             await self.record_decision(turn_id, round, ref, answer=answer, decided_by=voter)
         votes = self._votes.setdefault(turn_id, {}).setdefault((round, ref), [])
+        if resets:
+            votes.clear()
         if any(vote.voter == voter for vote in votes):
             raise AlreadyVotedError(
                 f"'{voter}' already voted on interrupt '{ref}' of snapshot {turn_id}; a vote "

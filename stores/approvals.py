@@ -267,12 +267,14 @@ def record_vote(
     approves: bool,
     required: int,
     now: datetime,
+    resets: bool = False,
 ) -> VoteOutcome:
     """Add ``voter``'s vote on an open approval; decide it when the vote does.
 
     The journal row is locked first (``FOR UPDATE``; SQLite serialises writers anyway), so
     concurrent votes on one approval count one after the other and exactly one of them sees
-    the quorum reached. Raises :class:`ApprovalNotPendingError` when the approval is not open
+    the quorum reached. With ``resets`` the earlier votes are deleted first (an edit: they
+    approved other arguments). Raises :class:`ApprovalNotPendingError` when the approval is not open
     and :class:`AlreadyVotedError` when ``voter`` voted on it already; nothing is written.
     """
     c = tool_calls.c
@@ -293,6 +295,10 @@ def record_vote(
     if locked is None:
         _refuse_not_pending(connection, turn_id, round, ref)
     v = approval_votes.c
+    if resets:
+        connection.execute(
+            sa.delete(approval_votes).where(v.turn_id == turn_id, v.round == round, v.ref == ref)
+        )
     voted = connection.execute(
         sa.select(v.voted_at).where(
             v.turn_id == turn_id, v.round == round, v.ref == ref, v.voter == voter

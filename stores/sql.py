@@ -398,6 +398,7 @@ class SqlSessionStore:
         answer: Any,
         approves: bool,
         required: int,
+        resets: bool = False,
     ) -> VoteOutcome:
         """See :meth:`engine.approval_policy.VoteBook.record_vote`."""
         return await self._write(
@@ -410,6 +411,7 @@ class SqlSessionStore:
                 answer=answer,
                 approves=approves,
                 required=required,
+                resets=resets,
                 now=now_utc(),
             )
         )

@@ -1,0 +1,224 @@
+"""Edit before approve, enforced by the engine on every store: an approver's edit of a paused
+call's arguments is validated, recorded as a diff with who and when, and the call runs once
+with the edited arguments; non-editable tools, disallowed approvers and a restart with
+changed input that no edit recorded are refused and change nothing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from engine.approval_history import ApprovalHistory, DecisionQuery
+from engine.approval_policy import ApprovalRefusedError, VoteBook, role
+from engine.edits import edited_key
+from engine.errors import (
+    DecisionConflictError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    ResumeValidationError,
+)
+from engine.inbox import Decision, decide, find_approval
+from engine.parts import RESUMED, Message, Part
+from engine.remote.auth import Principal
+from engine.status import FinishReason, TurnStatus
+from engine.store import PendingApproval, SessionStore, ToolCallRecord, TurnInput
+from engine.turn_request import TurnRequest
+from examples.guarded_banking import GuardedApp, build
+
+BOB = Principal("bob", roles=frozenset({"approver"}))
+CAROL = Principal("carol", roles=frozenset({"approver"}))
+ALICE = Principal("alice", roles=frozenset({"approver"}))  # the requester
+MALLORY = Principal("mallory")  # no approver role
+
+EDIT_TO_500 = Decision(restart=True, edit={"amount": 500})
+
+
+async def paused(store: SessionStore, **options: Any) -> tuple[GuardedApp, PendingApproval]:
+    """alice asks for a transfer of $40 to carol; the guarded tool pauses the turn."""
+    app = build(store=store, execution="inline", **options)
+    response = await app.agent.run_turn(
+        TurnRequest(
+            input=TurnInput(kind="message", message=Message.user("transfer $40 to carol")),
+            owner="alice",
+        )
+    )
+    assert response.finish_reason is FinishReason.INTERRUPTED
+    assert response.snapshot_id is not None
+    found = await find_approval(store, response.snapshot_id, "transfer-1")
+    assert found is not None and found[1]
+    return app, found[0]
+
+
+async def paused_row(store: SessionStore, approval: PendingApproval) -> ToolCallRecord:
+    rows = [c for c in await store.list_calls(approval.turn_id) if c.ref == approval.ref]
+    assert len(rows) == 1
+    return rows[0]
+
+
+async def latest_status(store: SessionStore, session_id: str) -> tuple[TurnStatus, Any]:
+    latest = await store.latest_turn(session_id)
+    assert latest is not None
+    return latest.status, latest.finish_reason
+
+
+async def test_edited_call_runs_once_with_the_edited_arguments(store: SessionStore) -> None:
+    """The edit is recorded as a diff with who and when, the transfer runs exactly once with
+    amount 500 under a key covering the edited arguments, and the history shows the edit."""
+    app, approval = await paused(store)
+    outcome = await decide(app.agent, approval, EDIT_TO_500, decided_by="bob")
+    assert outcome.resume_snapshot_id is not None
+    assert await latest_status(store, approval.session_id) == (
+        TurnStatus.COMPLETED,
+        FinishReason.STOP,
+    )
+    original_key = f"{approval.turn_id}:transfer-1"
+    assert [(key, r.amount, r.toAccount) for key, r in app.transfers] == [
+        (edited_key(original_key, {"amount": 500, "toAccount": "carol"}), 500, "carol")
+    ]
+    row = await paused_row(store, approval)
+    edit = row.answer["edit"]
+    assert edit["input"] == {"amount": 500, "toAccount": "carol"}
+    assert edit["diff"] == [{"field": "amount", "old": 40, "new": 500}]
+    assert edit["by"] == "bob" and edit["at"]
+    assert row.decided_by == "bob"
+    resumed = [c for c in await store.list_calls(outcome.resume_snapshot_id) if c.round == 0]
+    assert [(c.input, c.idempotency_key) for c in resumed] == [(edit["input"], app.transfers[0][0])]
+    final = await store.latest_turn(approval.session_id)
+    assert final is not None
+    messages = await store.load_conversation(final.id)
+    assert "Done. Transaction txn-500-carol." in messages[-1].text
+    assert isinstance(store, ApprovalHistory)
+    history = await store.list_decisions(DecisionQuery())
+    assert [(d.ref, d.decided_by, d.edit and d.edit["diff"]) for d in history] == [
+        ("transfer-1", "bob", [{"field": "amount", "old": 40, "new": 500}])
+    ]
+
+
+async def test_edit_violating_the_input_schema_changes_nothing(store: SessionStore) -> None:
+    """An amount that is not a number, or an unknown shape, is a typed error; the approval
+    stays open and nothing ran."""
+    app, approval = await paused(store)
+    for bad in ({"amount": "lots"}, {"toAccount": None}, {}):
+        with pytest.raises(InvalidArgumentError):
+            await decide(app.agent, approval, Decision(restart=True, edit=bad), decided_by="bob")
+    row = await paused_row(store, approval)
+    assert (row.decided_at, row.answer) == (None, None)
+    assert app.transfers == []
+    with pytest.raises(ValueError, match="'edit' goes with 'restart'"):
+        Decision(respond={"success": True, "transactionId": "x"}, edit={"amount": 1})
+
+
+async def test_non_editable_tool_refuses_edits(store: SessionStore) -> None:
+    """A tool not declared editable=True may only be approved as it is."""
+    app, approval = await paused(store, editable=False)
+    with pytest.raises(FailedPreconditionError, match="not editable"):
+        await decide(app.agent, approval, EDIT_TO_500, decided_by="bob")
+    assert (await paused_row(store, approval)).decided_at is None
+    await decide(app.agent, approval, Decision(restart=True), decided_by="bob")
+    assert [r.amount for _key, r in app.transfers] == [40]
+
+
+async def test_only_an_allowed_approver_may_edit(store: SessionStore) -> None:
+    """Under an approval policy, a principal outside the approvers and the requester
+    (maker-checker) are refused before the edit is even looked at; an allowed one edits."""
+    app, approval = await paused(store, approvers=role("approver"))
+    for who in (MALLORY, ALICE):
+        with pytest.raises(ApprovalRefusedError):
+            await decide(app.agent, approval, EDIT_TO_500, decided_by=who.id, approver=who)
+    assert (await paused_row(store, approval)).decided_at is None
+    outcome = await decide(app.agent, approval, EDIT_TO_500, decided_by="bob", approver=BOB)
+    assert outcome.is_decided
+    assert [r.amount for _key, r in app.transfers] == [500]
+
+
+async def test_an_edit_resets_the_quorum(store: SessionStore) -> None:
+    """With two approvals required, an edit discards the votes cast on the old arguments:
+    bob's earlier approval no longer counts, and the turn resumes only once a second
+    approver (bob again) approves the edited arguments."""
+    app, approval = await paused(store, approvers=role("approver"), required_approvals=2)
+    approve = Decision(restart=True)
+    assert not (
+        await decide(app.agent, approval, approve, decided_by="bob", approver=BOB)
+    ).is_decided
+    edited = await decide(app.agent, approval, EDIT_TO_500, decided_by="carol", approver=CAROL)
+    assert not edited.is_decided
+    assert [v.voter for v in edited.votes] == ["carol"]
+    final = await decide(app.agent, approval, approve, decided_by="bob", approver=BOB)
+    assert final.is_decided
+    assert [r.amount for _key, r in app.transfers] == [500]
+    row = await paused_row(store, approval)
+    assert row.answer["edit"]["by"] == "carol"
+    assert isinstance(store, VoteBook)
+    votes = await store.list_votes(approval.turn_id, approval.round, approval.ref)
+    assert [(v.voter, v.answer["edit"]["input"]["amount"]) for v in votes] == [
+        ("carol", 500),
+        ("bob", 500),
+    ]
+
+
+async def test_restart_with_changed_input_is_refused_without_an_edit(
+    store: SessionStore,
+) -> None:
+    """Genkit's rule holds outside the inbox's edit: a chat's restart with other arguments is
+    refused, and once an edit is recorded only exactly its arguments are accepted."""
+    app, approval = await paused(store)
+
+    def restart_with(amount: int) -> TurnRequest:
+        part = Part.of_request(
+            "transferMoney", "transfer-1", {"amount": amount, "toAccount": "carol"}, {RESUMED: True}
+        )
+        return TurnRequest(
+            input=TurnInput(kind="resume", restart=[part]),
+            snapshot_id=approval.turn_id,
+            owner="alice",
+        )
+
+    with pytest.raises(ResumeValidationError, match="modified inputs"):
+        await app.agent.run_turn(restart_with(500))
+    assert app.transfers == []
+    # A decision recorded without an edit licenses no other arguments either.
+    await store.record_decision(
+        approval.turn_id, approval.round, approval.ref, answer={"restart": True}, decided_by="bob"
+    )
+    with pytest.raises(ResumeValidationError, match="modified inputs"):
+        await app.agent.run_turn(restart_with(500))
+    assert app.transfers == []
+
+
+async def test_a_recorded_edit_licenses_exactly_its_arguments(store: SessionStore) -> None:
+    """A chat resume may carry out a recorded edit, but only with exactly the edited
+    arguments; other arguments are still refused."""
+    app, approval = await paused(store)
+    edit = {
+        "input": {"amount": 500, "toAccount": "carol"},
+        "diff": [{"field": "amount", "old": 40, "new": 500}],
+        "by": "bob",
+        "at": "2026-01-01T00:00:00+00:00",
+    }
+    await store.record_decision(
+        approval.turn_id,
+        approval.round,
+        approval.ref,
+        answer={"restart": True, "edit": edit},
+        decided_by="bob",
+    )
+
+    def restart_with(amount: int) -> TurnRequest:
+        part = Part.of_request(
+            "transferMoney", "transfer-1", {"amount": amount, "toAccount": "carol"}, {RESUMED: True}
+        )
+        return TurnRequest(
+            input=TurnInput(kind="resume", restart=[part]),
+            snapshot_id=approval.turn_id,
+            owner="alice",
+        )
+
+    with pytest.raises(ResumeValidationError, match="modified inputs"):
+        await app.agent.run_turn(restart_with(600))
+    with pytest.raises(DecisionConflictError):
+        await app.agent.run_turn(restart_with(40))
+    assert app.transfers == []
+    response = await app.agent.run_turn(restart_with(500))
+    assert response.finish_reason is FinishReason.STOP
+    assert [r.amount for _key, r in app.transfers] == [500]
