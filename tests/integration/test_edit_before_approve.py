@@ -5,6 +5,7 @@ changed input that no edit recorded are refused and change nothing."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,7 +24,9 @@ from engine.parts import RESUMED, Message, Part
 from engine.remote.auth import Principal
 from engine.status import FinishReason, TurnStatus
 from engine.store import PendingApproval, SessionStore, ToolCallRecord, TurnInput
+from engine.tools import ToolContext
 from engine.turn_request import TurnRequest
+from examples.banking import read_ledger
 from examples.guarded_banking import GuardedApp, build
 
 BOB = Principal("bob", roles=frozenset({"approver"}))
@@ -222,3 +225,33 @@ async def test_a_recorded_edit_licenses_exactly_its_arguments(store: SessionStor
     response = await app.agent.run_turn(restart_with(500))
     assert response.finish_reason is FinishReason.STOP
     assert [r.amount for _key, r in app.transfers] == [500]
+
+
+async def test_a_retried_edited_call_keeps_its_key(store: SessionStore, tmp_path: Path) -> None:
+    """The edited transfer books, then fails before the journal knows: the retry runs the
+    edited call again under the same key, so the ledger books 500 once and 40 never."""
+    ledger = tmp_path / "ledger.jsonl"
+    app, approval = await paused(store, ledger=ledger)
+    book_then_fail = app.transfer_money.fn
+    assert book_then_fail is not None
+    failures: list[str] = []
+
+    def flaky(request: Any, ctx: ToolContext) -> Any:
+        result = book_then_fail(request, ctx)
+        if not failures:
+            failures.append(ctx.idempotency_key)
+            raise RuntimeError("the bank's confirmation was lost")
+        return result
+
+    app.transfer_money.fn = flaky
+    outcome = await decide(app.agent, approval, EDIT_TO_500, decided_by="bob")
+    failed = await store.get_turn(outcome.resume_snapshot_id or "")
+    assert failed is not None and failed.status is TurnStatus.FAILED
+    retried = await app.agent.run_turn(
+        TurnRequest(input=TurnInput(kind="retry"), snapshot_id=failed.id, owner="alice")
+    )
+    assert retried.finish_reason is FinishReason.STOP
+    keys = [key for key, _request in app.transfers]
+    assert [r.amount for _key, r in app.transfers] == [500, 500]
+    assert keys == [failures[0], failures[0]] and ":edited-" in keys[0]
+    assert [(e["amount"], e["key"]) for e in read_ledger(ledger)] == [(500, failures[0])]
