@@ -85,6 +85,9 @@ async def test_json_inbox_edit(served: tuple[GuardedApp, str]) -> None:
     approval = await ask_transfer(base)
     path = f"/inbox/{approval}/decision"
     async with client_of(base, "bob") as bob, client_of(base, "mallory") as mallory:
+        shown = await bob.get(f"/inbox/{approval}")
+        assert shown.json()["editable"] is True
+        assert shown.json()["input"] == {"amount": 40, "toAccount": "carol"}
         for body in (
             {"restart": True, "edit": {"amount": "lots"}},
             {"restart": True, "edit": []},
