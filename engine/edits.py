@@ -59,9 +59,12 @@ def make_edit(
     *,
     by: str | None,
     at: datetime | None = None,
+    current: Any = None,
 ) -> dict[str, Any]:
     """The recorded edit of a paused call of ``tool`` (named ``name``) whose arguments were
-    ``original``: ``changes`` (field → new value, ``null`` removes the field) merged in.
+    ``original``: ``changes`` (field → new value, ``null`` removes the field) merged into the
+    arguments as they stand (``current``: an earlier edit's, else ``original``). The diff is
+    against ``original``, what the model asked for.
 
     Raises :class:`FailedPreconditionError` when the tool is not editable and
     :class:`InvalidArgumentError` when the changes are not an object of fields, change
@@ -81,7 +84,8 @@ def make_edit(
         raise FailedPreconditionError(
             f"The arguments of this '{name}' call are not an object: they cannot be edited."
         )
-    edited = {k: v for k, v in original.items() if k not in changes}
+    standing = current if isinstance(current, dict) else original
+    edited = {k: v for k, v in standing.items() if k not in changes}
     edited.update({k: to_jsonable(v) for k, v in changes.items() if v is not None})
     try:
         tool.input.check_json(edited)
@@ -89,11 +93,11 @@ def make_edit(
         raise InvalidArgumentError(
             f"The edited arguments of '{name}' do not match its input schema: {exc}"
         ) from exc
-    diff = diff_of(original, edited)
-    if not diff:
+    if not diff_of(standing, edited):
         raise InvalidArgumentError(
             f"The edit of '{name}' changes nothing; approve without an edit instead."
         )
+    diff = diff_of(original, edited)
     when = at or datetime.now(UTC)
     return {"input": edited, "diff": diff, "by": by, "at": when.isoformat()}
 

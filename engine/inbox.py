@@ -225,9 +225,11 @@ async def decide(
         approves = _approves(tool, answer, denies)
         assert approver is not None  # check() refuses an anonymous approver
         book = vote_book(store)
-        _add_edit(answer, tool, approval, decision, approver.id)
-        if approves and EDIT not in answer:
-            await _adopt_edit(book, approval, answer)
+        standing = await _standing_edit(book, approval)
+        _add_edit(answer, tool, approval, decision, approver.id, standing)
+        if approves and EDIT not in answer and standing is not None:
+            # An approval without an edit approves the arguments as the last edit left them.
+            answer[EDIT] = standing
         outcome = await book.record_vote(
             approval.turn_id,
             approval.round,
@@ -281,19 +283,29 @@ def _add_edit(
     approval: PendingApproval,
     decision: Decision,
     by: str | None,
+    standing: dict[str, Any] | None = None,
 ) -> None:
-    """Record the decision's edit (validated, as a diff with who and when) in ``answer``."""
+    """Record the decision's edit (validated, as a diff with who and when) in ``answer``;
+    it applies to the arguments as ``standing`` (an earlier vote's edit) left them."""
     if decision.edit is not None:
-        answer[EDIT] = make_edit(tool, approval.interrupt, approval.input, decision.edit, by=by)
+        answer[EDIT] = make_edit(
+            tool,
+            approval.interrupt,
+            approval.input,
+            decision.edit,
+            by=by,
+            current=standing["input"] if standing is not None else None,
+        )
 
 
-async def _adopt_edit(book: VoteBook, approval: PendingApproval, answer: dict[str, Any]) -> None:
-    """An approving vote without an edit approves the arguments as they stand: those of the
-    edit an earlier vote made (votes before an edit were reset by it)."""
+async def _standing_edit(book: VoteBook, approval: PendingApproval) -> dict[str, Any] | None:
+    """The edit the approval's votes stand on: the latest vote's that carries one (an edit
+    resets the votes before it, so at most the first vote carries its own)."""
     for vote in reversed(await book.list_votes(approval.turn_id, approval.round, approval.ref)):
-        if isinstance(vote.answer, dict) and EDIT in vote.answer:
-            answer[EDIT] = vote.answer[EDIT]
-            return
+        edit = vote.answer.get(EDIT) if isinstance(vote.answer, dict) else None
+        if isinstance(edit, dict):
+            return edit
+    return None
 
 
 async def _call(store: SessionStore, approval: PendingApproval) -> ToolCallRecord:

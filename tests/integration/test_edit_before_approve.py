@@ -137,8 +137,8 @@ async def test_only_an_allowed_approver_may_edit(store: SessionStore) -> None:
 
 async def test_an_edit_resets_the_quorum(store: SessionStore) -> None:
     """With two approvals required, an edit discards the votes cast on the old arguments:
-    bob's earlier approval no longer counts, and the turn resumes only once a second
-    approver (bob again) approves the edited arguments."""
+    bob's earlier approval no longer counts; bob's own later edit builds on carol's and resets
+    again; the turn resumes once carol approves the arguments as both edits left them."""
     app, approval = await paused(store, approvers=role("approver"), required_approvals=2)
     approve = Decision(restart=True)
     assert not (
@@ -147,16 +147,23 @@ async def test_an_edit_resets_the_quorum(store: SessionStore) -> None:
     edited = await decide(app.agent, approval, EDIT_TO_500, decided_by="carol", approver=CAROL)
     assert not edited.is_decided
     assert [v.voter for v in edited.votes] == ["carol"]
-    final = await decide(app.agent, approval, approve, decided_by="bob", approver=BOB)
+    again = Decision(restart=True, edit={"toAccount": "dave"})
+    edited_again = await decide(app.agent, approval, again, decided_by="bob", approver=BOB)
+    assert [v.voter for v in edited_again.votes] == ["bob"], "the second edit resets too"
+    final = await decide(app.agent, approval, approve, decided_by="carol", approver=CAROL)
     assert final.is_decided
-    assert [r.amount for _key, r in app.transfers] == [500]
+    assert [(r.amount, r.toAccount) for _key, r in app.transfers] == [(500, "dave")]
     row = await paused_row(store, approval)
-    assert row.answer["edit"]["by"] == "carol"
+    assert row.answer["edit"]["by"] == "bob"
+    assert row.answer["edit"]["diff"] == [
+        {"field": "amount", "old": 40, "new": 500},
+        {"field": "toAccount", "old": "carol", "new": "dave"},
+    ]
     assert isinstance(store, VoteBook)
     votes = await store.list_votes(approval.turn_id, approval.round, approval.ref)
-    assert [(v.voter, v.answer["edit"]["input"]["amount"]) for v in votes] == [
-        ("carol", 500),
-        ("bob", 500),
+    assert [(v.voter, v.answer["edit"]["input"]) for v in votes] == [
+        ("bob", {"amount": 500, "toAccount": "dave"}),
+        ("carol", {"amount": 500, "toAccount": "dave"}),
     ]
 
 
