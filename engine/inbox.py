@@ -271,7 +271,8 @@ async def decide(
 
 def _approves(tool: Tool | None, answer: dict[str, Any], denies: bool) -> bool:
     """Whether a vote counts towards the quorum: answering an interrupt with anything but a
-    denial, or running a tool that paused itself (restart: its answer would replace it)."""
+    denial, or restarting (running) a tool that paused itself; answering such a tool in its
+    place decides at once, as a denial does."""
     if tool is not None and not tool.is_interrupt:
         return "restart" in answer
     return "respond" in answer and not denies
