@@ -19,15 +19,27 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from engine.errors import FailedPreconditionError, InvalidArgumentError
+from engine.errors import ApprovalNotPendingError, FailedPreconditionError, InvalidArgumentError
 from engine.schemas import SchemaViolation, to_jsonable
 from engine.store import ToolCallRecord
 from engine.tools import Tool
 
-__all__ = ["EDIT", "diff_of", "edited_key", "make_edit", "recorded_edit"]
+__all__ = [
+    "EDIT",
+    "EditedMeanwhileError",
+    "check_arguments_seen",
+    "diff_of",
+    "edited_key",
+    "make_edit",
+    "recorded_edit",
+]
 
 #: The key of the recorded edit in a journal answer.
 EDIT = "edit"
+
+
+class EditedMeanwhileError(ApprovalNotPendingError):
+    """Another approver edited the call's arguments after this one read them (HTTP 409)."""
 
 
 def _canonical(value: Any) -> str:
@@ -119,3 +131,13 @@ def edited_key(original_key: str, edited_input: Any) -> str:
     """
     digest = hashlib.sha256(_canonical(edited_input).encode()).hexdigest()[:16]
     return f"{original_key}:edited-{digest}"
+
+
+def check_arguments_seen(name: str, seen: Any, current: Any) -> None:
+    """Refuse a decision taken on arguments ``seen`` when the call's arguments are now
+    ``current`` (an edit under a quorum changed them): the approver must read them again."""
+    if seen is not None and _canonical(seen) != _canonical(current):
+        raise EditedMeanwhileError(
+            f"The arguments of '{name}' were edited after you read them (now "
+            f"{_canonical(current)}); nothing was recorded. Review them and decide again."
+        )

@@ -27,7 +27,7 @@ from engine.approval_policy import (
     VoteBook,
     vote_book,
 )
-from engine.edits import EDIT, make_edit
+from engine.edits import EDIT, check_arguments_seen, make_edit
 from engine.errors import (
     ApprovalNotPendingError,
     FailedPreconditionError,
@@ -96,6 +96,9 @@ class Decision(BaseModel):
     #: Fields of the paused call's arguments to change before it restarts (editable tools
     #: only, see :mod:`engine.edits`): field → new value, ``null`` removes the field.
     edit: dict[str, Any] | None = None
+    #: The call's arguments as the approver read them (optional): the decision is refused
+    #: when an edit under a quorum changed them meanwhile.
+    arguments: Any = None
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Decision:
@@ -214,6 +217,7 @@ async def decide(
     policy = approval_policy(agent, approval)
     votes: list[Vote] = []
     if policy is None:
+        check_arguments_seen(approval.interrupt, decision.arguments, approval.input)
         _add_edit(answer, tool, approval, decision, decided_by)
         decided = await store.record_decision(
             approval.turn_id, approval.round, approval.ref, answer=answer, decided_by=decided_by
@@ -226,6 +230,11 @@ async def decide(
         assert approver is not None  # check() refuses an anonymous approver
         book = vote_book(store)
         standing = await _standing_edit(book, approval)
+        check_arguments_seen(
+            approval.interrupt,
+            decision.arguments,
+            standing["input"] if standing is not None else approval.input,
+        )
         _add_edit(answer, tool, approval, decision, approver.id, standing)
         if approves and EDIT not in answer and standing is not None:
             # An approval without an edit approves the arguments as the last edit left them.

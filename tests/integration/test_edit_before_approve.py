@@ -12,7 +12,7 @@ import pytest
 
 from engine.approval_history import ApprovalHistory, DecisionQuery
 from engine.approval_policy import ApprovalRefusedError, VoteBook, role
-from engine.edits import edited_key
+from engine.edits import EditedMeanwhileError, edited_key
 from engine.errors import (
     DecisionConflictError,
     FailedPreconditionError,
@@ -57,6 +57,15 @@ async def paused_row(store: SessionStore, approval: PendingApproval) -> ToolCall
     rows = [c for c in await store.list_calls(approval.turn_id) if c.ref == approval.ref]
     assert len(rows) == 1
     return rows[0]
+
+
+def book_of(store: SessionStore) -> VoteBook:
+    assert isinstance(store, VoteBook)
+    return store
+
+
+def where(approval: PendingApproval) -> tuple[str, int, str]:
+    return approval.turn_id, approval.round, approval.ref
 
 
 async def latest_status(store: SessionStore, session_id: str) -> tuple[TurnStatus, Any]:
@@ -147,6 +156,10 @@ async def test_an_edit_resets_the_quorum(store: SessionStore) -> None:
     edited = await decide(app.agent, approval, EDIT_TO_500, decided_by="carol", approver=CAROL)
     assert not edited.is_decided
     assert [v.voter for v in edited.votes] == ["carol"]
+    read_before = Decision(restart=True, arguments={"amount": 40, "toAccount": "carol"})
+    with pytest.raises(EditedMeanwhileError):
+        await decide(app.agent, approval, read_before, decided_by="bob", approver=BOB)
+    assert [v.voter for v in await book_of(store).list_votes(*where(approval))] == ["carol"]
     again = Decision(restart=True, edit={"toAccount": "dave"})
     edited_again = await decide(app.agent, approval, again, decided_by="bob", approver=BOB)
     assert [v.voter for v in edited_again.votes] == ["bob"], "the second edit resets too"

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import csv
+import html
 import io
 import re
 from collections.abc import AsyncIterator
@@ -20,7 +21,12 @@ from tests.http_support import serve_in_loop
 
 SETTINGS = UiSettings(secret="edit-pages-secret-0123456789abcdefgh", poll_seconds=1)
 APPROVER = frozenset({"approver"})
-TOKENS = {"alice": "alice-token", "bob": "bob-token", "mallory": "mallory-token"}
+TOKENS = {
+    "alice": "alice-token",
+    "bob": "bob-token",
+    "carol": "carol-token",
+    "mallory": "mallory-token",
+}
 AUTH = BearerTokenAuth(
     {
         token: Principal(id=who, roles=APPROVER if who != "mallory" else frozenset())
@@ -40,6 +46,20 @@ async def served() -> AsyncIterator[tuple[GuardedApp, str]]:
     """The guarded transfer app on PostgreSQL (turns run inline); approvers hold a role."""
     async with sql_store("postgres") as store:
         app = build(store=store, execution="inline", approvers=role("approver"))
+        server = create_app(
+            app.ai, auth=AUTH, inbox_policy=RoleInboxPolicy("approver"), ui_settings=SETTINGS
+        )
+        async with serve_in_loop(server) as base:
+            yield app, base
+
+
+@pytest.fixture
+async def served_quorum() -> AsyncIterator[tuple[GuardedApp, str]]:
+    """The same app whose transfers need two approvers."""
+    async with sql_store("postgres") as store:
+        app = build(
+            store=store, execution="inline", approvers=role("approver"), required_approvals=2
+        )
         server = create_app(
             app.ai, auth=AUTH, inbox_policy=RoleInboxPolicy("approver"), ui_settings=SETTINGS
         )
@@ -157,5 +177,53 @@ async def test_edit_form_history_and_csv(served: tuple[GuardedApp, str]) -> None
         exported = await bob.get("/ui/history.csv")
         rows = list(csv.DictReader(io.StringIO(exported.text)))
         assert [(r["edit"], r["edited_by"]) for r in rows] == [("amount: 40 → 500 (by bob)", "bob")]
+    finally:
+        await bob.aclose()
+
+
+async def test_a_page_read_before_an_edit_cannot_approve_it(
+    served_quorum: tuple[GuardedApp, str],
+) -> None:
+    """Under a quorum of two, carol edits the amount while bob's page still shows 40: bob's
+    approval from that page is refused (409) and not counted; reloaded, the page shows 500,
+    and bob's approval then completes the quorum and runs the edited transfer."""
+    app, base = served_quorum
+    approval = await ask_transfer(base)
+    path = f"/ui/approvals/{approval}"
+    bob = await signed_in(base, "bob")
+    try:
+        stale = await bob.get(path)
+        assert 'name="arguments"' in stale.text
+        async with client_of(base, "carol") as carol:
+            edited = await carol.post(
+                f"/inbox/{approval}/decision", json={"restart": True, "edit": {"amount": 500}}
+            )
+        assert edited.status_code == 200 and edited.json()["decided"] is False
+        arguments = re.search(r'name="arguments" value="([^"]+)"', stale.text)
+        assert arguments is not None
+        refused = await bob.post(
+            f"{path}/decision",
+            data={
+                "csrf_token": csrf_of(stale.text),
+                "action": "restart",
+                "arguments": html.unescape(arguments.group(1)),
+            },
+        )
+        assert refused.status_code == 409 and "edited after you read them" in refused.text
+        assert app.transfers == []
+        fresh = await bob.get(path)
+        assert 'name="edit.amount"' in fresh.text and 'value="500"' in fresh.text
+        fresh_arguments = re.search(r'name="arguments" value="([^"]+)"', fresh.text)
+        assert fresh_arguments is not None
+        done = await bob.post(
+            f"{path}/decision",
+            data={
+                "csrf_token": csrf_of(fresh.text),
+                "action": "restart",
+                "arguments": html.unescape(fresh_arguments.group(1)),
+            },
+        )
+        assert done.status_code == 303, done.text
+        assert [(r.amount, r.toAccount) for _key, r in app.transfers] == [(500, "carol")]
     finally:
         await bob.aclose()

@@ -8,6 +8,8 @@ earlier and on the right field.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -187,9 +189,10 @@ class ApprovalPages:
                 request, viewer, found, form, "This approval was already decided."
             )
         action = form_data.get("action")
+        seen = _arguments_seen(form_data)
         edit_form: DecisionForm | None = None
         if action == "restart":
-            choice = Decision(restart=True)
+            choice = Decision(restart=True, arguments=seen)
         elif action == "edit":
             edit_form = await self._edit_form(found)
             if edit_form is None:
@@ -200,13 +203,13 @@ class ApprovalPages:
             edit_form = reading.form
             if not reading.ok:
                 return await self._again(request, viewer, found, form, edit_form)
-            choice = Decision(restart=True, edit=reading.answer)
+            choice = Decision(restart=True, edit=reading.answer, arguments=seen)
         elif action == "respond":
             reading = form.read(form_data)
             if not reading.ok:
                 return await self._again(request, viewer, found, reading.form)
             form = reading.form
-            choice = Decision(respond=reading.answer)
+            choice = Decision(respond=reading.answer, arguments=seen)
         else:
             raise InvalidArgumentError("The form's action must be 'respond', 'restart' or 'edit'.")
         try:
@@ -242,13 +245,7 @@ class ApprovalPages:
         tool = found.agent.tools.get(found.approval.interrupt)
         if tool is None or tool.is_interrupt or not tool.editable:
             return None
-        current = found.approval.input
-        book = found.store
-        if isinstance(book, VoteBook):
-            approval = found.approval
-            for vote in await book.list_votes(approval.turn_id, approval.round, approval.ref):
-                if isinstance(vote.answer, dict) and isinstance(vote.answer.get(EDIT), dict):
-                    current = vote.answer[EDIT]["input"]
+        current = await _standing_arguments(found)
         return build_form(tool.input.json_schema()).filled(current, prefix="edit")
 
     async def _again(
@@ -349,6 +346,13 @@ class ApprovalPages:
             "form": form,
             "answer_rows": _answer_rows(call.answer),
             "edit_form": edit_form,
+            # Tool calls carry the arguments the page shows, so a decision taken on arguments
+            # another approver edited meanwhile is refused instead of counted.
+            "arguments_json": (
+                json.dumps(await _standing_arguments(found))
+                if tool is not None and not tool.is_interrupt and found.is_open
+                else ""
+            ),
             "edit": edit if isinstance(edit, dict) else None,
             "restarted": isinstance(call.answer, dict) and "restart" in call.answer,
             "following": following,
@@ -362,6 +366,28 @@ class ApprovalPages:
             "policy": await policy_wire(found.agent, store, approval, principal),
             "state": _fingerprint(found, following),
         }
+
+
+async def _standing_arguments(found: ApprovalFound) -> Any:
+    """The paused call's arguments as they stand: the latest edit a vote made, else its own."""
+    current = found.approval.input
+    if isinstance(found.store, VoteBook):
+        approval = found.approval
+        for vote in await found.store.list_votes(approval.turn_id, approval.round, approval.ref):
+            if isinstance(vote.answer, dict) and isinstance(vote.answer.get(EDIT), dict):
+                current = vote.answer[EDIT]["input"]
+    return current
+
+
+def _arguments_seen(form_data: Mapping[str, str]) -> Any:
+    """The arguments the page showed the approver (its hidden field), or ``None``."""
+    text = form_data.get("arguments")
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise InvalidArgumentError("The form's arguments field is not JSON.") from exc
 
 
 def _fingerprint(found: ApprovalFound, following: TurnRecord | None) -> str:
