@@ -30,11 +30,16 @@ APP = "examples.guarded_banking:ai"
 
 
 def cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """``turnstile <args> --app APP --db url`` as a process."""
+    """``turnstile <args> --db url`` as a process (``TURNSTILE_APP`` names the app)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_")}
-    env.update(TURNSTILE_STATE_KEYS=DEPLOYABLE_STATE_KEYS, PYTHONPATH=str(ROOT), COLUMNS="250")
+    env.update(
+        TURNSTILE_STATE_KEYS=DEPLOYABLE_STATE_KEYS,
+        TURNSTILE_APP=APP,
+        PYTHONPATH=str(ROOT),
+        COLUMNS="250",
+    )
     return subprocess.run(
-        [sys.executable, "-m", "workers.cli", *args, "--app", APP, "--db", url],
+        [sys.executable, "-m", "workers.cli", *args, "--db", url],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -105,3 +110,6 @@ def test_approve_with_edit_from_the_cli(tmp_path: Path) -> None:
         while not read_ledger(ledger) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert [(t["amount"], t["toAccount"]) for t in read_ledger(ledger)] == [(500, "carol")]
+        shown = cli(url, "approvals", "show", approval)
+        assert shown.returncode == 0, shown.stderr
+        assert "amount: 40 → 500 (by bob at" in shown.stdout

@@ -148,6 +148,18 @@ def ls(
 # -- show ----------------------------------------------------------------------------------
 
 
+def _edit_line(answer: Any) -> str | None:
+    """The arguments an approver edited, as ``amount: 40 → 500 (by bob at ...)``."""
+    edit = answer.get("edit") if isinstance(answer, dict) else None
+    if not isinstance(edit, dict):
+        return None
+    changes = "; ".join(
+        f"{c.get('field')}: {json.dumps(c.get('old'))} → {json.dumps(c.get('new'))}"
+        for c in edit.get("diff") or []
+    )
+    return f"{changes} (by {edit.get('by') or 'an anonymous approver'} at {edit.get('at')})"
+
+
 def _state(call: ToolCallRecord, is_open: bool) -> str:
     if is_open:
         return "open"
@@ -229,6 +241,7 @@ def show(approval: str, db: str | None, full: bool, as_json: bool) -> int:
                 f"{iso(call.decided_at)}: {json.dumps(call.answer)}"
                 if call.decided_at
                 else None,
+                "edited": _edit_line(call.answer),
             }
         )
     )
