@@ -27,7 +27,7 @@ from engine.approval_policy import (
     VoteBook,
     vote_book,
 )
-from engine.edits import EDIT, check_arguments_seen, make_edit
+from engine.edits import EDIT, check_arguments_seen, make_edit, standing_edit
 from engine.errors import (
     ApprovalNotPendingError,
     FailedPreconditionError,
@@ -249,6 +249,8 @@ async def decide(
             required=policy.required_approvals,
             # Earlier votes approved other arguments: an edit starts the count again.
             resets=decision.edit is not None,
+            # Counted only if no edit landed since the votes were read above.
+            edit_seen=standing,
         )
         votes = outcome.votes
         if outcome.decided is None:
@@ -309,13 +311,8 @@ def _add_edit(
 
 
 async def _standing_edit(book: VoteBook, approval: PendingApproval) -> dict[str, Any] | None:
-    """The edit the approval's votes stand on: the latest vote's that carries one (an edit
-    resets the votes before it, so at most the first vote carries its own)."""
-    for vote in reversed(await book.list_votes(approval.turn_id, approval.round, approval.ref)):
-        edit = vote.answer.get(EDIT) if isinstance(vote.answer, dict) else None
-        if isinstance(edit, dict):
-            return edit
-    return None
+    """The edit the approval's votes stand on now (``None``: none)."""
+    return standing_edit(await book.list_votes(approval.turn_id, approval.round, approval.ref))
 
 
 async def _call(store: SessionStore, approval: PendingApproval) -> ToolCallRecord:

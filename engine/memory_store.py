@@ -17,6 +17,7 @@ from typing import Any
 
 from engine.approval_history import DecidedApproval, DecisionQuery
 from engine.approval_policy import AlreadyVotedError, Vote, VoteOutcome
+from engine.edits import check_edit_seen
 from engine.errors import (
     ApprovalNotPendingError,
     InvalidArgumentError,
@@ -558,6 +559,7 @@ class InMemorySessionStore:
         answer: Any,
         approves: bool,
         required: int,
+        edit_seen: dict[str, Any] | None,
         resets: bool = False,
     ) -> VoteOutcome:
         """See :meth:`engine.approval_policy.VoteBook.record_vote`."""
@@ -566,6 +568,8 @@ class InMemorySessionStore:
             # The same refusal as a decision on an approval that is not open.
             await self.record_decision(turn_id, round, ref, answer=answer, decided_by=voter)
         votes = self._votes.setdefault(turn_id, {}).setdefault((round, ref), [])
+        # Checked before any await: nothing else runs between this check and the count.
+        check_edit_seen(turn_id, ref, edit_seen, votes)
         if resets:
             votes.clear()
         if any(vote.voter == voter for vote in votes):

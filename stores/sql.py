@@ -398,6 +398,7 @@ class SqlSessionStore:
         answer: Any,
         approves: bool,
         required: int,
+        edit_seen: dict[str, Any] | None,
         resets: bool = False,
     ) -> VoteOutcome:
         """See :meth:`engine.approval_policy.VoteBook.record_vote`."""
@@ -411,6 +412,7 @@ class SqlSessionStore:
                 answer=answer,
                 approves=approves,
                 required=required,
+                edit_seen=edit_seen,
                 resets=resets,
                 now=now_utc(),
             )

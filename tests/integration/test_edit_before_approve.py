@@ -5,6 +5,7 @@ changed input that no edit recorded are refused and change nothing."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from engine.errors import (
     InvalidArgumentError,
     ResumeValidationError,
 )
-from engine.inbox import Decision, decide, find_approval
+from engine.inbox import Decision, DecisionOutcome, decide, find_approval
 from engine.parts import RESUMED, Message, Part
 from engine.remote.auth import Principal
 from engine.status import FinishReason, TurnStatus
@@ -28,6 +29,12 @@ from engine.tools import ToolContext
 from engine.turn_request import TurnRequest
 from examples.banking import read_ledger
 from examples.guarded_banking import GuardedApp, build
+from tests.databases import sql_store
+from tests.integration.test_approval_policies import (
+    SLOW_VOTER,
+    overlapping,
+    slow_down_commits_of_the_slow_voter,
+)
 
 BOB = Principal("bob", roles=frozenset({"approver"}))
 CAROL = Principal("carol", roles=frozenset({"approver"}))
@@ -275,3 +282,74 @@ async def test_a_retried_edited_call_keeps_its_key(store: SessionStore, tmp_path
     assert [r.amount for _key, r in app.transfers] == [500, 500]
     assert keys == [failures[0], failures[0]] and ":edited-" in keys[0]
     assert [(e["amount"], e["key"]) for e in read_ledger(ledger)] == [(500, failures[0])]
+
+
+async def vote_or_refusal(vote: Awaitable[DecisionOutcome]) -> DecisionOutcome | Exception:
+    """The outcome of ``vote``, or the edited-meanwhile refusal it raised."""
+    try:
+        return await vote
+    except EditedMeanwhileError as refused:
+        return refused
+
+
+async def test_an_approval_racing_an_edit_never_completes_the_quorum() -> None:
+    """On PostgreSQL, bob approves while carol's edit commits (bob read the votes before it,
+    and counts them after it): bob's vote, taken on the arguments as they were, is refused
+    and not counted, so the edit and a stale approval never make a quorum of two; bob's
+    approval read anew completes it and the edited transfer runs once."""
+    async with sql_store("postgres") as store:
+        app, approval = await paused(store, approvers=role("approver"), required_approvals=2)
+        assert CAROL.id == SLOW_VOTER, "the trigger slows down carol's commit"
+        slow_down_commits_of_the_slow_voter(store.url)
+        approve = Decision(restart=True)
+        edited, stale = await overlapping(
+            decide(app.agent, approval, EDIT_TO_500, decided_by="carol", approver=CAROL),
+            vote_or_refusal(decide(app.agent, approval, approve, decided_by="bob", approver=BOB)),
+            store.url,
+        )
+        assert isinstance(edited, DecisionOutcome) and not edited.is_decided
+        assert isinstance(stale, EditedMeanwhileError), "a stale approval completed the quorum"
+        assert stale.status == "ABORTED"
+        assert [v.voter for v in await store.list_votes(*where(approval))] == ["carol"]
+        assert (await paused_row(store, approval)).decided_at is None
+        assert app.transfers == []
+        final = await decide(app.agent, approval, approve, decided_by="bob", approver=BOB)
+        assert final.is_decided
+        assert [(r.amount, r.toAccount) for _key, r in app.transfers] == [(500, "carol")]
+
+
+async def test_a_vote_on_a_replaced_edit_is_not_counted(store: SessionStore) -> None:
+    """Each store checks the edit a vote was cast on under the lock that counts the votes: an
+    approval read before carol's edit, and one read before bob's edit replaced hers, are
+    refused and change nothing; a vote on the standing edit counts and decides."""
+    app, approval = await paused(store, approvers=role("approver"), required_approvals=2)
+    book = book_of(store)
+    first = await decide(app.agent, approval, EDIT_TO_500, decided_by="carol", approver=CAROL)
+    carols = first.votes[0].answer["edit"]
+
+    async def approve_having_read(edit_seen: dict[str, Any] | None, voter: str) -> None:
+        answer = {"restart": True, **({"edit": edit_seen} if edit_seen else {})}
+        await book.record_vote(
+            *where(approval),
+            voter=voter,
+            answer=answer,
+            approves=True,
+            required=2,
+            edit_seen=edit_seen,
+        )
+
+    with pytest.raises(EditedMeanwhileError, match="500"):
+        await approve_having_read(None, "dave")
+    again = Decision(restart=True, edit={"toAccount": "dave"})
+    await decide(app.agent, approval, again, decided_by="bob", approver=BOB)
+    with pytest.raises(EditedMeanwhileError, match="dave"):
+        await approve_having_read(carols, "erin")
+    votes = await book.list_votes(*where(approval))
+    assert [v.voter for v in votes] == ["bob"]
+    assert (await paused_row(store, approval)).decided_at is None
+    await approve_having_read(votes[0].answer["edit"], "erin")
+    row = await paused_row(store, approval)
+    assert (row.decided_by, row.answer["edit"]["input"]) == (
+        "erin",
+        {"amount": 500, "toAccount": "dave"},
+    )
