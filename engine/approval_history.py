@@ -32,7 +32,8 @@ class DecidedApproval(BaseModel):
     ref: str
     input: Any = None
     metadata: Any = None
-    #: ``{"respond": output}`` or ``{"restart": metadata}``, as recorded.
+    #: ``{"respond": output}`` or ``{"restart": metadata}``, as recorded (a restart with
+    #: edited arguments also holds ``"edit"``, see :attr:`edit`).
     answer: Any = None
     decided_by: str | None = None
     decided_at: datetime
@@ -42,6 +43,13 @@ class DecidedApproval(BaseModel):
     next_turn_id: str | None = None
     next_status: TurnStatus | None = None
     next_finish_reason: FinishReason | None = None
+
+    @property
+    def edit(self) -> dict[str, Any] | None:
+        """The approver's edit of the call's arguments recorded with the decision: ``input``
+        (the edited arguments), ``diff`` (``[{"field", "old", "new"}]``), ``by`` and ``at``."""
+        edit = self.answer.get("edit") if isinstance(self.answer, dict) else None
+        return edit if isinstance(edit, dict) else None
 
     @property
     def key(self) -> tuple[datetime, str, str]:

@@ -111,13 +111,21 @@ class VoteBook(Protocol):
         answer: Any,
         approves: bool,
         required: int,
+        edit_seen: dict[str, Any] | None,
+        resets: bool = False,
     ) -> VoteOutcome:
         """Record ``voter``'s vote on an open approval and, when it is a non-approving vote or
         brings the approvals to ``required``, the recorded decision (``answer``, ``decided_by``
-        = ``voter``) in the same transaction.
+        = ``voter``) in the same transaction. ``edit_seen`` is the edit the votes stood on when
+        the voter read them (:func:`engine.edits.standing_edit`; ``None``: no edit); it is
+        checked under the same lock that counts the votes. With ``resets`` (a vote that edits
+        the call's arguments) the earlier votes are discarded first: they approved other
+        arguments.
 
-        Raises :class:`~engine.errors.ApprovalNotPendingError` when the approval is not open
-        and :class:`AlreadyVotedError` when ``voter`` voted on it before; nothing is written.
+        Raises :class:`~engine.errors.ApprovalNotPendingError` when the approval is not open,
+        :class:`~engine.edits.EditedMeanwhileError` when the votes now stand on another edit
+        than ``edit_seen``, and :class:`AlreadyVotedError` when ``voter`` voted on it before;
+        nothing is written.
         """
         ...
 

@@ -57,12 +57,19 @@ class Engine:
         output_schema: SchemaSpec = None,
         fn: ToolFn,
         idempotent: bool = True,
+        editable: bool = False,
+        approvers: ApprovalPolicy | ApproverCheck | None = None,
+        required_approvals: int | None = None,
     ) -> Tool:
         """Define a tool. ``fn(input, ctx)`` is sync or async; ``ctx`` may be left out.
 
         ``input`` is an instance of ``input_schema``; the return value (a dict or an instance
         of ``output_schema``) is validated against ``output_schema``. ``idempotent=False``
         tells the durable runner not to re-run a call a crash interrupted without asking.
+        ``editable=True`` lets an approver deciding a paused call of this tool (one that
+        paused itself with ``ctx.interrupt()``) change its arguments before restarting it;
+        ``approvers`` and ``required_approvals`` set who may decide such a call, as for
+        :meth:`define_interrupt`.
         """
         tool = Tool(
             name=name,
@@ -71,6 +78,8 @@ class Engine:
             output_schema=output_schema,
             fn=fn,
             idempotent=idempotent,
+            editable=editable,
+            approval_policy=policy_of(approvers, required_approvals),
         )
         return self._register(tool)
 

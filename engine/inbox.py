@@ -24,8 +24,10 @@ from engine.approval_policy import (
     ApprovalPolicy,
     Approver,
     Vote,
+    VoteBook,
     vote_book,
 )
+from engine.edits import EDIT, check_arguments_seen, make_edit, standing_edit
 from engine.errors import (
     ApprovalNotPendingError,
     FailedPreconditionError,
@@ -48,6 +50,7 @@ from engine.store import (
 
 if TYPE_CHECKING:
     from engine.agent import Agent
+    from engine.tools import Tool
 
 __all__ = [
     "Decision",
@@ -90,6 +93,12 @@ class Decision(BaseModel):
     # Strict, like the wire's other flags: "yes" or 1 is a mistake to report, not a restart.
     restart: StrictBool = False
     resumed: Any = None
+    #: Fields of the paused call's arguments to change before it restarts (editable tools
+    #: only, see :mod:`engine.edits`): field → new value, ``null`` removes the field.
+    edit: dict[str, Any] | None = None
+    #: The call's arguments as the approver read them (optional): the decision is refused
+    #: when an edit under a quorum changed them meanwhile.
+    arguments: Any = None
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Decision:
@@ -100,6 +109,8 @@ class Decision(BaseModel):
             )
         if self.resumed is not None and not self.restart:
             raise ValueError("'resumed' goes with 'restart'")
+        if self.edit is not None and not self.restart:
+            raise ValueError("'edit' goes with 'restart' (the edited call runs)")
         return self
 
     def answer(self) -> dict[str, Any]:
@@ -182,8 +193,9 @@ async def decide(
     that id without roles). Raises :class:`InvalidArgumentError` (nothing written) when a
     respond output violates the interrupt's output schema,
     :class:`~engine.approval_policy.ApprovalRefusedError` when the interrupt's approval policy
-    does not let this approver cast this vote, and :class:`ApprovalNotPendingError` when the
-    approval was decided or answered meanwhile.
+    does not let this approver cast this vote, the errors of :func:`engine.edits.make_edit`
+    for an edit the tool does not allow or whose arguments break its input schema, and
+    :class:`ApprovalNotPendingError` when the approval was decided or answered meanwhile.
     """
     store = agent.store
     if store is None:
@@ -205,6 +217,8 @@ async def decide(
     policy = approval_policy(agent, approval)
     votes: list[Vote] = []
     if policy is None:
+        check_arguments_seen(approval.interrupt, decision.arguments, approval.input)
+        _add_edit(answer, tool, approval, decision, decided_by)
         decided = await store.record_decision(
             approval.turn_id, approval.round, approval.ref, answer=answer, decided_by=decided_by
         )
@@ -212,9 +226,20 @@ async def decide(
         denies = policy.is_denial(answer)
         # A restart asks again: it may not come from the requester, and it decides at once.
         policy.check(approver, requester=approval.owner, approving=not denies)
-        approves = "respond" in answer and not denies
+        approves = _approves(tool, answer, denies)
         assert approver is not None  # check() refuses an anonymous approver
-        outcome = await vote_book(store).record_vote(
+        book = vote_book(store)
+        standing = await _standing_edit(book, approval)
+        check_arguments_seen(
+            approval.interrupt,
+            decision.arguments,
+            standing["input"] if standing is not None else approval.input,
+        )
+        _add_edit(answer, tool, approval, decision, approver.id, standing)
+        if approves and EDIT not in answer and standing is not None:
+            # An approval without an edit approves the arguments as the last edit left them.
+            answer[EDIT] = standing
+        outcome = await book.record_vote(
             approval.turn_id,
             approval.round,
             approval.ref,
@@ -222,6 +247,10 @@ async def decide(
             answer=answer,
             approves=approves,
             required=policy.required_approvals,
+            # Earlier votes approved other arguments: an edit starts the count again.
+            resets=decision.edit is not None,
+            # Counted only if no edit landed since the votes were read above.
+            edit_seen=standing,
         )
         votes = outcome.votes
         if outcome.decided is None:
@@ -251,6 +280,41 @@ async def decide(
     )
 
 
+def _approves(tool: Tool | None, answer: dict[str, Any], denies: bool) -> bool:
+    """Whether a vote counts towards the quorum: answering an interrupt with anything but a
+    denial, or restarting (running) a tool that paused itself; answering such a tool in its
+    place decides at once, as a denial does."""
+    if tool is not None and not tool.is_interrupt:
+        return "restart" in answer
+    return "respond" in answer and not denies
+
+
+def _add_edit(
+    answer: dict[str, Any],
+    tool: Tool | None,
+    approval: PendingApproval,
+    decision: Decision,
+    by: str | None,
+    standing: dict[str, Any] | None = None,
+) -> None:
+    """Record the decision's edit (validated, as a diff with who and when) in ``answer``;
+    it applies to the arguments as ``standing`` (an earlier vote's edit) left them."""
+    if decision.edit is not None:
+        answer[EDIT] = make_edit(
+            tool,
+            approval.interrupt,
+            approval.input,
+            decision.edit,
+            by=by,
+            current=standing["input"] if standing is not None else None,
+        )
+
+
+async def _standing_edit(book: VoteBook, approval: PendingApproval) -> dict[str, Any] | None:
+    """The edit the approval's votes stand on now (``None``: none)."""
+    return standing_edit(await book.list_votes(approval.turn_id, approval.round, approval.ref))
+
+
 async def _call(store: SessionStore, approval: PendingApproval) -> ToolCallRecord:
     """The journal row of ``approval`` as it is now."""
     for call in await store.list_calls(approval.turn_id):
@@ -270,8 +334,10 @@ async def _resume(agent: Agent, decided: list[ToolCallRecord]) -> str | None:
         if "respond" in answer:
             respond.append(Part.of_response(call.name, call.ref, answer["respond"]))
         else:
+            # An approver's recorded edit restarts the call with the edited arguments.
+            arguments = answer[EDIT]["input"] if EDIT in answer else call.input
             restart.append(
-                Part.of_request(call.name, call.ref, call.input, {RESUMED: answer.get("restart")})
+                Part.of_request(call.name, call.ref, arguments, {RESUMED: answer.get("restart")})
             )
     turn_id = decided[0].turn_id
     request = TurnRequest(

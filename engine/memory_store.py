@@ -18,6 +18,7 @@ from typing import Any
 
 from engine.approval_history import DecidedApproval, DecisionQuery
 from engine.approval_policy import AlreadyVotedError, Vote, VoteOutcome
+from engine.edits import check_edit_seen
 from engine.errors import (
     ApprovalNotPendingError,
     InvalidArgumentError,
@@ -577,6 +578,8 @@ class InMemorySessionStore(InMemoryBrowserSessions):
         answer: Any,
         approves: bool,
         required: int,
+        edit_seen: dict[str, Any] | None,
+        resets: bool = False,
     ) -> VoteOutcome:
         """See :meth:`engine.approval_policy.VoteBook.record_vote`."""
         call = self._calls.get(turn_id, {}).get((round, ref))
@@ -584,6 +587,10 @@ class InMemorySessionStore(InMemoryBrowserSessions):
             # The same refusal as a decision on an approval that is not open.
             await self.record_decision(turn_id, round, ref, answer=answer, decided_by=voter)
         votes = self._votes.setdefault(turn_id, {}).setdefault((round, ref), [])
+        # Checked before any await: nothing else runs between this check and the count.
+        check_edit_seen(turn_id, ref, edit_seen, votes)
+        if resets:
+            votes.clear()
         if any(vote.voter == voter for vote in votes):
             raise AlreadyVotedError(
                 f"'{voter}' already voted on interrupt '{ref}' of snapshot {turn_id}; a vote "

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from engine.approval_policy import check_decided_by_inbox
+from engine.edits import EDIT, recorded_edit
 from engine.errors import (
     ApprovalNotPendingError,
     DecisionConflictError,
@@ -65,17 +66,23 @@ def paused_calls(message: Message | None) -> list[Part]:
 @dataclass(frozen=True)
 class ResumePlan:
     """A validated resume: for each paused ref, ``("respond", output)`` or
-    ``("restart", resumed_metadata)``; plus the journal rows the answers close."""
+    ``("restart", resumed_metadata)``; plus the journal rows the answers close, and for a
+    restart with edited arguments, the recorded edit it carries out (by ref)."""
 
     answers: Mapping[str, tuple[str, Any]]
     journal: Sequence[ToolCallRecord]
+    edits: Mapping[str, dict[str, Any]] = field(default_factory=dict)
+
+    def answer_of(self, ref: str) -> dict[str, Any]:
+        """The journal answer of paused call ``ref`` (with its recorded edit, if any)."""
+        return _journal_answer(self.answers, self.edits, ref)
 
     def decisions(self, snapshot_id: str, decided_by: str | None) -> list[InterruptAnswer]:
         """The answers to record with the resuming turn, one per paused call. An answer the
         inbox recorded earlier, unchanged, keeps the name of who decided it."""
         decisions = []
         for row in self.journal:
-            answer = {self.answers[row.ref][0]: self.answers[row.ref][1]}
+            answer = self.answer_of(row.ref)
             decider = decided_by
             if row.decided_at is not None and row.answer == answer:
                 decider = row.decided_by
@@ -89,6 +96,28 @@ class ResumePlan:
                 )
             )
         return decisions
+
+
+def _journal_answer(
+    answers: Mapping[str, tuple[str, Any]], edits: Mapping[str, dict[str, Any]], ref: str
+) -> dict[str, Any]:
+    kind, value = answers[ref]
+    answer: dict[str, Any] = {kind: value}
+    if ref in edits:
+        answer[EDIT] = edits[ref]
+    return answer
+
+
+def _edit_allowing(
+    row: ToolCallRecord | None, tool: Tool | None, requested_input: Any
+) -> dict[str, Any] | None:
+    """The recorded edit that makes a restart with ``requested_input`` legitimate: one an
+    allowed approver recorded through the inbox on an editable tool, with exactly these
+    arguments (``None``: there is none, and the changed input is refused)."""
+    edit = recorded_edit(row)
+    if edit is None or tool is None or not tool.editable:
+        return None
+    return edit if _same_json(edit["input"], requested_input) else None
 
 
 def expiry_decisions(
@@ -121,8 +150,9 @@ def plan_resume(
     """Check ``respond``/``restart`` against the paused calls of a snapshot.
 
     Every entry must name a paused call of the snapshot's last message by name and ref; a
-    restart must carry the original input; a respond's output must satisfy the interrupt's
-    output schema; every paused call must be answered exactly once. With
+    restart must carry the original input, unless it carries exactly the arguments of an edit
+    recorded with the call's decision (:mod:`engine.edits`); a respond's output must satisfy
+    the interrupt's output schema; every paused call must be answered exactly once. With
     ``require_pending`` the journal must still show each paused call ``interrupted`` (the
     runner re-reads a plan whose answers were already recorded, so it passes ``False``).
     """
@@ -132,6 +162,7 @@ def plan_resume(
     by_key = {(p.tool_request.name, p.tool_request.ref): p for p in paused if p.tool_request}
     rows = {(c.name, c.ref): c for c in journal}
     answers: dict[str, tuple[str, Any]] = {}
+    edits: dict[str, dict[str, Any]] = {}
 
     def locate(kind: str, part: Part, payload_name: str, ref: str | None) -> Part:
         found = by_key.get((payload_name, ref))
@@ -182,7 +213,14 @@ def plan_resume(
             )
         original = locate("restart", part, request.name, request.ref)
         assert original.tool_request is not None
+        edit = None
         if not _same_json(request.input, original.tool_request.input):
+            edit = _edit_allowing(
+                rows.get((request.name, str(request.ref))), tools.get(request.name), request.input
+            )
+        if edit is not None:
+            edits[str(request.ref)] = edit
+        elif not _same_json(request.input, original.tool_request.input):
             raise ResumeValidationError(
                 f"resume.restart for tool '{request.name}'{_ref_text(request.ref)} has modified "
                 "inputs that do not match the original tool request in session history. Restart "
@@ -195,13 +233,14 @@ def plan_resume(
             to_jsonable(resumed) if resumed is not None else True,
         )
 
-    closed = _answered_rows(paused, answers, rows, snapshot_id, require_pending)
-    return ResumePlan(answers=answers, journal=closed)
+    closed = _answered_rows(paused, answers, edits, rows, snapshot_id, require_pending)
+    return ResumePlan(answers=answers, journal=closed, edits=edits)
 
 
 def _answered_rows(
     paused: Sequence[Part],
     answers: Mapping[str, tuple[str, Any]],
+    edits: Mapping[str, dict[str, Any]],
     rows: Mapping[tuple[str, str], ToolCallRecord],
     snapshot_id: str,
     require_pending: bool,
@@ -229,7 +268,7 @@ def _answered_rows(
                 f"is not pending ({state}); it was answered already.",
                 snapshot_id=snapshot_id,
             )
-        check_recorded(row, {answers[row.ref][0]: answers[row.ref][1]}, snapshot_id)
+        check_recorded(row, _journal_answer(answers, edits, row.ref), snapshot_id)
         closed.append(row)
     return closed
 

@@ -19,6 +19,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from engine import instruments, tracing
+from engine.edits import edited_key
 from engine.errors import AgentError, NotFoundError, StoreError, ToolError, TransientError
 from engine.model import Model, ModelRequest, ModelUsage
 from engine.outcome import TurnOutcome, error_of
@@ -728,6 +729,17 @@ class TurnRunner:
             kind, value = plan.answers[request.ref]
             meta[RESOLVED_INTERRUPT] = meta.pop(INTERRUPT, True)
             part.metadata = meta
+            edit = plan.edits.get(request.ref)
+            if edit is not None:
+                # The approver's edit replaces the call: the model sees, and the tool runs
+                # with, the edited arguments, under a key of their own.
+                request.input = edit["input"]
+                row = row.model_copy(
+                    update={
+                        "input": edit["input"],
+                        "idempotency_key": edited_key(key, edit["input"]),
+                    }
+                )
             if kind == "respond":
                 results[request.ref] = _Result(output=value)
                 rows.append(
@@ -742,7 +754,7 @@ class TurnRunner:
             else:
                 restarts[request.ref] = value
                 to_run.append(part)
-                rows.append(row.model_copy(update={"answer": {"restart": value}}))
+                rows.append(row.model_copy(update={"answer": plan.answer_of(request.ref)}))
         existing = {key: c for key, c in calls.items() if key[0] == 0}
         fresh = [r for r in rows if (0, r.ref) not in existing]
         if not to_run:

@@ -134,6 +134,8 @@ class Tool:
         output_schema: SchemaSpec = None,
         fn: ToolFn | None = None,
         idempotent: bool = True,
+        editable: bool = False,
+        approval_policy: ApprovalPolicy | None = None,
     ) -> None:
         if not name:
             raise ValueError("A tool needs a name.")
@@ -145,6 +147,11 @@ class Tool:
         #: A tool declared non-idempotent is not re-run blindly after a crash left its call
         #: started but unfinished (the durable runner asks a human instead).
         self.idempotent = idempotent
+        #: An approver deciding a paused call of an editable tool may change its arguments
+        #: before restarting it (see :mod:`engine.edits`); any other restart must keep them.
+        self.editable = editable
+        #: Who may decide a paused call of this tool in the inbox (``None``: no policy).
+        self.approval_policy = approval_policy
         self._fn_takes_ctx = _wants_context(fn) if fn is not None else False
         self._spec: ToolSpec | None = None
 
@@ -227,11 +234,11 @@ class InterruptTool(Tool):
             input_schema=input_schema,
             output_schema=output_schema,
             fn=None,
+            approval_policy=approval_policy,
         )
         self.metadata = metadata
         self.timeout = timeout
         self.on_timeout = on_timeout
-        self.approval_policy = approval_policy
 
     async def invoke(self, raw_input: Any, ctx: ToolContext) -> Any:
         """Validate the input, then pause: an interrupt never executes."""

@@ -21,6 +21,7 @@ from sqlalchemy.engine import Connection
 
 from engine.approval_history import DecidedApproval, DecisionQuery
 from engine.approval_policy import AlreadyVotedError, Vote, VoteOutcome
+from engine.edits import check_edit_seen
 from engine.errors import ApprovalNotPendingError
 from engine.status import FinishReason, TurnStatus
 from engine.store import ApprovalQuery, PendingApproval, ToolCallRecord, ToolCallStatus
@@ -267,13 +268,19 @@ def record_vote(
     approves: bool,
     required: int,
     now: datetime,
+    edit_seen: dict[str, Any] | None,
+    resets: bool = False,
 ) -> VoteOutcome:
     """Add ``voter``'s vote on an open approval; decide it when the vote does.
 
     The journal row is locked first (``FOR UPDATE``; SQLite serialises writers anyway), so
     concurrent votes on one approval count one after the other and exactly one of them sees
-    the quorum reached. Raises :class:`ApprovalNotPendingError` when the approval is not open
-    and :class:`AlreadyVotedError` when ``voter`` voted on it already; nothing is written.
+    the quorum reached. Under that lock the votes must still stand on ``edit_seen``, the edit
+    the voter read (else :class:`~engine.edits.EditedMeanwhileError`): an edit committed in
+    between would otherwise be counted together with an approval of other arguments. With
+    ``resets`` the earlier votes are deleted first (an edit: they approved other arguments).
+    Raises :class:`ApprovalNotPendingError` when the approval is not open and
+    :class:`AlreadyVotedError` when ``voter`` voted on it already; nothing is written.
     """
     c = tool_calls.c
     q = approval_queue.c
@@ -292,7 +299,12 @@ def record_vote(
     ).first()
     if locked is None:
         _refuse_not_pending(connection, turn_id, round, ref)
+    check_edit_seen(turn_id, ref, edit_seen, list_votes(connection, turn_id, round, ref))
     v = approval_votes.c
+    if resets:
+        connection.execute(
+            sa.delete(approval_votes).where(v.turn_id == turn_id, v.round == round, v.ref == ref)
+        )
     voted = connection.execute(
         sa.select(v.voted_at).where(
             v.turn_id == turn_id, v.round == round, v.ref == ref, v.voter == voter

@@ -400,6 +400,8 @@ class SqlSessionStore:
         answer: Any,
         approves: bool,
         required: int,
+        edit_seen: dict[str, Any] | None,
+        resets: bool = False,
     ) -> VoteOutcome:
         """See :meth:`engine.approval_policy.VoteBook.record_vote`."""
         return await self._write(
@@ -412,6 +414,8 @@ class SqlSessionStore:
                 answer=answer,
                 approves=approves,
                 required=required,
+                edit_seen=edit_seen,
+                resets=resets,
                 now=now_utc(),
             )
         )

@@ -280,6 +280,9 @@ class InboxRoutes:
         item = _wire(approval, datetime.now(UTC))
         item["open"] = is_open
         item["policy"] = policy
+        tool = self.engine.agents[approval.agent].tools.get(approval.interrupt)
+        # Whether a decision may carry an "edit" of the call's arguments (engine.edits).
+        item["editable"] = tool is not None and tool.editable and not tool.is_interrupt
         item["messages"] = [m.to_wire() for m in messages]
         return JSONResponse(item)
 

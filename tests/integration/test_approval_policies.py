@@ -276,7 +276,14 @@ async def test_concurrent_last_votes_decide_once(store: SessionStore) -> None:
 async def last_vote(store: SqlSessionStore, ctx: Paused, voter: str) -> VoteOutcome:
     """``voter``'s approval, recorded straight through ``store``, under a quorum of three."""
     return await store.record_vote(
-        ctx.approval.turn_id, 1, "approval-1", voter=voter, answer=True, approves=True, required=3
+        ctx.approval.turn_id,
+        1,
+        "approval-1",
+        voter=voter,
+        answer=True,
+        approves=True,
+        required=3,
+        edit_seen=None,
     )
 
 

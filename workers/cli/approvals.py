@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from engine import Engine
-from engine.errors import ApprovalNotPendingError, InvalidArgumentError
+from engine.errors import ApprovalNotPendingError, FailedPreconditionError, InvalidArgumentError
 from engine.inbox import Decision, DecisionOutcome, approval_id, decide, find_approval
 from engine.inbox import parse_approval_id as _parse_id
 from engine.parts import Message
@@ -148,6 +148,18 @@ def ls(
 # -- show ----------------------------------------------------------------------------------
 
 
+def _edit_line(answer: Any) -> str | None:
+    """The arguments an approver edited, as ``amount: 40 → 500 (by bob at ...)``."""
+    edit = answer.get("edit") if isinstance(answer, dict) else None
+    if not isinstance(edit, dict):
+        return None
+    changes = "; ".join(
+        f"{c.get('field')}: {json.dumps(c.get('old'))} → {json.dumps(c.get('new'))}"
+        for c in edit.get("diff") or []
+    )
+    return f"{changes} (by {edit.get('by') or 'an anonymous approver'} at {edit.get('at')})"
+
+
 def _state(call: ToolCallRecord, is_open: bool) -> str:
     if is_open:
         return "open"
@@ -229,6 +241,7 @@ def show(approval: str, db: str | None, full: bool, as_json: bool) -> int:
                 f"{iso(call.decided_at)}: {json.dumps(call.answer)}"
                 if call.decided_at
                 else None,
+                "edited": _edit_line(call.answer),
             }
         )
     )
@@ -291,13 +304,26 @@ def _answer_value(answer: Any, answer_file: str | None) -> Any:
     return answer
 
 
-def _decision(verb: str, answer: Any, approval: PendingApproval, app: Engine) -> Decision:
-    """The decision ``verb`` makes with ``answer`` (``None``: none was given)."""
+def _decision(
+    verb: str, answer: Any, approval: PendingApproval, app: Engine, edit: Any = None
+) -> Decision:
+    """The decision ``verb`` makes with ``answer`` (``None``: none was given) and ``edit``
+    (fields of the call's arguments to change; it restarts the call with them)."""
+    tool = app.agents[approval.agent].tools.get(approval.interrupt)
+    if edit is not None and verb == "deny":
+        raise click.UsageError("--edit goes with approve or restart: the edited call runs.")
+    if not isinstance(edit, dict | None):
+        raise click.BadParameter("must be a JSON object of fields to change", param_hint="--edit")
     if verb == "restart":
-        return Decision(restart=True, resumed=answer)
+        return Decision(restart=True, resumed=answer, edit=edit)
+    self_paused = tool is not None and not tool.is_interrupt
+    if verb == "approve" and answer is None and (edit is not None or self_paused):
+        # Approving a tool that paused itself runs it (with the edited arguments, if any).
+        return Decision(restart=True, edit=edit)
+    if edit is not None:
+        raise click.UsageError("--edit runs the call: it does not go with --answer.")
     approved = verb == "approve"
     if answer is None:
-        tool = app.agents[approval.agent].tools.get(approval.interrupt)
         schema = tool.output.json_schema() if tool is not None else None
         answer = yes_no_answer(schema, approved)
         if answer is None:
@@ -331,6 +357,14 @@ def _decide_command(verb: str, help_text: str) -> click.Command:
         metavar="FILE",
         help="read the answer's JSON from FILE (-: standard input)",
     )
+    @named_option(
+        "--edit",
+        "edit",
+        type=JsonText(),
+        default=None,
+        help='change the call\'s arguments, then run it: JSON fields, e.g. {"amount": 500} '
+        "(tools declared editable=True)",
+    )
     @option("--by", required=True, metavar="NAME", help="who decides (recorded as decided_by)")
     @option("--app", required=True, metavar="MODULE:ATTR", help="the app's Engine")
     @db_option
@@ -339,6 +373,7 @@ def _decide_command(verb: str, help_text: str) -> click.Command:
         approval: str,
         answer: Any,
         answer_file: str | None,
+        edit: Any,
         by: str,
         app: str,
         db: str | None,
@@ -363,12 +398,12 @@ def _decide_command(verb: str, help_text: str) -> click.Command:
                     f"approval {approval} is no longer pending: it was decided or answered "
                     f"already (see `turnstile approvals show {approval}`)."
                 )
-            decision = _decision(verb, given, entry, engine)
+            decision = _decision(verb, given, entry, engine, edit)
             try:
                 return await decide(agent, entry, decision, decided_by=by)
             except ApprovalNotPendingError as exc:
                 raise Declined(f"{exc} (see `turnstile approvals show {approval}`)") from exc
-            except InvalidArgumentError as exc:
+            except (InvalidArgumentError, FailedPreconditionError) as exc:
                 raise Refused(str(exc)) from exc
 
         outcome = run_on_app(engine, url, run)

@@ -56,17 +56,19 @@ class FormField:
     #: The text shown in the input: the submitted text, or the schema's default.
     value: str = ""
     error: str | None = None
+    #: What the input's name and id start with (two forms on one page need different ones).
+    prefix: str = "field"
 
     @property
     def input_name(self) -> str:
         """The form field name (prefixed, so no property can clash with the form's own)."""
-        return f"field.{self.name}" if self.name else f"field.{ROOT_FIELD}"
+        return f"{self.prefix}.{self.name}" if self.name else f"{self.prefix}.{ROOT_FIELD}"
 
     @property
     def input_id(self) -> str:
         """An HTML id for the input (its label and error message point at it)."""
         safe = "".join(c if c.isalnum() else "-" for c in self.name or ROOT_FIELD)
-        return f"field-{safe}"
+        return f"{self.prefix}-{safe}"
 
     @property
     def radios(self) -> bool:
@@ -104,6 +106,22 @@ class DecisionForm:
         if self.root:
             return FormReading(form=form, ok=True, answer=answer.get(""))
         return FormReading(form=form, ok=True, answer=answer)
+
+    def filled(self, values: Any, *, prefix: str) -> DecisionForm:
+        """The same form with each field showing ``values``' property (the arguments an
+        edit form starts from), its inputs named with ``prefix``."""
+        current = values if isinstance(values, dict) else {}
+        return replace(
+            self,
+            fields=tuple(
+                replace(
+                    item,
+                    prefix=prefix,
+                    value=_shown(item, current[item.name]) if item.name in current else item.value,
+                )
+                for item in self.fields
+            ),
+        )
 
     def with_error(self, message: str) -> DecisionForm:
         """The same form with a problem of the whole answer."""
@@ -240,6 +258,15 @@ def _as_text(value: Any) -> str:
     if isinstance(value, str | int | float):
         return str(value)
     return json.dumps(value)
+
+
+def _shown(item: FormField, value: Any) -> str:
+    """``value`` as ``item``'s input shows it (a choice's is its JSON text)."""
+    if value is None:
+        return ""
+    if item.kind in ("boolean", "choice"):
+        return json.dumps(value)
+    return _as_text(value)
 
 
 def _read_field(item: FormField, text: str) -> tuple[Any, str | None]:

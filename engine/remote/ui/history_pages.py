@@ -39,6 +39,9 @@ CSV_COLUMNS = (
     "next_turn_id",
     "next_status",
     "next_finish_reason",
+    "edit",
+    "edited_by",
+    "edited_at",
 )
 
 
@@ -141,4 +144,7 @@ def _csv_row(entry: DecidedApproval) -> list[Any]:
         entry.next_turn_id,
         entry.next_status.value if entry.next_status else None,
         entry.next_finish_reason.value if entry.next_finish_reason else None,
+        present.edit_summary(edit) if (edit := entry.edit) else None,
+        edit.get("by") if edit else None,
+        edit.get("at") if edit else None,
     ]

@@ -8,6 +8,8 @@ earlier and on the right field.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -15,8 +17,14 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from engine.approval_policy import AlreadyVotedError, ApprovalRefusedError
-from engine.errors import ApprovalNotPendingError, InvalidArgumentError, NotFoundError
+from engine.approval_policy import AlreadyVotedError, ApprovalRefusedError, VoteBook
+from engine.edits import EDIT
+from engine.errors import (
+    ApprovalNotPendingError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+)
 from engine.inbox import Decision, approval_id, decide, parse_approval_id
 from engine.remote.auth import Principal
 from engine.remote.inbox_routes import policy_wire
@@ -181,16 +189,29 @@ class ApprovalPages:
                 request, viewer, found, form, "This approval was already decided."
             )
         action = form_data.get("action")
+        seen = _arguments_seen(form_data)
+        edit_form: DecisionForm | None = None
         if action == "restart":
-            choice = Decision(restart=True)
+            choice = Decision(restart=True, arguments=seen)
+        elif action == "edit":
+            edit_form = await self._edit_form(found)
+            if edit_form is None:
+                raise FailedPreconditionError(
+                    f"Tool '{found.approval.interrupt}' is not editable: approve it as it is."
+                )
+            reading = edit_form.read(form_data)
+            edit_form = reading.form
+            if not reading.ok:
+                return await self._again(request, viewer, found, form, edit_form)
+            choice = Decision(restart=True, edit=reading.answer, arguments=seen)
         elif action == "respond":
             reading = form.read(form_data)
             if not reading.ok:
                 return await self._again(request, viewer, found, reading.form)
             form = reading.form
-            choice = Decision(respond=reading.answer)
+            choice = Decision(respond=reading.answer, arguments=seen)
         else:
-            raise InvalidArgumentError("The form's action must be 'respond' or 'restart'.")
+            raise InvalidArgumentError("The form's action must be 'respond', 'restart' or 'edit'.")
         try:
             outcome = await decide(
                 found.agent,
@@ -200,7 +221,11 @@ class ApprovalPages:
                 approver=viewer.principal,
             )
         except InvalidArgumentError as problem:
-            return await self._again(request, viewer, found, form.with_error(problem.message))
+            if edit_form is not None:
+                edit_form = edit_form.with_error(problem.message)
+            else:
+                form = form.with_error(problem.message)
+            return await self._again(request, viewer, found, form, edit_form)
         except (ApprovalNotPendingError, AlreadyVotedError) as late:
             return await self._refused(request, viewer, found, form, late.message)
         except ApprovalRefusedError as refused:
@@ -213,11 +238,26 @@ class ApprovalPages:
             **done,
         )
 
+    async def _edit_form(self, found: ApprovalFound) -> DecisionForm | None:
+        """The form editing the paused call's arguments (``None``: the tool is not editable),
+        filled with the arguments as they stand: the latest edit a vote made, else the
+        call's own."""
+        tool = found.agent.tools.get(found.approval.interrupt)
+        if tool is None or tool.is_interrupt or not tool.editable:
+            return None
+        current = await _standing_arguments(found)
+        return build_form(tool.input.json_schema()).filled(current, prefix="edit")
+
     async def _again(
-        self, request: Request, viewer: Viewer, found: ApprovalFound, form: DecisionForm
+        self,
+        request: Request,
+        viewer: Viewer,
+        found: ApprovalFound,
+        form: DecisionForm,
+        edit_form: DecisionForm | None = None,
     ) -> Response:
         """The page again with the form's problems marked (400, nothing recorded)."""
-        context = await self._context(found, form, principal=viewer.principal)
+        context = await self._context(found, form, principal=viewer.principal, edit_form=edit_form)
         return self.kit.page(request, viewer, "approval.html", context, status=400)
 
     async def _refused(
@@ -248,8 +288,12 @@ class ApprovalPages:
         notice: str | None = None,
         problem: str | None = None,
         principal: Principal | None = None,
+        edit_form: DecisionForm | None = None,
     ) -> dict[str, Any]:
         approval, call, store = found.approval, found.call, found.store
+        if edit_form is None and found.is_open:
+            edit_form = await self._edit_form(found)
+        edit = call.answer.get(EDIT) if isinstance(call.answer, dict) else None
         tool = found.agent.tools.get(approval.interrupt)
         now = datetime.now(UTC)
         conversation = await store.load_conversation(approval.turn_id)
@@ -301,6 +345,15 @@ class ApprovalPages:
             "overdue": approval.deadline is not None and approval.deadline <= now,
             "form": form,
             "answer_rows": _answer_rows(call.answer),
+            "edit_form": edit_form,
+            # Tool calls carry the arguments the page shows, so a decision taken on arguments
+            # another approver edited meanwhile is refused instead of counted.
+            "arguments_json": (
+                json.dumps(await _standing_arguments(found))
+                if tool is not None and not tool.is_interrupt and found.is_open
+                else ""
+            ),
+            "edit": edit if isinstance(edit, dict) else None,
             "restarted": isinstance(call.answer, dict) and "restart" in call.answer,
             "following": following,
             "following_text": present.outcome(
@@ -313,6 +366,28 @@ class ApprovalPages:
             "policy": await policy_wire(found.agent, store, approval, principal),
             "state": _fingerprint(found, following),
         }
+
+
+async def _standing_arguments(found: ApprovalFound) -> Any:
+    """The paused call's arguments as they stand: the latest edit a vote made, else its own."""
+    current = found.approval.input
+    if isinstance(found.store, VoteBook):
+        approval = found.approval
+        for vote in await found.store.list_votes(approval.turn_id, approval.round, approval.ref):
+            if isinstance(vote.answer, dict) and isinstance(vote.answer.get(EDIT), dict):
+                current = vote.answer[EDIT]["input"]
+    return current
+
+
+def _arguments_seen(form_data: Mapping[str, str]) -> Any:
+    """The arguments the page showed the approver (its hidden field), or ``None``."""
+    text = form_data.get("arguments")
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise InvalidArgumentError("The form's arguments field is not JSON.") from exc
 
 
 def _fingerprint(found: ApprovalFound, following: TurnRecord | None) -> str:

@@ -20,6 +20,7 @@ __all__ = [
     "Row",
     "ago",
     "answer_summary",
+    "edit_summary",
     "format_value",
     "input_summary",
     "message_views",
@@ -139,12 +140,27 @@ def answer_summary(answer: Any) -> str:
     """A decision in one line: the respond output's fields, or that the tool was restarted."""
     if not isinstance(answer, dict):
         return format_value(answer)
+    if "restart" in answer and isinstance(answer.get("edit"), dict):
+        return f"Approved with edited arguments: {edit_summary(answer['edit'])}"
     if "restart" in answer:
         return "Restarted (the tool runs again)"
     output = answer.get("respond")
     if isinstance(output, dict):
         return _cut("; ".join(f"{k}: {format_value(v)}" for k, v in output.items()))
     return _cut(format_value(output))
+
+
+def edit_summary(edit: Any) -> str:
+    """An approver's edit in one line: ``amount: 40 → 500 (by bob)``."""
+    if not isinstance(edit, dict):
+        return ""
+    changes = []
+    for change in edit.get("diff") or []:
+        old = format_value(change["old"]) if "old" in change else "(none)"
+        new = format_value(change["new"]) if "new" in change else "(removed)"
+        changes.append(f"{change.get('field')}: {old} → {new}")
+    who = f" (by {edit['by']})" if edit.get("by") else ""
+    return "; ".join(changes) + who
 
 
 def _part_view(part: Part) -> PartView:
