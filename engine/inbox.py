@@ -26,6 +26,7 @@ from engine.approval_policy import (
     Vote,
     vote_book,
 )
+from engine.assignment import check_may_decide
 from engine.errors import (
     ApprovalNotPendingError,
     FailedPreconditionError,
@@ -182,7 +183,8 @@ async def decide(
     that id without roles). Raises :class:`InvalidArgumentError` (nothing written) when a
     respond output violates the interrupt's output schema,
     :class:`~engine.approval_policy.ApprovalRefusedError` when the interrupt's approval policy
-    does not let this approver cast this vote, and :class:`ApprovalNotPendingError` when the
+    does not let this approver cast this vote or the approval is assigned to others
+    (:mod:`engine.assignment`), and :class:`ApprovalNotPendingError` when the
     approval was decided or answered meanwhile.
     """
     store = agent.store
@@ -202,6 +204,8 @@ async def decide(
             ) from exc
     if approver is None and decided_by is not None:
         approver = NamedApprover(id=decided_by)
+    # An assigned approval is decided by its assignee or its group (engine.assignment).
+    await check_may_decide(agent, approval, approver)
     policy = approval_policy(agent, approval)
     votes: list[Vote] = []
     if policy is None:

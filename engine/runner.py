@@ -521,7 +521,7 @@ class TurnRunner:
             output = await tool.invoke(row.input, ctx)
         except ToolInterrupt as pause:
             finished = _now()
-            timeout = getattr(tool, "timeout", None)
+            timeout = getattr(tool, "expires_after", None)
             paused = row.model_copy(
                 update={
                     "status": ToolCallStatus.INTERRUPTED,

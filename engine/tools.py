@@ -14,8 +14,10 @@ import inspect
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from engine.assignment import escalation_target, seconds_of
 from engine.errors import ToolError
 from engine.model import ToolSpec
 from engine.parts import MALFORMED_INPUT, Part
@@ -165,8 +167,11 @@ class Tool:
 class InterruptTool(Tool):
     """A tool whose only job is to pause the turn (``define_interrupt``).
 
-    ``timeout`` (seconds) and ``on_timeout`` (a default answer, or ``"fail"``) describe what
-    happens to an approval nobody answers; the durable worker pool enforces them.
+    ``timeout`` (seconds or a timedelta) and ``on_timeout`` (a default answer, ``"fail"``, or
+    ``{"escalate": "group"}``) describe what happens to an approval nobody answers; the
+    durable worker pool enforces them. ``group`` assigns every approval to a group from the
+    start and ``remind_every`` (seconds or a timedelta) asks for reminders while it stays
+    open (see :mod:`engine.assignment`).
     ``approval_policy`` (see :mod:`engine.approval_policy`) says who may decide it and how
     many approvals it needs; the inbox enforces it.
     """
@@ -181,9 +186,11 @@ class InterruptTool(Tool):
         input_schema: SchemaSpec = None,
         output_schema: SchemaSpec = None,
         metadata: Any = None,
-        timeout: float | None = None,
+        timeout: float | timedelta | None = None,
         on_timeout: Any = None,
         approval_policy: ApprovalPolicy | None = None,
+        group: str | None = None,
+        remind_every: float | timedelta | None = None,
     ) -> None:
         super().__init__(
             name=name,
@@ -193,9 +200,24 @@ class InterruptTool(Tool):
             fn=None,
         )
         self.metadata = metadata
-        self.timeout = timeout
-        self.on_timeout = on_timeout
+        self.timeout = seconds_of(timeout, "timeout")
+        #: The group an overdue approval moves to (``on_timeout={"escalate": ...}``).
+        self.escalate_to = escalation_target(on_timeout)
+        if self.escalate_to is not None and self.timeout is None:
+            raise ValueError("An interrupt that escalates on timeout needs a timeout.")
+        # An escalation is not an answer: expiry must never resume the turn with it.
+        self.on_timeout = None if self.escalate_to is not None else on_timeout
         self.approval_policy = approval_policy
+        if group is not None and not group.strip():
+            raise ValueError("group must name a group (a role), not be empty.")
+        self.group = group
+        self.remind_every = seconds_of(remind_every, "remind_every")
+
+    @property
+    def expires_after(self) -> float | None:
+        """Seconds after which expiry decides an unanswered approval (``None``: never; an
+        escalating interrupt is moved, not decided)."""
+        return None if self.escalate_to is not None else self.timeout
 
     async def invoke(self, raw_input: Any, ctx: ToolContext) -> Any:
         """Validate the input, then pause: an interrupt never executes."""
