@@ -57,6 +57,7 @@ __all__ = [
     "SweepReport",
     "apply_change",
     "assign",
+    "assigned_matches",
     "assignment_book",
     "check_may_decide",
     "claim",
@@ -305,6 +306,23 @@ async def current_assignments(
             group=_default_group(agent, a.interrupt) if agent is not None else None,
         )
     return found
+
+
+def assigned_matches(
+    principal: Approver | None, assignment: Assignment, wanted: str | None
+) -> bool:
+    """Whether an approval so assigned belongs in ``principal``'s inbox under the assignment
+    filter ``wanted``: never one assigned to others (they alone may decide it), except on a
+    server without sign-in, whose viewers see everything."""
+    if principal is not None and not may_act(principal, assignment):
+        return False
+    if wanted == "me":
+        return principal is not None and assignment.assignee == principal.id
+    if wanted == "groups":
+        return principal is not None and assignment.group in principal.roles
+    if wanted == "unassigned":
+        return not assignment.is_assigned
+    return True
 
 
 def may_act(approver: Approver | None, assignment: Assignment) -> bool:

@@ -148,3 +148,39 @@ async def test_a_bad_assignment_filter_or_name_is_a_400(
         assert "group payments" in (await dave.get(path)).text
     finally:
         await dave.aclose()
+
+
+async def test_the_json_inbox_shows_filters_and_changes_assignments(
+    served: tuple[BankingApp, str, str],
+) -> None:
+    """``GET /inbox`` carries the assignment and filters by it; ``POST .../assignment`` claims
+    (409 when held by another), releases (403 for a non-holder) and assigns."""
+    _app, base, turn_id = served
+    approval = f"{turn_id}:approval-1"
+
+    def api(who: str) -> httpx.AsyncClient:
+        return httpx.AsyncClient(base_url=base, headers={"Authorization": f"Bearer {TOKENS[who]}"})
+
+    async with api("dave") as dave, api("erin") as erin, api("lena") as lena:
+        items = (await dave.get("/inbox")).json()["items"]
+        assert [i["assignment"]["group"] for i in items] == ["payments"]
+        assert (await dave.get("/inbox", params={"assigned": "me"})).json()["items"] == []
+        assert (await lena.get("/inbox")).json()["items"] == []
+        bad = await dave.get("/inbox", params={"assigned": "all"})
+        assert bad.status_code == 400
+
+        change = f"/inbox/{approval}/assignment"
+        claimed = await dave.post(change, json={"action": "claim"})
+        assert claimed.status_code == 200, claimed.text
+        assert (claimed.json()["assignee"], claimed.json()["group"]) == ("dave", "payments")
+        mine = (await dave.get("/inbox", params={"assigned": "me"})).json()["items"]
+        assert [i["id"] for i in mine] == [approval]
+        assert (await erin.post(change, json={"action": "claim"})).status_code == 409
+        assert (await erin.post(change, json={"action": "release"})).status_code == 403
+        assert (await erin.post(change, json={"action": "steal"})).status_code == 400
+        moved = await dave.post(change, json={"action": "assign", "group": "leads"})
+        assert moved.status_code == 200
+        assert (moved.json()["assignee"], moved.json()["group"]) == (None, "leads")
+        shown = (await lena.get(f"/inbox/{approval}")).json()
+        assert shown["assignment"]["group"] == "leads"
+        assert shown["assignment"]["assignedBy"] == "dave"

@@ -15,7 +15,7 @@ from typing import Any, Generic, TypeVar
 
 from engine.agent import Agent
 from engine.approval_history import ApprovalHistory, DecidedApproval, DecisionQuery
-from engine.assignment import Assignment, current_assignments, may_act
+from engine.assignment import Assignment, assigned_matches, current_assignments
 from engine.engine import Engine
 from engine.errors import InvalidArgumentError
 from engine.inbox import find_approval
@@ -41,7 +41,6 @@ __all__ = [
     "Page",
     "TimelineRow",
     "TurnFound",
-    "assigned_matches",
 ]
 
 T = TypeVar("T")
@@ -210,23 +209,6 @@ class HistoryFilters:
                 "cursor": current.cursor,
             }
         )
-
-
-def assigned_matches(
-    principal: Principal | None, assignment: Assignment, wanted: str | None
-) -> bool:
-    """Whether an approval so assigned belongs in ``principal``'s inbox under the assignment
-    filter ``wanted``: never one assigned to others (they alone may decide it), except on a
-    server without sign-in, whose viewers see everything."""
-    if principal is not None and not may_act(principal, assignment):
-        return False
-    if wanted == "me":
-        return principal is not None and assignment.assignee == principal.id
-    if wanted == "groups":
-        return principal is not None and assignment.group in principal.roles
-    if wanted == "unassigned":
-        return not assignment.is_assigned
-    return True
 
 
 def _present(values: Mapping[str, str | None]) -> dict[str, str]:
