@@ -33,12 +33,19 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
-
-from pydantic import BaseModel
+from typing import TYPE_CHECKING, Any
 
 from engine import instruments
 from engine.approval_policy import ApprovalRefusedError, Approver
+from engine.assignment_records import (
+    ApprovalClaimedError,
+    Assignment,
+    AssignmentBook,
+    AssignmentChange,
+    DueQuery,
+    Key,
+    apply_change,
+)
 from engine.errors import AgentError, FailedPreconditionError, InvalidArgumentError
 from engine.store import PendingApproval, SessionStore
 
@@ -47,7 +54,6 @@ if TYPE_CHECKING:
     from engine.engine import Engine
 
 __all__ = [
-    "ESCALATE",
     "ESCALATION_ACTOR",
     "ApprovalClaimedError",
     "Assignment",
@@ -63,128 +69,15 @@ __all__ = [
     "claim",
     "current_assignment",
     "current_assignments",
-    "escalation_target",
     "may_act",
     "release",
-    "seconds_of",
     "sweep_assignments",
 ]
 
 logger = logging.getLogger("turnstile.assignment")
 
-#: The key of ``on_timeout={"escalate": "group"}``.
-ESCALATE = "escalate"
 #: Recorded as ``assigned_by`` when the sweep escalates an approval.
 ESCALATION_ACTOR = "escalation"
-
-Key = tuple[str, int, str]
-
-
-class ApprovalClaimedError(AgentError):
-    """Someone else holds this approval (HTTP 409): they release it, or it is reassigned."""
-
-    default_status = "ABORTED"
-
-
-class Assignment(BaseModel):
-    """Who an open approval is assigned to, and its escalation and reminders so far."""
-
-    turn_id: str
-    round: int
-    ref: str
-    assignee: str | None = None
-    group: str | None = None
-    assigned_by: str | None = None
-    assigned_at: datetime | None = None
-    escalated_at: datetime | None = None
-    escalated_from_assignee: str | None = None
-    escalated_from_group: str | None = None
-    escalated_to: str | None = None
-    last_reminded_at: datetime | None = None
-    reminders: int = 0
-
-    @property
-    def is_assigned(self) -> bool:
-        """Whether anyone (a person or a group) holds it."""
-        return self.assignee is not None or self.group is not None
-
-    def describe(self) -> str:
-        """``"alice"``, ``"group payments"``, ``"alice (group payments)"`` or ``"nobody"``."""
-        if self.assignee and self.group:
-            return f"{self.assignee} (group {self.group})"
-        if self.assignee:
-            return self.assignee
-        if self.group:
-            return f"group {self.group}"
-        return "nobody"
-
-
-class AssignmentChange(BaseModel):
-    """One change of an approval's assignment, and the guard the store checks with it.
-
-    * ``claim``: ``assignee = by``, only when nobody or ``by`` holds it;
-    * ``assign``: ``group`` (when given; the assignee then becomes ``assignee``) and/or
-      ``assignee``;
-    * ``release``: no assignee, only when ``holder`` holds it (``holder=None``: whoever does);
-    * ``escalate``: ``group = group``, no assignee, the previous ones recorded, only when not
-      escalated before;
-    * ``remind``: ``last_reminded_at = now``, only when not reminded in the last
-      ``every_seconds``.
-    """
-
-    action: Literal["claim", "assign", "release", "escalate", "remind"]
-    by: str | None = None
-    assignee: str | None = None
-    group: str | None = None
-    holder: str | None = None
-    every_seconds: float | None = None
-    #: The moment of the change (``None``: the store's clock); the sweep passes its own.
-    at: datetime | None = None
-
-
-class DueQuery(BaseModel):
-    """Open approvals of one interrupt due for an escalation or a reminder."""
-
-    agents: tuple[str, ...]
-    interrupt: str
-    #: Only approvals created at or before this moment.
-    created_before: datetime
-    #: Only approvals not escalated yet.
-    unescalated: bool = False
-    #: Only approvals never reminded, or last reminded at or before this moment.
-    reminded_before: datetime | None = None
-    limit: int = 100
-
-
-@runtime_checkable
-class AssignmentBook(Protocol):
-    """A store that keeps assignments (the memory, SQLite and PostgreSQL stores)."""
-
-    async def get_assignments(self, keys: Sequence[Key]) -> dict[Key, Assignment]:
-        """The stored assignments of these ``(turn_id, round, ref)`` approvals (absent: none
-        stored yet)."""
-        ...
-
-    async def change_assignment(
-        self,
-        turn_id: str,
-        round: int,
-        ref: str,
-        change: AssignmentChange,
-        *,
-        default_group: str | None,
-    ) -> Assignment | None:
-        """Apply ``change`` to one open approval in one guarded write, starting from
-        ``default_group`` when nothing is stored for it yet; the assignment after the change,
-        or ``None`` when the change's guard refused it (nothing written).
-
-        Raises :class:`~engine.errors.ApprovalNotPendingError` when the approval is not open.
-        """
-        ...
-
-    async def list_due_approvals(self, query: DueQuery) -> list[PendingApproval]:
-        """Open approvals matching ``query``, oldest first."""
-        ...
 
 
 @dataclass
@@ -193,67 +86,6 @@ class SweepReport:
 
     escalated: list[Assignment] = field(default_factory=list)
     reminded: list[Assignment] = field(default_factory=list)
-
-
-def apply_change(current: Assignment, change: AssignmentChange, now: datetime) -> Assignment | None:
-    """``current`` after ``change`` (``None``: the change's guard refuses it); the rules the
-    SQL stores write as guarded UPDATEs, for the in-memory store."""
-    now = change.at or now
-    stamp: dict[str, Any] = {"assigned_by": change.by, "assigned_at": now}
-    if change.action == "claim":
-        if current.assignee not in (None, change.by):
-            return None
-        return current.model_copy(update={"assignee": change.by, **stamp})
-    if change.action == "assign":
-        if change.group is not None:
-            stamp.update(group=change.group, assignee=change.assignee)
-        else:
-            stamp["assignee"] = change.assignee
-        return current.model_copy(update=stamp)
-    if change.action == "release":
-        if current.assignee is None or change.holder not in (None, current.assignee):
-            return None
-        return current.model_copy(update={"assignee": None, **stamp})
-    if change.action == "escalate":
-        if current.escalated_at is not None:
-            return None
-        return current.model_copy(
-            update={
-                "escalated_from_assignee": current.assignee,
-                "escalated_from_group": current.group,
-                "escalated_to": change.group,
-                "escalated_at": now,
-                "group": change.group,
-                "assignee": None,
-                **stamp,
-            }
-        )
-    assert change.every_seconds is not None, "a reminder needs its interval"
-    last = current.last_reminded_at
-    if last is not None and last > now - timedelta(seconds=change.every_seconds):
-        return None
-    return current.model_copy(update={"last_reminded_at": now, "reminders": current.reminders + 1})
-
-
-def seconds_of(value: float | timedelta | None, what: str) -> float | None:
-    """``value`` as positive seconds (``None`` stays ``None``); ``ValueError`` otherwise."""
-    if value is None:
-        return None
-    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
-    if not seconds > 0:
-        raise ValueError(f"{what} must be positive (seconds or a timedelta), not {value!r}.")
-    return seconds
-
-
-def escalation_target(on_timeout: Any) -> str | None:
-    """The group of ``on_timeout={"escalate": "group"}`` (``None``: not an escalation);
-    ``ValueError`` for an escalation that names no group."""
-    if not (isinstance(on_timeout, Mapping) and ESCALATE in on_timeout):
-        return None
-    target = on_timeout[ESCALATE]
-    if len(on_timeout) != 1 or not isinstance(target, str) or not target.strip():
-        raise ValueError('on_timeout escalates as {"escalate": "<group>"}, with nothing else.')
-    return target
 
 
 def assignment_book(store: object) -> AssignmentBook:
@@ -360,9 +192,7 @@ async def check_may_decide(
 
 def _check_policy(agent: Agent, approval: PendingApproval, approver: Approver | None) -> None:
     """The interrupt's approval policy, for acting on the approval without approving."""
-    from engine.inbox import approval_policy
-
-    policy = approval_policy(agent, approval)
+    policy = getattr(agent.tools.get(approval.interrupt), "approval_policy", None)
     if policy is not None:
         policy.check(approver, requester=approval.owner, approving=False)
 
@@ -379,17 +209,25 @@ async def _change(
     )
 
 
-async def claim(agent: Agent, approval: PendingApproval, approver: Approver | None) -> Assignment:
+async def claim(
+    agent: Agent,
+    approval: PendingApproval,
+    approver: Approver | None,
+    *,
+    operator: bool = False,
+) -> Assignment:
     """``approver`` takes ``approval`` (its assignee becomes ``approver``; the group stays).
 
-    Raises :class:`ApprovalRefusedError` when ``approver`` may not decide it,
-    :class:`ApprovalClaimedError` when another person holds it, and
-    :class:`~engine.errors.ApprovalNotPendingError` when it is no longer open.
+    Raises :class:`ApprovalRefusedError` when ``approver`` may not decide it (not checked for
+    the ``operator`` CLI, whose users hold the database itself), :class:`ApprovalClaimedError`
+    when another person holds it, and :class:`~engine.errors.ApprovalNotPendingError` when it
+    is no longer open.
     """
     if approver is None:
         raise ApprovalRefusedError("Claiming an approval needs an authenticated approver.")
-    _check_policy(agent, approval, approver)
-    await check_may_decide(agent, approval, approver)
+    if not operator:
+        _check_policy(agent, approval, approver)
+        await check_may_decide(agent, approval, approver)
     claimed = await _change(agent, approval, AssignmentChange(action="claim", by=approver.id))
     if claimed is None:
         holder = await current_assignment(agent, approval)

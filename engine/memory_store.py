@@ -17,7 +17,7 @@ from typing import Any
 
 from engine.approval_history import DecidedApproval, DecisionQuery
 from engine.approval_policy import AlreadyVotedError, Vote, VoteOutcome
-from engine.assignment import Assignment, AssignmentChange, DueQuery, apply_change
+from engine.assignment_records import Assignment, AssignmentChange, DueQuery, apply_change
 from engine.errors import (
     ApprovalNotPendingError,
     InvalidArgumentError,

@@ -12,12 +12,11 @@ import contextlib
 import contextvars
 import inspect
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from engine.assignment import escalation_target, seconds_of
 from engine.errors import ToolError
 from engine.model import ToolSpec
 from engine.parts import MALFORMED_INPUT, Part
@@ -27,16 +26,22 @@ if TYPE_CHECKING:
     from engine.approval_policy import ApprovalPolicy
 
 __all__ = [
+    "ESCALATE",
     "InterruptTool",
     "Tool",
     "ToolContext",
     "ToolFn",
     "ToolInterrupt",
+    "escalation_target",
     "in_daemon_thread",
     "malformed_call_reason",
+    "seconds_of",
 ]
 
 ToolFn = Callable[..., Any] | Callable[..., Awaitable[Any]]
+
+#: The key of ``on_timeout={"escalate": "group"}`` (see :mod:`engine.assignment`).
+ESCALATE = "escalate"
 
 
 class ToolInterrupt(BaseException):
@@ -258,6 +263,27 @@ async def in_daemon_thread(fn: Callable[..., Any], *args: Any, name: str) -> Any
 
     threading.Thread(target=run, name=name, daemon=True).start()
     return await done
+
+
+def seconds_of(value: float | timedelta | None, what: str) -> float | None:
+    """``value`` as positive seconds (``None`` stays ``None``); ``ValueError`` otherwise."""
+    if value is None:
+        return None
+    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    if not seconds > 0:
+        raise ValueError(f"{what} must be positive (seconds or a timedelta), not {value!r}.")
+    return seconds
+
+
+def escalation_target(on_timeout: Any) -> str | None:
+    """The group of ``on_timeout={"escalate": "group"}`` (``None``: not an escalation);
+    ``ValueError`` for an escalation that names no group."""
+    if not (isinstance(on_timeout, Mapping) and ESCALATE in on_timeout):
+        return None
+    target = on_timeout[ESCALATE]
+    if len(on_timeout) != 1 or not isinstance(target, str) or not target.strip():
+        raise ValueError('on_timeout escalates as {"escalate": "<group>"}, with nothing else.')
+    return target
 
 
 def malformed_call_reason(tool: Tool, part: Part) -> str | None:

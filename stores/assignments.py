@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
-from engine.assignment import Assignment, AssignmentChange, DueQuery
+from engine.assignment_records import Assignment, AssignmentChange, DueQuery
 from engine.store import PendingApproval
 from stores.approvals import refuse_not_pending
 from stores.database import utc

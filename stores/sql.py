@@ -26,7 +26,7 @@ from sqlalchemy.engine import URL, make_url
 
 from engine.approval_history import DecidedApproval, DecisionQuery
 from engine.approval_policy import Vote, VoteOutcome
-from engine.assignment import Assignment, AssignmentChange, DueQuery
+from engine.assignment_records import Assignment, AssignmentChange, DueQuery
 from engine.errors import NotFoundError, StaleTransitionError
 from engine.model import ModelUsage
 from engine.parts import Message
