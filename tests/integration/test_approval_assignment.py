@@ -206,7 +206,7 @@ async def test_reminders_once_per_interval(
         counts.append(len(report.reminded))
     assert counts == [0, 1, 0, 0, 1, 0, 0]
     assert (await ctx.assignment()).reminders == 2
-    lines = [r for r in caplog.records if r.name == "turnstile.assignment"]
+    lines = [r for r in caplog.records if "reminder" in r.getMessage()]
     assert len(lines) == 2
     assert lines[0].__dict__["assignee"] == "erin"
     assert lines[0].__dict__["approval_id"] == f"{ctx.approval.turn_id}:approval-1"
