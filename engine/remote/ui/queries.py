@@ -57,7 +57,7 @@ AGE_CHOICES: tuple[tuple[str, str], ...] = (
 _MAX_AGE_SECONDS = 10 * 365 * 86400
 #: The inbox's assignment filter (the query's ``assigned`` value, and what the list offers).
 ASSIGNED_CHOICES: tuple[tuple[str, str], ...] = (
-    ("", "Anyone's I may decide"),
+    ("", "All I may decide"),
     ("me", "Assigned to me"),
     ("groups", "Assigned to my groups"),
     ("unassigned", "Unassigned"),
