@@ -42,6 +42,7 @@ from examples.banking import BankingApp, build
 from stores import SqlSessionStore
 from tests.conftest import TEST_STATE_KEYS
 from tests.databases import libpq_dsn, sql_store
+from workers.metrics import Metrics
 
 DAVE = Principal("dave", roles=frozenset({"payments"}))
 ERIN = Principal("erin", roles=frozenset({"payments"}))
@@ -265,3 +266,21 @@ async def test_two_sweeps_at_once_escalate_once() -> None:
         assert len(first_report.escalated) == 1, "the sweep that slept escalated it"
         moved = await ctx.assignment()
         assert (moved.group, moved.escalated_from_group) == ("leads", "payments")
+
+
+async def test_escalations_and_reminders_are_counted_per_agent(store: SessionStore) -> None:
+    """The process's metrics count each escalation and each reminder once, for its agent."""
+    metrics = Metrics(agents=["bankingAgent"])
+    metrics.observe_engine()
+    try:
+        ctx = await paused(store, remind=True)
+        for seconds in (61, 62, 125):
+            await sweep_assignments(ctx.app.ai, store, now=ctx.at(seconds))
+
+        def sample(name: str) -> float:
+            return metrics.registry.get_sample_value(name, {"agent": "bankingAgent"}) or 0.0
+
+        assert sample("turnstile_approval_escalations_total") == 1
+        assert sample("turnstile_approval_reminders_total") == 2
+    finally:
+        metrics.close()
