@@ -34,6 +34,9 @@ async def test_claim_assign_and_release_from_the_shell(kind: str, tmp_path: Path
         assert (item["id"], item["assignee"], item["group"]) == (approval, "dave", None)
         shown = await db.run_cli("approvals", "ls")
         assert "ASSIGNEE" in shown.out and "dave" in shown.out
+        detail = await db.run_cli("approvals", "show", approval, "--json")
+        assert detail.json()["approval"]["assignee"] == "dave"
+        assert "dave (by dave)" in (await db.run_cli("approvals", "show", approval)).out
 
         moved = await db.run_cli(
             "approvals", "assign", approval, "--group", "leads", "--by", "ops", "--json", app=True

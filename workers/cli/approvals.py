@@ -79,6 +79,19 @@ FOLDED_CONVERSATION = 6
 NOBODY = Assignment(turn_id="", round=0, ref="")
 
 
+def _assigned_text(assignment: Assignment | None) -> str | None:
+    """``show``'s line about who holds the approval (``None``: nothing stored)."""
+    if assignment is None:
+        return None
+    text = f"{assignment.describe()} (by {assignment.assigned_by or '-'})"
+    if assignment.escalated_at is not None:
+        text += (
+            f"; escalated at {iso(assignment.escalated_at)} from "
+            f"{assignment.escalated_from_assignee or assignment.escalated_from_group or '-'}"
+        )
+    return text
+
+
 def _group_text(assignment: Assignment) -> str:
     if assignment.escalated_at is not None:
         return f"{assignment.group} (escalated from {assignment.escalated_from_group or '-'})"
@@ -241,7 +254,9 @@ def _state(call: ToolCallRecord, is_open: bool) -> str:
 
 async def _read_approval(
     store: SqlSessionStore, value: str
-) -> tuple[PendingApproval, bool, ToolCallRecord, list[ToolCallRecord], list[Message]]:
+) -> tuple[
+    PendingApproval, bool, ToolCallRecord, list[ToolCallRecord], list[Message], Assignment | None
+]:
     turn_id, ref = _parse(value)
     found = await find_approval(store, turn_id, ref)
     if found is None:
@@ -250,7 +265,9 @@ async def _read_approval(
     calls = [c for c in await store.list_calls(turn_id) if c.round == approval.round]
     call = next(c for c in calls if c.ref == ref)
     conversation = await store.load_conversation(turn_id)
-    return approval, is_open, call, [c for c in calls if c.ref != ref], conversation
+    key = (turn_id, approval.round, ref)
+    held = (await store.get_assignments([key])).get(key)
+    return approval, is_open, call, [c for c in calls if c.ref != ref], conversation, held
 
 
 @approvals.command("show", short_help="One approval: input, paused call, conversation.")
@@ -260,7 +277,7 @@ async def _read_approval(
 @json_option
 def show(approval: str, db: str | None, full: bool, as_json: bool) -> int:
     """Show one approval: its input, the call it pauses, and the conversation before it."""
-    entry, is_open, call, siblings, conversation = run_on_store(
+    entry, is_open, call, siblings, conversation, held = run_on_store(
         db, lambda store: _read_approval(store, approval)
     )
     now = datetime.now(UTC)
@@ -274,6 +291,7 @@ def show(approval: str, db: str | None, full: bool, as_json: bool) -> int:
                 "answer": call.answer,
                 "decided_by": call.decided_by,
                 "decided_at": iso(call.decided_at),
+                **assignment_fields(held),
             }
         )
         emit_json(
@@ -306,6 +324,7 @@ def show(approval: str, db: str | None, full: bool, as_json: bool) -> int:
                 "owner": entry.owner,
                 "asked": f"{iso(entry.created_at)} ({ago(entry.created_at, now)} ago)",
                 "deadline": iso(entry.deadline),
+                "assigned": _assigned_text(held),
                 "decided": f"by {call.decided_by or 'an anonymous approver'} at "
                 f"{iso(call.decided_at)}: {json.dumps(call.answer)}"
                 if call.decided_at

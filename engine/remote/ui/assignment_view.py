@@ -29,7 +29,8 @@ async def assignment_context(found: ApprovalFound, principal: Principal | None) 
         "holder": assignment.describe(),
         "escalates_to": target,
         "escalates_at": escalates_at,
-        "may_claim": acts and principal is not None and assignment.assignee != principal.id,
+        # Someone else's claim is taken over by assigning, not by claiming (which it refuses).
+        "may_claim": acts and assignment.assignee is None,
         "may_release": (
             found.is_open and principal is not None and assignment.assignee == principal.id
         ),
