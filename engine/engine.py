@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Callable, Mapping, Sequence
+from datetime import timedelta
 from typing import Any
 
 from engine.agent import Agent
@@ -115,10 +116,12 @@ class Engine:
         input_schema: SchemaSpec = None,
         output_schema: SchemaSpec = None,
         metadata: Any = None,
-        timeout: float | None = None,
+        timeout: float | timedelta | None = None,
         on_timeout: Any = None,
         approvers: ApprovalPolicy | ApproverCheck | None = None,
         required_approvals: int | None = None,
+        group: str | None = None,
+        remind_every: float | timedelta | None = None,
     ) -> InterruptTool:
         """Define an interrupt: a tool that pauses the turn until someone answers it.
 
@@ -126,6 +129,9 @@ class Engine:
         what the answer must satisfy (checked when resuming). ``approvers`` (a predicate over
         the deciding principal, or an :class:`~engine.approval_policy.ApprovalPolicy`) and
         ``required_approvals`` set the inbox's approval policy (maker-checker, quorum).
+        ``timeout`` with ``on_timeout`` (a default answer, ``"fail"``, or
+        ``{"escalate": "group"}``), ``group`` and ``remind_every`` set what happens to an
+        approval nobody answers (:mod:`engine.expiry`, :mod:`engine.assignment`).
         """
         tool = InterruptTool(
             name=name,
@@ -136,6 +142,8 @@ class Engine:
             timeout=timeout,
             on_timeout=on_timeout,
             approval_policy=policy_of(approvers, required_approvals),
+            group=group,
+            remind_every=remind_every,
         )
         self._register(tool)
         return tool

@@ -9,6 +9,9 @@ When the earliest deadline among a paused turn's calls passes, the turn is decid
   turn is failed: a new turn of kind ``expire`` settles ``failed`` with status
   ``DEADLINE_EXCEEDED``, holding the conversation up to its last closed round.
 
+An interrupt with ``on_timeout={"escalate": "group"}`` has no deadline and is never expired:
+the worker's sweep moves it to that group instead (:mod:`engine.assignment`).
+
 Both go through the normal path — validation, ``create_turn`` with the answers guarded on
 ``interrupted``, execution inline or by a worker — so running the job twice, or on two
 workers at once, decides each approval once.

@@ -27,6 +27,7 @@ from engine.approval_policy import (
     VoteBook,
     vote_book,
 )
+from engine.assignment import check_may_decide
 from engine.edits import EDIT, check_arguments_seen, make_edit, standing_edit
 from engine.errors import (
     ApprovalNotPendingError,
@@ -193,8 +194,9 @@ async def decide(
     that id without roles). Raises :class:`InvalidArgumentError` (nothing written) when a
     respond output violates the interrupt's output schema,
     :class:`~engine.approval_policy.ApprovalRefusedError` when the interrupt's approval policy
-    does not let this approver cast this vote, the errors of :func:`engine.edits.make_edit`
-    for an edit the tool does not allow or whose arguments break its input schema, and
+    does not let this approver cast this vote or the approval is assigned to others
+    (:mod:`engine.assignment`), the errors of :func:`engine.edits.make_edit` for an edit the
+    tool does not allow or whose arguments break its input schema, and
     :class:`ApprovalNotPendingError` when the approval was decided or answered meanwhile.
     """
     store = agent.store
@@ -214,6 +216,8 @@ async def decide(
             ) from exc
     if approver is None and decided_by is not None:
         approver = NamedApprover(id=decided_by)
+    # An assigned approval is decided by its assignee or its group (engine.assignment).
+    await check_may_decide(agent, approval, approver)
     policy = approval_policy(agent, approval)
     votes: list[Vote] = []
     if policy is None:

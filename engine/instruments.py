@@ -25,6 +25,8 @@ __all__ = [
     "TRANSIENT",
     "Instrument",
     "add_instrument",
+    "approval_escalated",
+    "approval_reminded",
     "approvals_expired",
     "chunks_relayed",
     "error_kind",
@@ -60,6 +62,12 @@ class Instrument(Protocol):
 
     def approvals_expired(self, agent: str, count: int) -> None:
         """``count`` approvals of ``agent`` passed their deadline and were decided by expiry."""
+
+    def approval_escalated(self, agent: str) -> None:
+        """An approval of ``agent`` stayed open past its timeout and moved to another group."""
+
+    def approval_reminded(self, agent: str) -> None:
+        """A reminder about an approval of ``agent`` left open too long was logged."""
 
     def chunks_relayed(self, count: int, batches: int) -> None:
         """``count`` chunks of running turns left this process in ``batches`` transactions."""
@@ -136,6 +144,23 @@ def approvals_expired(agent: str, count: int) -> None:
     if _refs and count:
         for instrument in instruments():
             instrument.approvals_expired(agent, count)
+
+
+def approval_escalated(agent: str) -> None:
+    """Report an escalation to every instrument (see :meth:`Instrument.approval_escalated`)."""
+    for instrument in instruments():
+        # An instrument written before escalations existed simply does not count them.
+        report = getattr(instrument, "approval_escalated", None)
+        if report is not None:
+            report(agent)
+
+
+def approval_reminded(agent: str) -> None:
+    """Report a reminder to every instrument (see :meth:`Instrument.approval_reminded`)."""
+    for instrument in instruments():
+        report = getattr(instrument, "approval_reminded", None)
+        if report is not None:
+            report(agent)
 
 
 def chunks_relayed(count: int, batches: int) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 
 from engine.approval_history import DecidedApproval, DecisionQuery
 from engine.approval_policy import AlreadyVotedError, Vote, VoteOutcome
+from engine.assignment_records import Assignment, AssignmentChange, DueQuery, apply_change
 from engine.edits import check_edit_seen
 from engine.errors import (
     ApprovalNotPendingError,
@@ -96,6 +97,7 @@ class InMemorySessionStore(InMemoryBrowserSessions):
         self._calls: dict[str, dict[tuple[int, str], ToolCallRecord]] = {}
         self._events: dict[str, list[TurnEvent]] = {}
         self._votes: dict[str, dict[tuple[int, str], list[Vote]]] = {}
+        self._assignments: dict[tuple[str, int, str], Assignment] = {}
 
     # -- turns -------------------------------------------------------------------------
 
@@ -618,6 +620,61 @@ class InMemorySessionStore(InMemoryBrowserSessions):
         """See :meth:`engine.approval_policy.VoteBook.list_votes`."""
         return [v.model_copy() for v in self._votes.get(turn_id, {}).get((round, ref), [])]
 
+    async def get_assignments(
+        self, keys: Sequence[tuple[str, int, str]]
+    ) -> dict[tuple[str, int, str], Assignment]:
+        """See :meth:`engine.assignment.AssignmentBook.get_assignments`."""
+        return {k: self._assignments[k].model_copy() for k in keys if k in self._assignments}
+
+    async def change_assignment(
+        self,
+        turn_id: str,
+        round: int,
+        ref: str,
+        change: AssignmentChange,
+        *,
+        default_group: str | None,
+    ) -> Assignment | None:
+        """See :meth:`engine.assignment.AssignmentBook.change_assignment`."""
+        call = self._calls.get(turn_id, {}).get((round, ref))
+        if (
+            call is None
+            or call.status is not ToolCallStatus.INTERRUPTED
+            or call.decided_at is not None
+            or self._paused_latest(turn_id) is None
+        ):
+            # The same refusal as a decision on an approval that is not open.
+            await self.record_decision(turn_id, round, ref, answer=None, decided_by=None)
+        key = (turn_id, round, ref)
+        current = self._assignments.get(key) or Assignment(
+            turn_id=turn_id, round=round, ref=ref, group=default_group
+        )
+        changed = apply_change(current, change, _now())
+        if changed is None:
+            self._assignments.setdefault(key, current)
+            return None
+        self._assignments[key] = changed
+        return changed.model_copy()
+
+    async def list_due_approvals(self, query: DueQuery) -> list[PendingApproval]:
+        """See :meth:`engine.assignment.AssignmentBook.list_due_approvals`."""
+        every = ApprovalQuery(
+            agents=query.agents,
+            interrupt=query.interrupt,
+            created_before=query.created_before,
+            limit=1000,
+        )
+        due: list[PendingApproval] = []
+        for entry in await self.list_approvals(every):
+            stored = self._assignments.get((entry.turn_id, entry.round, entry.ref))
+            if query.unescalated and stored is not None and stored.escalated_at is not None:
+                continue
+            reminded = stored.last_reminded_at if stored is not None else None
+            if query.reminded_before is not None and reminded and reminded > query.reminded_before:
+                continue
+            due.append(entry)
+        return due[: query.limit]
+
     async def wait_for_work(self, timeout: float) -> None:
         """See :meth:`engine.store.SessionStore.wait_for_work`."""
         await self._work.wait(timeout)
@@ -657,6 +714,8 @@ class InMemorySessionStore(InMemoryBrowserSessions):
             for turn_id in self._turn_order.pop(session_id):
                 for table in (self._turns, self._rounds, self._calls, self._events, self._votes):
                     table.pop(turn_id, None)
+                for key in [k for k in self._assignments if k[0] == turn_id]:
+                    del self._assignments[key]
             del self._sessions[session_id]
         return len(doomed[:limit])
 

@@ -554,7 +554,7 @@ class TurnRunner:
         except ToolInterrupt as pause:
             await self._stream_state()
             finished = _now()
-            timeout = getattr(tool, "timeout", None)
+            timeout = getattr(tool, "expires_after", None)
             paused = row.model_copy(
                 update={
                     "status": ToolCallStatus.INTERRUPTED,

@@ -14,6 +14,7 @@ import inspect
 import threading
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from engine.errors import ToolError
@@ -26,16 +27,22 @@ if TYPE_CHECKING:
     from engine.approval_policy import ApprovalPolicy
 
 __all__ = [
+    "ESCALATE",
     "InterruptTool",
     "Tool",
     "ToolContext",
     "ToolFn",
     "ToolInterrupt",
+    "escalation_target",
     "in_daemon_thread",
     "malformed_call_reason",
+    "seconds_of",
 ]
 
 ToolFn = Callable[..., Any] | Callable[..., Awaitable[Any]]
+
+#: The key of ``on_timeout={"escalate": "group"}`` (see :mod:`engine.assignment`).
+ESCALATE = "escalate"
 
 
 class ToolInterrupt(BaseException):
@@ -208,8 +215,11 @@ class Tool:
 class InterruptTool(Tool):
     """A tool whose only job is to pause the turn (``define_interrupt``).
 
-    ``timeout`` (seconds) and ``on_timeout`` (a default answer, or ``"fail"``) describe what
-    happens to an approval nobody answers; the durable worker pool enforces them.
+    ``timeout`` (seconds or a timedelta) and ``on_timeout`` (a default answer, ``"fail"``, or
+    ``{"escalate": "group"}``) describe what happens to an approval nobody answers; the
+    durable worker pool enforces them. ``group`` assigns every approval to a group from the
+    start and ``remind_every`` (seconds or a timedelta) asks for reminders while it stays
+    open (see :mod:`engine.assignment`).
     ``approval_policy`` (see :mod:`engine.approval_policy`) says who may decide it and how
     many approvals it needs; the inbox enforces it.
     """
@@ -224,9 +234,11 @@ class InterruptTool(Tool):
         input_schema: SchemaSpec = None,
         output_schema: SchemaSpec = None,
         metadata: Any = None,
-        timeout: float | None = None,
+        timeout: float | timedelta | None = None,
         on_timeout: Any = None,
         approval_policy: ApprovalPolicy | None = None,
+        group: str | None = None,
+        remind_every: float | timedelta | None = None,
     ) -> None:
         super().__init__(
             name=name,
@@ -237,8 +249,23 @@ class InterruptTool(Tool):
             approval_policy=approval_policy,
         )
         self.metadata = metadata
-        self.timeout = timeout
-        self.on_timeout = on_timeout
+        self.timeout = seconds_of(timeout, "timeout")
+        #: The group an overdue approval moves to (``on_timeout={"escalate": ...}``).
+        self.escalate_to = escalation_target(on_timeout)
+        if self.escalate_to is not None and self.timeout is None:
+            raise ValueError("An interrupt that escalates on timeout needs a timeout.")
+        # An escalation is not an answer: expiry must never resume the turn with it.
+        self.on_timeout = None if self.escalate_to is not None else on_timeout
+        if group is not None and not group.strip():
+            raise ValueError("group must name a group (a role), not be empty.")
+        self.group = group
+        self.remind_every = seconds_of(remind_every, "remind_every")
+
+    @property
+    def expires_after(self) -> float | None:
+        """Seconds after which expiry decides an unanswered approval (``None``: never; an
+        escalating interrupt is moved, not decided)."""
+        return None if self.escalate_to is not None else self.timeout
 
     async def invoke(self, raw_input: Any, ctx: ToolContext) -> Any:
         """Validate the input, then pause: an interrupt never executes."""
@@ -279,6 +306,27 @@ async def in_daemon_thread(fn: Callable[..., Any], *args: Any, name: str) -> Any
 
     threading.Thread(target=run, name=name, daemon=True).start()
     return await done
+
+
+def seconds_of(value: float | timedelta | None, what: str) -> float | None:
+    """``value`` as positive seconds (``None`` stays ``None``); ``ValueError`` otherwise."""
+    if value is None:
+        return None
+    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    if not seconds > 0:
+        raise ValueError(f"{what} must be positive (seconds or a timedelta), not {value!r}.")
+    return seconds
+
+
+def escalation_target(on_timeout: Any) -> str | None:
+    """The group of ``on_timeout={"escalate": "group"}`` (``None``: not an escalation);
+    ``ValueError`` for an escalation that names no group."""
+    if not (isinstance(on_timeout, Mapping) and ESCALATE in on_timeout):
+        return None
+    target = on_timeout[ESCALATE]
+    if len(on_timeout) != 1 or not isinstance(target, str) or not target.strip():
+        raise ValueError('on_timeout escalates as {"escalate": "<group>"}, with nothing else.')
+    return target
 
 
 def malformed_call_reason(tool: Tool, part: Part) -> str | None:

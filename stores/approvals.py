@@ -29,7 +29,14 @@ from stores.database import utc
 from stores.schema import approval_queue, approval_votes, sessions, tool_calls, turns
 from stores.tool_calls import record_of
 
-__all__ = ["list_approvals", "list_decisions", "list_votes", "record_decision", "record_vote"]
+__all__ = [
+    "list_approvals",
+    "list_decisions",
+    "list_votes",
+    "record_decision",
+    "record_vote",
+    "refuse_not_pending",
+]
 
 
 def list_approvals(connection: Connection, query: ApprovalQuery) -> list[PendingApproval]:
@@ -132,7 +139,7 @@ def record_decision(
     )
     decided = result.first()
     if decided is None:
-        _refuse_not_pending(connection, turn_id, round, ref)
+        refuse_not_pending(connection, turn_id, round, ref)
     return record_of(decided)
 
 
@@ -298,7 +305,7 @@ def record_vote(
         .with_for_update(of=tool_calls)
     ).first()
     if locked is None:
-        _refuse_not_pending(connection, turn_id, round, ref)
+        refuse_not_pending(connection, turn_id, round, ref)
     check_edit_seen(turn_id, ref, edit_seen, list_votes(connection, turn_id, round, ref))
     v = approval_votes.c
     if resets:
@@ -335,7 +342,7 @@ def record_vote(
     return VoteOutcome(votes=votes, decided=decided)
 
 
-def _refuse_not_pending(connection: Connection, turn_id: str, round: int, ref: str) -> NoReturn:
+def refuse_not_pending(connection: Connection, turn_id: str, round: int, ref: str) -> NoReturn:
     """Raise the typed conflict describing why the approval is not open."""
     c = tool_calls.c
     current = connection.execute(

@@ -19,6 +19,7 @@ __all__ = [
     "ACTIVE",
     "JSON",
     "TIMESTAMP",
+    "approval_assignments",
     "approval_queue",
     "approval_votes",
     "messages",
@@ -322,4 +323,36 @@ ui_login_failures = sa.Table(
     ),
     sa.Column("window_started_at", TIMESTAMP, nullable=False),
     comment="Failed sign-ins of the inbox UI per client address and account (migration 0010).",
+)
+
+
+approval_assignments = sa.Table(
+    "approval_assignments",
+    metadata,
+    sa.Column("turn_id", sa.Text, primary_key=True),
+    sa.Column("round", sa.Integer, primary_key=True),
+    sa.Column("ref", sa.Text, primary_key=True),
+    sa.Column("assignee", sa.Text, comment="The principal holding the approval (claimed)."),
+    sa.Column("assigned_group", sa.Text, comment="The group (role) the approval is assigned to."),
+    sa.Column(
+        "assigned_by", sa.Text, comment="Who made the last change ('escalation': the sweep)."
+    ),
+    sa.Column("assigned_at", TIMESTAMP, comment="When the last change was made."),
+    sa.Column("escalated_at", TIMESTAMP, comment="When the timeout moved it (at most once)."),
+    sa.Column("escalated_from_assignee", sa.Text, comment="The assignee before the escalation."),
+    sa.Column("escalated_from_group", sa.Text, comment="The group before the escalation."),
+    sa.Column("escalated_to", sa.Text, comment="The group the escalation moved it to."),
+    sa.Column(
+        "last_reminded_at",
+        TIMESTAMP,
+        comment="When the last reminder was logged (one per interval across workers).",
+    ),
+    sa.Column("reminders", sa.Integer, nullable=False, server_default="0"),
+    # Retention (and any delete of a journal row) takes the assignment with it.
+    sa.ForeignKeyConstraint(
+        ["turn_id", "round", "ref"],
+        [tool_calls.c.turn_id, tool_calls.c.round, tool_calls.c.ref],
+        ondelete="CASCADE",
+    ),
+    comment="Assignment, escalation and reminders of approvals (migration 0009).",
 )

@@ -26,6 +26,7 @@ from sqlalchemy.engine import URL, make_url
 
 from engine.approval_history import DecidedApproval, DecisionQuery
 from engine.approval_policy import Vote, VoteOutcome
+from engine.assignment_records import Assignment, AssignmentChange, DueQuery
 from engine.errors import NotFoundError, StaleTransitionError
 from engine.model import ModelUsage
 from engine.parts import Message
@@ -48,6 +49,7 @@ from engine.store_rules import abort_target
 from engine.ui_sessions import BrowserSessionRecord, LoginCount
 from stores import admission as admission_sql
 from stores import approvals as approval_sql
+from stores import assignments as assignment_sql
 from stores import messages as message_sql
 from stores import operations, views
 from stores import retention as retention_sql
@@ -423,6 +425,32 @@ class SqlSessionStore:
     async def list_votes(self, turn_id: str, round: int, ref: str) -> list[Vote]:
         """See :meth:`engine.approval_policy.VoteBook.list_votes`."""
         return await self._read(lambda c: approval_sql.list_votes(c, turn_id, round, ref))
+
+    async def get_assignments(
+        self, keys: Sequence[tuple[str, int, str]]
+    ) -> dict[tuple[str, int, str], Assignment]:
+        """See :meth:`engine.assignment.AssignmentBook.get_assignments`."""
+        return await self._read(lambda c: assignment_sql.get_assignments(c, keys))
+
+    async def change_assignment(
+        self,
+        turn_id: str,
+        round: int,
+        ref: str,
+        change: AssignmentChange,
+        *,
+        default_group: str | None,
+    ) -> Assignment | None:
+        """See :meth:`engine.assignment.AssignmentBook.change_assignment`."""
+        return await self._write(
+            lambda c: assignment_sql.change_assignment(
+                c, turn_id, round, ref, change, default_group=default_group, now=now_utc()
+            )
+        )
+
+    async def list_due_approvals(self, query: DueQuery) -> list[PendingApproval]:
+        """See :meth:`engine.assignment.AssignmentBook.list_due_approvals`."""
+        return await self._read(lambda c: assignment_sql.list_due_approvals(c, query))
 
     async def prune_sessions(self, *, settled_before: datetime, limit: int = 500) -> int:
         """See :meth:`engine.store.SessionStore.prune_sessions`."""

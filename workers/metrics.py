@@ -307,6 +307,18 @@ class EngineMetrics:
             ["agent"],
             registry=registry,
         )
+        self.approval_escalations = Counter(
+            "turnstile_approval_escalations",
+            "Approvals moved to another group because they stayed open past their timeout.",
+            ["agent"],
+            registry=registry,
+        )
+        self.approval_reminders = Counter(
+            "turnstile_approval_reminders",
+            "Reminders logged about approvals left open past their reminder interval.",
+            ["agent"],
+            registry=registry,
+        )
         self.relay_chunks = Counter(
             "turnstile_relay_chunks",
             "Chunks of running turns this process relayed to streaming clients.",
@@ -329,6 +341,8 @@ class EngineMetrics:
         for agent in agents:
             self.lease_losses.labels(agent)
             self.approvals_expired_total.labels(agent)
+            self.approval_escalations.labels(agent)
+            self.approval_reminders.labels(agent)
 
     def model_call(self, agent: str, model: str, seconds: float, error_kind: str | None) -> None:
         if error_kind == instruments.CANCELLED:
@@ -349,6 +363,12 @@ class EngineMetrics:
 
     def approvals_expired(self, agent: str, count: int) -> None:
         self.approvals_expired_total.labels(agent).inc(count)
+
+    def approval_escalated(self, agent: str) -> None:
+        self.approval_escalations.labels(agent).inc()
+
+    def approval_reminded(self, agent: str) -> None:
+        self.approval_reminders.labels(agent).inc()
 
     def chunks_relayed(self, count: int, batches: int) -> None:
         self.relay_chunks.inc(count)

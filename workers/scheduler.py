@@ -7,7 +7,9 @@ A job that should run once per cluster additionally holds the store's cluster lo
 advisory lock on PostgreSQL) when the store offers one.
 
 Jobs: the expiry of long-lived approvals (:func:`engine.expiry.expire_approvals`), which the
-store already guards — running it on every worker at once decides each approval once — and,
+store already guards — running it on every worker at once decides each approval once — with
+the escalations and reminders of open approvals (:func:`engine.assignment.sweep_assignments`,
+guarded the same way), and,
 when a retention period is set, the pruning of sessions idle for longer than it
 (:meth:`engine.store.SessionStore.prune_sessions`, batched, under its own cluster lock).
 """
@@ -25,6 +27,7 @@ from typing import Any, cast
 from apscheduler.schedulers.asyncio import AsyncIOScheduler  # type: ignore[import-untyped]
 
 from engine import Engine
+from engine.assignment import sweep_assignments
 from engine.expiry import expire_approvals
 from engine.store import SessionStore
 
@@ -161,6 +164,8 @@ class MaintenanceScheduler:
         created = await expire_approvals(self.engine, self.store)
         if created:
             logger.info("expiry: decided %d overdue approval(s): %s", len(created), created)
+        # Escalations and reminders are guarded per approval in the store, like expiry.
+        await sweep_assignments(self.engine, self.store)
 
     async def _prune(self) -> None:
         assert self.retention is not None

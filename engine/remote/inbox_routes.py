@@ -33,6 +33,15 @@ from starlette.routing import Route
 
 from engine.agent import Agent
 from engine.approval_policy import Vote, VoteBook
+from engine.assignment import (
+    Assignment,
+    assign,
+    assigned_matches,
+    claim,
+    current_assignment,
+    current_assignments,
+    release,
+)
 from engine.engine import Engine
 from engine.errors import AgentError, ApprovalNotPendingError, InvalidArgumentError, NotFoundError
 from engine.inbox import (
@@ -48,7 +57,7 @@ from engine.remote.cursors import decode_cursor, encode_cursor
 from engine.remote.wire import check_id, check_text, error_response, read_json
 from engine.store import ApprovalQuery, PendingApproval, SessionStore
 
-__all__ = ["InboxRoutes", "policy_wire", "vote_wire"]
+__all__ = ["InboxRoutes", "assignment_wire", "policy_wire", "vote_wire"]
 
 MAX_PAGE = 200
 #: The filters that name an agent, an interrupt or a principal: ids, bounded as ids are.
@@ -86,6 +95,26 @@ def _wire(approval: PendingApproval, now: datetime) -> dict[str, Any]:
         "deadline": approval.deadline.isoformat() if approval.deadline else None,
         "createdAt": approval.created_at.isoformat(),
         "ageSeconds": round((now - approval.created_at).total_seconds(), 3),
+    }
+
+
+def assignment_wire(assignment: Assignment) -> dict[str, Any]:
+    """Who holds an approval, and its escalation and reminders, as JSON."""
+
+    def moment(value: datetime | None) -> str | None:
+        return value.isoformat() if value else None
+
+    return {
+        "assignee": assignment.assignee,
+        "group": assignment.group,
+        "assignedBy": assignment.assigned_by,
+        "assignedAt": moment(assignment.assigned_at),
+        "escalatedAt": moment(assignment.escalated_at),
+        "escalatedFromAssignee": assignment.escalated_from_assignee,
+        "escalatedFromGroup": assignment.escalated_from_group,
+        "escalatedTo": assignment.escalated_to,
+        "reminders": assignment.reminders,
+        "lastRemindedAt": moment(assignment.last_reminded_at),
     }
 
 
@@ -168,6 +197,9 @@ class InboxRoutes:
         return [
             Route("/inbox", self.list, methods=["GET"]),
             Route("/inbox/{approval_id:turnstile_any}/decision", self.decision, methods=["POST"]),
+            Route(
+                "/inbox/{approval_id:turnstile_any}/assignment", self.assignment, methods=["POST"]
+            ),
             Route("/inbox/{approval_id:turnstile_any}", self.show, methods=["GET"]),
         ]
 
@@ -189,6 +221,9 @@ class InboxRoutes:
                 # An empty filter means "no filter", as it always has.
                 if name in ID_FILTERS and value:
                     check_id(value, f"Query parameter {name!r}")
+            assigned = params.get("assigned") or None
+            if assigned not in (None, "me", "groups", "unassigned"):
+                raise InvalidArgumentError("assigned must be 'me', 'groups' or 'unassigned'.")
             limit = int(_number(request, "limit", 50, 1, MAX_PAGE))
             min_age = _number(request, "min_age", 0, 0, 10 * 365 * 86400)
             now = datetime.now(UTC)
@@ -220,6 +255,7 @@ class InboxRoutes:
             return error_response(error)
         examined.sort(key=_key)
         known = [a for a in examined if horizon is None or _key(a) <= horizon]
+        held = await current_assignments(self.engine.agents, known)
         page: list[PendingApproval] = []
         seen = 0
         for approval in known:
@@ -228,13 +264,18 @@ class InboxRoutes:
             seen += 1
             # The permission hook may hide rows the store returned: they are skipped, not
             # counted, and the cursor moves past them so the next page does not stop short.
-            if self.policy.can_decide(principal, approval):
+            if self.policy.can_decide(principal, approval) and assigned_matches(
+                principal, held[(approval.turn_id, approval.round, approval.ref)], assigned
+            ):
                 page.append(approval)
         more = seen < len(known) or horizon is not None
         items = []
         for approval in page:
             item = _wire(approval, now)
             item["policy"] = await self._policy(approval, principal)
+            item["assignment"] = assignment_wire(
+                held[(approval.turn_id, approval.round, approval.ref)]
+            )
             items.append(item)
         return JSONResponse(
             {
@@ -275,6 +316,7 @@ class InboxRoutes:
             policy = await policy_wire(
                 self.engine.agents[approval.agent], store, approval, principal
             )
+            assignment = await current_assignment(self.engine.agents[approval.agent], approval)
         except AgentError as error:
             return error_response(error)
         item = _wire(approval, datetime.now(UTC))
@@ -283,6 +325,7 @@ class InboxRoutes:
         tool = self.engine.agents[approval.agent].tools.get(approval.interrupt)
         # Whether a decision may carry an "edit" of the call's arguments (engine.edits).
         item["editable"] = tool is not None and tool.editable and not tool.is_interrupt
+        item["assignment"] = assignment_wire(assignment)
         item["messages"] = [m.to_wire() for m in messages]
         return JSONResponse(item)
 
@@ -326,4 +369,36 @@ class InboxRoutes:
                 "resumeSnapshotId": outcome.resume_snapshot_id,
                 "waitingFor": outcome.waiting_for,
             }
+        )
+
+    async def assignment(self, request: Request) -> Response:
+        """``{"action": "claim" | "release" | "assign", "assignee": ..., "group": ...}``: 403
+        when the caller may not act on the approval (or does not hold it, to release), 409
+        when someone else holds it (claim) or it is no longer open."""
+        try:
+            principal = await self.authenticate(request)
+            raw = await read_json(request, max_bytes=self.max_body_bytes)
+            if not isinstance(raw, dict) or raw.get("action") not in ("claim", "release", "assign"):
+                raise InvalidArgumentError(
+                    "An assignment change is a JSON object with action 'claim', 'release' or "
+                    "'assign'."
+                )
+            names = {}
+            for field in ("assignee", "group"):
+                value = raw.get(field)
+                if value is not None and not isinstance(value, str):
+                    raise InvalidArgumentError(f"{field} must be a string.")
+                names[field] = check_id(value, field) if value else None
+            approval, _is_open, _store = await self._visible(request, principal)
+            agent = self.engine.agents[approval.agent]
+            if raw["action"] == "claim":
+                changed = await claim(agent, approval, principal)
+            elif raw["action"] == "release":
+                changed = await release(agent, approval, by=principal)
+            else:
+                changed = await assign(agent, approval, by=principal, **names)
+        except AgentError as error:
+            return error_response(error)
+        return JSONResponse(
+            {"id": approval_id(approval.turn_id, approval.ref), **assignment_wire(changed)}
         )

@@ -1,10 +1,14 @@
-"""``turnstile approvals``: list, inspect and decide open approvals from the shell.
+"""``turnstile approvals``: list, inspect, assign and decide open approvals from the shell.
 
-``ls`` and ``show`` read the database on ``--db`` alone. ``approve``, ``deny`` and
-``restart`` decide through :func:`engine.inbox.decide` with the app's agent (``--app``), the
-call behind ``POST /inbox/{id}/decision``: the answer is checked against the interrupt's
-output schema, recorded once (a second decision is refused, exit 1), with ``--by`` as
-``decided_by``; the last decision of a paused turn queues its resume for the workers.
+``ls`` and ``show`` read the database on ``--db`` alone (``ls --app`` adds the interrupts'
+default groups). ``claim``, ``assign`` and ``release`` change who holds an approval through
+:mod:`engine.assignment` as an operator: the approval policy and the assignment's restriction
+are not checked (the operator holds the database), the claim guard and "still open" are.
+``approve``, ``deny`` and ``restart`` decide through :func:`engine.inbox.decide` with the
+app's agent (``--app``), the call behind ``POST /inbox/{id}/decision``: the answer is
+checked against the interrupt's output schema, recorded once (a second decision is refused,
+exit 1), with ``--by`` as ``decided_by``; the last decision of a paused turn queues its
+resume for the workers.
 """
 
 from __future__ import annotations
@@ -16,8 +20,24 @@ from typing import Any
 import click
 
 from engine import Engine
+from engine.approval_policy import ApprovalRefusedError
+from engine.assignment import (
+    ApprovalClaimedError,
+    Assignment,
+    assign,
+    claim,
+    current_assignments,
+    release,
+)
 from engine.errors import ApprovalNotPendingError, FailedPreconditionError, InvalidArgumentError
-from engine.inbox import Decision, DecisionOutcome, approval_id, decide, find_approval
+from engine.inbox import (
+    Decision,
+    DecisionOutcome,
+    NamedApprover,
+    approval_id,
+    decide,
+    find_approval,
+)
 from engine.inbox import parse_approval_id as _parse_id
 from engine.parts import Message
 from engine.store import ApprovalQuery, PendingApproval, ToolCallRecord, ToolCallStatus
@@ -51,15 +71,53 @@ from workers.cli.output import (
 from workers.cli.params import db_option, option
 from workers.cli.startup import Refused
 
-__all__ = ["approvals", "yes_no_answer"]
+__all__ = ["approvals", "assignment_fields", "yes_no_answer"]
 
 #: Messages before the pause that ``show`` prints unless ``--full``.
 FOLDED_CONVERSATION = 6
+#: What ``ls`` shows for an approval with no stored assignment.
+NOBODY = Assignment(turn_id="", round=0, ref="")
+
+
+def _assigned_text(assignment: Assignment | None) -> str | None:
+    """``show``'s line about who holds the approval (``None``: nothing stored)."""
+    if assignment is None:
+        return None
+    text = f"{assignment.describe()} (by {assignment.assigned_by or '-'})"
+    if assignment.escalated_at is not None:
+        text += (
+            f"; escalated at {iso(assignment.escalated_at)} from "
+            f"{assignment.escalated_from_assignee or assignment.escalated_from_group or '-'}"
+        )
+    return text
+
+
+def _group_text(assignment: Assignment) -> str:
+    if assignment.escalated_at is not None:
+        return f"{assignment.group} (escalated from {assignment.escalated_from_group or '-'})"
+    return assignment.group or ""
 
 
 @click.group("approvals", cls=OperatorGroup)
 def approvals() -> None:
     """List, inspect and decide open approvals."""
+
+
+def assignment_fields(assignment: Assignment | None) -> dict[str, Any]:
+    """Who holds an approval, as ``--json`` prints it (all ``null``: nothing stored)."""
+    held = assignment or Assignment(turn_id="", round=0, ref="")
+    return {
+        "assignee": held.assignee,
+        "group": held.group,
+        "assigned_by": held.assigned_by,
+        "assigned_at": iso(held.assigned_at),
+        "escalated_at": iso(held.escalated_at),
+        "escalated_from_assignee": held.escalated_from_assignee,
+        "escalated_from_group": held.escalated_from_group,
+        "escalated_to": held.escalated_to,
+        "reminders": held.reminders,
+        "last_reminded_at": iso(held.last_reminded_at),
+    }
 
 
 def approval_wire(approval: PendingApproval, now: datetime) -> dict[str, Any]:
@@ -93,8 +151,23 @@ def _parse(value: str) -> tuple[str, str]:
 # -- ls ------------------------------------------------------------------------------------
 
 
+async def _with_assignments(
+    store: SqlSessionStore, query: ApprovalQuery, app: Engine | None
+) -> tuple[list[PendingApproval], dict[tuple[str, int, str], Assignment]]:
+    rows = await store.list_approvals(query)
+    if app is not None:
+        return rows, await current_assignments(app.agents, rows)
+    return rows, await store.get_assignments([(a.turn_id, a.round, a.ref) for a in rows])
+
+
 @approvals.command("ls")
 @db_option
+@option(
+    "--app",
+    default=None,
+    metavar="MODULE:ATTR",
+    help="the app's Engine: show the interrupts' default groups too",
+)
 @option("--agent", multiple=True, help="only this agent's approvals (repeatable)")
 @option("--interrupt", default=None, help="only approvals of this interrupt")
 @option("--older-than", type=Age(), default=None, help="only approvals at least this old: 1h, 1d")
@@ -102,6 +175,7 @@ def _parse(value: str) -> tuple[str, str]:
 @json_option
 def ls(
     db: str | None,
+    app: str | None,
     agent: tuple[str, ...],
     interrupt: str | None,
     older_than: float | None,
@@ -116,9 +190,17 @@ def ls(
         created_before=now - timedelta(seconds=older_than) if older_than else None,
         limit=limit,
     )
-    rows = run_on_store(db, lambda store: store.list_approvals(query))
+    if app is not None:
+        engine, url = open_app(app, db)
+        rows, held = run_on_app(engine, url, lambda s: _with_assignments(s, query, engine))
+    else:
+        rows, held = run_on_store(db, lambda s: _with_assignments(s, query, None))
+
+    def holder(a: PendingApproval) -> Assignment | None:
+        return held.get((a.turn_id, a.round, a.ref))
+
     if as_json:
-        emit_json({"items": [approval_wire(a, now) for a in rows]})
+        emit_json({"items": [approval_wire(a, now) | assignment_fields(holder(a)) for a in rows]})
         return 0
     if not rows:
         click.echo("No open approvals match.", err=True)
@@ -126,7 +208,17 @@ def ls(
     console().print(
         table(
             None,
-            ["ID", "AGENT", "INTERRUPT", "INPUT", "AGE", "DEADLINE", "SESSION"],
+            [
+                "ID",
+                "AGENT",
+                "INTERRUPT",
+                "INPUT",
+                "AGE",
+                "DEADLINE",
+                "ASSIGNEE",
+                "GROUP",
+                "SESSION",
+            ],
             (
                 [
                     approval_id(a.turn_id, a.ref),
@@ -135,6 +227,8 @@ def ls(
                     short(a.input, 50),
                     ago(a.created_at, now),
                     iso(a.deadline) or "",
+                    (holder(a) or NOBODY).assignee or "",
+                    _group_text(holder(a) or NOBODY),
                     a.session_id,
                 ]
                 for a in rows
@@ -172,7 +266,9 @@ def _state(call: ToolCallRecord, is_open: bool) -> str:
 
 async def _read_approval(
     store: SqlSessionStore, value: str
-) -> tuple[PendingApproval, bool, ToolCallRecord, list[ToolCallRecord], list[Message]]:
+) -> tuple[
+    PendingApproval, bool, ToolCallRecord, list[ToolCallRecord], list[Message], Assignment | None
+]:
     turn_id, ref = _parse(value)
     found = await find_approval(store, turn_id, ref)
     if found is None:
@@ -181,7 +277,9 @@ async def _read_approval(
     calls = [c for c in await store.list_calls(turn_id) if c.round == approval.round]
     call = next(c for c in calls if c.ref == ref)
     conversation = await store.load_conversation(turn_id)
-    return approval, is_open, call, [c for c in calls if c.ref != ref], conversation
+    key = (turn_id, approval.round, ref)
+    held = (await store.get_assignments([key])).get(key)
+    return approval, is_open, call, [c for c in calls if c.ref != ref], conversation, held
 
 
 @approvals.command("show", short_help="One approval: input, paused call, conversation.")
@@ -191,7 +289,7 @@ async def _read_approval(
 @json_option
 def show(approval: str, db: str | None, full: bool, as_json: bool) -> int:
     """Show one approval: its input, the call it pauses, and the conversation before it."""
-    entry, is_open, call, siblings, conversation = run_on_store(
+    entry, is_open, call, siblings, conversation, held = run_on_store(
         db, lambda store: _read_approval(store, approval)
     )
     now = datetime.now(UTC)
@@ -205,6 +303,7 @@ def show(approval: str, db: str | None, full: bool, as_json: bool) -> int:
                 "answer": call.answer,
                 "decided_by": call.decided_by,
                 "decided_at": iso(call.decided_at),
+                **assignment_fields(held),
             }
         )
         emit_json(
@@ -237,6 +336,7 @@ def show(approval: str, db: str | None, full: bool, as_json: bool) -> int:
                 "owner": entry.owner,
                 "asked": f"{iso(entry.created_at)} ({ago(entry.created_at, now)} ago)",
                 "deadline": iso(entry.deadline),
+                "assigned": _assigned_text(held),
                 "decided": f"by {call.decided_by or 'an anonymous approver'} at "
                 f"{iso(call.decided_at)}: {json.dumps(call.answer)}"
                 if call.decided_at
@@ -462,4 +562,76 @@ restart = _decide_command(
     "restart",
     "Decide an open approval by restarting its call (the interrupt asks again; a tool "
     "that paused itself runs again).",
+)
+
+
+# -- assignment ----------------------------------------------------------------------------
+
+
+def _assignment_command(verb: str, help_text: str) -> click.Command:
+    @approvals.command(verb, help=help_text, short_help=help_text.split(" (")[0].rstrip(".") + ".")
+    @click.argument("approval", metavar="ID")
+    @option("--by", required=True, metavar="NAME", help="who acts (recorded as assigned_by)")
+    @named_option("--to", "to", default=None, metavar="NAME", help="assign: the person")
+    @named_option("--group", "group", default=None, metavar="ROLE", help="assign: the group")
+    @option("--app", required=True, metavar="MODULE:ATTR", help="the app's Engine")
+    @db_option
+    @json_option
+    def command(
+        approval: str,
+        by: str,
+        to: str | None,
+        group: str | None,
+        app: str,
+        db: str | None,
+        as_json: bool,
+    ) -> int:
+        if not by.strip():
+            raise click.BadParameter("must name who acts", param_hint="--by")
+        if verb != "assign" and (to or group):
+            raise click.UsageError(f"--to and --group go with `approvals assign`, not {verb}.")
+        if verb == "assign" and not (to or group):
+            raise click.UsageError("assign needs --to NAME, --group ROLE, or both.")
+        turn_id, ref = _parse(approval)
+        engine, url = open_app(app, db)
+
+        async def run(store: SqlSessionStore) -> Assignment:
+            found = await find_approval(store, turn_id, ref)
+            if found is None:
+                raise NotFound(
+                    f"no approval {approval!r}; list open ones with `turnstile approvals ls`."
+                )
+            entry, _is_open = found
+            agent = agent_of(engine, entry.agent, app)
+            try:
+                if verb == "claim":
+                    return await claim(agent, entry, NamedApprover(id=by), operator=True)
+                if verb == "release":
+                    return await release(agent, entry, by=None, operator=by)
+                return await assign(agent, entry, by=None, assignee=to, group=group, operator=by)
+            except (ApprovalNotPendingError, ApprovalClaimedError, ApprovalRefusedError) as exc:
+                raise Declined(f"{exc} (see `turnstile approvals show {approval}`)") from exc
+            except InvalidArgumentError as exc:
+                raise Refused(str(exc)) from exc
+
+        held = run_on_app(engine, url, run)
+        if as_json:
+            emit_json({"id": approval, **assignment_fields(held)})
+        else:
+            click.echo(f"{approval}: assigned to {held.describe()} (by {held.assigned_by})")
+        return 0
+
+    return command
+
+
+claim_command = _assignment_command(
+    "claim", "Claim an open approval for --by (refused while someone else holds it)."
+)
+assign_command = _assignment_command(
+    "assign",
+    "Assign an open approval to a person (--to) and/or a group (--group); a group alone "
+    "clears the person.",
+)
+release_command = _assignment_command(
+    "release", "Release an open approval: nobody holds it in person, its group stays."
 )

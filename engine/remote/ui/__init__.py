@@ -24,6 +24,7 @@ from starlette.staticfiles import StaticFiles
 import engine.remote.inbox_routes  # noqa: F401
 from engine.engine import Engine
 from engine.remote.auth import Authenticator, InboxPolicy
+from engine.remote.ui.assignment_pages import AssignmentForms
 from engine.remote.ui.auth_pages import AuthPages
 from engine.remote.ui.events import EventStream, live_feeds
 from engine.remote.ui.guard import guarded, guarded_json
@@ -80,6 +81,7 @@ class InboxUI:
         """The routes under ``/ui`` (those with a suffix first: ids may hold slashes)."""
         kit = self.kit
         inbox, approvals = InboxPages(kit), ApprovalPages(kit)
+        assignments = AssignmentForms(kit, approvals)
         turns, history, auth = TurnPages(kit), HistoryPages(kit), AuthPages(kit)
         approval = "/ui/approvals/{approval_id:turnstile_any}"
         turn = "/ui/turns/{turn_id:turnstile_any}"
@@ -95,6 +97,9 @@ class InboxUI:
             Route("/ui/history.csv", guarded(kit, history.export), methods=["GET"]),
             Route(f"{approval}/decision", guarded(kit, approvals.decision), methods=["POST"]),
             Route(f"{approval}/state", guarded_json(kit, approvals.state), methods=["GET"]),
+            Route(f"{approval}/claim", guarded(kit, assignments.claim), methods=["POST"]),
+            Route(f"{approval}/release", guarded(kit, assignments.release), methods=["POST"]),
+            Route(f"{approval}/assign", guarded(kit, assignments.assign), methods=["POST"]),
             Route(approval, guarded(kit, approvals.show), methods=["GET"]),
             Route(f"{turn}/abort", guarded(kit, turns.abort), methods=["POST"]),
             Route(f"{turn}/retry", guarded(kit, turns.retry), methods=["POST"]),

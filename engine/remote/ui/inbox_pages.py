@@ -29,9 +29,16 @@ from engine.inbox import Decision, approval_id, decide, parse_approval_id
 from engine.remote.auth import Principal
 from engine.remote.inbox_routes import policy_wire
 from engine.remote.ui import present
+from engine.remote.ui.assignment_view import assignment_context
 from engine.remote.ui.forms import DecisionForm, build_form
 from engine.remote.ui.kit import PageKit, Viewer, query_of, segment
-from engine.remote.ui.queries import AGE_CHOICES, ApprovalFound, InboxFilters, next_turn
+from engine.remote.ui.queries import (
+    AGE_CHOICES,
+    ASSIGNED_CHOICES,
+    ApprovalFound,
+    InboxFilters,
+    next_turn,
+)
 from engine.remote.wire import check_id
 from engine.store import PendingApproval, ToolCallStatus, TurnRecord
 
@@ -60,8 +67,10 @@ class InboxPages:
         now: datetime,
         viewer: Viewer,
     ) -> list[dict[str, Any]]:
+        held = await self.kit.catalog.assignments(approvals)
         return [
             {
+                "assigned": held[(a.turn_id, a.round, a.ref)].describe(),
                 "votes": await self._votes_text(a, viewer),
                 "id": approval_id(a.turn_id, a.ref),
                 "href": self.kit.url(
@@ -107,6 +116,7 @@ class InboxPages:
             "agents": catalog.agent_names(),
             "interrupts": catalog.interrupt_names(),
             "ages": AGE_CHOICES,
+            "assigned_choices": ASSIGNED_CHOICES,
             "next_query": filters.query(cursor=page.next_cursor) if page.next_cursor else None,
             "first_query": filters.query(cursor=None) if filters.cursor else None,
             "live_query": filters.query(cursor=None),
@@ -160,6 +170,12 @@ class ApprovalPages:
             notice = "Your decision was recorded."
         elif query.get("voted"):
             notice = "Your vote was recorded; the approval waits for more approvals."
+        elif query.get("claimed"):
+            notice = "You hold this approval now."
+        elif query.get("released"):
+            notice = "You released this approval."
+        elif query.get("assigned"):
+            notice = "The assignment was changed."
         context = await self._context(
             found, self._form(found), notice=notice, principal=viewer.principal
         )
@@ -365,6 +381,7 @@ class ApprovalPages:
             "problem": problem,
             "policy": await policy_wire(found.agent, store, approval, principal),
             "state": _fingerprint(found, following),
+            **await assignment_context(found, principal),
         }
 
 

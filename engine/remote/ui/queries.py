@@ -15,6 +15,7 @@ from typing import Any, Generic, TypeVar
 
 from engine.agent import Agent
 from engine.approval_history import ApprovalHistory, DecidedApproval, DecisionQuery
+from engine.assignment import Assignment, assigned_matches, current_assignments
 from engine.engine import Engine
 from engine.errors import InvalidArgumentError
 from engine.inbox import find_approval
@@ -32,6 +33,7 @@ from engine.store import (
 
 __all__ = [
     "AGE_CHOICES",
+    "ASSIGNED_CHOICES",
     "ApprovalFound",
     "Catalog",
     "HistoryFilters",
@@ -53,6 +55,13 @@ AGE_CHOICES: tuple[tuple[str, str], ...] = (
     ("604800", "Older than 1 week"),
 )
 _MAX_AGE_SECONDS = 10 * 365 * 86400
+#: The inbox's assignment filter (the query's ``assigned`` value, and what the list offers).
+ASSIGNED_CHOICES: tuple[tuple[str, str], ...] = (
+    ("", "All I may decide"),
+    ("me", "Assigned to me"),
+    ("groups", "Assigned to my groups"),
+    ("unassigned", "Unassigned"),
+)
 #: How far up a session's chain the page looks for the turn that continued another.
 _MAX_CHAIN_STEPS = 500
 
@@ -120,6 +129,8 @@ class InboxFilters:
     min_age: int = 0
     newest_first: bool = False
     cursor: str | None = None
+    #: ``me``, ``groups`` or ``unassigned`` (``None``: every approval the viewer may decide).
+    assigned: str | None = None
 
     @classmethod
     def from_query(cls, params: Mapping[str, str]) -> InboxFilters:
@@ -136,7 +147,11 @@ class InboxFilters:
         order = params.get("order", "oldest")
         if order not in ("oldest", "newest"):
             raise InvalidArgumentError("order must be 'oldest' or 'newest'.")
+        assigned = params.get("assigned", "").strip() or None
+        if assigned is not None and assigned not in ("me", "groups", "unassigned"):
+            raise InvalidArgumentError("assigned must be 'me', 'groups' or 'unassigned'.")
         return cls(
+            assigned=assigned,
             agent=_id_filter(params, "agent", "The agent filter"),
             interrupt=_id_filter(params, "interrupt", "The interrupt filter"),
             requester=_id_filter(params, "requester", "The requester filter"),
@@ -155,6 +170,7 @@ class InboxFilters:
                 "requester": current.requester,
                 "age": str(current.min_age) if current.min_age else None,
                 "order": "newest" if current.newest_first else None,
+                "assigned": current.assigned,
                 "cursor": current.cursor,
             }
         )
@@ -321,23 +337,39 @@ class Catalog:
         if query is None:
             return Page(items=[], next_cursor=None)
 
+        held: dict[tuple[str, int, str], Assignment] = {}
+
         def fetcher(
             store: SessionStore, agents: tuple[str, ...]
         ) -> Callable[[int], Awaitable[list[PendingApproval]]]:
             async def fetch(count: int) -> list[PendingApproval]:
-                return await store.list_approvals(
+                rows = await store.list_approvals(
                     query.model_copy(update={"agents": agents, "limit": count})
                 )
+                held.update(await current_assignments(self.engine.agents, rows))
+                return rows
 
             return fetch
+
+        def visible(approval: PendingApproval) -> bool:
+            assignment = held[(approval.turn_id, approval.round, approval.ref)]
+            return self.may_decide(principal, approval) and assigned_matches(
+                principal, assignment, filters.assigned
+            )
 
         return await _merge(
             [fetcher(store, agents) for store, agents in self.stores(filters.agent)],
             _approval_key,
             limit=limit,
             descending=filters.newest_first,
-            visible=lambda a: self.may_decide(principal, a),
+            visible=visible,
         )
+
+    async def assignments(
+        self, approvals: Sequence[PendingApproval]
+    ) -> dict[tuple[str, int, str], Assignment]:
+        """Who holds each of ``approvals`` now (see :mod:`engine.assignment`)."""
+        return await current_assignments(self.engine.agents, approvals)
 
     async def count_open(
         self, principal: Principal | None, filters: InboxFilters, *, cap: int

@@ -1,0 +1,419 @@
+"""Assignment, escalation and reminders of open approvals.
+
+An open approval may be *assigned*: to a person (``assignee``, a principal id) and/or to a
+group (``group``, a role name). ``define_interrupt(..., group="payments")`` assigns every
+approval of the interrupt to a group from the start; :func:`claim`, :func:`assign` and
+:func:`release` change it later. The rules, which :func:`engine.inbox.decide` enforces for
+every decision path:
+
+* **Assignment restricts who decides.** An approval assigned to anyone may be decided, claimed
+  or reassigned only by its assignee or a member of its group (a principal holding the role),
+  in addition to the interrupt's approval policy. An unassigned approval is restricted by the
+  policy alone.
+* **Claim** takes an approval for oneself (it keeps its group); an approval claimed by someone
+  else cannot be claimed (:class:`ApprovalClaimedError`) until that person releases it or
+  somebody allowed to decide it reassigns it. **Release** hands a claim back to the group.
+  **Assign** to a group clears the person (the group's members pick it up) unless a person is
+  named too; assign to a person alone keeps the group.
+* **Escalation.** ``timeout=`` with ``on_timeout={"escalate": "group"}``: once the approval
+  has been open that long, the worker's sweep (:func:`sweep_assignments`) moves it to that
+  group, once, recording when and from whom. It does not decide it: the turn stays paused.
+* **Reminders.** ``remind_every=``: while the approval stays open, the sweep logs a reminder
+  (``turnstile.assignment``, with the turn, session, approval and assignee) once per interval
+  and reports it to the metrics; the last reminder's time is stored, so several workers remind
+  once.
+
+Every change is one guarded UPDATE in the store (:class:`AssignmentBook`), so two sweeps or two
+approvers at once change an approval once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from engine import instruments
+from engine.approval_policy import ApprovalRefusedError, Approver
+from engine.assignment_records import (
+    ApprovalClaimedError,
+    Assignment,
+    AssignmentBook,
+    AssignmentChange,
+    DueQuery,
+    Key,
+    apply_change,
+)
+from engine.errors import AgentError, FailedPreconditionError, InvalidArgumentError
+from engine.store import PendingApproval, SessionStore
+
+if TYPE_CHECKING:
+    from engine.agent import Agent
+    from engine.engine import Engine
+
+__all__ = [
+    "ESCALATION_ACTOR",
+    "ApprovalClaimedError",
+    "Assignment",
+    "AssignmentBook",
+    "AssignmentChange",
+    "DueQuery",
+    "SweepReport",
+    "apply_change",
+    "assign",
+    "assigned_matches",
+    "assignment_book",
+    "check_may_decide",
+    "claim",
+    "current_assignment",
+    "current_assignments",
+    "may_act",
+    "release",
+    "sweep_assignments",
+]
+
+logger = logging.getLogger("turnstile.assignment")
+
+#: Recorded as ``assigned_by`` when the sweep escalates an approval.
+ESCALATION_ACTOR = "escalation"
+
+
+@dataclass
+class SweepReport:
+    """What one sweep did."""
+
+    escalated: list[Assignment] = field(default_factory=list)
+    reminded: list[Assignment] = field(default_factory=list)
+
+
+def assignment_book(store: object) -> AssignmentBook:
+    """``store`` as an :class:`AssignmentBook`, or the typed refusal when it keeps none."""
+    if not isinstance(store, AssignmentBook):
+        raise FailedPreconditionError(f"{type(store).__name__} keeps no approval assignments.")
+    return store
+
+
+def _default_group(agent: Agent, interrupt: str) -> str | None:
+    return getattr(agent.tools.get(interrupt), "group", None)
+
+
+async def current_assignment(agent: Agent, approval: PendingApproval) -> Assignment:
+    """The assignment of ``approval`` now: the stored one, else the interrupt's ``group``."""
+    store = agent.store
+    if isinstance(store, AssignmentBook):
+        key = (approval.turn_id, approval.round, approval.ref)
+        stored = (await store.get_assignments([key])).get(key)
+        if stored is not None:
+            return stored
+    return Assignment(
+        turn_id=approval.turn_id,
+        round=approval.round,
+        ref=approval.ref,
+        group=_default_group(agent, approval.interrupt),
+    )
+
+
+async def current_assignments(
+    agent_of: Mapping[str, Agent], approvals: Sequence[PendingApproval]
+) -> dict[Key, Assignment]:
+    """:func:`current_assignment` of many approvals, one read per store."""
+    by_store: dict[int, tuple[AssignmentBook, list[Key]]] = {}
+    for a in approvals:
+        store = agent_of[a.agent].store if a.agent in agent_of else None
+        if isinstance(store, AssignmentBook):
+            by_store.setdefault(id(store), (store, []))[1].append((a.turn_id, a.round, a.ref))
+    stored: dict[Key, Assignment] = {}
+    for book, keys in by_store.values():
+        stored.update(await book.get_assignments(keys))
+    found: dict[Key, Assignment] = {}
+    for a in approvals:
+        key = (a.turn_id, a.round, a.ref)
+        agent = agent_of.get(a.agent)
+        found[key] = stored.get(key) or Assignment(
+            turn_id=a.turn_id,
+            round=a.round,
+            ref=a.ref,
+            group=_default_group(agent, a.interrupt) if agent is not None else None,
+        )
+    return found
+
+
+def assigned_matches(
+    principal: Approver | None, assignment: Assignment, wanted: str | None
+) -> bool:
+    """Whether an approval so assigned belongs in ``principal``'s inbox under the assignment
+    filter ``wanted``: never one assigned to others (they alone may decide it), except on a
+    server without sign-in, whose viewers see everything."""
+    if principal is not None and not may_act(principal, assignment):
+        return False
+    if wanted == "me":
+        return principal is not None and assignment.assignee == principal.id
+    if wanted == "groups":
+        return principal is not None and assignment.group in principal.roles
+    if wanted == "unassigned":
+        return not assignment.is_assigned
+    return True
+
+
+def may_act(approver: Approver | None, assignment: Assignment) -> bool:
+    """Whether ``approver`` may decide (claim, reassign) an approval so assigned."""
+    if not assignment.is_assigned:
+        return True
+    if approver is None:
+        return False
+    return approver.id == assignment.assignee or (
+        assignment.group is not None and assignment.group in approver.roles
+    )
+
+
+def _refuse(approver: Approver | None, assignment: Assignment) -> ApprovalRefusedError:
+    if approver is None:
+        return ApprovalRefusedError(
+            f"This approval is assigned to {assignment.describe()}: it needs an authenticated "
+            "approver."
+        )
+    return ApprovalRefusedError(
+        f"'{approver.id}' may not act on this approval: it is assigned to {assignment.describe()}."
+    )
+
+
+async def check_may_decide(
+    agent: Agent, approval: PendingApproval, approver: Approver | None
+) -> Assignment:
+    """Raise :class:`ApprovalRefusedError` when the approval's assignment excludes
+    ``approver``; the assignment otherwise."""
+    assignment = await current_assignment(agent, approval)
+    if not may_act(approver, assignment):
+        raise _refuse(approver, assignment)
+    return assignment
+
+
+def _check_policy(agent: Agent, approval: PendingApproval, approver: Approver | None) -> None:
+    """The interrupt's approval policy, for acting on the approval without approving."""
+    policy = getattr(agent.tools.get(approval.interrupt), "approval_policy", None)
+    if policy is not None:
+        policy.check(approver, requester=approval.owner, approving=False)
+
+
+async def _change(
+    agent: Agent, approval: PendingApproval, change: AssignmentChange
+) -> Assignment | None:
+    return await assignment_book(agent.store).change_assignment(
+        approval.turn_id,
+        approval.round,
+        approval.ref,
+        change,
+        default_group=_default_group(agent, approval.interrupt),
+    )
+
+
+async def claim(
+    agent: Agent,
+    approval: PendingApproval,
+    approver: Approver | None,
+    *,
+    operator: bool = False,
+) -> Assignment:
+    """``approver`` takes ``approval`` (its assignee becomes ``approver``; the group stays).
+
+    Raises :class:`ApprovalRefusedError` when ``approver`` may not decide it (not checked for
+    the ``operator`` CLI, whose users hold the database itself), :class:`ApprovalClaimedError`
+    when another person holds it, and :class:`~engine.errors.ApprovalNotPendingError` when it
+    is no longer open.
+    """
+    if approver is None:
+        raise ApprovalRefusedError("Claiming an approval needs an authenticated approver.")
+    if not operator:
+        _check_policy(agent, approval, approver)
+        await check_may_decide(agent, approval, approver)
+    claimed = await _change(agent, approval, AssignmentChange(action="claim", by=approver.id))
+    if claimed is None:
+        holder = await current_assignment(agent, approval)
+        raise ApprovalClaimedError(
+            f"This approval is claimed by {holder.assignee or 'someone else'}: they release it, "
+            "or someone allowed to decide it reassigns it."
+        )
+    logger.info("approval %s:%s claimed by %s", approval.turn_id, approval.ref, approver.id)
+    return claimed
+
+
+async def assign(
+    agent: Agent,
+    approval: PendingApproval,
+    *,
+    by: Approver | None,
+    assignee: str | None = None,
+    group: str | None = None,
+    operator: str | None = None,
+) -> Assignment:
+    """Assign ``approval`` to ``assignee`` and/or ``group`` (see the module's rules).
+
+    ``by`` must be allowed to decide the approval; ``operator`` (a name, for the audit) skips
+    that check for the operator CLI, whose users hold the database itself.
+    """
+    if assignee is None and group is None:
+        raise InvalidArgumentError("Assign to a person, a group, or both.")
+    actor = _actor(agent, approval, by, operator)
+    if not operator:
+        await check_may_decide(agent, approval, by)
+    change = AssignmentChange(action="assign", by=actor, assignee=assignee, group=group)
+    assigned = await _change(agent, approval, change)
+    assert assigned is not None  # an assignment has no guard beyond the approval being open
+    logger.info(
+        "approval %s:%s assigned to %s by %s",
+        approval.turn_id,
+        approval.ref,
+        assigned.describe(),
+        actor,
+    )
+    return assigned
+
+
+async def release(
+    agent: Agent,
+    approval: PendingApproval,
+    *,
+    by: Approver | None,
+    operator: str | None = None,
+) -> Assignment:
+    """Hand ``approval`` back to its group: its assignee ``by`` (or an ``operator``, whoever
+    holds it) lets it go. Raises :class:`ApprovalRefusedError` when ``by`` does not hold it."""
+    actor = _actor(agent, approval, by, operator)
+    holder = None if operator else actor
+    change = AssignmentChange(action="release", by=actor, holder=holder)
+    released = await _change(agent, approval, change)
+    if released is None:
+        raise ApprovalRefusedError(
+            f"'{actor}' does not hold this approval: only its assignee releases it."
+        )
+    logger.info("approval %s:%s released by %s", approval.turn_id, approval.ref, actor)
+    return released
+
+
+def _actor(
+    agent: Agent, approval: PendingApproval, by: Approver | None, operator: str | None
+) -> str:
+    if operator:
+        return operator
+    if by is None:
+        raise ApprovalRefusedError("Changing an assignment needs an authenticated approver.")
+    _check_policy(agent, approval, by)
+    return by.id
+
+
+async def sweep_assignments(
+    engine: Engine, store: SessionStore, *, now: datetime | None = None, limit: int = 100
+) -> SweepReport:
+    """Escalate the overdue approvals of ``store`` and remind about those open too long.
+
+    Each change is guarded in the store: running the sweep on several workers at once
+    escalates each approval once and reminds once per interval.
+    """
+    moment = now or datetime.now(UTC)
+    report = SweepReport()
+    if not isinstance(store, AssignmentBook):
+        return report
+    for agent in engine.agents.values():
+        if agent.store is not store:
+            continue
+        for tool in agent.tools.values():
+            target = getattr(tool, "escalate_to", None)
+            timeout = getattr(tool, "timeout", None)
+            if target is not None and timeout is not None:
+                await _escalate_due(agent, store, tool.name, target, timeout, moment, limit, report)
+            every = getattr(tool, "remind_every", None)
+            if every is not None:
+                await _remind_due(agent, store, tool.name, every, moment, limit, report)
+    return report
+
+
+async def _escalate_due(
+    agent: Agent,
+    store: AssignmentBook,
+    interrupt: str,
+    target: str,
+    timeout: float,
+    now: datetime,
+    limit: int,
+    report: SweepReport,
+) -> None:
+    query = DueQuery(
+        agents=(agent.name,),
+        interrupt=interrupt,
+        created_before=now - timedelta(seconds=timeout),
+        unescalated=True,
+        limit=limit,
+    )
+    change = AssignmentChange(action="escalate", by=ESCALATION_ACTOR, group=target, at=now)
+    for approval in await store.list_due_approvals(query):
+        try:
+            moved = await _change(agent, approval, change)
+        except AgentError as error:  # decided meanwhile
+            logger.info("escalation of %s:%s skipped: %s", approval.turn_id, approval.ref, error)
+            continue
+        if moved is None:
+            continue  # another worker escalated it first
+        report.escalated.append(moved)
+        instruments.approval_escalated(agent.name)
+        logger.warning(
+            "approval %s:%s escalated from %s to group %s",
+            approval.turn_id,
+            approval.ref,
+            moved.escalated_from_assignee or moved.escalated_from_group or "nobody",
+            target,
+            extra=_fields(approval, moved),
+        )
+
+
+async def _remind_due(
+    agent: Agent,
+    store: AssignmentBook,
+    interrupt: str,
+    every: float,
+    now: datetime,
+    limit: int,
+    report: SweepReport,
+) -> None:
+    since = now - timedelta(seconds=every)
+    query = DueQuery(
+        agents=(agent.name,),
+        interrupt=interrupt,
+        created_before=since,
+        reminded_before=since,
+        limit=limit,
+    )
+    change = AssignmentChange(action="remind", every_seconds=every, at=now)
+    for approval in await store.list_due_approvals(query):
+        try:
+            reminded = await _change(agent, approval, change)
+        except AgentError:
+            continue
+        if reminded is None:
+            continue  # another worker reminded within this interval
+        report.reminded.append(reminded)
+        instruments.approval_reminded(agent.name)
+        logger.warning(
+            "approval %s:%s still open after %s: reminder %d for %s",
+            approval.turn_id,
+            approval.ref,
+            now - approval.created_at,
+            reminded.reminders,
+            reminded.describe(),
+            extra=_fields(approval, reminded),
+        )
+
+
+def _fields(approval: PendingApproval, assignment: Assignment) -> dict[str, Any]:
+    """The structured fields of an escalation or reminder line."""
+    return {
+        "turn_id": approval.turn_id,
+        "session_id": approval.session_id,
+        "agent": approval.agent,
+        "approval_id": f"{approval.turn_id}:{approval.ref}",
+        "interrupt": approval.interrupt,
+        "assignee": assignment.assignee,
+        "assigned_group": assignment.group,
+        "reminders": assignment.reminders,
+    }

@@ -1,0 +1,38 @@
+"""What the approval page shows of an approval's assignment (:mod:`engine.assignment`)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from engine.assignment import current_assignment, may_act
+from engine.remote.auth import Principal
+from engine.remote.ui.queries import ApprovalFound
+
+__all__ = ["assignment_context"]
+
+
+async def assignment_context(found: ApprovalFound, principal: Principal | None) -> dict[str, Any]:
+    """What the approval page shows of the approval's assignment, and which forms it offers."""
+    assignment = await current_assignment(found.agent, found.approval)
+    tool = found.agent.tools.get(found.approval.interrupt)
+    target = getattr(tool, "escalate_to", None)
+    timeout = getattr(tool, "timeout", None)
+    escalates_at = (
+        found.approval.created_at + timedelta(seconds=timeout)
+        if target is not None and timeout is not None
+        else None
+    )
+    acts = principal is not None and may_act(principal, assignment) and found.is_open
+    return {
+        "assignment": assignment,
+        "holder": assignment.describe(),
+        "escalates_to": target,
+        "escalates_at": escalates_at,
+        # Someone else's claim is taken over by assigning, not by claiming (which it refuses).
+        "may_claim": acts and assignment.assignee is None,
+        "may_release": (
+            found.is_open and principal is not None and assignment.assignee == principal.id
+        ),
+        "may_assign": acts,
+    }

@@ -1,0 +1,212 @@
+"""SQL for the assignment, escalation and reminders of open approvals (``approval_assignments``,
+migration 0009; the rules are :mod:`engine.assignment`'s).
+
+An approval has a row once anything was assigned, escalated or reminded; before that it is
+assigned to its interrupt's default group. A change first inserts that starting row if there
+is none (``ON CONFLICT DO NOTHING``: two writers at once insert it once), then makes the change
+in one guarded UPDATE: the approval must still be open (in ``approval_queue``, undecided) and
+the change's own guard must hold. Of two writers at once, PostgreSQL makes the second wait for
+the first's row lock and then re-checks the guard against the committed row, so an approval
+escalates once and is reminded once per interval; SQLite serialises writers anyway.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection
+
+from engine.assignment_records import Assignment, AssignmentChange, DueQuery
+from engine.store import PendingApproval
+from stores.approvals import refuse_not_pending
+from stores.database import utc
+from stores.schema import approval_assignments, approval_queue, sessions
+
+__all__ = ["change_assignment", "get_assignments", "list_due_approvals"]
+
+Key = tuple[str, int, str]
+
+
+def _assignment_of(row: sa.Row[Any]) -> Assignment:
+    m = row._mapping
+    return Assignment(
+        turn_id=m["turn_id"],
+        round=m["round"],
+        ref=m["ref"],
+        assignee=m["assignee"],
+        group=m["assigned_group"],
+        assigned_by=m["assigned_by"],
+        assigned_at=utc(m["assigned_at"]),
+        escalated_at=utc(m["escalated_at"]),
+        escalated_from_assignee=m["escalated_from_assignee"],
+        escalated_from_group=m["escalated_from_group"],
+        escalated_to=m["escalated_to"],
+        last_reminded_at=utc(m["last_reminded_at"]),
+        reminders=m["reminders"],
+    )
+
+
+def get_assignments(connection: Connection, keys: Sequence[Key]) -> dict[Key, Assignment]:
+    """The stored assignments of these approvals."""
+    if not keys:
+        return {}
+    a = approval_assignments.c
+    wanted = set(keys)
+    rows = connection.execute(
+        sa.select(approval_assignments).where(a.turn_id.in_({k[0] for k in keys}))
+    ).all()
+    found = (_assignment_of(r) for r in rows)
+    return {(f.turn_id, f.round, f.ref): f for f in found if (f.turn_id, f.round, f.ref) in wanted}
+
+
+def _is_open(turn_id: str, round: int, ref: str) -> sa.Exists:
+    q = approval_queue.c
+    return sa.exists().where(
+        q.turn_id == turn_id, q.round == round, q.ref == ref, q.decided_at.is_(None)
+    )
+
+
+def _insert_starting_row(
+    connection: Connection, turn_id: str, round: int, ref: str, default_group: str | None
+) -> None:
+    """The row an approval starts with (its default group), unless it has one already."""
+    dialect = postgresql if connection.dialect.name == "postgresql" else sqlite
+    q = approval_queue.c
+    starting = sa.select(
+        q.turn_id, q.round, q.ref, sa.literal(default_group, sa.Text), sa.literal(0)
+    ).where(q.turn_id == turn_id, q.round == round, q.ref == ref, q.decided_at.is_(None))
+    connection.execute(
+        dialect.insert(approval_assignments)
+        .from_select(["turn_id", "round", "ref", "assigned_group", "reminders"], starting)
+        .on_conflict_do_nothing(index_elements=["turn_id", "round", "ref"])
+    )
+
+
+def _plan(
+    change: AssignmentChange, now: datetime
+) -> tuple[list[sa.ColumnElement[bool]], dict[str, Any]]:
+    """The guard and the new values of ``change``."""
+    now = change.at or now
+    a = approval_assignments.c
+    stamp = {"assigned_by": change.by, "assigned_at": now}
+    if change.action == "claim":
+        guard = [sa.or_(a.assignee.is_(None), a.assignee == change.by)]
+        return guard, {"assignee": change.by, **stamp}
+    if change.action == "assign":
+        values: dict[str, Any] = dict(stamp)
+        if change.group is not None:
+            values.update(assigned_group=change.group, assignee=change.assignee)
+        else:
+            values["assignee"] = change.assignee
+        return [], values
+    if change.action == "release":
+        guard = [a.assignee.is_not(None)]
+        if change.holder is not None:
+            guard = [a.assignee == change.holder]
+        return guard, {"assignee": None, **stamp}
+    if change.action == "escalate":
+        return [a.escalated_at.is_(None)], {
+            "escalated_from_assignee": a.assignee,
+            "escalated_from_group": a.assigned_group,
+            "escalated_to": change.group,
+            "escalated_at": now,
+            "assigned_group": change.group,
+            "assignee": None,
+            **stamp,
+        }
+    assert change.every_seconds is not None, "a reminder needs its interval"
+    since = now - timedelta(seconds=change.every_seconds)
+    guard = [sa.or_(a.last_reminded_at.is_(None), a.last_reminded_at <= since)]
+    return guard, {"last_reminded_at": now, "reminders": a.reminders + 1}
+
+
+def change_assignment(
+    connection: Connection,
+    turn_id: str,
+    round: int,
+    ref: str,
+    change: AssignmentChange,
+    *,
+    default_group: str | None,
+    now: datetime,
+) -> Assignment | None:
+    """See :meth:`engine.assignment.AssignmentBook.change_assignment`."""
+    _insert_starting_row(connection, turn_id, round, ref, default_group)
+    a = approval_assignments.c
+    guard, values = _plan(change, now)
+    row = connection.execute(
+        sa.update(approval_assignments)
+        .where(a.turn_id == turn_id, a.round == round, a.ref == ref, _is_open(turn_id, round, ref))
+        .where(*guard)
+        .values(**values)
+        .returning(*approval_assignments.columns)
+    ).first()
+    if row is not None:
+        return _assignment_of(row)
+    if not connection.execute(
+        sa.select(sa.literal(1)).where(_is_open(turn_id, round, ref))
+    ).first():
+        refuse_not_pending(connection, turn_id, round, ref)
+    return None  # open, but the change's guard refused it
+
+
+def list_due_approvals(connection: Connection, query: DueQuery) -> list[PendingApproval]:
+    """Open approvals of one interrupt old enough, not escalated and/or not reminded lately,
+    oldest first (along ``approval_queue``'s ``created_at`` index)."""
+    q = approval_queue.c
+    a = approval_assignments.c
+    conditions: list[sa.ColumnElement[bool]] = [
+        q.decided_at.is_(None),
+        q.agent.in_(query.agents),
+        q.name == query.interrupt,
+        q.created_at <= query.created_before,
+    ]
+    if query.unescalated:
+        conditions.append(a.escalated_at.is_(None))
+    if query.reminded_before is not None:
+        conditions.append(
+            sa.or_(a.last_reminded_at.is_(None), a.last_reminded_at <= query.reminded_before)
+        )
+    joined = approval_queue.join(sessions, sessions.c.id == q.session_id).outerjoin(
+        approval_assignments,
+        sa.and_(a.turn_id == q.turn_id, a.round == q.round, a.ref == q.ref),
+    )
+    rows = connection.execute(
+        sa.select(
+            q.turn_id,
+            q.session_id,
+            q.agent,
+            sessions.c.owner,
+            q.round,
+            q.name,
+            q.ref,
+            q.input,
+            q.interrupt,
+            q.deadline,
+            q.created_at,
+        )
+        .select_from(joined)
+        .where(*conditions)
+        .order_by(q.created_at, q.turn_id, q.ref)
+        .limit(query.limit)
+    ).all()
+    return [
+        PendingApproval(
+            turn_id=r.turn_id,
+            session_id=r.session_id,
+            agent=r.agent,
+            owner=r.owner,
+            round=r.round,
+            interrupt=r.name,
+            ref=r.ref,
+            input=r.input,
+            metadata=r.interrupt,
+            deadline=utc(r.deadline),
+            created_at=utc(r.created_at),
+        )
+        for r in rows
+    ]

@@ -1,0 +1,36 @@
+"""The app and authenticator of the escalation browser test.
+
+``--app tests.acceptance.escalation_app:ai``: the banking example whose ``userApproval`` is
+assigned to group ``payments``, escalates to group ``leads`` when nobody decides it within
+``TURNSTILE_TEST_ESCALATE_SECONDS`` (default 4), and reminds every second while open.
+``--auth tests.acceptance.escalation_app:auth``: alice asks; paula is in payments, lena in
+leads; all three hold ``approver`` (the server runs with ``--inbox-policy role:approver``).
+"""
+
+from __future__ import annotations
+
+import os
+
+from engine.remote.auth import BearerTokenAuth, Principal
+from examples.banking import ai, user_approval
+
+__all__ = ["TOKENS", "ai", "auth"]
+
+TOKENS = {
+    "alice": "alice-escalation-token-0123456789",
+    "paula": "paula-escalation-token-0123456789",
+    "lena": "lena-escalation-token-0123456789",
+}
+GROUPS = {"alice": "requesters", "paula": "payments", "lena": "leads"}
+
+user_approval.group = "payments"
+user_approval.timeout = float(os.environ.get("TURNSTILE_TEST_ESCALATE_SECONDS", "4"))
+user_approval.escalate_to = "leads"
+user_approval.remind_every = 1.0
+
+auth = BearerTokenAuth(
+    {
+        token: Principal(id=who, roles=frozenset({"approver", GROUPS[who]}))
+        for who, token in TOKENS.items()
+    }
+)

@@ -1,0 +1,133 @@
+"""Escalation on timeout in a real browser, against a real ``turnstile serve`` with a worker
+on PostgreSQL: an approval assigned to payments shows in a payments approver's inbox and not
+in a lead's; when nobody decides it in time the worker's sweep moves it to leads, recorded on
+the approval page, out of payments' inbox and into the lead's, without deciding it; the lead
+approves and the worker finishes the transfer. ``/metrics`` counts the escalation and the
+reminders."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from playwright.sync_api import Browser, Page, expect
+from prometheus_client.parser import text_string_to_metric_families
+
+from examples.banking import read_ledger
+from tests.acceptance.escalation_app import TOKENS
+from tests.acceptance.inbox_ui_support import evidence, launch_chromium, screenshot
+from tests.databases import postgres_url
+from tests.http_support import serve_process
+
+pytestmark = pytest.mark.postgres
+expect.set_options(timeout=15_000)
+
+APP = "tests.acceptance.escalation_app:ai"
+ESCALATE_SECONDS = 12
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with launch_chromium() as launched:
+        yield launched
+
+
+@contextlib.contextmanager
+def signed_in(browser: Browser, base: str, who: str) -> Iterator[Page]:
+    """A page of a browser context of its own, with ``who`` signed in, at the inbox."""
+    context = browser.new_context(viewport={"width": 1200, "height": 900})
+    context.set_default_timeout(15_000)
+    try:
+        page = context.new_page()
+        page.goto(f"{base}/ui")
+        page.wait_for_url("**/ui/login**")
+        page.get_by_label("Token").fill(TOKENS[who])
+        page.get_by_role("button", name="Sign in").click()
+        page.wait_for_selector(f"text=Signed in as {who}")
+        yield page
+    finally:
+        context.close()
+
+
+def counter(base: str, name: str, agent: str) -> float:
+    """One sample of ``/metrics`` (0 when the series does not exist)."""
+    response = httpx.get(f"{base}/metrics", timeout=10)
+    assert response.status_code == 200, response.text
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels.get("agent") == agent:
+                return float(sample.value)
+    return 0.0
+
+
+def test_escalation_on_timeout(browser: Browser, tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger.jsonl"
+    env = {
+        "TURNSTILE_LEDGER": str(ledger),
+        "TURNSTILE_UI_POLL_SECONDS": "0.5",
+        "TURNSTILE_UI_SECRET": "escalation-ui-acceptance-secret-0123456789abcdef",
+        "TURNSTILE_TEST_ESCALATE_SECONDS": str(ESCALATE_SECONDS),
+    }
+    args = ["--auth", "tests.acceptance.escalation_app:auth", "--inbox-policy", "role:approver"]
+    with (
+        postgres_url() as url,
+        serve_process(url, app=APP, workers=1, args=args, env=env, log=tmp_path / "serve.log") as (
+            base,
+            _serve,
+        ),
+        httpx.Client(
+            base_url=base, headers={"Authorization": f"Bearer {TOKENS['alice']}"}, timeout=30
+        ) as alice_api,
+        signed_in(browser, base, "paula") as paula,
+        signed_in(browser, base, "lena") as lena,
+        evidence(paula, "escalation-paula"),
+        evidence(lena, "escalation-lena"),
+    ):
+        assert counter(base, "turnstile_approval_escalations_total", "bankingAgent") == 0
+        message = {"role": "user", "content": [{"text": "Transfer $900 to bob"}]}
+        asked = alice_api.post("/api/bankingAgent", json={"data": {"message": message}})
+        asked.raise_for_status()
+        assert asked.json()["result"]["finishReason"] == "interrupted"
+        approval = f"{asked.json()['result']['snapshotId']}:approval-1"
+
+        row_for_paula = paula.locator(f"tr[data-approval='{approval}']")
+        expect(row_for_paula).to_contain_text("group payments")
+        screenshot(paula, "escalation-payments-inbox")
+        expect(lena.locator(f"tr[data-approval='{approval}']")).to_have_count(0)
+
+        # Nobody in payments decides: the worker's sweep moves it to leads after the timeout.
+        row_for_lena = lena.locator(f"tr[data-approval='{approval}']")
+        expect(row_for_lena).to_contain_text(
+            "group leads", timeout=ESCALATE_SECONDS * 1000 + 30_000
+        )
+        expect(row_for_paula).to_have_count(0)
+        assert read_ledger(ledger) == [], "an escalation decides nothing"
+
+        lena.goto(f"{base}/ui/approvals/{approval}")
+        section = lena.locator("section.assignment")
+        expect(section.locator("#assigned-to")).to_contain_text("group leads")
+        expect(section.locator("#assigned-to")).to_contain_text("escalation")
+        expect(section.locator("#escalation")).to_contain_text("from group payments to group leads")
+        expect(lena.get_by_role("heading", name=re.compile("userApproval"))).to_contain_text(
+            "Waiting"
+        )
+        screenshot(lena, "escalation-approval-page")
+
+        paula.goto(f"{base}/ui/approvals/{approval}")
+        paula.get_by_role("group", name=re.compile("Approved")).get_by_label("Yes").check()
+        paula.get_by_role("button", name="Submit decision").click()
+        expect(paula.get_by_role("alert").first).to_contain_text("group leads")
+
+        lena.get_by_role("group", name=re.compile("Approved")).get_by_label("Yes").check()
+        lena.get_by_role("button", name="Submit decision").click()
+        expect(lena.get_by_role("status").first).to_contain_text("Your decision was recorded.")
+        expect(lena.locator("section.result")).to_contain_text("completed", timeout=30_000)
+        assert [t["amount"] for t in read_ledger(ledger)] == [900]
+
+        assert counter(base, "turnstile_approval_escalations_total", "bankingAgent") == 1
+        reminders = counter(base, "turnstile_approval_reminders_total", "bankingAgent")
+        assert reminders >= 1

@@ -1,0 +1,186 @@
+"""Assignment in the inbox pages and the JSON inbox, over real HTTP without a browser: the
+assignment filters, claim, release and assign forms (CSRF-checked), a claim held against
+another, and a reassigned approval leaving one group's inbox for another's."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from engine.remote import BearerTokenAuth, Principal, RoleInboxPolicy, create_app
+from engine.remote.ui import UiSettings
+from examples.banking import BankingApp, build
+from tests.conftest import TEST_STATE_KEYS
+from tests.databases import sql_store
+from tests.http_support import serve_in_loop
+
+SETTINGS = UiSettings(secret="assignment-pages-secret-0123456789abcdef", poll_seconds=1)
+ROLES = {
+    "alice": {"approver"},
+    "dave": {"approver", "payments"},
+    "erin": {"approver", "payments"},
+    "lena": {"approver", "leads"},
+}
+TOKENS = {who: f"{who}-assignment-token" for who in ROLES}
+AUTH = BearerTokenAuth(
+    {TOKENS[who]: Principal(id=who, roles=frozenset(roles)) for who, roles in ROLES.items()}
+)
+
+
+def csrf_of(html: str) -> str:
+    found = re.search(r'name="csrf_token" value="([^"]+)"', html)
+    assert found is not None, "the page has no form"
+    return found.group(1)
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[tuple[BankingApp, str, str]]:
+    """The banking example on PostgreSQL, userApproval assigned to payments; alice asked."""
+    async with sql_store("postgres") as store:
+        app = build(store=store, state_keys=TEST_STATE_KEYS, execution="inline")
+        app.user_approval.group = "payments"
+        server = create_app(
+            app.ai, auth=AUTH, inbox_policy=RoleInboxPolicy("approver"), ui_settings=SETTINGS
+        )
+        async with (
+            serve_in_loop(server) as base,
+            httpx.AsyncClient(
+                base_url=base, headers={"Authorization": f"Bearer {TOKENS['alice']}"}
+            ) as api,
+        ):
+            message = {"role": "user", "content": [{"text": "transfer $40 to carol"}]}
+            started = await api.post("/api/bankingAgent", json={"data": {"message": message}})
+            assert started.json()["result"]["finishReason"] == "interrupted"
+            yield app, base, started.json()["result"]["snapshotId"]
+
+
+async def signed_in(base: str, who: str) -> httpx.AsyncClient:
+    client = httpx.AsyncClient(base_url=base)
+    login = await client.get("/ui/login")
+    signed = await client.post(
+        "/ui/login",
+        data={"csrf_token": csrf_of(login.text), "token": TOKENS[who], "next": "/ui"},
+    )
+    assert signed.status_code == 303
+    return client
+
+
+async def post_form(
+    client: httpx.AsyncClient, path: str, route: str, **fields: str
+) -> httpx.Response:
+    page = await client.get(path)
+    assert page.status_code == 200, page.text
+    return await client.post(f"{path}/{route}", data={"csrf_token": csrf_of(page.text), **fields})
+
+
+async def listed(client: httpx.AsyncClient, turn_id: str, assigned: str = "") -> bool:
+    page = await client.get("/ui", params={"assigned": assigned} if assigned else None)
+    assert page.status_code == 200, page.text
+    return turn_id in page.text
+
+
+async def test_claim_release_and_reassign_from_the_pages(
+    served: tuple[BankingApp, str, str],
+) -> None:
+    """Group members see the approval and filter it; a claim is shown and held against
+    another member; reassigning to leads moves it out of payments' inbox into leads'."""
+    app, base, turn_id = served
+    path = f"/ui/approvals/{turn_id}:approval-1"
+    dave, erin, lena = [await signed_in(base, who) for who in ("dave", "erin", "lena")]
+    try:
+        assert await listed(dave, turn_id)
+        assert await listed(dave, turn_id, "groups")
+        assert not await listed(dave, turn_id, "me")
+        assert not await listed(dave, turn_id, "unassigned")
+        assert not await listed(lena, turn_id), "assigned to payments: not leads' to decide"
+        assert "group payments" in (await dave.get("/ui")).text
+
+        no_token = await dave.post(f"{path}/claim", data={"csrf_token": "forged"})
+        assert no_token.status_code == 403
+        claimed = await post_form(dave, path, "claim")
+        assert claimed.status_code == 303
+        shown = await dave.get(claimed.headers["location"])
+        assert "You hold this approval now." in shown.text
+        assert "dave (group payments)" in shown.text
+        assert "Release it" in shown.text
+        assert await listed(dave, turn_id, "me")
+
+        held = await post_form(erin, path, "claim")
+        assert held.status_code == 409
+        assert "claimed by dave" in held.text
+        released = await post_form(dave, path, "release")
+        assert released.status_code == 303
+
+        moved = await post_form(erin, path, "assign", group="leads", assignee="")
+        assert moved.status_code == 303
+        assert not await listed(erin, turn_id)
+        assert await listed(lena, turn_id, "groups")
+        refused = await post_form(
+            erin, path, "decision", action="respond", **{"field.approved": "true"}
+        )
+        assert refused.status_code == 403
+        assert "group leads" in refused.text
+        decided = await post_form(
+            lena, path, "decision", action="respond", **{"field.approved": "true"}
+        )
+        assert decided.status_code == 303
+        assert [request.amount for _key, request in app.transfers] == [40]
+    finally:
+        for client in (dave, erin, lena):
+            await client.aclose()
+
+
+async def test_a_bad_assignment_filter_or_name_is_a_400(
+    served: tuple[BankingApp, str, str],
+) -> None:
+    """An unknown filter value, or assigning to nobody, is refused and changes nothing."""
+    _app, base, turn_id = served
+    path = f"/ui/approvals/{turn_id}:approval-1"
+    dave = await signed_in(base, "dave")
+    try:
+        assert (await dave.get("/ui", params={"assigned": "everyone"})).status_code == 400
+        empty = await post_form(dave, path, "assign", group="", assignee="")
+        assert empty.status_code == 400
+        assert "Assign to a person, a group, or both." in empty.text
+        assert "group payments" in (await dave.get(path)).text
+    finally:
+        await dave.aclose()
+
+
+async def test_the_json_inbox_shows_filters_and_changes_assignments(
+    served: tuple[BankingApp, str, str],
+) -> None:
+    """``GET /inbox`` carries the assignment and filters by it; ``POST .../assignment`` claims
+    (409 when held by another), releases (403 for a non-holder) and assigns."""
+    _app, base, turn_id = served
+    approval = f"{turn_id}:approval-1"
+
+    def api(who: str) -> httpx.AsyncClient:
+        return httpx.AsyncClient(base_url=base, headers={"Authorization": f"Bearer {TOKENS[who]}"})
+
+    async with api("dave") as dave, api("erin") as erin, api("lena") as lena:
+        items = (await dave.get("/inbox")).json()["items"]
+        assert [i["assignment"]["group"] for i in items] == ["payments"]
+        assert (await dave.get("/inbox", params={"assigned": "me"})).json()["items"] == []
+        assert (await lena.get("/inbox")).json()["items"] == []
+        bad = await dave.get("/inbox", params={"assigned": "all"})
+        assert bad.status_code == 400
+
+        change = f"/inbox/{approval}/assignment"
+        claimed = await dave.post(change, json={"action": "claim"})
+        assert claimed.status_code == 200, claimed.text
+        assert (claimed.json()["assignee"], claimed.json()["group"]) == ("dave", "payments")
+        mine = (await dave.get("/inbox", params={"assigned": "me"})).json()["items"]
+        assert [i["id"] for i in mine] == [approval]
+        assert (await erin.post(change, json={"action": "claim"})).status_code == 409
+        assert (await erin.post(change, json={"action": "release"})).status_code == 403
+        assert (await erin.post(change, json={"action": "steal"})).status_code == 400
+        moved = await dave.post(change, json={"action": "assign", "group": "leads"})
+        assert moved.status_code == 200
+        assert (moved.json()["assignee"], moved.json()["group"]) == (None, "leads")
+        shown = (await lena.get(f"/inbox/{approval}")).json()
+        assert shown["assignment"]["group"] == "leads"
+        assert shown["assignment"]["assignedBy"] == "dave"
