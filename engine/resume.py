@@ -130,7 +130,8 @@ def plan_resume(
     if not paused:
         raise FailedPreconditionError(NOT_RESUMABLE_MESSAGE, snapshot_id=snapshot_id)
     by_key = {(p.tool_request.name, p.tool_request.ref): p for p in paused if p.tool_request}
-    rows = {(c.name, c.ref): c for c in journal}
+    # By ref alone: a migration may have renamed a paused call (its ref stays).
+    rows = {c.ref: c for c in journal}
     answers: dict[str, tuple[str, Any]] = {}
 
     def locate(kind: str, part: Part, payload_name: str, ref: str | None) -> Part:
@@ -202,7 +203,7 @@ def plan_resume(
 def _answered_rows(
     paused: Sequence[Part],
     answers: Mapping[str, tuple[str, Any]],
-    rows: Mapping[tuple[str, str], ToolCallRecord],
+    rows: Mapping[str, ToolCallRecord],
     snapshot_id: str,
     require_pending: bool,
 ) -> list[ToolCallRecord]:
@@ -219,7 +220,7 @@ def _answered_rows(
                 "requests.",
                 snapshot_id=snapshot_id,
             )
-        row = rows.get((request.name, str(request.ref)))
+        row = rows.get(str(request.ref))
         if not require_pending:
             continue
         if row is None or row.status is not ToolCallStatus.INTERRUPTED:

@@ -241,6 +241,7 @@ class SqlSessionStore:
         limit: int = 1,
         agents: Collection[str] | None = None,
         among: Collection[str] | None = None,
+        versions: Collection[str] | None = None,
     ) -> list[TurnRecord]:
         """See :meth:`engine.store.SessionStore.claim_next`."""
         if limit < 1:
@@ -255,6 +256,7 @@ class SqlSessionStore:
                 limit=limit,
                 agents=agents,
                 turn_ids=among,
+                versions=versions,
             )
         )
 

@@ -63,6 +63,9 @@ def record(row: sa.Row[tuple[object, ...]] | Mapping[str, Any]) -> TurnRecord:
         input_tokens=m["input_tokens"],
         output_tokens=m["output_tokens"],
         trace_context=m["trace_context"],
+        app_version=m["app_version"],
+        definition_fingerprint=m["definition_fingerprint"],
+        definition=m["definition"],
     )
 
 
@@ -190,9 +193,12 @@ def insert_turn(connection: Connection, turn: NewTurn, now: datetime) -> TurnRec
         "created_at": now,
         "updated_at": now,
         "trace_context": turn.trace_context,
+        "app_version": turn.app_version,
+        "definition_fingerprint": turn.definition_fingerprint,
+        "definition": turn.definition,
     }
     row = connection.execute(_INSERT_TURN, values).one()
-    _event(connection, turn.id, None, TurnStatus.PENDING, 0, now, None, notify=(WORK_CHANNEL,))
+    _event(connection, turn.id, None, TurnStatus.PENDING, 0, now, turn.note, notify=(WORK_CHANNEL,))
     return record(row)
 
 
