@@ -22,6 +22,7 @@ from engine.parts import Message
 from engine.schemas import to_jsonable
 from engine.store import TurnInput, TurnRecord
 from engine.versioning import (
+    DefinitionChange,
     DefinitionChangedError,
     Migration,
     PausedTurn,
@@ -30,7 +31,7 @@ from engine.versioning import (
     format_changes,
 )
 
-__all__ = ["PinnedTurn", "PinningAgent", "pin_turn"]
+__all__ = ["PinnedTurn", "PinningAgent", "check_resumable", "pin_turn"]
 
 
 class PinningAgent(Protocol):
@@ -107,20 +108,37 @@ async def pin_turn(
     changes = diff_definitions(base.definition, agent.definition)
     migration = _find_migration(agent, base)
     if migration is None:
-        raise DefinitionChangedError(
-            f"Snapshot {base.id} paused under version '{base.app_version}' of agent "
-            f"'{agent.name}', whose definition has changed since (now version "
-            f"'{agent.version}'): {format_changes(changes)}. Register a migration with "
-            f"@engine.migrate(from_version='{base.app_version}'), or move the turn with "
-            f"`turnstile turns migrate --from {base.app_version} --to {agent.version}`.",
-            details={
-                "fromVersion": base.app_version,
-                "toVersion": agent.version,
-                "changes": [c.model_dump(mode="json") for c in changes],
-            },
-            snapshot_id=base.id,
-        )
+        raise _refusal(agent, base, changes)
     return await _migrate(agent, migration, turn_input, base, conversation, current, changes)
+
+
+def check_resumable(agent: PinningAgent, paused: TurnRecord) -> None:
+    """Raise :class:`DefinitionChangedError` if ``agent`` could not resume ``paused`` (its
+    definition changed and no migration covers it): the inbox checks before it records a
+    decision that would enqueue such a resume."""
+    if paused.definition_fingerprint in (None, agent.fingerprint) or paused.app_version is None:
+        return
+    if _find_migration(agent, paused) is None:
+        raise _refusal(agent, paused, diff_definitions(paused.definition, agent.definition))
+
+
+def _refusal(
+    agent: PinningAgent, base: TurnRecord, changes: Sequence[DefinitionChange]
+) -> DefinitionChangedError:
+    """The error naming what changed since ``base`` paused, and the two ways forward."""
+    return DefinitionChangedError(
+        f"Snapshot {base.id} paused under version '{base.app_version}' of agent "
+        f"'{agent.name}', whose definition has changed since (now version "
+        f"'{agent.version}'): {format_changes(changes)}. Register a migration with "
+        f"@engine.migrate(from_version='{base.app_version}'), or move the turn with "
+        f"`turnstile turns migrate --from {base.app_version} --to {agent.version}`.",
+        details={
+            "fromVersion": base.app_version,
+            "toVersion": agent.version,
+            "changes": [c.model_dump(mode="json") for c in changes],
+        },
+        snapshot_id=base.id,
+    )
 
 
 async def _migrate(
@@ -130,7 +148,7 @@ async def _migrate(
     base: TurnRecord,
     conversation: list[Message],
     current: Pinning,
-    changes: Sequence[Any],
+    changes: Sequence[DefinitionChange],
 ) -> PinnedTurn:
     """Run ``migration`` on the paused state and check what it returned."""
     assert base.app_version is not None

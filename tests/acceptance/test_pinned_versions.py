@@ -157,8 +157,9 @@ async def paused_v1(deploy: Deploy) -> tuple[Agent, AgentResponse]:
 
 
 async def test_each_version_s_workers_claim_only_that_version_s_turns(deploy: Deploy) -> None:
-    """With only a v1 worker, a v2 turn stays queued; a v2 worker then runs it, and v1's
-    and v2's conversations each finish in their own version."""
+    """With only a v1 worker, a v2 turn stays queued (``turnstile stats`` shows it claimable
+    under v2, and v1's open approval is listed with its version); a v2 worker then runs it,
+    and v1's and v2's conversations each finish in their own version."""
     v1_worker = deploy.start_worker("v1")
     await deploy.ready(v1_worker)
     v1, paused = await paused_v1(deploy)
@@ -167,6 +168,15 @@ async def test_each_version_s_workers_claim_only_that_version_s_turns(deploy: De
     v2 = deploy.agent("v2")
     queued = await v2.chat().send("Move 5", wait=False)
     await _stays_pending(deploy, str(queued.snapshot_id), seconds=2.0)
+    stats = deploy.cli("stats", "--json")
+    assert stats.returncode == 0, stats.stderr
+    by_version = {(v["agent"], v["version"]): v for v in json.loads(stats.stdout)["versions"]}
+    assert by_version[AGENT, "v2"]["claimable"] == 1
+    assert by_version[AGENT, "v1"] == {"agent": AGENT, "version": "v1", "claimable": 0, "paused": 1}
+    listed = deploy.cli("approvals", "ls", "--json")
+    assert listed.returncode == 0, listed.stderr
+    (open_v1,) = json.loads(listed.stdout)["items"]
+    assert (open_v1["interrupt"], open_v1["app_version"]) == (INTERRUPT["v1"], "v1")
 
     v2_worker = deploy.start_worker("v2")
     await deploy.ready(v2_worker)

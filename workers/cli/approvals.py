@@ -69,6 +69,7 @@ def approval_wire(approval: PendingApproval, now: datetime) -> dict[str, Any]:
         "turn_id": approval.turn_id,
         "session_id": approval.session_id,
         "agent": approval.agent,
+        "app_version": approval.app_version,
         "owner": approval.owner,
         "interrupt": approval.interrupt,
         "ref": approval.ref,
@@ -126,11 +127,12 @@ def ls(
     console().print(
         table(
             None,
-            ["ID", "AGENT", "INTERRUPT", "INPUT", "AGE", "DEADLINE", "SESSION"],
+            ["ID", "AGENT", "VERSION", "INTERRUPT", "INPUT", "AGE", "DEADLINE", "SESSION"],
             (
                 [
                     approval_id(a.turn_id, a.ref),
                     a.agent,
+                    a.app_version or "",
                     a.interrupt,
                     short(a.input, 50),
                     ago(a.created_at, now),
