@@ -16,6 +16,7 @@ import pytest
 
 from engine import Engine
 from engine.remote.server import create_app
+from engine.remote.ui import UiSettings
 from stores import InMemorySessionStore
 from tests.conftest import TEST_STATE_KEYS
 from tests.http_support import serve_in_loop
@@ -51,7 +52,8 @@ async def rollout() -> AsyncIterator[Rollout]:
     store = InMemorySessionStore()
     v1 = _engine(store, "v1", ListModel([ask(("approve", "a1", {"amount": 5}))]))
     v2 = _engine(store, "v2", ListModel([]))
-    async with serve_in_loop(create_app(v2)) as url, httpx.AsyncClient(timeout=30) as http:
+    served = create_app(v2, ui_settings=UiSettings(secret="versions-test-secret-0123456789abcd"))
+    async with serve_in_loop(served) as url, httpx.AsyncClient(timeout=30) as http:
         yield Rollout(store=store, v1=v1, url=url, http=http)
 
 
@@ -99,3 +101,14 @@ async def test_the_inbox_lists_v1_s_approval_with_its_version_and_refuses_to_dec
     assert "tools.approve removed" in reply.json()["message"]
     (call,) = await rollout.store.list_calls(str(paused.snapshot_id))
     assert call.decided_at is None and call.answer is None
+
+
+async def test_the_ui_shows_the_version_of_an_old_approval(rollout: Rollout) -> None:
+    """The /ui inbox row and the approval page of v1's open approval name version v1."""
+    paused = await rollout.v1.agents["bank"].chat().send("Move 5")
+    inbox = await rollout.http.get(f"{rollout.url}/ui")
+    assert inbox.status_code == 200, inbox.text
+    assert 'title="application version">v1</span>' in inbox.text
+    page = await rollout.http.get(f"{rollout.url}/ui/approvals/{paused.snapshot_id}:a1")
+    assert page.status_code == 200, page.text
+    assert '<dd class="app-version">v1</dd>' in page.text
