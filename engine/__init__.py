@@ -20,6 +20,7 @@ from engine.response import AgentChunk, AgentInterrupt, AgentResponse
 from engine.scripted import ScriptedModel
 from engine.status import FinishReason, TurnStatus
 from engine.tools import InterruptTool, Tool, ToolContext, ToolInterrupt
+from engine.versioning import PausedTurn
 
 __all__ = [
     "Agent",
@@ -34,6 +35,7 @@ __all__ = [
     "Message",
     "Model",
     "Part",
+    "PausedTurn",
     "RetryPolicy",
     "ScriptedModel",
     "Tool",

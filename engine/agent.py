@@ -143,7 +143,9 @@ class Agent:
         self.declared_version = declared_version
         #: The engine's registered migrations (the engine's own list: later ones count too).
         self.migrations = migrations
+        # Described and hashed once, on first use (JSON-schema generation is not free).
         self._definition: dict[str, Any] | None = None
+        self._fingerprint: str | None = None
 
     @property
     def definition(self) -> dict[str, Any]:
@@ -162,7 +164,9 @@ class Agent:
     @property
     def fingerprint(self) -> str:
         """The stable hash of :attr:`definition`."""
-        return fingerprint_of(self.definition)
+        if self._fingerprint is None:
+            self._fingerprint = fingerprint_of(self.definition)
+        return self._fingerprint
 
     @property
     def version(self) -> str:

@@ -17,13 +17,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from engine.errors import FailedPreconditionError
+from engine.errors import DefinitionChangedError, FailedPreconditionError
 from engine.parts import Message
 from engine.schemas import to_jsonable
 from engine.store import TurnInput, TurnRecord
 from engine.versioning import (
     DefinitionChange,
-    DefinitionChangedError,
     Migration,
     PausedTurn,
     Pinning,

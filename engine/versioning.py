@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from engine.errors import FailedPreconditionError
+from engine.errors import DefinitionChangedError
 from engine.parts import Message, Part
 from engine.tools import InterruptTool, Tool
 
@@ -153,12 +153,6 @@ def _tool_changes(
 def format_changes(changes: Sequence[DefinitionChange]) -> str:
     """The changes as one ``; ``-separated line (for error messages and logs)."""
     return "; ".join(change.line() for change in changes) or "no differences"
-
-
-class DefinitionChangedError(FailedPreconditionError):
-    """A paused turn's agent definition has changed since it paused, and no migration is
-    registered for its version: resuming it is refused (nothing is written). ``details``
-    lists the changes (``{"fromVersion", "toVersion", "changes": [...]}``)."""
 
 
 class PausedTurn(BaseModel):
