@@ -112,3 +112,11 @@ async def test_the_ui_shows_the_version_of_an_old_approval(rollout: Rollout) -> 
     page = await rollout.http.get(f"{rollout.url}/ui/approvals/{paused.snapshot_id}:a1")
     assert page.status_code == 200, page.text
     assert '<dd class="app-version">v1</dd>' in page.text
+
+
+async def test_the_turn_page_shows_the_version(rollout: Rollout) -> None:
+    """The /ui turn inspector names the version the turn is pinned to."""
+    paused = await rollout.v1.agents["bank"].chat().send("Move 5")
+    page = await rollout.http.get(f"{rollout.url}/ui/turns/{paused.snapshot_id}")
+    assert page.status_code == 200, page.text
+    assert '<dd class="app-version">v1</dd>' in page.text
