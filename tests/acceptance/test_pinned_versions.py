@@ -268,6 +268,9 @@ async def test_an_operator_moves_paused_turns_with_the_cli(deploy: Deploy) -> No
     assert "moved 1 of 1 turns from v1 to v2" in moved.stdout
     assert deploy.row(snapshot)[0] == "v2"
     assert deploy.notes(snapshot) == ["moved from version v1 to v2 by turnstile turns migrate"]
+    shown = deploy.cli("turns", "show", snapshot, "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["turn"]["app_version"] == "v2"
 
     v2 = deploy.agent("v2")
     done = await v2.chat(snapshot_id=snapshot).resume(
