@@ -30,6 +30,11 @@ class Approval(BaseModel):
     approved: bool
 
 
+class ApprovalWithNote(BaseModel):
+    approved: bool
+    note: str
+
+
 class Transfer(BaseModel):
     amount: int
 
@@ -47,11 +52,12 @@ def _engine(
     system: str = "You move money.",
     interrupt: str = "approve",
     transfer_schema: type[BaseModel] = Transfer,
+    approval_schema: type[BaseModel] = Approval,
     max_turns: int = 5,
 ) -> Engine:
     """The banking agent ``bank`` at one version of its definition, on ``store``."""
     ai = Engine(model=ListModel(answers), version=version)
-    approve = ai.define_interrupt(name=interrupt, output_schema=Approval)
+    approve = ai.define_interrupt(name=interrupt, output_schema=approval_schema)
     move = ai.define_tool(name="transfer", input_schema=transfer_schema, fn=lambda t: {"ok": True})
     ai.define_agent(
         name="bank", system=system, tools=[approve, move], store=store, max_turns=max_turns
@@ -100,6 +106,7 @@ def test_the_fingerprint_is_stable_across_processes() -> None:
         ({"system": "You move money carefully."}, "system"),
         ({"interrupt": "confirm"}, "tools.approve"),
         ({"transfer_schema": TransferV2}, "tools.transfer.inputSchema"),
+        ({"approval_schema": ApprovalWithNote}, "tools.approve.outputSchema"),
         ({"max_turns": 7}, "maxTurns"),
     ],
 )
