@@ -21,6 +21,7 @@ from engine.scripted import ScriptedModel
 from engine.session_state import Artifact, StateSchemaError
 from engine.status import FinishReason, TurnStatus
 from engine.tools import InterruptTool, Tool, ToolContext, ToolInterrupt
+from engine.versioning import PausedTurn
 
 __all__ = [
     "Agent",
@@ -36,6 +37,7 @@ __all__ = [
     "Message",
     "Model",
     "Part",
+    "PausedTurn",
     "RetryPolicy",
     "ScriptedModel",
     "StateSchemaError",

@@ -40,6 +40,7 @@ from engine.store import SessionStore, StoredSnapshot, TurnRecord
 from engine.tools import Tool
 from engine.turn_request import TurnRequest
 from engine.turn_start import StartedTurn, start_turn
+from engine.versioning import Migration, describe_definition, fingerprint_of
 from engine.waiting import timed_out, wait_settled
 
 __all__ = [
@@ -99,6 +100,8 @@ class Agent:
         poll_interval: float = 1.0,
         unclaimed_warning: float | None = None,
         state_schema: SchemaSpec = None,
+        declared_version: str | None = None,
+        migrations: Sequence[Migration] = (),
     ) -> None:
         if execution not in ("auto", "inline", "workers"):
             raise ValueError("execution must be 'auto', 'inline' or 'workers'.")
@@ -140,6 +143,40 @@ class Agent:
         self._input_schemas: dict[str, Schema] = {t.name: t.input for t in tools}
         #: Inline runs whose caller stopped waiting (a timeout): kept until they settle.
         self._unwaited: set[asyncio.Task[TurnRecord]] = set()
+        #: The engine's declared application version (``None``: the fingerprint stands in).
+        self.declared_version = declared_version
+        #: The engine's registered migrations (the engine's own list: later ones count too).
+        self.migrations = migrations
+        # Described and hashed once, on first use (JSON-schema generation is not free).
+        self._definition: dict[str, Any] | None = None
+        self._fingerprint: str | None = None
+
+    @property
+    def definition(self) -> dict[str, Any]:
+        """The canonical description of this agent's definition (see
+        :func:`engine.versioning.describe_definition`)."""
+        if self._definition is None:
+            self._definition = describe_definition(
+                agent=self.name,
+                model=self.model.name,
+                system=self.system,
+                tools=self.tools,
+                max_turns=self.max_turns,
+            )
+        return self._definition
+
+    @property
+    def fingerprint(self) -> str:
+        """The stable hash of :attr:`definition`."""
+        if self._fingerprint is None:
+            self._fingerprint = fingerprint_of(self.definition)
+        return self._fingerprint
+
+    @property
+    def version(self) -> str:
+        """The application version this agent's new turns are pinned to: the engine's
+        declared version, else the definition's fingerprint."""
+        return self.declared_version or self.fingerprint
 
     @property
     def state_management(self) -> str:

@@ -261,12 +261,13 @@ def check_decided_by_inbox(
     resume carries exactly that answer); a chat client resuming on its own would skip the
     policy. Raises :class:`ApprovalRefusedError` naming the inbox.
     """
-    decided = {(row.name, row.ref) for row in journal if row.decided_at is not None}
+    # By ref alone, as the resume matches its rows: a migration may rename a paused call.
+    decided = {row.ref for row in journal if row.decided_at is not None}
     for part in paused:
         request = part.tool_request
         if request is None or getattr(tools.get(request.name), "approval_policy", None) is None:
             continue
-        if (request.name, str(request.ref)) not in decided:
+        if str(request.ref) not in decided:
             raise ApprovalRefusedError(
                 f"Interrupt '{request.name}' (ref: {request.ref}) has an approval policy: it is "
                 "decided through the inbox (POST /inbox/{id}/decision), not by a resume."

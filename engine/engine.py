@@ -17,6 +17,7 @@ from engine.signals import AbortSignal
 from engine.signing import StateSigner
 from engine.store import SessionStore
 from engine.tools import InterruptTool, Tool, ToolFn
+from engine.versioning import Migration, MigrationFn, app_version_from_env
 
 __all__ = ["Engine"]
 
@@ -26,6 +27,10 @@ class Engine:
 
     ``state_keys`` (key id → secret) sign client-managed state; without them the
     ``TURNSTILE_STATE_KEYS`` environment variable is read (see :class:`StateSigner`).
+
+    ``version`` is the application version every new turn is pinned to (workers claim only
+    the versions they serve); without it ``TURNSTILE_APP_VERSION`` is read, and without
+    that each agent's definition fingerprint stands in (see :mod:`engine.versioning`).
     """
 
     def __init__(
@@ -34,14 +39,47 @@ class Engine:
         model: Model,
         state_keys: Mapping[str, str | bytes] | None = None,
         state_max_age: float | None = None,
+        version: str | None = None,
     ) -> None:
+        if version is not None and not version.strip():
+            raise ValueError("version must be a non-empty string (or None).")
         self.model = model
+        #: The declared application version (``None``: each agent's fingerprint).
+        self.version = version.strip() if version is not None else app_version_from_env()
+        #: Migrations registered with :meth:`migrate`, shared with every agent.
+        self.migrations: list[Migration] = []
         self.signer = StateSigner(state_keys, max_age=state_max_age)
         self.tools: dict[str, Tool] = {}
         self.agents: dict[str, Agent] = {}
         #: Abort signals of the turns running in this process, by turn id.
         self.local_aborts: dict[str, AbortSignal] = {}
         self.owner = f"{socket.gethostname()}:{os.getpid()}"
+
+    def migrate(
+        self, *, from_version: str, agent: str | None = None
+    ) -> Callable[[MigrationFn], MigrationFn]:
+        """Register a migration: resuming a turn paused under ``from_version`` (an app
+        version or a definition fingerprint) whose definition has since changed calls it
+        with the :class:`~engine.versioning.PausedTurn` and continues with what it returns
+        (the paused message and the answers, adjusted to the current definitions); the
+        resumed turn is pinned to this engine's version. ``agent`` limits it to one agent.
+        """
+        if not from_version.strip():
+            raise ValueError("from_version must be a non-empty string.")
+
+        def register(fn: MigrationFn) -> MigrationFn:
+            for known in self.migrations:
+                if known.from_version == from_version and known.agent == agent:
+                    raise ValueError(f"A migration from version '{from_version}' is registered.")
+            self.migrations.append(Migration(from_version=from_version, fn=fn, agent=agent))
+            return fn
+
+        return register
+
+    def versions(self) -> list[str]:
+        """The application versions this engine's agents pin their turns to (what its
+        workers serve): the declared version, or each agent's fingerprint."""
+        return sorted({agent.version for agent in self.agents.values()})
 
     def _register(self, tool: Tool) -> Tool:
         if tool.name in self.tools:
@@ -193,6 +231,8 @@ class Engine:
             local_aborts=self.local_aborts,
             execution=execution,
             state_schema=state_schema,
+            declared_version=self.version,
+            migrations=self.migrations,
         )
         self.agents[name] = agent
         return agent

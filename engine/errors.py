@@ -15,6 +15,7 @@ __all__ = [
     "AgentError",
     "ApprovalNotPendingError",
     "DecisionConflictError",
+    "DefinitionChangedError",
     "FailedPreconditionError",
     "InsecureKeyError",
     "InvalidArgumentError",
@@ -90,6 +91,13 @@ class NotFoundError(AgentError):
     """A snapshot, session, agent or tool that the request names does not exist."""
 
     default_status = "NOT_FOUND"
+
+
+class DefinitionChangedError(FailedPreconditionError):
+    """A paused turn's agent definition changed since it paused and no registered migration
+    covers its version: resuming it is refused, nothing written (:mod:`engine.pinning`).
+    ``details`` is ``{"fromVersion", "toVersion", "changes": [{"what", "change", "before",
+    "after"}]}``."""
 
 
 class ResumeValidationError(InvalidArgumentError):

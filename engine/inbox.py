@@ -38,6 +38,7 @@ from engine.errors import (
     TurnFailedError,
 )
 from engine.parts import RESUMED, Part
+from engine.pinning import check_resumable
 from engine.schemas import SchemaViolation, to_jsonable
 from engine.status import FinishReason, TurnStatus
 from engine.store import (
@@ -204,6 +205,12 @@ async def decide(
         raise FailedPreconditionError(
             f"The inbox needs a session store; agent '{agent.name}' uses client-managed state."
         )
+    if approval.app_version is not None:
+        # A decision on a turn this app's definition can no longer resume would be recorded
+        # and then stranded: refuse it first, naming what changed.
+        paused_turn = await store.get_turn(approval.turn_id)
+        if paused_turn is not None:
+            check_resumable(agent, paused_turn)
     answer = decision.answer()
     tool = agent.tools.get(approval.interrupt)
     if "respond" in answer and tool is not None:

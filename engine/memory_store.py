@@ -159,6 +159,9 @@ class InMemorySessionStore(InMemoryBrowserSessions):
             trace_context=dict(turn.trace_context) if turn.trace_context else None,
             custom=copy.deepcopy(turn.custom),
             artifacts=copy.deepcopy(turn.artifacts),
+            app_version=turn.app_version,
+            definition_fingerprint=turn.definition_fingerprint,
+            definition=dict(turn.definition) if turn.definition is not None else None,
         )
         self._turns[turn.id] = record
         self._turn_order.setdefault(turn.session_id, []).append(turn.id)
@@ -172,7 +175,12 @@ class InMemorySessionStore(InMemoryBrowserSessions):
         self._any_change.fire()
         self._events[turn.id] = [
             TurnEvent(
-                turn_id=turn.id, from_status=None, to_status=TurnStatus.PENDING, attempt=0, at=now
+                turn_id=turn.id,
+                from_status=None,
+                to_status=TurnStatus.PENDING,
+                attempt=0,
+                at=now,
+                note=turn.note,
             )
         ]
         return record.model_copy(deep=True)
@@ -238,6 +246,7 @@ class InMemorySessionStore(InMemoryBrowserSessions):
         limit: int = 1,
         agents: Collection[str] | None = None,
         among: Collection[str] | None = None,
+        versions: Collection[str] | None = None,
     ) -> list[TurnRecord]:
         """See :meth:`engine.store.SessionStore.claim_next`."""
         if limit < 1:
@@ -247,7 +256,13 @@ class InMemorySessionStore(InMemoryBrowserSessions):
         ids = self._turns.keys() if among is None else self._turns.keys() & set(among)
         pool = (self._turns[i] for i in ids)
         candidates = sorted(
-            (t for t in pool if self._claimable(t, now) and (agents is None or t.agent in agents)),
+            (
+                t
+                for t in pool
+                if self._claimable(t, now)
+                and (agents is None or t.agent in agents)
+                and (versions is None or t.app_version is None or t.app_version in versions)
+            ),
             key=lambda t: (t.run_after, t.created_at, t.id),
         )
         return [self._lease(t, owner, lease_seconds, now) for t in candidates[:limit]]

@@ -160,7 +160,8 @@ def plan_resume(
     if not paused:
         raise FailedPreconditionError(NOT_RESUMABLE_MESSAGE, snapshot_id=snapshot_id)
     by_key = {(p.tool_request.name, p.tool_request.ref): p for p in paused if p.tool_request}
-    rows = {(c.name, c.ref): c for c in journal}
+    # By ref alone: a migration may have renamed a paused call (its ref stays).
+    rows = {c.ref: c for c in journal}
     answers: dict[str, tuple[str, Any]] = {}
     edits: dict[str, dict[str, Any]] = {}
 
@@ -216,7 +217,7 @@ def plan_resume(
         edit = None
         if not _same_json(request.input, original.tool_request.input):
             edit = _edit_allowing(
-                rows.get((request.name, str(request.ref))), tools.get(request.name), request.input
+                rows.get(str(request.ref)), tools.get(request.name), request.input
             )
         if edit is not None:
             edits[str(request.ref)] = edit
@@ -241,7 +242,7 @@ def _answered_rows(
     paused: Sequence[Part],
     answers: Mapping[str, tuple[str, Any]],
     edits: Mapping[str, dict[str, Any]],
-    rows: Mapping[tuple[str, str], ToolCallRecord],
+    rows: Mapping[str, ToolCallRecord],
     snapshot_id: str,
     require_pending: bool,
 ) -> list[ToolCallRecord]:
@@ -258,7 +259,7 @@ def _answered_rows(
                 "requests.",
                 snapshot_id=snapshot_id,
             )
-        row = rows.get((request.name, str(request.ref)))
+        row = rows.get(str(request.ref))
         if not require_pending:
             continue
         if row is None or row.status is not ToolCallStatus.INTERRUPTED:

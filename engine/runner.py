@@ -214,7 +214,8 @@ class TurnRunner:
             if paused_calls(done.messages[-1]):
                 return TurnOutcome(TurnStatus.COMPLETED, FinishReason.INTERRUPTED)
             return calls
-        paused = parent_conversation[turn.history_length]
+        # A registered migration may have rewritten the paused message (engine.pinning).
+        paused = turn.input.paused or parent_conversation[turn.history_length]
         with tracing.round_span(0):
             resumed = await self._resume_round(paused, calls)
         if isinstance(resumed, TurnOutcome):

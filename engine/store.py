@@ -82,6 +82,11 @@ class TurnInput(BaseModel):
     #: store (:meth:`SessionStore.publish_chunk`). Off by default, so unwatched turns cost
     #: nothing extra.
     relay: bool = False
+    #: For a ``resume`` a registered migration adjusted (:mod:`engine.versioning`): the
+    #: paused message as the migration rewrote it (answered instead of the parent's last
+    #: message), and the version the paused turn was pinned to.
+    paused: Message | None = None
+    migrated_from: str | None = None
 
 
 class TurnError(BaseModel):
@@ -125,6 +130,13 @@ class NewTurn(BaseModel):
     #: client's verified blob); the turn's committed rounds change them.
     custom: Any = None
     artifacts: list[Any] | None = None
+    #: The application version whose workers may run the turn, and the fingerprint and
+    #: description of the agent definition it is pinned to (:mod:`engine.versioning`).
+    app_version: str | None = None
+    definition_fingerprint: str | None = None
+    definition: dict[str, Any] | None = None
+    #: The note of the turn's first event (e.g. that a migration moved it to a new version).
+    note: str | None = None
 
 
 class TurnRecord(BaseModel):
@@ -157,6 +169,11 @@ class TurnRecord(BaseModel):
     #: committed round: what a failed or aborted turn keeps.
     custom: Any = None
     artifacts: list[Any] | None = None
+    #: What the turn is pinned to (see :attr:`NewTurn.app_version`); ``None`` for turns
+    #: created before definitions were pinned, which any worker may run.
+    app_version: str | None = None
+    definition_fingerprint: str | None = None
+    definition: dict[str, Any] | None = None
 
 
 class RoundRecord(BaseModel):
@@ -275,6 +292,8 @@ class PendingApproval(BaseModel):
     metadata: Any = None
     deadline: datetime | None = None
     created_at: datetime
+    #: The application version the paused turn is pinned to (``None``: created unpinned).
+    app_version: str | None = None
 
     @classmethod
     def of(cls, turn: TurnRecord, call: ToolCallRecord, owner: str | None) -> PendingApproval:
@@ -292,6 +311,7 @@ class PendingApproval(BaseModel):
             deadline=call.deadline,
             # A store that keeps no journal time reports the moment the turn paused.
             created_at=call.created_at or turn.updated_at,
+            app_version=turn.app_version,
         )
 
 
@@ -337,6 +357,8 @@ class FollowOnClaim:
     owner: str
     lease_seconds: float
     agents: Collection[str] | None = None
+    #: Only turns pinned to one of these application versions (or to none).
+    versions: Collection[str] | None = None
     limit: int = 1
     claimed: list[TurnRecord] = field(default_factory=list)
     ran: bool = False
@@ -437,9 +459,12 @@ class TurnQueue(Protocol):
         limit: int = 1,
         agents: Collection[str] | None = None,
         among: Collection[str] | None = None,
+        versions: Collection[str] | None = None,
     ) -> list[TurnRecord]:
         """Lease up to ``limit`` claimable turns (oldest ``run_after`` first); with
-        ``among``, only turns whose id is in it (e.g. the ids of :meth:`take_work_hints`)."""
+        ``among``, only turns whose id is in it (e.g. the ids of :meth:`take_work_hints`);
+        with ``versions``, only turns pinned to one of those application versions (turns
+        pinned to none, created before pinning, are claimable by any worker)."""
         ...
 
     async def renew_lease(

@@ -262,5 +262,6 @@ async def claim_after(store: SessionStore, claim: FollowOnClaim) -> None:
         lease_seconds=claim.lease_seconds,
         limit=claim.limit,
         agents=claim.agents,
+        versions=claim.versions,
     )
     claim.ran = True

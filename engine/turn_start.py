@@ -27,6 +27,7 @@ from engine.executor import RetryPolicy
 from engine.idempotency import created_already, keyed_turn_id, repeated_turn
 from engine.ownership import check_own, visible
 from engine.parts import Message
+from engine.pinning import PinningAgent, pin_turn
 from engine.resume import plan_continuation
 from engine.session_state import SessionData
 from engine.signing import StateSigner
@@ -41,12 +42,9 @@ __all__ = ["StartedTurn", "StartingAgent", "start_turn"]
 logger = logging.getLogger("turnstile.agent")
 
 
-class StartingAgent(Protocol):
+class StartingAgent(PinningAgent, Protocol):
     """What starting a turn reads from the agent (declared here so this module needs no
     import of the agent)."""
-
-    @property
-    def name(self) -> str: ...
 
     @property
     def store(self) -> SessionStore | None: ...
@@ -112,12 +110,17 @@ async def start_turn(
         base.stored = await base.store.read_snapshot(base.turn.id)
         if base.stored is None:
             raise NotFoundError(f"Snapshot {base.turn.id} not found.")
+    # Which definition the turn is pinned to; a resume across a definition change is
+    # refused here, or adjusted by a registered migration, before anything is written.
+    pinned = await pin_turn(
+        agent, request.input, base.turn, base.stored.conversation if base.stored else []
+    )
     # Read with the snapshot at one moment: a snapshot seen settled comes with its last
     # round and journal rows (written by the settling transaction).
     answers, history_length = plan_continuation(
-        request.input,
+        pinned.input,
         base_id=base.turn.id if base.turn is not None else None,
-        conversation=base.stored.conversation if base.stored else [],
+        conversation=pinned.conversation,
         journal=base.stored.journal if base.stored else [],
         tools=agent.tools,
         decided_by=request.decided_by,
@@ -127,7 +130,7 @@ async def start_turn(
         session_id=base.session_id,
         agent=agent.name,
         parent_id=base.turn.id if base.turn is not None else None,
-        input=request.input,
+        input=pinned.input,
         history_length=history_length,
         initial_messages=_opening(request),
         max_attempts=agent.retry.max_attempts,
@@ -137,6 +140,10 @@ async def start_turn(
         # (or, for a fork, its source's as of the copied round).
         custom=_opening_state(request, base).custom,
         artifacts=_opening_state(request, base).artifacts_wire() or None,
+        app_version=pinned.pinning.app_version,
+        definition_fingerprint=pinned.pinning.fingerprint,
+        definition=dict(pinned.pinning.definition),
+        note=pinned.note,
     )
     if listen is not None:
         # Wait for the turn's change notification from before it exists: nothing can be

@@ -43,13 +43,19 @@ class _UnclaimedWatch:
         if never_claimed(turn):
             logger.warning(
                 "turn %s of agent %s: no worker has claimed it after %gs; is a worker "
-                "(turnstile worker, or turnstile serve --workers N) running on %r with a "
-                "free slot? Still waiting",
+                "(turnstile worker, or turnstile serve --workers N) serving version %s "
+                "running on %r with a free slot? Still waiting",
                 turn.id,
                 self._agent,
                 self._after,
+                turn.app_version or "(any)",
                 self._store,
-                extra={"turn_id": turn.id, "session_id": turn.session_id, "agent": self._agent},
+                extra={
+                    "turn_id": turn.id,
+                    "session_id": turn.session_id,
+                    "agent": self._agent,
+                    "app_version": turn.app_version,
+                },
             )
         self._due = None  # once per wait, claimed or not
 

@@ -80,8 +80,14 @@ def list_approvals(connection: Connection, query: ApprovalQuery) -> list[Pending
             q.interrupt,
             q.deadline,
             q.created_at,
+            turns.c.app_version,
         )
-        .select_from(approval_queue.join(sessions, sessions.c.id == q.session_id))
+        # The turn by its key for its version: a probe per listed entry.
+        .select_from(
+            approval_queue.join(sessions, sessions.c.id == q.session_id).join(
+                turns, turns.c.id == q.turn_id
+            )
+        )
         .where(*conditions)
         .order_by(*order)
         .limit(query.limit)
@@ -99,6 +105,7 @@ def list_approvals(connection: Connection, query: ApprovalQuery) -> list[Pending
             metadata=r.interrupt,
             deadline=utc(r.deadline),
             created_at=utc(r.created_at),
+            app_version=r.app_version,
         )
         for r in rows
     ]

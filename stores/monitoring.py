@@ -42,6 +42,9 @@ class AgentGauges:
     #: Approvals waiting for a decision, and when the oldest was asked for.
     open_approvals: int = 0
     oldest_approval: datetime | None = None
+    #: Claimable pending turns by the application version they are pinned to (``""``:
+    #: unpinned): a version that no worker serves shows here as a depth that only grows.
+    queued_by_version: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -69,13 +72,14 @@ _ACTIVE_TURNS = (
     sa.select(
         turns.c.agent,
         turns.c.status,
+        turns.c.app_version,
         sa.func.count().label("total"),
         sa.func.sum(sa.case((turns.c.lease_expires_at >= _NOW, 1), else_=0)).label("running"),
         sa.func.sum(sa.case((_CLAIMABLE, 1), else_=0)).label("queued"),
         sa.func.min(sa.case((_CLAIMABLE, turns.c.run_after), else_=None)).label("oldest_queued"),
     )
     .where(turns.c.status.in_(ACTIVE))
-    .group_by(turns.c.agent, turns.c.status)
+    .group_by(turns.c.agent, turns.c.status, turns.c.app_version)
 )
 
 _OPEN_APPROVALS = (
@@ -130,9 +134,14 @@ class MonitoringDatabase:
         with self.engine.connect() as connection:
             for row in connection.execute(_ACTIVE_TURNS, {"now": now}):
                 agent = gauges.of(row.agent)
-                agent.turns[str(row.status)] = int(row.total)
+                status = str(row.status)
+                agent.turns[status] = agent.turns.get(status, 0) + int(row.total)
                 agent.running += int(row.running or 0)
                 agent.queued += int(row.queued or 0)
+                version = row.app_version or ""
+                agent.queued_by_version[version] = agent.queued_by_version.get(version, 0) + int(
+                    row.queued or 0
+                )
                 oldest = _moment(row.oldest_queued)
                 if oldest is not None and (
                     agent.oldest_queued is None or oldest < agent.oldest_queued

@@ -37,6 +37,7 @@ __all__ = [
     "TurnDetail",
     "TurnQuery",
     "TurnRow",
+    "VersionCounts",
     "WaitingApproval",
     "list_turns",
     "read_stats",
@@ -141,6 +142,19 @@ class ApprovalCounts(BaseModel):
     oldest_created_at: datetime | None = None
 
 
+class VersionCounts(BaseModel):
+    """The turns one application version still owes work to, for one agent: a version no
+    worker serves shows claimable turns that never go down."""
+
+    agent: str
+    #: ``None``: turns created before definitions were pinned (any worker claims them).
+    version: str | None
+    #: Pending, claimable now (nobody holds them, their time has come).
+    claimable: int = 0
+    #: Paused at approvals now (their session's latest turn).
+    paused: int = 0
+
+
 class Stats(BaseModel):
     """The database at one moment."""
 
@@ -153,6 +167,8 @@ class Stats(BaseModel):
     queue: QueueCounts
     oldest_pending: OldestPending | None
     approvals: ApprovalCounts
+    #: Claimable and paused turns by agent and application version.
+    versions: list[VersionCounts] = Field(default_factory=list)
 
 
 def _is_latest() -> sa.ColumnElement[bool]:
@@ -296,7 +312,47 @@ def read_stats(connection: Connection, now: datetime) -> Stats:
         queue=_queue(connection, now),
         oldest_pending=_oldest_pending(connection),
         approvals=_approvals(connection, now),
+        versions=_versions(connection, now),
     )
+
+
+def _versions(connection: Connection, now: datetime) -> list[VersionCounts]:
+    """Claimable and paused turns per (agent, version), from the rows of the partial index
+    ``ix_turns_version_waiting``."""
+    t = turns.c
+    claimable = sa.and_(
+        t.status == TurnStatus.PENDING.value,
+        t.run_after <= _NOW,
+        sa.or_(t.lease_expires_at.is_(None), t.lease_expires_at < _NOW),
+    )
+    paused = sa.and_(t.status == TurnStatus.COMPLETED.value, _is_latest())
+    rows = connection.execute(
+        sa.select(
+            t.agent,
+            t.app_version,
+            sa.func.coalesce(sa.func.sum(sa.case((claimable, 1), else_=0)), 0).label("claimable"),
+            sa.func.coalesce(sa.func.sum(sa.case((paused, 1), else_=0)), 0).label("paused"),
+        )
+        .where(
+            sa.or_(
+                t.status == TurnStatus.PENDING.value,
+                t.finish_reason == FinishReason.INTERRUPTED.value,
+            )
+        )
+        .group_by(t.agent, t.app_version)
+        .order_by(t.agent, t.app_version),
+        {"now": now},
+    )
+    counts = [
+        VersionCounts(
+            agent=row.agent,
+            version=row.app_version,
+            claimable=int(row.claimable),
+            paused=int(row.paused),
+        )
+        for row in rows
+    ]
+    return [c for c in counts if c.claimable or c.paused]
 
 
 def _queue(connection: Connection, now: datetime) -> QueueCounts:

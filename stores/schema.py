@@ -123,6 +123,22 @@ turns = sa.Table(
         JSON,
         comment="The session's artifacts [{name, parts, metadata}] as of the last committed round.",
     ),
+    # What the turn is pinned to (migration 0012); NULL on turns created before pinning.
+    sa.Column(
+        "app_version",
+        sa.Text,
+        comment="The application version whose workers may run the turn.",
+    ),
+    sa.Column(
+        "definition_fingerprint",
+        sa.Text,
+        comment="Hash of the agent definition the turn is pinned to.",
+    ),
+    sa.Column(
+        "definition",
+        JSON,
+        comment="The pinned agent definition (model, prompt, tools, schemas, max_turns).",
+    ),
     sa.UniqueConstraint("session_id", "seq"),
     # Claiming scans only pending rows, oldest run_after first.
     sa.Index(
@@ -150,6 +166,15 @@ turns = sa.Table(
         sqlite_where=sa.text("status = 'aborting'"),
     ),
     sa.Index("ix_turns_parent_id", "parent_id"),
+    # The queued and paused turns of one version: `turnstile turns migrate`, queue depth by
+    # version.
+    sa.Index(
+        "ix_turns_version_waiting",
+        "app_version",
+        "agent",
+        postgresql_where=sa.text("status = 'pending' OR finish_reason = 'interrupted'"),
+        sqlite_where=sa.text("status = 'pending' OR finish_reason = 'interrupted'"),
+    ),
     # PostgreSQL: fillfactor = 80 (migration 0004; SQLAlchemy's Table has no storage
     # parameters), room on each page for a lease update's new row version (a HOT update).
     comment="One row per turn = per snapshot; status is the turn state machine.",

@@ -56,6 +56,7 @@ from stores import retention as retention_sql
 from stores import sessions as session_sql
 from stores import tool_calls as call_sql
 from stores import turn_claims as claim_sql
+from stores import turn_versions as version_sql
 from stores import turns as turn_sql
 from stores import ui_sessions as ui_session_sql
 from stores.database import Database, default_url, normalise_url
@@ -245,6 +246,7 @@ class SqlSessionStore:
         limit: int = 1,
         agents: Collection[str] | None = None,
         among: Collection[str] | None = None,
+        versions: Collection[str] | None = None,
     ) -> list[TurnRecord]:
         """See :meth:`engine.store.SessionStore.claim_next`."""
         if limit < 1:
@@ -259,6 +261,7 @@ class SqlSessionStore:
                 limit=limit,
                 agents=agents,
                 turn_ids=among,
+                versions=versions,
             )
         )
 
@@ -352,6 +355,34 @@ class SqlSessionStore:
     async def timeline(self, turn_id: str) -> list[views.TimelineEntry]:
         """Rows of the ``turn_timeline`` view for one turn, in order."""
         return await self._read(lambda c: views.timeline(c, turn_id))
+
+    # -- versions (turnstile turns migrate; stores/turn_versions.py) ---------------------
+
+    async def list_version_waiting(
+        self, version: str, *, agents: Collection[str] | None = None, limit: int = 10_000
+    ) -> list[TurnRecord]:
+        """The paused and queued turns pinned to ``version``, oldest first."""
+        return await self._read(
+            lambda c: version_sql.list_waiting(
+                c, version=version, agents=agents, now=now_utc(), limit=limit
+            )
+        )
+
+    async def move_version(
+        self,
+        turns: Sequence[TurnRecord],
+        *,
+        from_version: str,
+        moves: Mapping[str, version_sql.VersionMove],
+        note: str,
+    ) -> list[str]:
+        """Re-pin ``turns`` (still waiting under ``from_version``) to their agent's entry in
+        ``moves``, recording the move on each; the ids moved, in one transaction."""
+        return await self._write(
+            lambda c: version_sql.move_waiting(
+                c, turns, from_version=from_version, moves=moves, note=note, now=now_utc()
+            )
+        )
 
     # -- operators' reads (turnstile turns, turnstile stats; stores/operations.py) ---------
 

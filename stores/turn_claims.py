@@ -52,7 +52,8 @@ def _claimable(now: datetime | sa.BindParameter[datetime]) -> sa.ColumnElement[b
 @dataclass(frozen=True)
 class ClaimRequest:
     """What a claim asks for: up to ``limit`` turns for ``owner``, leased for
-    ``lease_seconds`` from ``now``; only of ``agents`` and only ``turn_ids`` when given."""
+    ``lease_seconds`` from ``now``; only of ``agents``, only ``turn_ids`` and only turns
+    pinned to one of ``versions`` (or to none) when given."""
 
     owner: str
     lease_seconds: float
@@ -60,6 +61,7 @@ class ClaimRequest:
     limit: int
     agents: Collection[str] | None = None
     turn_ids: Collection[str] | None = None
+    versions: Collection[str] | None = None
 
     @classmethod
     def of(cls, claim: FollowOnClaim, now: datetime) -> ClaimRequest:
@@ -70,12 +72,14 @@ class ClaimRequest:
             now=now,
             limit=claim.limit,
             agents=claim.agents,
+            versions=claim.versions,
         )
 
     @property
-    def form(self) -> tuple[bool, bool]:
-        """Which statement serves it: (filtered by agents, limited to named turns)."""
-        return self.agents is not None, self.turn_ids is not None
+    def form(self) -> tuple[bool, bool, bool]:
+        """Which statement serves it: (filtered by agents, limited to named turns, filtered
+        by versions)."""
+        return self.agents is not None, self.turn_ids is not None, self.versions is not None
 
     def params(self) -> dict[str, Any]:
         """The statement's parameters."""
@@ -89,14 +93,18 @@ class ClaimRequest:
             params["agents"] = list(self.agents)
         if self.turn_ids is not None:
             params["turn_ids"] = list(self.turn_ids)
+        if self.versions is not None:
+            params["versions"] = list(self.versions)
         return params
 
 
 def claim_statement(request: ClaimRequest) -> sa.Update:
     """The claim PostgreSQL runs for ``request``, its values bound (for callers that compile
     it, e.g. to EXPLAIN it)."""
-    agents, turn_ids = request.form
-    return _claim_update(agents=agents, turn_ids=turn_ids, arrays=True, values=request.params())
+    agents, turn_ids, versions = request.form
+    return _claim_update(
+        agents=agents, turn_ids=turn_ids, versions=versions, arrays=True, values=request.params()
+    )
 
 
 def claim(connection: Connection, request: ClaimRequest) -> list[TurnRecord]:
@@ -171,11 +179,16 @@ _ABANDONED = (
 
 
 def _claim_update(
-    *, agents: bool, turn_ids: bool, arrays: bool, values: dict[str, Any] | None = None
+    *,
+    agents: bool,
+    turn_ids: bool,
+    versions: bool = False,
+    arrays: bool,
+    values: dict[str, Any] | None = None,
 ) -> sa.Update:
     """The claim with bound parameters ``now``, ``expires``, ``owner``, ``limit``, and
-    ``agents``/``turn_ids`` when used — carrying ``values`` when given, else left for the
-    execution to supply. With ``arrays`` (PostgreSQL) the lists are one array parameter each
+    ``agents``/``turn_ids``/``versions`` when used — carrying ``values`` when given, else left
+    for the execution to supply. With ``arrays`` (PostgreSQL) the lists are one array parameter each
     (``= ANY(…)``), so the statement's text does not depend on their length."""
 
     def param(name: str, **kwargs: Any) -> sa.BindParameter[Any]:
@@ -204,6 +217,11 @@ def _claim_update(
         candidates = sa.select(turns.c.id).where(_claimable(now))
     if agents:
         candidates = candidates.where(one_of(turns.c.agent, "agents"))
+    if versions:
+        # Turns created before definitions were pinned carry no version: anyone runs them.
+        candidates = candidates.where(
+            sa.or_(turns.c.app_version.is_(None), one_of(turns.c.app_version, "versions"))
+        )
     candidates = (
         candidates.order_by(turns.c.run_after, turns.c.id)
         .limit(param("limit", type_=sa.Integer))
@@ -224,17 +242,22 @@ def _claim_update(
 
 
 _CLAIMS = {
-    (agents, turn_ids): _claim_update(agents=agents, turn_ids=turn_ids, arrays=False)
+    (agents, turn_ids, versions): _claim_update(
+        agents=agents, turn_ids=turn_ids, versions=versions, arrays=False
+    )
     for agents in (False, True)
     for turn_ids in (False, True)
+    for versions in (False, True)
 }
 
 
-def _checked_claim(*, agents: bool, turn_ids: bool) -> PgStatement:
+def _checked_claim(*, agents: bool, turn_ids: bool, versions: bool) -> PgStatement:
     """The claim as a data-modifying CTE, left-joined to one row so that an empty claim
     still answers the recovery question (``abandoned``: an index probe on the partial
     index ``ix_turns_aborting``)."""
-    claimed = _claim_update(agents=agents, turn_ids=turn_ids, arrays=True).cte("claimed")
+    claimed = _claim_update(agents=agents, turn_ids=turn_ids, versions=versions, arrays=True).cte(
+        "claimed"
+    )
     abandoned = (
         sa.exists()
         .where(
@@ -250,7 +273,10 @@ def _checked_claim(*, agents: bool, turn_ids: bool) -> PgStatement:
 
 
 _CHECKED_CLAIMS = {
-    (agents, turn_ids): _checked_claim(agents=agents, turn_ids=turn_ids)
+    (agents, turn_ids, versions): _checked_claim(
+        agents=agents, turn_ids=turn_ids, versions=versions
+    )
     for agents in (False, True)
     for turn_ids in (False, True)
+    for versions in (False, True)
 }

@@ -126,6 +126,10 @@ async def create_turn_in_one_statement(
                 "trace_context": turn.trace_context,
                 "custom": json_codec.dumps(turn.custom) if turn.custom is not None else None,
                 "artifacts": json_codec.dumps(turn.artifacts) if turn.artifacts else None,
+                "app_version": turn.app_version,
+                "definition_fingerprint": turn.definition_fingerprint,
+                "definition": turn.definition,
+                "note": turn.note,
                 "now": now,
                 # Serialised here: jsonb_to_recordset takes one JSON document per parameter.
                 "answers": json_codec.dumps(answered),
@@ -285,13 +289,15 @@ answered AS (
 created AS (
     INSERT INTO turns (id, session_id, seq, agent, parent_id, status, input, history_length,
                        attempts, max_attempts, lease_token, run_after, created_at, updated_at,
-                       trace_context, custom, artifacts)
+                       trace_context, custom, artifacts, app_version,
+                       definition_fingerprint, definition)
     SELECT {turn_id},
            session.id,
            (SELECT coalesce(max(seq), 0) + 1 FROM turns WHERE session_id = :session_id),
            :agent, :parent_id, CAST('pending' AS turn_status), :input, :history_length,
            0, :max_attempts, 0, :now, :now, :now, :trace_context,
-           CAST(:custom AS jsonb), CAST(:artifacts AS jsonb)
+           CAST(:custom AS jsonb), CAST(:artifacts AS jsonb), :app_version,
+           :definition_fingerprint, :definition
     FROM session
     RETURNING *),"""
     )
@@ -319,7 +325,7 @@ opening AS (
         f"""
 event AS (
     INSERT INTO turn_events (turn_id, from_status, to_status, attempt, note, at)
-    SELECT id, NULL, CAST('pending' AS turn_status), 0, NULL, :now FROM created
+    SELECT id, NULL, CAST('pending' AS turn_status), 0, CAST(:note AS text), :now FROM created
     RETURNING pg_notify(:work_channel, turn_id))
 SELECT created.*,
        CASE WHEN {refused} THEN (SELECT id FROM found_session) END AS seen_session_id,
@@ -343,6 +349,10 @@ FROM (SELECT 1) AS one LEFT JOIN created ON true
         sa.bindparam("now", type_=TIMESTAMP),
         sa.bindparam("input", type_=JSON),
         sa.bindparam("trace_context", type_=JSON),
+        sa.bindparam("definition", type_=JSON),
+        sa.bindparam("app_version", type_=sa.Text),
+        sa.bindparam("definition_fingerprint", type_=sa.Text),
+        sa.bindparam("note", type_=sa.Text),
         sa.bindparam("history_length", type_=sa.Integer),
         sa.bindparam("max_attempts", type_=sa.Integer),
     )

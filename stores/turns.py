@@ -73,6 +73,9 @@ def record(row: sa.Row[tuple[object, ...]] | Mapping[str, Any]) -> TurnRecord:
         trace_context=m["trace_context"],
         custom=m["custom"],
         artifacts=m["artifacts"],
+        app_version=m["app_version"],
+        definition_fingerprint=m["definition_fingerprint"],
+        definition=m["definition"],
     )
 
 
@@ -202,9 +205,12 @@ def insert_turn(connection: Connection, turn: NewTurn, now: datetime) -> TurnRec
         "trace_context": turn.trace_context,
         "custom": turn.custom,
         "artifacts": turn.artifacts,
+        "app_version": turn.app_version,
+        "definition_fingerprint": turn.definition_fingerprint,
+        "definition": turn.definition,
     }
     row = connection.execute(_INSERT_TURN, values).one()
-    _event(connection, turn.id, None, TurnStatus.PENDING, 0, now, None, notify=(WORK_CHANNEL,))
+    _event(connection, turn.id, None, TurnStatus.PENDING, 0, now, turn.note, notify=(WORK_CHANNEL,))
     return record(row)
 
 

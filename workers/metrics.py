@@ -142,6 +142,12 @@ class DatabaseCollector(Collector):
         depth = GaugeMetricFamily(
             "turnstile_queue_depth", "Pending turns a worker could claim now.", labels=["agent"]
         )
+        depth_by_version = GaugeMetricFamily(
+            "turnstile_queue_depth_by_version",
+            "Pending turns a worker could claim now, by the application version they are "
+            "pinned to (one no worker serves keeps growing).",
+            labels=["agent", "version"],
+        )
         queue_age = GaugeMetricFamily(
             "turnstile_queue_oldest_age_seconds",
             "How long the oldest claimable turn has waited (0 when none waits).",
@@ -161,10 +167,12 @@ class DatabaseCollector(Collector):
                 turns.add_metric([name, status], agent.turns.get(status, 0))
             running.add_metric([name], agent.running)
             depth.add_metric([name], agent.queued)
+            for version, queued in sorted(agent.queued_by_version.items()):
+                depth_by_version.add_metric([name, version], queued)
             queue_age.add_metric([name], _age(gauges.at, agent.oldest_queued))
             approvals.add_metric([name], agent.open_approvals)
             approval_age.add_metric([name], _age(gauges.at, agent.oldest_approval))
-        yield from (turns, running, depth, queue_age, approvals, approval_age)
+        yield from (turns, running, depth, depth_by_version, queue_age, approvals, approval_age)
 
     def _log_failure(self, exc: Exception) -> None:
         now = time.monotonic()

@@ -117,6 +117,9 @@ class WorkerPool:
         self.owner = owner or default_owner()
         self.shutdown_grace = shutdown_grace
         self.lease_seconds = max(a.lease.lease_seconds for a in self.agents.values())
+        #: The application versions this pool serves: it claims only turns pinned to one
+        #: of them, so a turn never runs in a worker lacking its version.
+        self.versions: list[str] = sorted({a.version for a in self.agents.values()})
         self.scheduler = (
             MaintenanceScheduler(
                 engine,
@@ -214,9 +217,10 @@ class WorkerPool:
             self._stopped.set_result(None)
         forward = asyncio.create_task(self._forward_stop(stop)) if stop is not None else None
         logger.info(
-            "worker %s serving %s (concurrency %d)",
+            "worker %s serving %s at versions %s (concurrency %d)",
             self.owner,
             sorted(self.agents),
+            self.versions,
             self.concurrency,
         )
         try:
@@ -354,6 +358,7 @@ class WorkerPool:
             limit=limit,
             agents=sorted(self.agents),
             among=among,
+            versions=self.versions,
         )
 
     async def _wait_for_work(self) -> bool:
@@ -447,7 +452,10 @@ class WorkerPool:
             follow = None
             if not self._stop.is_set():
                 follow = FollowOnClaim(
-                    owner=self.owner, lease_seconds=self.lease_seconds, agents=sorted(self.agents)
+                    owner=self.owner,
+                    lease_seconds=self.lease_seconds,
+                    agents=sorted(self.agents),
+                    versions=self.versions,
                 )
                 self._follows[task] = follow
                 self._refresh_follows()

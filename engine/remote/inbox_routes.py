@@ -87,6 +87,7 @@ def _wire(approval: PendingApproval, now: datetime) -> dict[str, Any]:
         "turnId": approval.turn_id,
         "sessionId": approval.session_id,
         "agent": approval.agent,
+        "appVersion": approval.app_version,
         "owner": approval.owner,
         "interrupt": approval.interrupt,
         "ref": approval.ref,

@@ -65,6 +65,7 @@ APPROVAL_KEYS = {
     "deadline",
     "created_at",
     "age_seconds",
+    "app_version",
 }
 
 
@@ -232,7 +233,15 @@ async def test_stats(seeded: tuple[OperatorDatabase, dict[str, str]]) -> None:
     done = await db.run_cli("stats", "--json")
     assert done.status == 0, done.err
     stats = done.json()
-    assert set(stats) == {"at", "turns", "paused", "queue", "oldest_pending", "approvals"}
+    assert set(stats) == {
+        "at",
+        "turns",
+        "paused",
+        "queue",
+        "oldest_pending",
+        "approvals",
+        "versions",
+    }
     assert stats["turns"] == {
         "pending": 0,
         "aborting": 0,
@@ -251,6 +260,10 @@ async def test_stats(seeded: tuple[OperatorDatabase, dict[str, str]]) -> None:
     stats = (await db.run_cli("stats", "--json")).json()
     assert stats["turns"]["pending"] == 1 and stats["queue"]["claimable"] == 1
     assert stats["oldest_pending"]["turn_id"] == queued
+    # One agent, one version (its definition's fingerprint): the paused and the queued turn.
+    [version] = stats["versions"]
+    assert (version["claimable"], version["paused"]) == (1, 1)
+    assert version["version"].startswith("def-")
     human = await db.run_cli("stats")
     assert "Turns" in human.out and "Open approvals by age" in human.out
     assert f"Oldest pending turn: {queued}" in human.out

@@ -185,9 +185,11 @@ async def paused_turn(
     session_id: str = "s1",
     *,
     interrupted: Sequence[str] = ("r1",),
+    **fields: Any,
 ) -> TurnRecord:
-    """A turn settled ``completed/interrupted`` at ``interrupted`` calls, plus one done call."""
-    await store.create_turn(new_turn(turn_id, session_id))
+    """A turn settled ``completed/interrupted`` at ``interrupted`` calls, plus one done call
+    (``fields``: more of its :class:`NewTurn`, e.g. its version)."""
+    await store.create_turn(new_turn(turn_id, session_id, **fields))
     token = (await claim(store, turn_id)).lease_token
     calls = [tool_call(turn_id, 1, ref, ToolCallStatus.INTERRUPTED) for ref in interrupted]
     calls.append(tool_call(turn_id, 1, "done", output={"ok": True}))

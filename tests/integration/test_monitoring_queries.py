@@ -96,3 +96,28 @@ async def test_the_collector_renders_zeros_for_known_agents_and_survives_a_lost_
     lost.dispose()
     assert "turnstile_database_up 0.0" in text
     assert "turnstile_approvals_open" not in text
+
+
+async def test_the_queue_depth_is_also_counted_by_version(store: SqlSessionStore) -> None:
+    """Queued turns of two application versions are two series of
+    turnstile_queue_depth_by_version, so a version no worker serves stands out."""
+    for version, said in (("v1", "hello"), ("v2", "hi"), ("v2", "hey")):
+        app = build(store=store, execution="workers", state_keys=TEST_STATE_KEYS)
+        app.banking_agent.declared_version = version
+        await app.banking_agent.chat().send(said, wait=False)
+    database = MonitoringDatabase(store.db.url)
+    try:
+        gauges = database.read_gauges(datetime.now(UTC) + timedelta(seconds=1))
+        scraped = generate_latest(Metrics(database=database, agents=["bankingAgent"]).registry)
+    finally:
+        database.dispose()
+    agent = gauges.agents["bankingAgent"]
+    assert agent.queued == 3
+    assert agent.queued_by_version == {"v1": 1, "v2": 2}
+    samples = {
+        tuple(sorted(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(scraped.decode())
+        for sample in family.samples
+        if sample.name == "turnstile_queue_depth_by_version"
+    }
+    assert samples[(("agent", "bankingAgent"), ("version", "v2"))] == 2

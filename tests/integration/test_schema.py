@@ -280,13 +280,20 @@ def _generic_plan_scans(connection: psycopg.Connection[Any], statement: Any, val
 def _hot_path_reads() -> dict[str, tuple[Any, dict[str, Any]]]:
     """The claims and reads of the common path, with values for _populate's turns."""
     now = datetime.now(UTC)
-    claim = {"now": now, "expires": now, "owner": "w", "limit": 8, "agents": ["a"]}
+    claim = {
+        "now": now,
+        "expires": now,
+        "owner": "w",
+        "limit": 8,
+        "agents": ["a"],
+        "versions": ["v1"],
+    }
     return {
         "claim by id": (
-            claim_sql._CHECKED_CLAIMS[True, True],
+            claim_sql._CHECKED_CLAIMS[True, True, True],
             {**claim, "turn_ids": ["t1000", "t2000"]},
         ),
-        "claim": (claim_sql._CHECKED_CLAIMS[True, False], claim),
+        "claim": (claim_sql._CHECKED_CLAIMS[True, False, True], claim),
         "snapshot": (snapshots._SNAPSHOT, {"turn_id": "t500"}),
         "progress": (snapshots._PROGRESS, {"turn_id": "t500"}),
         "turn": (turns._PG_BY_ID, {"turn_id": "t500"}),
@@ -377,6 +384,10 @@ def test_a_resume_finds_its_answers_by_the_parents_key_however_many_approvals_ar
             "trace_context": "NULL",
             "custom": "NULL",
             "artifacts": "NULL",
+            "app_version": "'v1'",
+            "definition_fingerprint": "'def-0'",
+            "definition": "NULL",
+            "note": "NULL",
             "work_channel": "'turnstile_work'",
         }
         arguments = ", ".join(literals[name] for name in statement.parameter_names)
@@ -410,8 +421,15 @@ def test_a_new_databases_queue_claim_walks_its_index_in_order() -> None:
         )
         connection.execute("UPDATE turns SET status = 'completed' WHERE id <> 't3000'")
         now = datetime.now(UTC)
-        claim = {"now": now, "expires": now, "owner": "w", "limit": 8, "agents": ["a"]}
-        plan = _generic_plan_scans(connection, claim_sql._CHECKED_CLAIMS[True, False], claim)
+        claim = {
+            "now": now,
+            "expires": now,
+            "owner": "w",
+            "limit": 8,
+            "agents": ["a"],
+            "versions": ["v1"],
+        }
+        plan = _generic_plan_scans(connection, claim_sql._CHECKED_CLAIMS[True, False, True], claim)
     assert "Index Scan using ix_turns_claimable" in plan, plan
     assert "Bitmap" not in plan, plan
 
@@ -427,10 +445,20 @@ def test_the_common_paths_statements_are_never_jit_compiled() -> None:
         _populate(connection, 2_000)
         connection.execute("SET jit_above_cost = 0")
         now = datetime.now(UTC)
-        claim = {"now": now, "expires": now, "owner": "w", "limit": 8, "agents": ["a"]}
+        claim = {
+            "now": now,
+            "expires": now,
+            "owner": "w",
+            "limit": 8,
+            "agents": ["a"],
+            "versions": ["v1"],
+        }
         cases = {
-            "claim by id": (claim_sql._CHECKED_CLAIMS[True, True], {**claim, "turn_ids": ["t1"]}),
-            "claim": (claim_sql._CHECKED_CLAIMS[True, False], claim),
+            "claim by id": (
+                claim_sql._CHECKED_CLAIMS[True, True, True],
+                {**claim, "turn_ids": ["t1"]},
+            ),
+            "claim": (claim_sql._CHECKED_CLAIMS[True, False, True], claim),
             "snapshot": (snapshots._SNAPSHOT, {"turn_id": "t500"}),
             "progress": (snapshots._PROGRESS, {"turn_id": "t500"}),
         }

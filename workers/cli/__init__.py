@@ -37,6 +37,7 @@ from workers.cli.startup import redact_url, resolve_db_url
 from workers.cli.stats import stats
 from workers.cli.turns import turns
 from workers.cli.ui import ui
+from workers.cli.versions import migrate_turns
 from workers.cli.worker import worker
 
 __all__ = [
@@ -76,6 +77,7 @@ def cli() -> None:
 cli.add_command(migrate)
 cli.add_command(worker)
 cli.add_command(serve)
+turns.add_command(migrate_turns)
 cli.add_command(turns)
 cli.add_command(approvals)
 cli.add_command(stats)

@@ -127,6 +127,7 @@ def approval_wire(approval: PendingApproval, now: datetime) -> dict[str, Any]:
         "turn_id": approval.turn_id,
         "session_id": approval.session_id,
         "agent": approval.agent,
+        "app_version": approval.app_version,
         "owner": approval.owner,
         "interrupt": approval.interrupt,
         "ref": approval.ref,
@@ -211,6 +212,7 @@ def ls(
             [
                 "ID",
                 "AGENT",
+                "VERSION",
                 "INTERRUPT",
                 "INPUT",
                 "AGE",
@@ -223,6 +225,7 @@ def ls(
                 [
                     approval_id(a.turn_id, a.ref),
                     a.agent,
+                    a.app_version or "",
                     a.interrupt,
                     short(a.input, 50),
                     ago(a.created_at, now),

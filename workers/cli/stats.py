@@ -40,6 +40,7 @@ def stats_wire(read: Stats) -> dict[str, Any]:
             "by_age": dict(approvals.by_age),
             "oldest_created_at": iso(approvals.oldest_created_at),
         },
+        "versions": [v.model_dump() for v in read.versions],
     }
 
 
@@ -77,6 +78,17 @@ def _print(read: Stats, now: datetime) -> None:
         )
     else:
         out.print("No pending turn.")
+    if read.versions:
+        out.print(
+            table(
+                "Waiting turns by version",
+                ["AGENT", "VERSION", "CLAIMABLE", "PAUSED"],
+                (
+                    [v.agent, v.version or "(unpinned)", v.claimable, v.paused]
+                    for v in read.versions
+                ),
+            )
+        )
     approvals = read.approvals
     out.print(
         table(

@@ -223,6 +223,8 @@ def detail_wire(detail: TurnDetail, now: datetime) -> dict[str, Any]:
             "output_tokens": turn.output_tokens,
             "custom": turn.custom,
             "artifacts": turn.artifacts or [],
+            "app_version": turn.app_version,
+            "definition_fingerprint": turn.definition_fingerprint,
             "children": detail.children,
         }
     )
@@ -258,6 +260,9 @@ def _print_detail(detail: TurnDetail, now: datetime, full: bool) -> None:
                 "turn": turn.id,
                 "session": turn.session_id,
                 "agent": turn.agent,
+                "version": f"{turn.app_version} ({turn.definition_fingerprint})"
+                if turn.app_version
+                else None,
                 "status": _status_text(turn.status, turn.finish_reason, detail.waiting)
                 + (f" ({turn.finish_reason.value})" if turn.finish_reason else ""),
                 "input": turn.input.kind,

@@ -79,6 +79,7 @@ class InboxPages:
                 "interrupt": a.interrupt,
                 "summary": present.input_summary(a.input),
                 "agent": a.agent,
+                "version": a.app_version,
                 "requester": a.owner,
                 "created_at": a.created_at,
                 "age": present.ago(a.created_at, now),

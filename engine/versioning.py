@@ -1,0 +1,194 @@
+"""Definitions pinned per turn: an agent's definition as canonical JSON, its fingerprint,
+the application version a turn is pinned to, the diff between two definitions, and the
+migrations an app registers to move paused turns onto new definitions.
+
+Every turn records the fingerprint of its agent's definition (model id, system prompt, tools
+and interrupts with their schemas, ``max_turns``) and a description of it, and the
+application version that created it: ``Engine(version=...)``, else ``TURNSTILE_APP_VERSION``,
+else the agent's fingerprint itself. Workers claim only the versions they serve; resuming a
+turn paused under another definition is refused (:class:`DefinitionChangedError`) unless a
+migration registered for its version maps it onto the current one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from engine.errors import DefinitionChangedError
+from engine.parts import Message, Part
+from engine.tools import InterruptTool, Tool
+
+__all__ = [
+    "APP_VERSION_ENV",
+    "DefinitionChange",
+    "DefinitionChangedError",
+    "Migration",
+    "MigrationFn",
+    "PausedTurn",
+    "Pinning",
+    "app_version_from_env",
+    "describe_definition",
+    "diff_definitions",
+    "fingerprint_of",
+    "format_changes",
+]
+
+#: The environment variable declaring the application version (``Engine(version=)`` wins).
+APP_VERSION_ENV = "TURNSTILE_APP_VERSION"
+#: Prefix of a fingerprint used as a version, so the two are told apart at a glance.
+FINGERPRINT_PREFIX = "def-"
+
+
+def app_version_from_env() -> str | None:
+    """``TURNSTILE_APP_VERSION``, stripped, or ``None`` when unset or blank."""
+    raw = os.environ.get(APP_VERSION_ENV, "").strip()
+    return raw or None
+
+
+def _tool_description(tool: Tool) -> dict[str, Any]:
+    spec = tool.spec()
+    described: dict[str, Any] = {
+        "kind": "interrupt" if isinstance(tool, InterruptTool) else "tool",
+        "description": tool.description,
+        "inputSchema": spec.input_schema,
+        "outputSchema": spec.output_schema,
+    }
+    return described
+
+
+def describe_definition(
+    *,
+    agent: str,
+    model: str,
+    system: str | None,
+    tools: Mapping[str, Tool],
+    max_turns: int,
+) -> dict[str, Any]:
+    """The canonical JSON description of an agent's definition: what its fingerprint hashes
+    and what a diff compares (tools keyed by name, so their order does not matter)."""
+    return {
+        "agent": agent,
+        "model": model,
+        "system": system,
+        "maxTurns": max_turns,
+        "tools": {name: _tool_description(tool) for name, tool in sorted(tools.items())},
+    }
+
+
+def _canonical(value: Any) -> str:
+    """JSON with sorted keys and no whitespace: equal descriptions give equal text."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def fingerprint_of(description: Mapping[str, Any]) -> str:
+    """The stable hash of a definition's description (``def-`` and 16 hex digits of SHA-256
+    of its canonical JSON): the same across processes, runs and dict orderings."""
+    digest = hashlib.sha256(_canonical(description).encode("utf-8")).hexdigest()
+    return FINGERPRINT_PREFIX + digest[:16]
+
+
+class DefinitionChange(BaseModel):
+    """One element that differs between two definitions: ``what`` is ``model``,
+    ``system``, ``maxTurns`` or ``tools.<name>`` (with ``.inputSchema``, ``.outputSchema``,
+    ``.kind`` or ``.description``); ``change`` is ``changed``, ``added`` or ``removed``."""
+
+    what: str
+    change: str
+    before: Any = None
+    after: Any = None
+
+    def line(self) -> str:
+        """One human-readable line naming the change."""
+        if self.change == "changed" and self.what in ("model", "maxTurns"):
+            return f"{self.what}: {self.before!r} -> {self.after!r}"
+        return f"{self.what} {self.change}"
+
+
+def diff_definitions(
+    before: Mapping[str, Any] | None, after: Mapping[str, Any]
+) -> list[DefinitionChange]:
+    """What differs from ``before`` to ``after`` (two :func:`describe_definition` results);
+    a turn recorded without a description (``None``) differs in everything it cannot show."""
+    if before is None:
+        return [DefinitionChange(what="definition", change="unknown", after=dict(after))]
+    changes: list[DefinitionChange] = []
+    for key in ("model", "system", "maxTurns"):
+        if before.get(key) != after.get(key):
+            changes.append(
+                DefinitionChange(
+                    what=key, change="changed", before=before.get(key), after=after.get(key)
+                )
+            )
+    old_tools: Mapping[str, Any] = before.get("tools") or {}
+    new_tools: Mapping[str, Any] = after.get("tools") or {}
+    for name in sorted(old_tools.keys() | new_tools.keys()):
+        changes.extend(_tool_changes(name, old_tools.get(name), new_tools.get(name)))
+    return changes
+
+
+def _tool_changes(
+    name: str, before: Mapping[str, Any] | None, after: Mapping[str, Any] | None
+) -> list[DefinitionChange]:
+    what = f"tools.{name}"
+    if before is None:
+        return [DefinitionChange(what=what, change="added", after=after)]
+    if after is None:
+        return [DefinitionChange(what=what, change="removed", before=before)]
+    return [
+        DefinitionChange(
+            what=f"{what}.{key}", change="changed", before=before.get(key), after=after.get(key)
+        )
+        for key in ("kind", "description", "inputSchema", "outputSchema")
+        if _canonical(before.get(key)) != _canonical(after.get(key))
+    ]
+
+
+def format_changes(changes: Sequence[DefinitionChange]) -> str:
+    """The changes as one ``; ``-separated line (for error messages and logs)."""
+    return "; ".join(change.line() for change in changes) or "no differences"
+
+
+class PausedTurn(BaseModel):
+    """What a migration receives, and returns adjusted: the paused turn's conversation (its
+    last message is the model message paused at interrupts) and the resume's answers."""
+
+    snapshot_id: str
+    from_version: str
+    to_version: str
+    messages: list[Message]
+    respond: list[Part] = Field(default_factory=list)
+    restart: list[Part] = Field(default_factory=list)
+    #: What changed between the two definitions.
+    changes: list[DefinitionChange] = Field(default_factory=list)
+
+
+MigrationFn = Callable[[PausedTurn], "PausedTurn | Awaitable[PausedTurn]"]
+
+
+@dataclass(frozen=True)
+class Migration:
+    """A registered migration: turns paused under ``from_version`` (an app version or a
+    fingerprint) of ``agent`` (``None``: any agent) are mapped by ``fn``."""
+
+    from_version: str
+    fn: MigrationFn
+    agent: str | None = None
+
+
+@dataclass(frozen=True)
+class Pinning:
+    """What a new turn records of its definition: the app version that must run it, the
+    definition's fingerprint and description, and — for a migrated resume — the version it
+    was migrated from."""
+
+    app_version: str
+    fingerprint: str
+    definition: Mapping[str, Any]
+    migrated_from: str | None = None

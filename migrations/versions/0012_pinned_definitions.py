@@ -1,0 +1,78 @@
+"""Definitions pinned per turn: turns.app_version, definition_fingerprint and definition.
+
+Revision ID: 0012
+Revises: 0009
+Create Date: 2026-12-03 17:00:00.000000
+
+Every new turn records the application version whose workers may run it, the fingerprint of
+its agent's definition (model, system prompt, tools and interrupts with their schemas,
+``max_turns``) and that definition's description, so a later diff can say what changed.
+Workers claim only the versions they serve; ``ix_turns_version_waiting`` lets the operator's
+``turnstile turns migrate`` and the per-version queue counts find the pending and paused
+turns of one version without reading the rest. All three columns are nullable without a
+default: existing rows read NULL (unpinned, claimable by any worker) and PostgreSQL rewrites
+no row to add them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import op
+from sqlalchemy.dialects import postgresql
+
+revision: str = "0012"
+down_revision: str | None = "0009"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+JSON = sa.JSON(none_as_null=True).with_variant(postgresql.JSONB(none_as_null=True), "postgresql")
+WAITING = sa.text("status = 'pending' OR finish_reason = 'interrupted'")
+
+
+def upgrade() -> None:
+    op.add_column(
+        "turns",
+        sa.Column(
+            "app_version",
+            sa.Text,
+            nullable=True,
+            comment="The application version whose workers may run the turn.",
+        ),
+    )
+    op.add_column(
+        "turns",
+        sa.Column(
+            "definition_fingerprint",
+            sa.Text,
+            nullable=True,
+            comment="Hash of the agent definition the turn is pinned to.",
+        ),
+    )
+    op.add_column(
+        "turns",
+        sa.Column(
+            "definition",
+            JSON,
+            nullable=True,
+            comment="The pinned agent definition (model, prompt, tools, schemas, max_turns).",
+        ),
+    )
+    op.create_index(
+        "ix_turns_version_waiting",
+        "turns",
+        ["app_version", "agent"],
+        postgresql_where=WAITING,
+        sqlite_where=WAITING,
+    )
+
+
+def downgrade() -> None:
+    op.drop_index("ix_turns_version_waiting", table_name="turns")
+    # Plain ALTER TABLE ... DROP COLUMN, as 0005's downgrade: a batch copy of `turns` would
+    # have to recreate its partial indexes, triggers and the views that read it.
+    with op.batch_alter_table("turns", recreate="never") as batch:
+        batch.drop_column("definition")
+        batch.drop_column("definition_fingerprint")
+        batch.drop_column("app_version")

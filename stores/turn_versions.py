@@ -1,0 +1,131 @@
+"""SQL for moving turns between application versions (``turnstile turns migrate``).
+
+The turns a version still owes work to are its *waiting* turns: paused ones (completed at
+interrupts, their session's latest turn) and queued ones (pending, no live lease). Moving one
+re-pins it — a new ``app_version``, ``definition_fingerprint`` and ``definition`` — with one
+guarded UPDATE that re-checks it is still waiting under the old version, and records the move
+as a ``turn_events`` row (status unchanged, a note naming both versions), in one transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from engine.status import FinishReason, TurnStatus
+from engine.store import TurnRecord
+from stores.notify import WORK_CHANNEL, notify
+from stores.schema import JSON, TIMESTAMP, turn_events, turns
+from stores.turns import record
+
+__all__ = ["VersionMove", "list_waiting", "move_waiting"]
+
+
+def _waiting(now: datetime | sa.BindParameter[datetime]) -> sa.ColumnElement[bool]:
+    """Paused and the session's latest turn, or pending with no live lease."""
+    later = sa.alias(turns, "later")
+    latest = ~sa.exists().where(later.c.session_id == turns.c.session_id, later.c.seq > turns.c.seq)
+    paused = sa.and_(
+        turns.c.status == TurnStatus.COMPLETED.value,
+        turns.c.finish_reason == FinishReason.INTERRUPTED.value,
+        latest,
+    )
+    queued = sa.and_(
+        turns.c.status == TurnStatus.PENDING.value,
+        sa.or_(turns.c.lease_expires_at.is_(None), turns.c.lease_expires_at < now),
+    )
+    return sa.or_(paused, queued)
+
+
+def list_waiting(
+    connection: Connection,
+    *,
+    version: str,
+    agents: Collection[str] | None,
+    now: datetime,
+    limit: int,
+) -> list[TurnRecord]:
+    """The waiting turns pinned to ``version`` (of ``agents`` when given), oldest first."""
+    query = sa.select(turns).where(turns.c.app_version == version, _waiting(now))
+    if agents is not None:
+        query = query.where(turns.c.agent.in_(list(agents)))
+    query = query.order_by(turns.c.created_at, turns.c.id).limit(limit)
+    return [record(row) for row in connection.execute(query)]
+
+
+@dataclass(frozen=True)
+class VersionMove:
+    """Where one agent's turns go: the new version and the definition they are pinned to."""
+
+    to_version: str
+    fingerprint: str
+    definition: Mapping[str, Any]
+
+
+_MOVE = (
+    sa.update(turns)
+    .where(
+        turns.c.id == sa.bindparam("turn_id"),
+        turns.c.app_version == sa.bindparam("from_version"),
+        _waiting(sa.bindparam("now", type_=TIMESTAMP)),
+    )
+    .values(
+        app_version=sa.bindparam("to_version"),
+        definition_fingerprint=sa.bindparam("fingerprint"),
+        definition=sa.bindparam("definition", type_=JSON),
+        updated_at=sa.bindparam("now", type_=TIMESTAMP),
+    )
+    .returning(turns.c.status, turns.c.attempts)
+)
+
+
+def move_waiting(
+    connection: Connection,
+    turns_to_move: Sequence[TurnRecord],
+    *,
+    from_version: str,
+    moves: Mapping[str, VersionMove],
+    note: str,
+    now: datetime,
+) -> list[str]:
+    """Re-pin each turn (still waiting under ``from_version``) by its agent's entry in
+    ``moves``, in the caller's transaction; the ids moved (a turn that was resumed, claimed
+    or moved meanwhile is left as it is)."""
+    moved: list[str] = []
+    for turn in turns_to_move:
+        move = moves.get(turn.agent)
+        if move is None:
+            continue
+        row = connection.execute(
+            _MOVE,
+            {
+                "turn_id": turn.id,
+                "from_version": from_version,
+                "to_version": move.to_version,
+                "fingerprint": move.fingerprint,
+                "definition": dict(move.definition),
+                "now": now,
+            },
+        ).first()
+        if row is None:
+            continue
+        connection.execute(
+            sa.insert(turn_events).values(
+                turn_id=turn.id,
+                from_status=row.status,
+                to_status=row.status,
+                attempt=row.attempts,
+                note=note,
+                at=now,
+            )
+        )
+        if row.status == TurnStatus.PENDING.value:
+            # The new version's workers claim it now, not at their next poll.
+            notify(connection, WORK_CHANNEL, turn.id)
+        moved.append(turn.id)
+    return moved

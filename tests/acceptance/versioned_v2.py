@@ -1,0 +1,5 @@
+"""Version v2 of the payments app (see :mod:`tests.acceptance.versioned_app`)."""
+
+from tests.acceptance.versioned_app import build
+
+ai = build("v2")
