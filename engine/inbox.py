@@ -286,6 +286,10 @@ async def decide(
     waiting = [c.ref for c in paused if c.decided_at is None]
     if waiting:
         return DecisionOutcome(decided=decided, waiting_for=waiting, votes=votes)
+    if not paused:
+        # A concurrent decision on the same turn already enqueued the resume, which closed
+        # every paused row: that resume carries this decision too.
+        return DecisionOutcome(decided=decided, votes=votes)
     return DecisionOutcome(
         decided=decided, resume_snapshot_id=await _resume(agent, paused), votes=votes
     )
