@@ -1,5 +1,5 @@
 """SQL for the assignment, escalation and reminders of open approvals (``approval_assignments``,
-migration 0009; the rules are :mod:`engine.assignment`'s).
+migration 0010; the rules are :mod:`engine.assignment`'s).
 
 An approval has a row once anything was assigned, escalated or reminded; before that it is
 assigned to its interrupt's default group. A change first inserts that starting row if there

@@ -112,7 +112,7 @@ turns = sa.Table(
         JSON,
         comment="W3C trace context (traceparent, tracestate) of the request that created it.",
     ),
-    # Genkit's session state (migration 0011), written with the round that changed it.
+    # Genkit's session state (migration 0009), written with the round that changed it.
     sa.Column(
         "custom",
         JSON,
@@ -123,7 +123,7 @@ turns = sa.Table(
         JSON,
         comment="The session's artifacts [{name, parts, metadata}] as of the last committed round.",
     ),
-    # What the turn is pinned to (migration 0012); NULL on turns created before pinning.
+    # What the turn is pinned to (migration 0011); NULL on turns created before pinning.
     sa.Column(
         "app_version",
         sa.Text,
@@ -333,7 +333,7 @@ ui_sessions = sa.Table(
     sa.Column("client_address", sa.Text, nullable=False, server_default=""),
     sa.Index("ix_ui_sessions_principal", "principal"),
     sa.Index("ix_ui_sessions_expires_at", "expires_at"),
-    comment="Signed-in browsers of the inbox UI (migration 0010).",
+    comment="Signed-in browsers of the inbox UI (migration 0008).",
 )
 
 ui_login_failures = sa.Table(
@@ -347,7 +347,7 @@ ui_login_failures = sa.Table(
         comment="Sign-in attempts in the window not known to have succeeded.",
     ),
     sa.Column("window_started_at", TIMESTAMP, nullable=False),
-    comment="Failed sign-ins of the inbox UI per client address and account (migration 0010).",
+    comment="Failed sign-ins of the inbox UI per client address and account (migration 0008).",
 )
 
 
@@ -379,5 +379,5 @@ approval_assignments = sa.Table(
         [tool_calls.c.turn_id, tool_calls.c.round, tool_calls.c.ref],
         ondelete="CASCADE",
     ),
-    comment="Assignment, escalation and reminders of approvals (migration 0009).",
+    comment="Assignment, escalation and reminders of approvals (migration 0010).",
 )

@@ -1,6 +1,6 @@
 """Browser sessions of the inbox UI as rows, and the sign-in failure counters.
 
-Revision ID: 0010
+Revision ID: 0008
 Revises: 0007
 Create Date: 2026-12-03 16:30:00.000000
 
@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-revision: str = "0010"
+revision: str = "0008"
 down_revision: str | None = "0007"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
@@ -42,7 +42,7 @@ def upgrade() -> None:
         sa.Column("user_agent", sa.Text, nullable=False, server_default=""),
         sa.Column("client_address", sa.Text, nullable=False, server_default=""),
         sa.PrimaryKeyConstraint("id", name="pk_ui_sessions"),
-        comment="Signed-in browsers of the inbox UI (migration 0010).",
+        comment="Signed-in browsers of the inbox UI (migration 0008).",
     )
     op.create_index("ix_ui_sessions_principal", "ui_sessions", ["principal"])
     op.create_index("ix_ui_sessions_expires_at", "ui_sessions", ["expires_at"])
@@ -58,7 +58,7 @@ def upgrade() -> None:
         sa.Column("window_started_at", TIMESTAMP, nullable=False),
         sa.PrimaryKeyConstraint("key", name="pk_ui_login_failures"),
         comment=(
-            "Failed sign-ins of the inbox UI per client address and account (migration 0010)."
+            "Failed sign-ins of the inbox UI per client address and account (migration 0008)."
         ),
     )
 

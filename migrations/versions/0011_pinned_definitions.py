@@ -1,7 +1,7 @@
 """Definitions pinned per turn: turns.app_version, definition_fingerprint and definition.
 
-Revision ID: 0012
-Revises: 0009
+Revision ID: 0011
+Revises: 0010
 Create Date: 2026-12-03 17:00:00.000000
 
 Every new turn records the application version whose workers may run it, the fingerprint of
@@ -22,8 +22,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-revision: str = "0012"
-down_revision: str | None = "0009"
+revision: str = "0011"
+down_revision: str | None = "0010"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -1,8 +1,8 @@
 """Genkit's custom session state and artifacts: turns.custom, turns.artifacts and
 tool_calls.effects.
 
-Revision ID: 0011
-Revises: 0010
+Revision ID: 0009
+Revises: 0008
 Create Date: 2026-12-03 17:00:00.000000
 
 ``turns.custom`` and ``turns.artifacts`` hold the session's custom state and artifacts as of
@@ -21,8 +21,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-revision: str = "0011"
-down_revision: str | None = "0010"
+revision: str = "0009"
+down_revision: str | None = "0008"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -1,7 +1,7 @@
 """Assignment, escalation and reminders of approvals: the approval_assignments table.
 
-Revision ID: 0009
-Revises: 0011
+Revision ID: 0010
+Revises: 0009
 Create Date: 2026-12-03 16:30:00.000000
 
 An open approval may be assigned to a person and/or a group, claimed, released, escalated to
@@ -19,8 +19,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0009"
-down_revision: str | None = "0011"
+revision: str = "0010"
+down_revision: str | None = "0009"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
@@ -60,7 +60,7 @@ def upgrade() -> None:
             ondelete="CASCADE",
         ),
         sa.PrimaryKeyConstraint("turn_id", "round", "ref", name="pk_approval_assignments"),
-        comment="Assignment, escalation and reminders of approvals (migration 0009).",
+        comment="Assignment, escalation and reminders of approvals (migration 0010).",
     )
 
 
