@@ -196,6 +196,15 @@ async def test_a_resume_of_a_v1_blob_by_a_changed_v2_agent_is_refused_with_the_d
     assert moved == []
 
 
+async def test_a_restart_of_a_v1_blob_by_a_changed_v2_agent_is_refused_too() -> None:
+    """Restarting the paused call is a resume as well: refused across the change."""
+    _, res = await _paused_under_v1()
+    v2 = _engine([say("Restarted.")], version="v2", interrupt="confirm")
+    chat = v2.agents["bank"].chat(state=res.state)
+    with pytest.raises(DefinitionChangedError, match=r"tools\.approve removed"):
+        await chat.resume(restart=[res.interrupts[0].restart()])
+
+
 async def test_a_registered_migration_resumes_a_v1_blob_under_v2() -> None:
     """v2 renamed the interrupt and registers a migration from v1: the resume runs under
     v2, the model sees the new name, and the new blob is pinned to v2."""
