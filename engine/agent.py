@@ -22,7 +22,7 @@ from dataclasses import replace
 from typing import Any
 
 from engine.chat import Chat
-from engine.client_state import sign_state
+from engine.client_state import BlobPin, sign_state
 from engine.errors import FailedPreconditionError, InvalidArgumentError
 from engine.executor import LeaseSettings, RetryPolicy, run_inline
 from engine.idempotency import keyed_turn_id
@@ -475,5 +475,6 @@ class Agent:
             session_id=turn.session_id,
             messages=messages,
             data=SessionData.of(turn.custom, turn.artifacts),
+            pin=BlobPin.of(turn),
         )
         return settled_response(turn, messages, self._input_schemas, state=state)

@@ -4,6 +4,11 @@ client holds and sends back.
 A client-managed turn runs on a scratch in-memory store rebuilt from the verified blob, so
 it shares the runner and every rule with a stored turn; what differs lives here: opening
 the blob, signing the settled conversation, and turn ids that a replayed blob cannot renew.
+
+Like a stored turn, a blob is pinned to the definition it was made under: beside Genkit's
+fields and the signature it carries ``pin`` (:data:`PIN_FIELD`), covered by the signature,
+which the rebuilt turn records so that a resume across a definition change is refused or
+migrated exactly as a stored one is (:mod:`engine.pinning`).
 """
 
 from __future__ import annotations
@@ -14,14 +19,73 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from engine.errors import InvalidStateError
 from engine.memory_store import InMemorySessionStore
 from engine.parts import Message
 from engine.session_state import SessionData
 from engine.signing import StateSigner, canonical_json
 from engine.snapshots import SessionState, restore_client_state
 from engine.store import TurnInput, TurnRecord
+from engine.versioning import outline_definition
 
-__all__ = ["ClientSession", "client_turn_id", "open_client_state", "sign_state"]
+__all__ = [
+    "PIN_FIELD",
+    "BlobPin",
+    "ClientSession",
+    "client_turn_id",
+    "open_client_state",
+    "sign_state",
+]
+
+#: The blob's field naming what it is pinned to: ``{appVersion, fingerprint, definition}``,
+#: the definition as an outline (:func:`~engine.versioning.outline_definition`).
+PIN_FIELD = "pin"
+
+
+@dataclass(frozen=True)
+class BlobPin:
+    """The definition a client-managed blob was made under: the application version, the
+    fingerprint and the outline of the definition."""
+
+    app_version: str
+    fingerprint: str
+    definition: dict[str, Any] | None
+
+    @classmethod
+    def of(cls, turn: TurnRecord) -> BlobPin | None:
+        """What ``turn`` is pinned to (``None`` for a turn recorded without a pin)."""
+        if turn.app_version is None or turn.definition_fingerprint is None:
+            return None
+        definition = None if turn.definition is None else outline_definition(turn.definition)
+        return cls(turn.app_version, turn.definition_fingerprint, definition)
+
+    def to_wire(self) -> dict[str, Any]:
+        """The ``pin`` field's JSON."""
+        return {
+            "appVersion": self.app_version,
+            "fingerprint": self.fingerprint,
+            "definition": self.definition,
+        }
+
+    @classmethod
+    def from_blob(cls, verified: Mapping[str, Any]) -> BlobPin | None:
+        """The pin of a verified blob; ``None`` for a blob signed before blobs were pinned."""
+        raw = verified.get(PIN_FIELD)
+        if raw is None:
+            return None
+        version = raw.get("appVersion") if isinstance(raw, Mapping) else None
+        fingerprint = raw.get("fingerprint") if isinstance(raw, Mapping) else None
+        definition = raw.get("definition") if isinstance(raw, Mapping) else None
+        if (
+            not isinstance(version, str)
+            or not isinstance(fingerprint, str)
+            or not isinstance(definition, Mapping | None)
+        ):
+            raise InvalidStateError(
+                f"Client state has a malformed '{PIN_FIELD}' field: expected "
+                "{appVersion, fingerprint, definition}."
+            )
+        return cls(version, fingerprint, None if definition is None else dict(definition))
 
 
 @dataclass(frozen=True)
@@ -54,6 +118,7 @@ async def open_client_state(
         agent=agent,
         owner=lease_owner,
         session_owner=session_owner,
+        pin=BlobPin.from_blob(verified),
     )
     return ClientSession(scratch, restored, str(verified["sessionId"]))
 
@@ -65,17 +130,19 @@ def sign_state(
     session_id: str,
     messages: list[Message],
     data: SessionData | None = None,
+    pin: BlobPin | None = None,
 ) -> dict[str, Any]:
-    """The signed blob a client keeps after a turn: the session's whole conversation."""
-    return signer.sign(
-        SessionState(
-            session_id=session_id,
-            messages=messages,
-            custom=data.custom if data is not None else None,
-            artifacts=data.artifacts_wire() if data is not None else [],
-        ).to_wire(),
-        agent=agent,
-    )
+    """The signed blob a client keeps after a turn: the session's whole conversation and,
+    given ``pin``, the definition it is pinned to."""
+    state = SessionState(
+        session_id=session_id,
+        messages=messages,
+        custom=data.custom if data is not None else None,
+        artifacts=data.artifacts_wire() if data is not None else [],
+    ).to_wire()
+    if pin is not None:
+        state[PIN_FIELD] = pin.to_wire()
+    return signer.sign(state, agent=agent)
 
 
 def client_turn_id(base_id: str, turn_input: TurnInput) -> str:

@@ -85,10 +85,13 @@ async def pin_turn(
     turn_input: TurnInput,
     base: TurnRecord | None,
     conversation: list[Message],
+    *,
+    client_managed: bool = False,
 ) -> PinnedTurn:
     """What a new turn continuing ``base`` (``None``: a new session) with ``turn_input``
     is pinned to; raises :class:`DefinitionChangedError` for a resume across a definition
-    change that no migration covers (before anything is written)."""
+    change that no migration covers (before anything is written). ``client_managed``:
+    ``base`` was rebuilt from a signed blob, which only a migration can move."""
     current = _current(agent)
     if (
         turn_input.kind != "resume"
@@ -107,7 +110,7 @@ async def pin_turn(
     changes = diff_definitions(base.definition, agent.definition)
     migration = _find_migration(agent, base)
     if migration is None:
-        raise _refusal(agent, base, changes)
+        raise _refusal(agent, base, changes, client_managed=client_managed)
     return await _migrate(agent, migration, turn_input, base, conversation, current, changes)
 
 
@@ -122,21 +125,33 @@ def check_resumable(agent: PinningAgent, paused: TurnRecord) -> None:
 
 
 def _refusal(
-    agent: PinningAgent, base: TurnRecord, changes: Sequence[DefinitionChange]
+    agent: PinningAgent,
+    base: TurnRecord,
+    changes: Sequence[DefinitionChange],
+    *,
+    client_managed: bool = False,
 ) -> DefinitionChangedError:
-    """The error naming what changed since ``base`` paused, and the two ways forward."""
+    """The error naming what changed since ``base`` paused, and the ways forward (a
+    client's blob is in no database the CLI could move)."""
+    paused = "The client-managed state" if client_managed else f"Snapshot {base.id}"
+    move = (
+        ""
+        if client_managed
+        else f", or move the turn with `turnstile turns migrate --from {base.app_version} "
+        f"--to {agent.version}`"
+    )
     return DefinitionChangedError(
-        f"Snapshot {base.id} paused under version '{base.app_version}' of agent "
+        f"{paused} paused under version '{base.app_version}' of agent "
         f"'{agent.name}', whose definition has changed since (now version "
         f"'{agent.version}'): {format_changes(changes)}. Register a migration with "
-        f"@engine.migrate(from_version='{base.app_version}'), or move the turn with "
-        f"`turnstile turns migrate --from {base.app_version} --to {agent.version}`.",
+        f"@engine.migrate(from_version='{base.app_version}'){move}.",
         details={
             "fromVersion": base.app_version,
             "toVersion": agent.version,
             "changes": [c.model_dump(mode="json") for c in changes],
         },
-        snapshot_id=base.id,
+        # A client-managed base has no snapshot a client could name.
+        snapshot_id=None if client_managed else base.id,
     )
 
 

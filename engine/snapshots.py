@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel, Field
 
@@ -26,6 +26,20 @@ from engine.store import (
 )
 
 __all__ = ["SessionSnapshot", "SessionState", "coerce_message", "restore_client_state"]
+
+
+class BlobPinning(Protocol):
+    """What a client-managed blob is pinned to (:class:`engine.client_state.BlobPin`,
+    declared here because that module imports this one)."""
+
+    @property
+    def app_version(self) -> str: ...
+
+    @property
+    def fingerprint(self) -> str: ...
+
+    @property
+    def definition(self) -> dict[str, Any] | None: ...
 
 
 class SessionState(BaseModel):
@@ -132,12 +146,14 @@ async def restore_client_state(
     agent: str,
     owner: str,
     session_owner: str | None = None,
+    pin: BlobPinning | None = None,
 ) -> TurnRecord:
     """Rebuild the settled snapshot a verified client-managed state blob describes, in a
     scratch store, so a client-managed turn runs on the same runner as a stored one.
 
     ``owner`` leases the rebuilt turn; ``session_owner`` is the principal continuing it,
-    whose session the scratch one is (the blob itself is the client's to hold)."""
+    whose session the scratch one is (the blob itself is the client's to hold). ``pin``,
+    the blob's, is recorded on the rebuilt turn, as a stored turn records its own."""
     try:
         messages = [Message.model_validate(m) for m in state.get("messages") or []]
     except ValueError as exc:
@@ -156,6 +172,9 @@ async def restore_client_state(
             owner=session_owner,
             custom=data.custom,
             artifacts=data.artifacts_wire() or None,
+            app_version=pin.app_version if pin is not None else None,
+            definition_fingerprint=pin.fingerprint if pin is not None else None,
+            definition=pin.definition if pin is not None else None,
         )
     )
     claimed = await scratch.claim_turn(turn_id, owner=owner, lease_seconds=60)

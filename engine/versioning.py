@@ -38,12 +38,15 @@ __all__ = [
     "diff_definitions",
     "fingerprint_of",
     "format_changes",
+    "outline_definition",
 ]
 
 #: The environment variable declaring the application version (``Engine(version=)`` wins).
 APP_VERSION_ENV = "TURNSTILE_APP_VERSION"
 #: Prefix of a fingerprint used as a version, so the two are told apart at a glance.
 FINGERPRINT_PREFIX = "def-"
+#: Marks a description whose system prompt and tool elements are replaced by their digests.
+OUTLINE_MARK = "outline"
 
 
 def app_version_from_env() -> str | None:
@@ -118,6 +121,9 @@ def diff_definitions(
     a turn recorded without a description (``None``) differs in everything it cannot show."""
     if before is None:
         return [DefinitionChange(what="definition", change="unknown", after=dict(after))]
+    if before.get(OUTLINE_MARK) or after.get(OUTLINE_MARK):
+        # An outline hides what it digests, so both sides are compared as outlines.
+        before, after = outline_definition(before), outline_definition(after)
     changes: list[DefinitionChange] = []
     for key in ("model", "system", "maxTurns"):
         if before.get(key) != after.get(key):
@@ -133,6 +139,9 @@ def diff_definitions(
     return changes
 
 
+_TOOL_ELEMENTS = ("kind", "description", "inputSchema", "outputSchema")
+
+
 def _tool_changes(
     name: str, before: Mapping[str, Any] | None, after: Mapping[str, Any] | None
 ) -> list[DefinitionChange]:
@@ -145,9 +154,37 @@ def _tool_changes(
         DefinitionChange(
             what=f"{what}.{key}", change="changed", before=before.get(key), after=after.get(key)
         )
-        for key in ("kind", "description", "inputSchema", "outputSchema")
+        for key in _TOOL_ELEMENTS
         if _canonical(before.get(key)) != _canonical(after.get(key))
     ]
+
+
+def _digest(value: Any) -> str:
+    """A short digest of ``value``'s canonical JSON: equal values, equal digests."""
+    return "sha256:" + hashlib.sha256(_canonical(value).encode("utf-8")).hexdigest()[:16]
+
+
+def outline_definition(description: Mapping[str, Any]) -> dict[str, Any]:
+    """``description`` with the system prompt and every tool element replaced by a digest.
+
+    A client-managed state blob carries this rather than the description, since the client
+    holds the blob and must not read the system prompt or the tool schemas off it; diffing
+    two outlines names the same changes as diffing the descriptions. Idempotent.
+    """
+    if description.get(OUTLINE_MARK):
+        return dict(description)
+    tools: Mapping[str, Mapping[str, Any]] = description.get("tools") or {}
+    return {
+        OUTLINE_MARK: True,
+        "agent": description.get("agent"),
+        "model": description.get("model"),
+        "maxTurns": description.get("maxTurns"),
+        "system": None if description.get("system") is None else _digest(description["system"]),
+        "tools": {
+            name: {key: _digest(tool.get(key)) for key in _TOOL_ELEMENTS}
+            for name, tool in sorted(tools.items())
+        },
+    }
 
 
 def format_changes(changes: Sequence[DefinitionChange]) -> str:

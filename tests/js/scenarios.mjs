@@ -250,6 +250,30 @@ const scenarios = {
       forged,
     };
   },
+
+  // A blob paused under v1 (baseUrl), kept by the client and sent back after deploys:
+  // to v1 again, to a changed v2, to a v2 that registers a migration from v1.
+  async pinnedState() {
+    const at = (base) => remoteAgent({ url: `${base}/api/paymentsStateless`, headers });
+    const chat = at(baseUrl).chat();
+    const paused = await chat.send('move 5');
+    const kept = JSON.parse(JSON.stringify(paused.raw.state));
+    const answer = () => [paused.interrupts[0].respond({ approved: true })];
+    // The same chat echoes its state back to the same deploy.
+    const sameDeploy = await chat.resume({ respond: answer() });
+    const refused = await attempt(() =>
+      at(process.env.V2_URL).chat({ state: kept }).resume({ respond: answer() }),
+    );
+    const migrated = await at(process.env.V2_MIGRATING_URL)
+      .chat({ state: kept })
+      .resume({ respond: answer() });
+    return {
+      paused: { interrupts: interrupts(paused), pin: kept.pin },
+      sameDeploy: { text: sameDeploy.text, pin: sameDeploy.raw.state.pin },
+      refused: refused.error ? refused : { finishReason: refused.finishReason, error: refused.raw.error },
+      migrated: { text: migrated.text, pin: migrated.raw.state.pin },
+    };
+  },
 };
 
 const run = scenarios[scenario];
