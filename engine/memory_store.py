@@ -629,6 +629,8 @@ class InMemorySessionStore(InMemoryBrowserSessions):
             votes.append(vote)
             return VoteOutcome(votes=[v.model_copy() for v in votes], decided=decided)
         votes.append(vote)
+        # No turn changed status: open inbox pages still re-read the vote count.
+        self._any_change.fire()
         return VoteOutcome(votes=[v.model_copy() for v in votes])
 
     async def list_votes(self, turn_id: str, round: int, ref: str) -> list[Vote]:
@@ -669,6 +671,7 @@ class InMemorySessionStore(InMemoryBrowserSessions):
             self._assignments.setdefault(key, current)
             return None
         self._assignments[key] = changed
+        self._any_change.fire()
         return changed.model_copy()
 
     async def list_due_approvals(self, query: DueQuery) -> list[PendingApproval]:

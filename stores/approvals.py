@@ -8,7 +8,8 @@ the rows of ``approval_queue``, which triggers keep exact (migration 0003, docs/
 
 An interrupt with an approval policy is decided by votes (``approval_votes``, migration 0006):
 :func:`record_vote` locks the journal row, adds the vote, and fills in the decision in the same
-transaction when the vote decides.
+transaction when the vote decides. A vote that does not decide changes no turn's status, so it
+announces itself on the change channel (the inbox's live pages show the vote count).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from engine.errors import ApprovalNotPendingError
 from engine.status import FinishReason, TurnStatus
 from engine.store import ApprovalQuery, PendingApproval, ToolCallRecord, ToolCallStatus
 from stores.database import utc
+from stores.notify import CHANGE_CHANNEL, notify
 from stores.schema import approval_queue, approval_votes, sessions, tool_calls, turns
 from stores.tool_calls import record_of
 
@@ -340,6 +342,8 @@ def record_vote(
             voted_at=now,
         )
     )
+    # Delivered with the commit, so open inbox pages re-read the vote count.
+    notify(connection, CHANGE_CHANNEL, turn_id)
     votes = list_votes(connection, turn_id, round, ref)
     if approves and sum(vote.approves for vote in votes) < required:
         return VoteOutcome(votes=votes)
