@@ -531,6 +531,7 @@ class InMemorySessionStore(InMemoryBrowserSessions):
             ),
             None,
         )
+        escalation = self._assignments.get((turn.id, call.round, call.ref))
         return DecidedApproval(
             turn_id=turn.id,
             session_id=turn.session_id,
@@ -548,6 +549,10 @@ class InMemorySessionStore(InMemoryBrowserSessions):
             next_turn_id=following.id if following else None,
             next_status=following.status if following else None,
             next_finish_reason=following.finish_reason if following else None,
+            escalated_at=escalation.escalated_at if escalation else None,
+            escalated_from_group=escalation.escalated_from_group if escalation else None,
+            escalated_from_assignee=escalation.escalated_from_assignee if escalation else None,
+            escalated_to=escalation.escalated_to if escalation else None,
         )
 
     async def active_turn_ids(self, owner: str | None, *, limit: int) -> list[str]:
