@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import Browser, Page, ViewportSize, expect
 
 from tests.acceptance.edit_app import TOKENS
 from tests.acceptance.inbox_ui_support import eventually, evidence, launch_chromium, screenshot
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.postgres
 expect.set_options(timeout=15_000)
 
 APP = "tests.acceptance.edit_app:ai"
-PHONE = {"width": 375, "height": 812}
+PHONE: ViewportSize = {"width": 375, "height": 812}
 
 # Every control a keyboard can reach, in document order, one per radio group (Tab enters a
 # group once), each marked with its position so the Tab sequence can be compared with it.
