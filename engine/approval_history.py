@@ -43,6 +43,13 @@ class DecidedApproval(BaseModel):
     next_turn_id: str | None = None
     next_status: TurnStatus | None = None
     next_finish_reason: FinishReason | None = None
+    #: When the approval's timeout escalated it before it was decided (``None``: it never did).
+    escalated_at: datetime | None = None
+    #: The group and the assignee that held it when it escalated.
+    escalated_from_group: str | None = None
+    escalated_from_assignee: str | None = None
+    #: The group it escalated to.
+    escalated_to: str | None = None
 
     @property
     def edit(self) -> dict[str, Any] | None:

@@ -531,6 +531,7 @@ class InMemorySessionStore(InMemoryBrowserSessions):
             ),
             None,
         )
+        escalation = self._assignments.get((turn.id, call.round, call.ref))
         return DecidedApproval(
             turn_id=turn.id,
             session_id=turn.session_id,
@@ -548,6 +549,10 @@ class InMemorySessionStore(InMemoryBrowserSessions):
             next_turn_id=following.id if following else None,
             next_status=following.status if following else None,
             next_finish_reason=following.finish_reason if following else None,
+            escalated_at=escalation.escalated_at if escalation else None,
+            escalated_from_group=escalation.escalated_from_group if escalation else None,
+            escalated_from_assignee=escalation.escalated_from_assignee if escalation else None,
+            escalated_to=escalation.escalated_to if escalation else None,
         )
 
     async def active_turn_ids(self, owner: str | None, *, limit: int) -> list[str]:
@@ -629,6 +634,8 @@ class InMemorySessionStore(InMemoryBrowserSessions):
             votes.append(vote)
             return VoteOutcome(votes=[v.model_copy() for v in votes], decided=decided)
         votes.append(vote)
+        # No turn changed status: open inbox pages still re-read the vote count.
+        self._any_change.fire()
         return VoteOutcome(votes=[v.model_copy() for v in votes])
 
     async def list_votes(self, turn_id: str, round: int, ref: str) -> list[Vote]:
@@ -669,6 +676,7 @@ class InMemorySessionStore(InMemoryBrowserSessions):
             self._assignments.setdefault(key, current)
             return None
         self._assignments[key] = changed
+        self._any_change.fire()
         return changed.model_copy()
 
     async def list_due_approvals(self, query: DueQuery) -> list[PendingApproval]:

@@ -8,7 +8,8 @@ the rows of ``approval_queue``, which triggers keep exact (migration 0003, docs/
 
 An interrupt with an approval policy is decided by votes (``approval_votes``, migration 0006):
 :func:`record_vote` locks the journal row, adds the vote, and fills in the decision in the same
-transaction when the vote decides.
+transaction when the vote decides. A vote that does not decide changes no turn's status, so it
+announces itself on the change channel (the inbox's live pages show the vote count).
 """
 
 from __future__ import annotations
@@ -26,7 +27,15 @@ from engine.errors import ApprovalNotPendingError
 from engine.status import FinishReason, TurnStatus
 from engine.store import ApprovalQuery, PendingApproval, ToolCallRecord, ToolCallStatus
 from stores.database import utc
-from stores.schema import approval_queue, approval_votes, sessions, tool_calls, turns
+from stores.notify import CHANGE_CHANNEL, notify
+from stores.schema import (
+    approval_assignments,
+    approval_queue,
+    approval_votes,
+    sessions,
+    tool_calls,
+    turns,
+)
 from stores.tool_calls import record_of
 
 __all__ = [
@@ -155,9 +164,11 @@ def list_decisions(connection: Connection, query: DecisionQuery) -> list[Decided
     first turn created from its paused turn (the resume) and that turn's status.
 
     Reads the journal rows with a decision (``decided_at`` set), joining the paused turn and
-    its session; the continuing turn is the paused turn's child of lowest ``seq``.
+    its session, and the approval's assignment row (by its key) for an escalation before the
+    decision; the continuing turn is the paused turn's child of lowest ``seq``.
     """
     c = tool_calls.c
+    a = approval_assignments.c
     child = turns.alias("child")
     following = (
         sa.select(child.c.id)
@@ -196,10 +207,17 @@ def list_decisions(connection: Connection, query: DecisionQuery) -> list[Decided
             c.decided_at,
             c.created_at,
             following.label("next_turn_id"),
+            a.escalated_at,
+            a.escalated_from_group,
+            a.escalated_from_assignee,
+            a.escalated_to,
         )
         .select_from(
-            tool_calls.join(turns, turns.c.id == c.turn_id).join(
-                sessions, sessions.c.id == turns.c.session_id
+            tool_calls.join(turns, turns.c.id == c.turn_id)
+            .join(sessions, sessions.c.id == turns.c.session_id)
+            .outerjoin(
+                approval_assignments,
+                sa.and_(a.turn_id == c.turn_id, a.round == c.round, a.ref == c.ref),
             )
         )
         .where(*conditions)
@@ -244,6 +262,10 @@ def list_decisions(connection: Connection, query: DecisionQuery) -> list[Decided
                     if outcome is not None and outcome.finish_reason
                     else None
                 ),
+                escalated_at=utc(r.escalated_at),
+                escalated_from_group=r.escalated_from_group,
+                escalated_from_assignee=r.escalated_from_assignee,
+                escalated_to=r.escalated_to,
             )
         )
     return decided
@@ -340,6 +362,8 @@ def record_vote(
             voted_at=now,
         )
     )
+    # Delivered with the commit, so open inbox pages re-read the vote count.
+    notify(connection, CHANGE_CHANNEL, turn_id)
     votes = list_votes(connection, turn_id, round, ref)
     if approves and sum(vote.approves for vote in votes) < required:
         return VoteOutcome(votes=votes)

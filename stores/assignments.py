@@ -7,7 +7,8 @@ is none (``ON CONFLICT DO NOTHING``: two writers at once insert it once), then m
 in one guarded UPDATE: the approval must still be open (in ``approval_queue``, undecided) and
 the change's own guard must hold. Of two writers at once, PostgreSQL makes the second wait for
 the first's row lock and then re-checks the guard against the committed row, so an approval
-escalates once and is reminded once per interval; SQLite serialises writers anyway.
+escalates once and is reminded once per interval; SQLite serialises writers anyway. A change
+announces itself on the change channel (no turn's status changes), for the inbox's live pages.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from engine.assignment_records import Assignment, AssignmentChange, DueQuery
 from engine.store import PendingApproval
 from stores.approvals import refuse_not_pending
 from stores.database import utc
+from stores.notify import CHANGE_CHANNEL, notify
 from stores.schema import approval_assignments, approval_queue, sessions
 
 __all__ = ["change_assignment", "get_assignments", "list_due_approvals"]
@@ -146,6 +148,7 @@ def change_assignment(
         .returning(*approval_assignments.columns)
     ).first()
     if row is not None:
+        notify(connection, CHANGE_CHANNEL, turn_id)
         return _assignment_of(row)
     if not connection.execute(
         sa.select(sa.literal(1)).where(_is_open(turn_id, round, ref))

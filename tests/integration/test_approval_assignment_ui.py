@@ -1,17 +1,26 @@
 """Assignment in the inbox pages and the JSON inbox, over real HTTP without a browser: the
 assignment filters, claim, release and assign forms (CSRF-checked), a claim held against
-another, and a reassigned approval leaving one group's inbox for another's."""
+another, a reassigned approval leaving one group's inbox for another's, and an escalation
+shown in the history and its CSV."""
 
 from __future__ import annotations
 
+import csv
+import io
 import re
 from collections.abc import AsyncIterator
+from datetime import datetime, timedelta
 
 import httpx
 import pytest
 
+from engine.assignment import claim, sweep_assignments
+from engine.inbox import Decision, decide, find_approval
+from engine.parts import Message
 from engine.remote import BearerTokenAuth, Principal, RoleInboxPolicy, create_app
 from engine.remote.ui import UiSettings
+from engine.store import TurnInput
+from engine.turn_request import TurnRequest
 from examples.banking import BankingApp, build
 from tests.conftest import TEST_STATE_KEYS
 from tests.databases import sql_store
@@ -184,3 +193,46 @@ async def test_the_json_inbox_shows_filters_and_changes_assignments(
         shown = (await lena.get(f"/inbox/{approval}")).json()
         assert shown["assignment"]["group"] == "leads"
         assert shown["assignment"]["assignedBy"] == "dave"
+
+
+@pytest.mark.parametrize("backend", ["postgres", "sqlite"])
+async def test_history_shows_the_escalation_before_a_decision(backend: str) -> None:
+    """An approval escalated from payments (claimed by dave) to leads and then decided by
+    lena is listed in the history page and the CSV with when and where it escalated."""
+    async with sql_store(backend) as store:
+        app = build(store=store, state_keys=TEST_STATE_KEYS, execution="inline")
+        interrupt = app.user_approval
+        interrupt.group, interrupt.timeout, interrupt.escalate_to = "payments", 60.0, "leads"
+        response = await app.banking_agent.run_turn(
+            TurnRequest(
+                input=TurnInput(kind="message", message=Message.user("transfer $40 to carol")),
+                owner="alice",
+            )
+        )
+        assert response.snapshot_id is not None
+        found = await find_approval(store, response.snapshot_id, "approval-1")
+        assert found is not None and found[1]
+        approval = found[0]
+        dave = Principal("dave", roles=frozenset(ROLES["dave"]))
+        lena = Principal("lena", roles=frozenset(ROLES["lena"]))
+        await claim(app.banking_agent, approval, dave)
+        later = approval.created_at + timedelta(seconds=61)
+        assert (await sweep_assignments(app.ai, store, now=later)).escalated
+        decision = Decision(respond={"approved": True})
+        await decide(app.banking_agent, approval, decision, decided_by="lena", approver=lena)
+        async with (
+            serve_in_loop(create_app(app.ai, ui_settings=SETTINGS)) as base,
+            httpx.AsyncClient(base_url=base) as client,
+        ):
+            page = await client.get("/ui/history")
+            exported = await client.get("/ui/history.csv")
+    assert page.status_code == 200 and exported.status_code == 200
+    escalated = re.search(r'<span class="summary escalation">(.*?)</span>', page.text, re.S)
+    assert escalated is not None, "the history shows no escalation"
+    assert "from group payments (held by dave) to group leads" in escalated.group(1)
+    assert "<time datetime=" in escalated.group(1)
+    [row] = list(csv.DictReader(io.StringIO(exported.text)))
+    assert row["decided_by"] == "lena"
+    assert (row["escalated_from_group"], row["escalated_from_assignee"]) == ("payments", "dave")
+    assert row["escalated_to"] == "leads"
+    assert datetime.fromisoformat(row["escalated_at"]) == later  # the sweep's clock

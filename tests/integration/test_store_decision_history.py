@@ -4,6 +4,7 @@ approvals newest first, on every store (in memory, SQLite, PostgreSQL)."""
 from __future__ import annotations
 
 from engine.approval_history import ApprovalHistory, DecisionQuery
+from engine.assignment_records import AssignmentBook, AssignmentChange
 from engine.status import FinishReason, TurnStatus
 from engine.store import ApprovalQuery, SessionStore
 from tests.integration.store_support import AGENT, answer, new_turn, paused_turn, settle
@@ -79,3 +80,29 @@ async def test_decisions_filter_and_page(store: SessionStore) -> None:
     first = await history.list_decisions(DecisionQuery(limit=2))
     rest = await history.list_decisions(DecisionQuery(before=first[-1].key))
     assert first + rest == everything
+
+
+async def test_decisions_name_the_escalation_before_them(store: SessionStore) -> None:
+    """An approval escalated before its decision is listed with when, from which group and
+    holder, and to which group; one never escalated (even if claimed) lists none."""
+    history = history_of(store)
+    assert isinstance(store, AssignmentBook)
+    await paused_turn(store, "p1", "s1", interrupted=("a", "b"))
+    claim = AssignmentChange(action="claim", by="dave")
+    for ref in ("a", "b"):
+        await store.change_assignment("p1", 1, ref, claim, default_group="payments")
+    escalate = AssignmentChange(action="escalate", by="escalation", group="leads")
+    moved = await store.change_assignment("p1", 1, "a", escalate, default_group="payments")
+    assert moved is not None and moved.escalated_at is not None
+    await store.record_decision("p1", 1, "a", answer={"respond": True}, decided_by="lena")
+    await store.record_decision("p1", 1, "b", answer={"respond": True}, decided_by="dave")
+    by_ref = {e.ref: e for e in await history.list_decisions(DecisionQuery())}
+    escalated = by_ref["a"]
+    assert escalated.escalated_at == moved.escalated_at
+    assert (escalated.escalated_from_group, escalated.escalated_from_assignee) == (
+        "payments",
+        "dave",
+    )
+    assert escalated.escalated_to == "leads"
+    claimed_only = by_ref["b"]
+    assert claimed_only.escalated_at is None and claimed_only.escalated_to is None

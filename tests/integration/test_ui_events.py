@@ -1,6 +1,7 @@
 """``GET /ui/events`` over real HTTP: a change in the store reaches an open stream as a
-``change`` event (in memory and through PostgreSQL's notifications), SQLite answers 204 so
-pages poll, and a browser that is not signed in gets 401."""
+``change`` event (in memory and through PostgreSQL's notifications), also a quorum vote and an
+assignment change that leave every turn's status as it was; SQLite answers 204 so pages poll,
+and a browser that is not signed in gets 401."""
 
 from __future__ import annotations
 
@@ -10,11 +11,18 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
+from engine.approval_policy import ApprovalPolicy, role
+from engine.assignment import claim
+from engine.inbox import Decision, decide, find_approval
 from engine.memory_store import InMemorySessionStore
+from engine.parts import Message
 from engine.remote import BearerTokenAuth, Principal, create_app
 from engine.remote.ui import UiSettings
-from engine.store import SessionStore
+from engine.status import FinishReason
+from engine.store import PendingApproval, SessionStore, TurnInput
+from engine.turn_request import TurnRequest
 from examples.banking import BankingApp, build
+from tests.conftest import TEST_STATE_KEYS
 from tests.databases import sql_store
 from tests.http_support import serve_in_loop
 
@@ -82,3 +90,76 @@ async def test_the_stream_needs_a_signed_in_browser() -> None:
     ):
         refused = await client.get("/ui/events")
         assert refused.status_code == 401 and refused.json()["status"] == "UNAUTHENTICATED"
+
+
+APPROVERS = frozenset({"approver"})
+
+
+async def paused_for_two_approvals(store: SessionStore) -> tuple[BankingApp, PendingApproval]:
+    """alice's transfer paused at an approval that needs two approvers."""
+    app = build(store=store, state_keys=TEST_STATE_KEYS, execution="inline")
+    app.user_approval.approval_policy = ApprovalPolicy(
+        approvers=role("approver"), required_approvals=2
+    )
+    response = await app.banking_agent.run_turn(
+        TurnRequest(
+            input=TurnInput(kind="message", message=Message.user("transfer $40 to carol")),
+            owner="alice",
+        )
+    )
+    assert response.finish_reason is FinishReason.INTERRUPTED and response.snapshot_id
+    found = await find_approval(store, response.snapshot_id, "approval-1")
+    assert found is not None and found[1]
+    return app, found[0]
+
+
+async def read_events(stream: httpx.Response, into: asyncio.Queue[str]) -> None:
+    """Put the name of every event on ``stream`` into ``into``."""
+    async for line in stream.aiter_lines():
+        if line.startswith("event: "):
+            await into.put(line.removeprefix("event: "))
+
+
+async def settle(events: asyncio.Queue[str], quiet: float = 1.5) -> None:
+    """Drop events until none came for ``quiet`` seconds (the stream's first look, and the
+    listener's own wake-up when it connects, are announced as changes)."""
+    while True:
+        try:
+            await asyncio.wait_for(events.get(), quiet)
+        except TimeoutError:
+            return
+
+
+@pytest.mark.parametrize("change", ["vote", "claim"])
+async def test_a_vote_or_a_claim_is_announced_on_the_stream(
+    notifying_store: SessionStore, change: str
+) -> None:
+    """A quorum vote that does not decide, and a claim, change no turn's status, yet an open
+    stream receives a change event, so other open inbox pages show the new count or holder."""
+    app, approval = await paused_for_two_approvals(notifying_store)
+    asgi = create_app(app.ai, ui_settings=SETTINGS)
+    events: asyncio.Queue[str] = asyncio.Queue()
+    async with (
+        serve_in_loop(asgi) as base,
+        httpx.AsyncClient(base_url=base, timeout=10) as client,
+        client.stream("GET", "/ui/events") as stream,
+    ):
+        reader = asyncio.create_task(read_events(stream, events))
+        try:
+            assert await asyncio.wait_for(events.get(), 5) == "ready"
+            await settle(events)
+            bob = Principal("bob", roles=APPROVERS)
+            if change == "vote":
+                outcome = await decide(
+                    app.banking_agent,
+                    approval,
+                    Decision(respond={"approved": True}),
+                    decided_by="bob",
+                    approver=bob,
+                )
+                assert not outcome.is_decided, "one vote of two must not decide"
+            else:
+                await claim(app.banking_agent, approval, bob)
+            assert await asyncio.wait_for(events.get(), 5) == "change"
+        finally:
+            reader.cancel()

@@ -25,3 +25,13 @@ async def test_readme_tour_runs_and_approves_the_transfer() -> None:
     res = await namespace["_flow"]()
     assert res.text.startswith("Done. Transaction txn-")
     assert res.interrupts == []
+
+
+def test_readme_screenshots_exist() -> None:
+    """Every image the README shows is a PNG in the repository (the inbox, the edit form and
+    the escalation notice)."""
+    images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", README.read_text())
+    assert {"docs/img/approval-edit.png", "docs/img/approval-escalated.png"} <= set(images)
+    for image in images:
+        path = README.parent / image
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", f"{image} is not a PNG"

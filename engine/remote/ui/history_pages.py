@@ -42,7 +42,19 @@ CSV_COLUMNS = (
     "edit",
     "edited_by",
     "edited_at",
+    "escalated_at",
+    "escalated_from_group",
+    "escalated_from_assignee",
+    "escalated_to",
 )
+
+
+def _escalation(entry: DecidedApproval) -> str:
+    if entry.escalated_at is None:
+        return ""
+    return present.escalation_summary(
+        entry.escalated_from_group, entry.escalated_from_assignee, entry.escalated_to
+    )
 
 
 def _outcome(entry: DecidedApproval) -> str:
@@ -76,6 +88,7 @@ class HistoryPages:
                 "id": approval_id(entry.turn_id, entry.ref),
                 "answer": present.answer_summary(entry.answer),
                 "outcome": _outcome(entry),
+                "escalation": _escalation(entry),
             }
             for entry in page.items
         ]
@@ -147,4 +160,8 @@ def _csv_row(entry: DecidedApproval) -> list[Any]:
         present.edit_summary(edit) if (edit := entry.edit) else None,
         edit.get("by") if edit else None,
         edit.get("at") if edit else None,
+        entry.escalated_at.isoformat() if entry.escalated_at else None,
+        entry.escalated_from_group,
+        entry.escalated_from_assignee,
+        entry.escalated_to,
     ]

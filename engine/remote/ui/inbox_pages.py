@@ -54,6 +54,12 @@ def _count_text(count: int) -> str:
     return f"{COUNT_CAP}+" if count >= COUNT_CAP else str(count)
 
 
+def _live_key(rows: list[dict[str, Any]]) -> str:
+    """What the live inbox compares to decide whether to swap its rows in: the approvals
+    shown and what changes on them without a new turn (votes, who holds them)."""
+    return "\n".join(f"{r['id']}|{r['votes']}|{r['assigned']}" for r in rows)
+
+
 class InboxPages:
     """``GET /ui`` and the JSON its script polls."""
 
@@ -108,10 +114,12 @@ class InboxPages:
         count = await catalog.count_open(
             viewer.principal, replace(filters, cursor=None), cap=COUNT_CAP
         )
+        rows = await self._rows(request, page.items, datetime.now(UTC), viewer)
         context = {
             "nav": "inbox",
             "filters": filters,
-            "rows": await self._rows(request, page.items, datetime.now(UTC), viewer),
+            "rows": rows,
+            "live_key": _live_key(rows),
             "count": count,
             "count_text": _count_text(count),
             "agents": catalog.agent_names(),
@@ -130,14 +138,14 @@ class InboxPages:
         catalog = self.kit.catalog
         page = await catalog.open_approvals(viewer.principal, filters, limit=PAGE_SIZE)
         count = await catalog.count_open(viewer.principal, filters, cap=COUNT_CAP)
-        rows = self.kit.env.get_template("_inbox_rows.html").render(
-            rows=await self._rows(request, page.items, datetime.now(UTC), viewer)
-        )
+        shown = await self._rows(request, page.items, datetime.now(UTC), viewer)
+        rows = self.kit.env.get_template("_inbox_rows.html").render(rows=shown)
         body = {
             "count": count,
             "countText": _count_text(count),
             "rows": rows,
             "ids": [approval_id(a.turn_id, a.ref) for a in page.items],
+            "key": _live_key(shown),
         }
         return self.kit.json(request, viewer, body)
 

@@ -163,6 +163,17 @@ def edit_summary(edit: Any) -> str:
     return "; ".join(changes) + who
 
 
+def escalation_summary(
+    from_group: str | None, from_assignee: str | None, to_group: str | None
+) -> str:
+    """Where an escalation moved an approval: ``from group payments (held by dave) to group
+    leads``."""
+    source = f"group {from_group}" if from_group else "no group"
+    held = f" (held by {from_assignee})" if from_assignee else ""
+    target = f"group {to_group}" if to_group else "no group"
+    return f"from {source}{held} to {target}"
+
+
 def _part_view(part: Part) -> PartView:
     if part.text is not None:
         return PartView(kind="text", text=part.text)

@@ -115,13 +115,15 @@
     var count = document.getElementById("inbox-count");
     var swapRows = table.getAttribute("data-live-rows") !== "off";
     var shown = inboxIds(body);
+    var shownKey = table.getAttribute("data-live-key");
     refresh(table.getAttribute("data-live-seconds"), function () {
       return getJSON(table.getAttribute("data-live-url")).then(function (data) {
         var before = count.textContent;
         count.textContent = data.countText;
         count.setAttribute("aria-label", data.countText + " open approvals");
         document.title = "(" + data.countText + ") Inbox · Turnstile";
-        if (swapRows && data.ids.join("\n") !== shown.join("\n")) {
+        // Also swapped when only a vote count or who holds an approval changed.
+        if (swapRows && (data.ids.join("\n") !== shown.join("\n") || data.key !== shownKey)) {
           var fresh = data.ids.filter(function (id) { return shown.indexOf(id) < 0; });
           body.innerHTML = data.rows;
           var rows = body.querySelectorAll("tr[data-approval]");
@@ -129,6 +131,7 @@
             if (fresh.indexOf(rows[i].getAttribute("data-approval")) >= 0) { rows[i].classList.add("new"); }
           }
           shown = data.ids;
+          shownKey = data.key;
           if (fresh.length) {
             announce(fresh.length === 1 ? "1 new approval." : fresh.length + " new approvals.");
           }
