@@ -23,7 +23,7 @@ from datetime import datetime, timedelta
 import psycopg
 import pytest
 
-from engine.approval_policy import ApprovalRefusedError, VoteBook
+from engine.approval_policy import ApprovalPolicy, ApprovalRefusedError, VoteBook
 from engine.assignment import (
     ApprovalClaimedError,
     Assignment,
@@ -390,6 +390,32 @@ async def test_a_decision_racing_an_escalation_is_refused() -> None:
         outcome = await decide(agent, ctx.approval, APPROVE, decided_by="lena", approver=LEAD)
         assert outcome.is_decided and outcome.decided.decided_by == "lena"
         assert len(ctx.app.transfers) == 1
+
+
+async def test_a_vote_racing_an_escalation_is_not_counted() -> None:
+    """On PostgreSQL, under a quorum of two, dave votes on the approval he claimed while the
+    sweep's escalation to leads commits: his vote is refused and not counted, since it was
+    checked against his claim before the escalation."""
+    async with sql_store("postgres") as store:
+        ctx = await paused(store)
+        agent = ctx.app.banking_agent
+        ctx.app.user_approval.approval_policy = ApprovalPolicy(required_approvals=2)
+        await claim(agent, ctx.approval, DAVE)
+        url = store.url.render_as_string(hide_password=False)
+        with psycopg.connect(libpq_dsn(store.url), autocommit=True) as admin:
+            admin.execute(SLOW_ESCALATION_COMMIT)
+        sweep = asyncio.ensure_future(sweep_assignments(ctx.app.ai, store, now=ctx.at(61)))
+        try:
+            await wait_until_a_commit_sleeps(url)
+            with pytest.raises(AssignmentChangedError, match="group leads"):
+                await decide(agent, ctx.approval, APPROVE, decided_by="dave", approver=DAVE)
+            report = await sweep
+        finally:
+            sweep.cancel()
+        assert len(report.escalated) == 1
+        assert isinstance(store, VoteBook)
+        assert await store.list_votes(ctx.approval.turn_id, 1, "approval-1") == []
+        assert (await paused_row(ctx)).decided_at is None
 
 
 async def test_an_escalation_racing_a_decision_moves_nothing() -> None:
