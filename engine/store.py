@@ -29,14 +29,14 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field
 
-if TYPE_CHECKING:
-    from engine.assignment_guard import Assignment
-
 from engine.model import ModelUsage
 from engine.parts import Message, Part
 from engine.relay import ChunkSubscription
 from engine.session_state import SessionData
 from engine.status import FinishReason, TurnStatus
+
+if TYPE_CHECKING:
+    from engine.assignment_guard import Assignment
 
 __all__ = [
     "ApprovalQuery",
