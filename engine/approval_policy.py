@@ -24,13 +24,16 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel
 
 from engine.errors import AgentError, FailedPreconditionError
 from engine.parts import Part
 from engine.store import ToolCallRecord
+
+if TYPE_CHECKING:
+    from engine.assignment_guard import Assignment
 
 __all__ = [
     "AlreadyVotedError",
@@ -113,6 +116,7 @@ class VoteBook(Protocol):
         required: int,
         edit_seen: dict[str, Any] | None,
         resets: bool = False,
+        assignment_seen: Assignment | None = None,
     ) -> VoteOutcome:
         """Record ``voter``'s vote on an open approval and, when it is a non-approving vote or
         brings the approvals to ``required``, the recorded decision (``answer``, ``decided_by``
@@ -124,8 +128,9 @@ class VoteBook(Protocol):
 
         Raises :class:`~engine.errors.ApprovalNotPendingError` when the approval is not open,
         :class:`~engine.edits.EditedMeanwhileError` when the votes now stand on another edit
-        than ``edit_seen``, and :class:`AlreadyVotedError` when ``voter`` voted on it before;
-        nothing is written.
+        than ``edit_seen``, :class:`~engine.assignment_guard.AssignmentChangedError` when
+        the approval's assignment is no longer ``assignment_seen`` (when given), and
+        :class:`AlreadyVotedError` when ``voter`` voted on it before; nothing is written.
         """
         ...
 

@@ -24,7 +24,10 @@ every decision path:
   once.
 
 Every change is one guarded UPDATE in the store (:class:`AssignmentBook`), so two sweeps or two
-approvers at once change an approval once.
+approvers at once change an approval once. A decision is written only if the assignment its
+decider was checked against still stands, compared by the store under the lock that records
+the decision (:class:`AssignmentChangedError` otherwise); every change takes that lock too, so
+a decision and a change at once are serialised and a decided approval never escalates.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from engine.assignment_records import (
     Assignment,
     AssignmentBook,
     AssignmentChange,
+    AssignmentChangedError,
     DueQuery,
     Key,
     apply_change,
@@ -59,6 +63,7 @@ __all__ = [
     "Assignment",
     "AssignmentBook",
     "AssignmentChange",
+    "AssignmentChangedError",
     "DueQuery",
     "SweepReport",
     "apply_change",

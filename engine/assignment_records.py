@@ -10,6 +10,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel
 
+from engine.assignment_guard import Assignment, AssignmentChangedError, check_assignment_seen
 from engine.errors import AgentError
 from engine.store import PendingApproval
 
@@ -18,9 +19,11 @@ __all__ = [
     "Assignment",
     "AssignmentBook",
     "AssignmentChange",
+    "AssignmentChangedError",
     "DueQuery",
     "Key",
     "apply_change",
+    "check_assignment_seen",
 ]
 
 Key = tuple[str, int, str]
@@ -30,39 +33,6 @@ class ApprovalClaimedError(AgentError):
     """Someone else holds this approval (HTTP 409): they release it, or it is reassigned."""
 
     default_status = "ABORTED"
-
-
-class Assignment(BaseModel):
-    """Who an open approval is assigned to, and its escalation and reminders so far."""
-
-    turn_id: str
-    round: int
-    ref: str
-    assignee: str | None = None
-    group: str | None = None
-    assigned_by: str | None = None
-    assigned_at: datetime | None = None
-    escalated_at: datetime | None = None
-    escalated_from_assignee: str | None = None
-    escalated_from_group: str | None = None
-    escalated_to: str | None = None
-    last_reminded_at: datetime | None = None
-    reminders: int = 0
-
-    @property
-    def is_assigned(self) -> bool:
-        """Whether anyone (a person or a group) holds it."""
-        return self.assignee is not None or self.group is not None
-
-    def describe(self) -> str:
-        """``"alice"``, ``"group payments"``, ``"alice (group payments)"`` or ``"nobody"``."""
-        if self.assignee and self.group:
-            return f"{self.assignee} (group {self.group})"
-        if self.assignee:
-            return self.assignee
-        if self.group:
-            return f"group {self.group}"
-        return "nobody"
 
 
 class AssignmentChange(BaseModel):

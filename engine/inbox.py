@@ -198,7 +198,9 @@ async def decide(
     does not let this approver cast this vote or the approval is assigned to others
     (:mod:`engine.assignment`), the errors of :func:`engine.edits.make_edit` for an edit the
     tool does not allow or whose arguments break its input schema, and
-    :class:`ApprovalNotPendingError` when the approval was decided or answered meanwhile.
+    :class:`ApprovalNotPendingError` when the approval was decided or answered meanwhile —
+    :class:`~engine.assignment.AssignmentChangedError` when it was claimed, reassigned or
+    escalated after the assignment check (nothing written; the approver may decide again).
     """
     store = agent.store
     if store is None:
@@ -224,14 +226,21 @@ async def decide(
     if approver is None and decided_by is not None:
         approver = NamedApprover(id=decided_by)
     # An assigned approval is decided by its assignee or its group (engine.assignment).
-    await check_may_decide(agent, approval, approver)
+    # Checked again under the lock that records the decision: a reassignment committed
+    # meanwhile refuses it there.
+    assignment = await check_may_decide(agent, approval, approver)
     policy = approval_policy(agent, approval)
     votes: list[Vote] = []
     if policy is None:
         check_arguments_seen(approval.interrupt, decision.arguments, approval.input)
         _add_edit(answer, tool, approval, decision, decided_by)
         decided = await store.record_decision(
-            approval.turn_id, approval.round, approval.ref, answer=answer, decided_by=decided_by
+            approval.turn_id,
+            approval.round,
+            approval.ref,
+            answer=answer,
+            decided_by=decided_by,
+            assignment_seen=assignment,
         )
     else:
         denies = policy.is_denial(answer)
@@ -262,6 +271,7 @@ async def decide(
             resets=decision.edit is not None,
             # Counted only if no edit landed since the votes were read above.
             edit_seen=standing,
+            assignment_seen=assignment,
         )
         votes = outcome.votes
         if outcome.decided is None:

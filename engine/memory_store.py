@@ -18,7 +18,13 @@ from typing import Any
 
 from engine.approval_history import DecidedApproval, DecisionQuery
 from engine.approval_policy import AlreadyVotedError, Vote, VoteOutcome
-from engine.assignment_records import Assignment, AssignmentChange, DueQuery, apply_change
+from engine.assignment_records import (
+    Assignment,
+    AssignmentChange,
+    DueQuery,
+    apply_change,
+    check_assignment_seen,
+)
 from engine.edits import check_edit_seen
 from engine.errors import (
     ApprovalNotPendingError,
@@ -566,7 +572,14 @@ class InMemorySessionStore(InMemoryBrowserSessions):
         return found[:limit]
 
     async def record_decision(
-        self, turn_id: str, round: int, ref: str, *, answer: Any, decided_by: str | None
+        self,
+        turn_id: str,
+        round: int,
+        ref: str,
+        *,
+        answer: Any,
+        decided_by: str | None,
+        assignment_seen: Assignment | None = None,
     ) -> ToolCallRecord:
         """See :meth:`engine.store.SessionStore.record_decision`."""
         call = self._calls.get(turn_id, {}).get((round, ref))
@@ -584,6 +597,9 @@ class InMemorySessionStore(InMemoryBrowserSessions):
                 "may have been decided already.",
                 snapshot_id=turn_id,
             )
+        if assignment_seen is not None:
+            # Checked before any write, with no await since: nothing else runs in between.
+            self._check_assignment_seen(turn_id, round, ref, assignment_seen)
         decided = call.model_copy(
             update={"answer": answer, "decided_by": decided_by, "decided_at": _now()}
         )
@@ -602,6 +618,7 @@ class InMemorySessionStore(InMemoryBrowserSessions):
         required: int,
         edit_seen: dict[str, Any] | None,
         resets: bool = False,
+        assignment_seen: Assignment | None = None,
     ) -> VoteOutcome:
         """See :meth:`engine.approval_policy.VoteBook.record_vote`."""
         call = self._calls.get(turn_id, {}).get((round, ref))
@@ -611,6 +628,8 @@ class InMemorySessionStore(InMemoryBrowserSessions):
         votes = self._votes.setdefault(turn_id, {}).setdefault((round, ref), [])
         # Checked before any await: nothing else runs between this check and the count.
         check_edit_seen(turn_id, ref, edit_seen, votes)
+        if assignment_seen is not None:
+            self._check_assignment_seen(turn_id, round, ref, assignment_seen)
         if resets:
             votes.clear()
         if any(vote.voter == voter for vote in votes):
@@ -637,6 +656,9 @@ class InMemorySessionStore(InMemoryBrowserSessions):
         # No turn changed status: open inbox pages still re-read the vote count.
         self._any_change.fire()
         return VoteOutcome(votes=[v.model_copy() for v in votes])
+
+    def _check_assignment_seen(self, turn_id: str, round: int, ref: str, seen: Assignment) -> None:
+        check_assignment_seen(turn_id, ref, seen, self._assignments.get((turn_id, round, ref)))
 
     async def list_votes(self, turn_id: str, round: int, ref: str) -> list[Vote]:
         """See :meth:`engine.approval_policy.VoteBook.list_votes`."""

@@ -25,7 +25,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field
 
@@ -34,6 +34,9 @@ from engine.parts import Message, Part
 from engine.relay import ChunkSubscription
 from engine.session_state import SessionData
 from engine.status import FinishReason, TurnStatus
+
+if TYPE_CHECKING:
+    from engine.assignment_guard import Assignment
 
 __all__ = [
     "ApprovalQuery",
@@ -573,14 +576,24 @@ class Inbox(Protocol):
         ...
 
     async def record_decision(
-        self, turn_id: str, round: int, ref: str, *, answer: Any, decided_by: str | None
+        self,
+        turn_id: str,
+        round: int,
+        ref: str,
+        *,
+        answer: Any,
+        decided_by: str | None,
+        assignment_seen: Assignment | None = None,
     ) -> ToolCallRecord:
         """Record one approver's decision on an open approval, ahead of the resume.
 
         The call stays ``interrupted`` (the resume that consumes the decisions marks it
         ``answered``); ``answer``, ``decided_by`` and ``decided_at`` are set. Guarded: the
         call must be ``interrupted`` and undecided on its session's latest turn, else
-        :class:`~engine.errors.ApprovalNotPendingError` and nothing is written.
+        :class:`~engine.errors.ApprovalNotPendingError` and nothing is written. With
+        ``assignment_seen`` (the assignment the decider was checked against) the approval's
+        assignment must not have changed since, checked under the same lock, else
+        :class:`~engine.assignment_guard.AssignmentChangedError` and nothing is written.
         """
         ...
 

@@ -15,17 +15,18 @@ announces itself on the change channel (the inbox's live pages show the vote cou
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, NoReturn
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from engine.approval_history import DecidedApproval, DecisionQuery
 from engine.approval_policy import AlreadyVotedError, Vote, VoteOutcome
+from engine.assignment_records import Assignment
 from engine.edits import check_edit_seen
-from engine.errors import ApprovalNotPendingError
 from engine.status import FinishReason, TurnStatus
 from engine.store import ApprovalQuery, PendingApproval, ToolCallRecord, ToolCallStatus
+from stores.assignments import check_assignment_unchanged
 from stores.database import utc
 from stores.notify import CHANGE_CHANNEL, notify
 from stores.schema import (
@@ -36,7 +37,7 @@ from stores.schema import (
     tool_calls,
     turns,
 )
-from stores.tool_calls import record_of
+from stores.tool_calls import lock_open_call, record_of, refuse_not_pending
 
 __all__ = [
     "list_approvals",
@@ -129,13 +130,21 @@ def record_decision(
     answer: Any,
     decided_by: str | None,
     now: datetime,
+    assignment_seen: Assignment | None = None,
 ) -> ToolCallRecord:
     """Fill in the decision on one open approval and return its row; zero rows matched → the
     typed conflict.
 
     One guarded UPDATE: of two approvers deciding the same call at once, the second matches
-    nothing (the first set ``decided_at``) and gets :class:`ApprovalNotPendingError`.
+    nothing (the first set ``decided_at``) and gets :class:`ApprovalNotPendingError`. With
+    ``assignment_seen`` the journal row is locked first, as every assignment change locks it
+    (:func:`stores.assignments.change_assignment`), and the approval's assignment must still
+    be the one the decider was checked against, else
+    :class:`~engine.assignment_guard.AssignmentChangedError`.
     """
+    if assignment_seen is not None:
+        lock_open_call(connection, turn_id, round, ref)
+        check_assignment_unchanged(connection, turn_id, round, ref, assignment_seen)
     c = tool_calls.c
     q = approval_queue.c
     # Open = in the queue: interrupted, on a paused turn that is its session's latest.
@@ -306,6 +315,7 @@ def record_vote(
     now: datetime,
     edit_seen: dict[str, Any] | None,
     resets: bool = False,
+    assignment_seen: Assignment | None = None,
 ) -> VoteOutcome:
     """Add ``voter``'s vote on an open approval; decide it when the vote does.
 
@@ -315,27 +325,16 @@ def record_vote(
     the voter read (else :class:`~engine.edits.EditedMeanwhileError`): an edit committed in
     between would otherwise be counted together with an approval of other arguments. With
     ``resets`` the earlier votes are deleted first (an edit: they approved other arguments).
+    With ``assignment_seen``, the approval's assignment must also still be the one the voter
+    was checked against (else :class:`~engine.assignment_guard.AssignmentChangedError`):
+    every assignment change takes the same lock first.
     Raises :class:`ApprovalNotPendingError` when the approval is not open and
     :class:`AlreadyVotedError` when ``voter`` voted on it already; nothing is written.
     """
-    c = tool_calls.c
-    q = approval_queue.c
-    is_open = sa.exists().where(q.turn_id == turn_id, q.round == round, q.ref == ref)
-    locked = connection.execute(
-        sa.select(c.ref)
-        .where(
-            c.turn_id == turn_id,
-            c.round == round,
-            c.ref == ref,
-            c.status == ToolCallStatus.INTERRUPTED.value,
-            c.decided_at.is_(None),
-            is_open,
-        )
-        .with_for_update(of=tool_calls)
-    ).first()
-    if locked is None:
-        refuse_not_pending(connection, turn_id, round, ref)
+    lock_open_call(connection, turn_id, round, ref)
     check_edit_seen(turn_id, ref, edit_seen, list_votes(connection, turn_id, round, ref))
+    if assignment_seen is not None:
+        check_assignment_unchanged(connection, turn_id, round, ref, assignment_seen)
     v = approval_votes.c
     if resets:
         connection.execute(
@@ -371,24 +370,3 @@ def record_vote(
         connection, turn_id, round, ref, answer=answer, decided_by=voter, now=now
     )
     return VoteOutcome(votes=votes, decided=decided)
-
-
-def refuse_not_pending(connection: Connection, turn_id: str, round: int, ref: str) -> NoReturn:
-    """Raise the typed conflict describing why the approval is not open."""
-    c = tool_calls.c
-    current = connection.execute(
-        sa.select(c.status, c.decided_by, c.decided_at).where(
-            c.turn_id == turn_id, c.round == round, c.ref == ref
-        )
-    ).first()
-    if current is None:
-        state = "unknown"
-    elif current.decided_at is not None:
-        state = f"decided by {current.decided_by or 'someone'}"
-    else:
-        state = str(current.status)
-    raise ApprovalNotPendingError(
-        f"Interrupt '{ref}' of snapshot {turn_id} is not pending (it is {state}); it may have "
-        "been decided already.",
-        snapshot_id=turn_id,
-    )

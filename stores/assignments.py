@@ -9,6 +9,11 @@ the change's own guard must hold. Of two writers at once, PostgreSQL makes the s
 the first's row lock and then re-checks the guard against the committed row, so an approval
 escalates once and is reminded once per interval; SQLite serialises writers anyway. A change
 announces itself on the change channel (no turn's status changes), for the inbox's live pages.
+
+A change first locks the approval's journal row, the lock a decision or a vote takes, which
+checks the assignment the decider saw under it (:func:`check_assignment_unchanged`): a
+decision and a reassignment, escalation or claim at once are serialised, so neither a decision
+by someone the change excluded nor a change of an approval already decided is ever written.
 """
 
 from __future__ import annotations
@@ -21,14 +26,24 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
-from engine.assignment_records import Assignment, AssignmentChange, DueQuery
+from engine.assignment_records import (
+    Assignment,
+    AssignmentChange,
+    DueQuery,
+    check_assignment_seen,
+)
 from engine.store import PendingApproval
-from stores.approvals import refuse_not_pending
 from stores.database import utc
 from stores.notify import CHANGE_CHANNEL, notify
 from stores.schema import approval_assignments, approval_queue, sessions
+from stores.tool_calls import lock_open_call, refuse_not_pending
 
-__all__ = ["change_assignment", "get_assignments", "list_due_approvals"]
+__all__ = [
+    "change_assignment",
+    "check_assignment_unchanged",
+    "get_assignments",
+    "list_due_approvals",
+]
 
 Key = tuple[str, int, str]
 
@@ -63,6 +78,19 @@ def get_assignments(connection: Connection, keys: Sequence[Key]) -> dict[Key, As
     ).all()
     found = (_assignment_of(r) for r in rows)
     return {(f.turn_id, f.round, f.ref): f for f in found if (f.turn_id, f.round, f.ref) in wanted}
+
+
+def check_assignment_unchanged(
+    connection: Connection, turn_id: str, round: int, ref: str, seen: Assignment
+) -> None:
+    """Refuse a decision or vote (:class:`~engine.assignment_guard.AssignmentChangedError`)
+    when the approval's assignment is no longer ``seen``; called with the journal row locked
+    (:func:`stores.tool_calls.lock_open_call`), so the read is of the last committed change."""
+    a = approval_assignments.c
+    row = connection.execute(
+        sa.select(approval_assignments).where(a.turn_id == turn_id, a.round == round, a.ref == ref)
+    ).first()
+    check_assignment_seen(turn_id, ref, seen, _assignment_of(row) if row is not None else None)
 
 
 def _is_open(turn_id: str, round: int, ref: str) -> sa.Exists:
@@ -136,7 +164,13 @@ def change_assignment(
     default_group: str | None,
     now: datetime,
 ) -> Assignment | None:
-    """See :meth:`engine.assignment.AssignmentBook.change_assignment`."""
+    """See :meth:`engine.assignment.AssignmentBook.change_assignment`.
+
+    The journal row is locked first, as a decision or a vote locks it: a change waits for a
+    decision being recorded and then finds the approval decided, and a decision recorded
+    after the change sees it.
+    """
+    lock_open_call(connection, turn_id, round, ref)
     _insert_starting_row(connection, turn_id, round, ref, default_group)
     a = approval_assignments.c
     guard, values = _plan(change, now)

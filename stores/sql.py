@@ -414,12 +414,26 @@ class SqlSessionStore:
         return await self._read(lambda c: approval_sql.list_decisions(c, query))
 
     async def record_decision(
-        self, turn_id: str, round: int, ref: str, *, answer: Any, decided_by: str | None
+        self,
+        turn_id: str,
+        round: int,
+        ref: str,
+        *,
+        answer: Any,
+        decided_by: str | None,
+        assignment_seen: Assignment | None = None,
     ) -> ToolCallRecord:
         """See :meth:`engine.store.SessionStore.record_decision`."""
         return await self._write(
             lambda c: approval_sql.record_decision(
-                c, turn_id, round, ref, answer=answer, decided_by=decided_by, now=now_utc()
+                c,
+                turn_id,
+                round,
+                ref,
+                answer=answer,
+                decided_by=decided_by,
+                now=now_utc(),
+                assignment_seen=assignment_seen,
             )
         )
 
@@ -435,6 +449,7 @@ class SqlSessionStore:
         required: int,
         edit_seen: dict[str, Any] | None,
         resets: bool = False,
+        assignment_seen: Assignment | None = None,
     ) -> VoteOutcome:
         """See :meth:`engine.approval_policy.VoteBook.record_vote`."""
         return await self._write(
@@ -450,6 +465,7 @@ class SqlSessionStore:
                 edit_seen=edit_seen,
                 resets=resets,
                 now=now_utc(),
+                assignment_seen=assignment_seen,
             )
         )
 

@@ -4,18 +4,27 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, NoReturn
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from engine.errors import ApprovalNotPendingError
 from engine.status import FinishReason, TurnStatus
 from engine.store import InterruptAnswer, ToolCallRecord, ToolCallStatus, TurnError
 from engine.store_rules import check_answerable
 from stores.database import upsert_statement, utc
-from stores.schema import tool_calls, turns
+from stores.schema import approval_queue, tool_calls, turns
 
-__all__ = ["answer_calls", "list_calls", "list_expired", "record_of", "upsert_calls"]
+__all__ = [
+    "answer_calls",
+    "list_calls",
+    "list_expired",
+    "lock_open_call",
+    "record_of",
+    "refuse_not_pending",
+    "upsert_calls",
+]
 
 
 def _row(turn_id: str, call: ToolCallRecord, now: datetime) -> dict[str, Any]:
@@ -150,3 +159,51 @@ def list_expired(
         .limit(limit)
     ).all()
     return [record_of(r) for r in rows]
+
+
+def lock_open_call(connection: Connection, turn_id: str, round: int, ref: str) -> None:
+    """Lock the journal row of one open approval (``FOR UPDATE``; SQLite serialises writers
+    anyway) or raise the typed conflict describing why it is not open.
+
+    Votes, guarded decisions and assignment changes all take this lock first, so each one
+    reads the others' committed writes: a decision sees a reassignment that beat it, and an
+    assignment change sees the decision that beat it (the row is then no longer open).
+    """
+    c = tool_calls.c
+    q = approval_queue.c
+    is_open = sa.exists().where(q.turn_id == turn_id, q.round == round, q.ref == ref)
+    locked = connection.execute(
+        sa.select(c.ref)
+        .where(
+            c.turn_id == turn_id,
+            c.round == round,
+            c.ref == ref,
+            c.status == ToolCallStatus.INTERRUPTED.value,
+            c.decided_at.is_(None),
+            is_open,
+        )
+        .with_for_update(of=tool_calls)
+    ).first()
+    if locked is None:
+        refuse_not_pending(connection, turn_id, round, ref)
+
+
+def refuse_not_pending(connection: Connection, turn_id: str, round: int, ref: str) -> NoReturn:
+    """Raise the typed conflict describing why the approval is not open."""
+    c = tool_calls.c
+    current = connection.execute(
+        sa.select(c.status, c.decided_by, c.decided_at).where(
+            c.turn_id == turn_id, c.round == round, c.ref == ref
+        )
+    ).first()
+    if current is None:
+        state = "unknown"
+    elif current.decided_at is not None:
+        state = f"decided by {current.decided_by or 'someone'}"
+    else:
+        state = str(current.status)
+    raise ApprovalNotPendingError(
+        f"Interrupt '{ref}' of snapshot {turn_id} is not pending (it is {state}); it may have "
+        "been decided already.",
+        snapshot_id=turn_id,
+    )

@@ -1,11 +1,15 @@
 """Assignment, escalation and reminders of approvals (engine.assignment) on every store: who
 may claim, assign, release and decide; an overdue approval escalating once without being
-decided; reminders once per interval; two sweeps at once on PostgreSQL escalating once.
+decided; reminders once per interval; two sweeps at once on PostgreSQL escalating once; a
+decision and an escalation at once on PostgreSQL never both written.
 
-The concurrent sweep test makes the race wide on PostgreSQL: a deferred constraint trigger,
-created only in the test's own database, sleeps at the commit of an escalation, and the second
-sweep runs meanwhile. Without the guard on ``escalated_at`` (``stores/assignments.py``), the
-second sweep would escalate again once the first commits.
+The concurrent tests make the race wide on PostgreSQL: a deferred constraint trigger, created
+only in the test's own database, sleeps at the commit of an escalation (or of a decision), and
+the other writer runs meanwhile. Without the guard on ``escalated_at`` (``stores/assignments.py``),
+the second sweep would escalate again once the first commits; without the assignment guard of a
+decision (the journal row lock every assignment change takes, and the assignment the decider
+saw checked under it), a decision checked before an escalation committed would be recorded
+after it, and an escalation would move an approval a decision had just closed.
 """
 
 from __future__ import annotations
@@ -19,11 +23,13 @@ from datetime import datetime, timedelta
 import psycopg
 import pytest
 
-from engine.approval_policy import ApprovalRefusedError
+from engine.approval_policy import ApprovalPolicy, ApprovalRefusedError, VoteBook
 from engine.assignment import (
     ApprovalClaimedError,
     Assignment,
     AssignmentBook,
+    AssignmentChange,
+    AssignmentChangedError,
     assign,
     claim,
     current_assignment,
@@ -36,7 +42,7 @@ from engine.inbox import Decision, decide, find_approval
 from engine.parts import Message
 from engine.remote.auth import Principal
 from engine.status import FinishReason, TurnStatus
-from engine.store import PendingApproval, SessionStore, TurnInput
+from engine.store import PendingApproval, SessionStore, ToolCallRecord, TurnInput
 from engine.turn_request import TurnRequest
 from examples.banking import BankingApp, build
 from stores import SqlSessionStore
@@ -62,6 +68,20 @@ CREATE CONSTRAINT TRIGGER slow_escalation_commit AFTER UPDATE ON approval_assign
     DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
     WHEN (NEW.escalated_at IS NOT NULL)
     EXECUTE FUNCTION slow_escalation_commit();
+"""
+
+# Sleeps at the commit of dave's decision: after its UPDATE of the journal row (which it holds
+# locked), before anyone sees the approval decided.
+SLOW_DECISION_COMMIT = """
+CREATE FUNCTION slow_decision_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_sleep(1.0);
+    RETURN NULL;
+END $$;
+CREATE CONSTRAINT TRIGGER slow_decision_commit AFTER UPDATE ON tool_calls
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
+    WHEN (OLD.decided_at IS NULL AND NEW.decided_at IS NOT NULL AND NEW.decided_by = 'dave')
+    EXECUTE FUNCTION slow_decision_commit();
 """
 
 
@@ -226,8 +246,8 @@ async def test_retention_takes_the_assignment_with_the_session(store: SessionSto
     assert await store.get_assignments([key]) == {}
 
 
-async def wait_until_an_escalation_sleeps(url: str, timeout: float = 10.0) -> None:
-    """Return once a backend of this database sleeps in the escalation's commit."""
+async def wait_until_a_commit_sleeps(url: str, timeout: float = 10.0) -> None:
+    """Return once a backend of this database sleeps in a slowed commit (the test's trigger)."""
     deadline = time.monotonic() + timeout
     async with await psycopg.AsyncConnection.connect(libpq_dsn(url), autocommit=True) as admin:
         while time.monotonic() < deadline:
@@ -239,7 +259,7 @@ async def wait_until_an_escalation_sleeps(url: str, timeout: float = 10.0) -> No
             if row is not None and row[0] > 0:
                 return
             await asyncio.sleep(0.01)
-    raise AssertionError("the first escalation never started sleeping in its commit")
+    raise AssertionError("no commit started sleeping in the test's trigger")
 
 
 async def test_two_sweeps_at_once_escalate_once() -> None:
@@ -257,7 +277,7 @@ async def test_two_sweeps_at_once_escalate_once() -> None:
         second_app.user_approval.timeout, second_app.user_approval.escalate_to = 60.0, "leads"
         try:
             slow = asyncio.ensure_future(sweep_assignments(ctx.app.ai, first, now=ctx.at(61)))
-            await wait_until_an_escalation_sleeps(url)
+            await wait_until_a_commit_sleeps(url)
             other = await sweep_assignments(second_app.ai, second, now=ctx.at(61))
             first_report = await slow
         finally:
@@ -284,3 +304,143 @@ async def test_escalations_and_reminders_are_counted_per_agent(store: SessionSto
         assert sample("turnstile_approval_reminders_total") == 2
     finally:
         metrics.close()
+
+
+async def test_a_decision_or_vote_checked_against_a_stale_assignment_is_refused(
+    store: SessionStore,
+) -> None:
+    """Each store checks, under the lock that records a decision or a vote, the assignment
+    its decider was checked against: once erin claimed the approval, a vote and a decision
+    checked before her claim are refused and write nothing; a reminder is no change; checked
+    against her claim, the decision is recorded."""
+    ctx = await paused(store, escalate=False)
+    assert isinstance(store, AssignmentBook) and isinstance(store, VoteBook)
+    where = (ctx.approval.turn_id, 1, "approval-1")
+    answer = APPROVE.answer()
+    unclaimed = await ctx.assignment()
+    remind = AssignmentChange(action="remind", every_seconds=60.0)
+    assert await store.change_assignment(*where, remind, default_group="payments") is not None
+    counted = await store.record_vote(
+        *where,
+        voter="dave",
+        answer=answer,
+        approves=True,
+        required=2,
+        edit_seen=None,
+        assignment_seen=unclaimed,
+    )
+    assert [v.voter for v in counted.votes] == ["dave"] and counted.decided is None
+    await claim(ctx.app.banking_agent, ctx.approval, ERIN)
+    with pytest.raises(AssignmentChangedError, match="erin") as refused:
+        await store.record_vote(
+            *where,
+            voter="frank",
+            answer=answer,
+            approves=True,
+            required=2,
+            edit_seen=None,
+            assignment_seen=unclaimed,
+        )
+    assert refused.value.status == "ABORTED"  # HTTP 409
+    with pytest.raises(AssignmentChangedError, match="erin"):
+        await store.record_decision(
+            *where, answer=answer, decided_by="dave", assignment_seen=unclaimed
+        )
+    assert [v.voter for v in await store.list_votes(*where)] == ["dave"]
+    assert (await paused_row(ctx)).decided_at is None
+    claimed = await ctx.assignment()
+    decided = await store.record_decision(
+        *where, answer=answer, decided_by="erin", assignment_seen=claimed
+    )
+    assert decided.decided_by == "erin"
+
+
+async def paused_row(ctx: Paused) -> ToolCallRecord:
+    rows = await ctx.store.list_calls(ctx.approval.turn_id)
+    return next(row for row in rows if row.ref == "approval-1")
+
+
+async def test_a_decision_racing_an_escalation_is_refused() -> None:
+    """On PostgreSQL, dave decides the approval he claimed while the sweep's escalation to
+    leads commits: he was checked against his claim before it, so his decision is refused
+    (409) and nothing is written; the approval stays open with leads, whose decision runs the
+    transfer once."""
+    async with sql_store("postgres") as store:
+        ctx = await paused(store)
+        agent = ctx.app.banking_agent
+        # Claimed first, so the escalation updates a stored row rather than inserting one
+        # (whose foreign key check would lock the journal row and hide a missing guard).
+        await claim(agent, ctx.approval, DAVE)
+        url = store.url.render_as_string(hide_password=False)
+        with psycopg.connect(libpq_dsn(store.url), autocommit=True) as admin:
+            admin.execute(SLOW_ESCALATION_COMMIT)
+        sweep = asyncio.ensure_future(sweep_assignments(ctx.app.ai, store, now=ctx.at(61)))
+        try:
+            await wait_until_a_commit_sleeps(url)
+            with pytest.raises(AssignmentChangedError, match="group leads") as refused:
+                await decide(agent, ctx.approval, APPROVE, decided_by="dave", approver=DAVE)
+            report = await sweep
+        finally:
+            sweep.cancel()
+        assert refused.value.status == "ABORTED"
+        assert len(report.escalated) == 1
+        assert (await paused_row(ctx)).decided_at is None
+        assert ctx.app.transfers == []
+        assert (await ctx.assignment()).group == "leads"
+        outcome = await decide(agent, ctx.approval, APPROVE, decided_by="lena", approver=LEAD)
+        assert outcome.is_decided and outcome.decided.decided_by == "lena"
+        assert len(ctx.app.transfers) == 1
+
+
+async def test_a_vote_racing_an_escalation_is_not_counted() -> None:
+    """On PostgreSQL, under a quorum of two, dave votes on the approval he claimed while the
+    sweep's escalation to leads commits: his vote is refused and not counted, since it was
+    checked against his claim before the escalation."""
+    async with sql_store("postgres") as store:
+        ctx = await paused(store)
+        agent = ctx.app.banking_agent
+        ctx.app.user_approval.approval_policy = ApprovalPolicy(required_approvals=2)
+        await claim(agent, ctx.approval, DAVE)
+        url = store.url.render_as_string(hide_password=False)
+        with psycopg.connect(libpq_dsn(store.url), autocommit=True) as admin:
+            admin.execute(SLOW_ESCALATION_COMMIT)
+        sweep = asyncio.ensure_future(sweep_assignments(ctx.app.ai, store, now=ctx.at(61)))
+        try:
+            await wait_until_a_commit_sleeps(url)
+            with pytest.raises(AssignmentChangedError, match="group leads"):
+                await decide(agent, ctx.approval, APPROVE, decided_by="dave", approver=DAVE)
+            report = await sweep
+        finally:
+            sweep.cancel()
+        assert len(report.escalated) == 1
+        assert isinstance(store, VoteBook)
+        assert await store.list_votes(ctx.approval.turn_id, 1, "approval-1") == []
+        assert (await paused_row(ctx)).decided_at is None
+
+
+async def test_an_escalation_racing_a_decision_moves_nothing() -> None:
+    """On PostgreSQL, the sweep escalates while dave's decision on the approval he claimed
+    commits: it waits for the decision, finds the approval closed and skips it, so a decided
+    approval is never escalated and its assignment still shows who held it when decided."""
+    async with sql_store("postgres") as store:
+        ctx = await paused(store)
+        agent = ctx.app.banking_agent
+        await claim(agent, ctx.approval, DAVE)  # a stored row, as in the test above
+        url = store.url.render_as_string(hide_password=False)
+        with psycopg.connect(libpq_dsn(store.url), autocommit=True) as admin:
+            admin.execute(SLOW_DECISION_COMMIT)
+        decision = asyncio.ensure_future(
+            decide(agent, ctx.approval, APPROVE, decided_by="dave", approver=DAVE)
+        )
+        try:
+            await wait_until_a_commit_sleeps(url)
+            report = await sweep_assignments(ctx.app.ai, store, now=ctx.at(61))
+            outcome = await decision
+        finally:
+            decision.cancel()
+        assert report.escalated == [], "an approval decided meanwhile was escalated"
+        assert outcome.is_decided and outcome.decided.decided_by == "dave"
+        held = await ctx.assignment()
+        assert (held.assignee, held.group, held.escalated_at) == ("dave", "payments", None)
+        assert await ctx.turn_status() == (TurnStatus.COMPLETED, FinishReason.STOP)
+        assert len(ctx.app.transfers) == 1

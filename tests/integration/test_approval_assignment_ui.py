@@ -1,17 +1,19 @@
 """Assignment in the inbox pages and the JSON inbox, over real HTTP without a browser: the
 assignment filters, claim, release and assign forms (CSRF-checked), a claim held against
-another, a reassigned approval leaving one group's inbox for another's, and an escalation
-shown in the history and its CSV."""
+another, a reassigned approval leaving one group's inbox for another's, an escalation shown
+in the history and its CSV, and a decision racing an escalation refused with a 409."""
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import io
 import re
 from collections.abc import AsyncIterator
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import httpx
+import psycopg
 import pytest
 
 from engine.assignment import claim, sweep_assignments
@@ -22,9 +24,14 @@ from engine.remote.ui import UiSettings
 from engine.store import TurnInput
 from engine.turn_request import TurnRequest
 from examples.banking import BankingApp, build
+from stores import SqlSessionStore
 from tests.conftest import TEST_STATE_KEYS
-from tests.databases import sql_store
+from tests.databases import libpq_dsn, sql_store
 from tests.http_support import serve_in_loop
+from tests.integration.test_approval_assignment import (
+    SLOW_ESCALATION_COMMIT,
+    wait_until_a_commit_sleeps,
+)
 
 SETTINGS = UiSettings(secret="assignment-pages-secret-0123456789abcdef", poll_seconds=1)
 ROLES = {
@@ -236,3 +243,43 @@ async def test_history_shows_the_escalation_before_a_decision(backend: str) -> N
     assert (row["escalated_from_group"], row["escalated_from_assignee"]) == ("payments", "dave")
     assert row["escalated_to"] == "leads"
     assert datetime.fromisoformat(row["escalated_at"]) == later  # the sweep's clock
+
+
+async def test_a_decision_racing_an_escalation_is_a_409(
+    served: tuple[BankingApp, str, str],
+) -> None:
+    """Over HTTP on PostgreSQL, dave posts a decision on the approval he claimed while the
+    sweep's escalation to leads commits: a 409 saying it was reassigned, nothing recorded,
+    and the approval open for leads, whose decision then runs the transfer."""
+    app, base, turn_id = served
+    approval = f"{turn_id}:approval-1"
+    store = app.banking_agent.store
+    assert isinstance(store, SqlSessionStore)
+    app.user_approval.timeout, app.user_approval.escalate_to = 60.0, "leads"
+
+    def api(who: str) -> httpx.AsyncClient:
+        return httpx.AsyncClient(base_url=base, headers={"Authorization": f"Bearer {TOKENS[who]}"})
+
+    async with api("dave") as dave, api("lena") as lena:
+        claimed = await dave.post(f"/inbox/{approval}/assignment", json={"action": "claim"})
+        assert claimed.status_code == 200, claimed.text
+        with psycopg.connect(libpq_dsn(store.url), autocommit=True) as admin:
+            admin.execute(SLOW_ESCALATION_COMMIT)
+        later = datetime.now(UTC) + timedelta(minutes=5)
+        sweep = asyncio.ensure_future(sweep_assignments(app.ai, store, now=later))
+        try:
+            await wait_until_a_commit_sleeps(store.url.render_as_string(hide_password=False))
+            approve = {"respond": {"approved": True}}
+            refused = await dave.post(f"/inbox/{approval}/decision", json=approve)
+            report = await sweep
+        finally:
+            sweep.cancel()
+        assert refused.status_code == 409, refused.text
+        assert "reassigned" in refused.json()["message"]
+        assert len(report.escalated) == 1
+        shown = (await lena.get(f"/inbox/{approval}")).json()
+        assert shown["open"] is True and shown["assignment"]["group"] == "leads"
+        assert app.transfers == []
+        decided = await lena.post(f"/inbox/{approval}/decision", json=approve)
+        assert decided.status_code == 200, decided.text
+        assert len(app.transfers) == 1

@@ -9,8 +9,10 @@ import pytest
 
 from engine import Engine
 from engine.assignment import assigned_matches, may_act
+from engine.assignment_guard import AssignmentChangedError, check_assignment_seen
 from engine.assignment_records import Assignment, AssignmentChange, apply_change
 from engine.inbox import NamedApprover
+from engine.remote.wire import http_status
 from tests.conftest import TEST_STATE_KEYS
 from tests.support import ListModel
 
@@ -116,3 +118,33 @@ def test_each_change_and_its_guard() -> None:
     assert apply_change(first, remind, NOW + timedelta(seconds=59)) is None
     second = apply_change(first, remind, NOW + timedelta(seconds=60))
     assert second is not None and second.reminders == 2
+
+
+def test_what_a_decision_checks_of_the_assignment_it_saw() -> None:
+    """A decision checked against an assignment is refused (409) once a claim, release,
+    reassignment or escalation changed it, but not by a reminder, and an approval nobody
+    assigned yet matches its default whether or not a reminder stored a row for it."""
+    default = held(group="payments")
+    reminded = apply_change(default, AssignmentChange(action="remind", every_seconds=60), NOW)
+    assert reminded is not None
+    check_assignment_seen("t", "r", default, None)
+    check_assignment_seen("t", "r", default, reminded)
+    claimed = apply_change(reminded, AssignmentChange(action="claim", by="dave"), NOW)
+    assert claimed is not None
+    with pytest.raises(AssignmentChangedError, match="dave") as refused:
+        check_assignment_seen("t", "r", default, claimed)
+    assert http_status(refused.value) == 409
+    changes = [
+        AssignmentChange(action="release", by="dave"),
+        AssignmentChange(action="assign", by="dave", group="leads"),
+        AssignmentChange(action="escalate", by="escalation", group="leads"),
+    ]
+    for later, change in enumerate(changes, start=1):
+        changed = apply_change(claimed, change, NOW + timedelta(seconds=later))
+        assert changed is not None
+        with pytest.raises(AssignmentChangedError):
+            check_assignment_seen("t", "r", claimed, changed)
+    remind_later = AssignmentChange(action="remind", every_seconds=60)
+    again = apply_change(claimed, remind_later, NOW + timedelta(minutes=2))
+    assert again is not None
+    check_assignment_seen("t", "r", claimed, again)
