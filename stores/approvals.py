@@ -26,6 +26,7 @@ from engine.assignment_records import Assignment
 from engine.edits import check_edit_seen
 from engine.status import FinishReason, TurnStatus
 from engine.store import ApprovalQuery, PendingApproval, ToolCallRecord, ToolCallStatus
+from stores.approval_rows import pending_approval, select_pending
 from stores.assignments import check_assignment_unchanged
 from stores.database import utc
 from stores.notify import CHANGE_CHANNEL, notify
@@ -78,47 +79,9 @@ def list_approvals(connection: Connection, query: ApprovalQuery) -> list[Pending
         else (q.created_at, q.turn_id, q.ref)
     )
     rows = connection.execute(
-        sa.select(
-            q.turn_id,
-            q.session_id,
-            q.agent,
-            sessions.c.owner,
-            q.round,
-            q.name,
-            q.ref,
-            q.input,
-            q.interrupt,
-            q.deadline,
-            q.created_at,
-            turns.c.app_version,
-        )
-        # The turn by its key for its version: a probe per listed entry.
-        .select_from(
-            approval_queue.join(sessions, sessions.c.id == q.session_id).join(
-                turns, turns.c.id == q.turn_id
-            )
-        )
-        .where(*conditions)
-        .order_by(*order)
-        .limit(query.limit)
+        select_pending(approval_queue).where(*conditions).order_by(*order).limit(query.limit)
     ).all()
-    return [
-        PendingApproval(
-            turn_id=r.turn_id,
-            session_id=r.session_id,
-            agent=r.agent,
-            owner=r.owner,
-            round=r.round,
-            interrupt=r.name,
-            ref=r.ref,
-            input=r.input,
-            metadata=r.interrupt,
-            deadline=utc(r.deadline),
-            created_at=utc(r.created_at),
-            app_version=r.app_version,
-        )
-        for r in rows
-    ]
+    return [pending_approval(r) for r in rows]
 
 
 def record_decision(

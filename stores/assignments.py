@@ -33,9 +33,10 @@ from engine.assignment_records import (
     check_assignment_seen,
 )
 from engine.store import PendingApproval
+from stores.approval_rows import pending_approval, select_pending
 from stores.database import utc
 from stores.notify import CHANGE_CHANNEL, notify
-from stores.schema import approval_assignments, approval_queue, sessions
+from stores.schema import approval_assignments, approval_queue
 from stores.tool_calls import lock_open_call, refuse_not_pending
 
 __all__ = [
@@ -208,42 +209,14 @@ def list_due_approvals(connection: Connection, query: DueQuery) -> list[PendingA
         conditions.append(
             sa.or_(a.last_reminded_at.is_(None), a.last_reminded_at <= query.reminded_before)
         )
-    joined = approval_queue.join(sessions, sessions.c.id == q.session_id).outerjoin(
+    joined = approval_queue.outerjoin(
         approval_assignments,
         sa.and_(a.turn_id == q.turn_id, a.round == q.round, a.ref == q.ref),
     )
     rows = connection.execute(
-        sa.select(
-            q.turn_id,
-            q.session_id,
-            q.agent,
-            sessions.c.owner,
-            q.round,
-            q.name,
-            q.ref,
-            q.input,
-            q.interrupt,
-            q.deadline,
-            q.created_at,
-        )
-        .select_from(joined)
+        select_pending(joined)
         .where(*conditions)
         .order_by(q.created_at, q.turn_id, q.ref)
         .limit(query.limit)
     ).all()
-    return [
-        PendingApproval(
-            turn_id=r.turn_id,
-            session_id=r.session_id,
-            agent=r.agent,
-            owner=r.owner,
-            round=r.round,
-            interrupt=r.name,
-            ref=r.ref,
-            input=r.input,
-            metadata=r.interrupt,
-            deadline=utc(r.deadline),
-            created_at=utc(r.created_at),
-        )
-        for r in rows
-    ]
+    return [pending_approval(r) for r in rows]
