@@ -113,7 +113,11 @@ async def start_turn(
     # Which definition the turn is pinned to; a resume across a definition change is
     # refused here, or adjusted by a registered migration, before anything is written.
     pinned = await pin_turn(
-        agent, request.input, base.turn, base.stored.conversation if base.stored else []
+        agent,
+        request.input,
+        base.turn,
+        base.stored.conversation if base.stored else [],
+        base.store,
     )
     # Read with the snapshot at one moment: a snapshot seen settled comes with its last
     # round and journal rows (written by the settling transaction).
