@@ -66,6 +66,17 @@ APPROVAL_KEYS = {
     "created_at",
     "age_seconds",
     "app_version",
+    # Who holds it (docs/cli.md, "approvals ls"): null for an approval nobody assigned.
+    "assignee",
+    "group",
+    "assigned_by",
+    "assigned_at",
+    "escalated_at",
+    "escalated_from_assignee",
+    "escalated_from_group",
+    "escalated_to",
+    "reminders",
+    "last_reminded_at",
 }
 
 
