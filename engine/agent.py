@@ -469,12 +469,14 @@ class Agent:
         if self.store is not None:
             return settled_response(turn, messages, self._input_schemas)
         # Client-managed: the client keeps the conversation, signed; there is no snapshot id.
+        fingerprint = turn.definition_fingerprint
+        definition = await store.read_definition(fingerprint) if fingerprint else None
         state = sign_state(
             self.signer,
             agent=self.name,
             session_id=turn.session_id,
             messages=messages,
             data=SessionData.of(turn.custom, turn.artifacts),
-            pin=BlobPin.of(turn),
+            pin=BlobPin.of(turn, definition),
         )
         return settled_response(turn, messages, self._input_schemas, state=state)

@@ -52,11 +52,12 @@ class BlobPin:
     definition: dict[str, Any] | None
 
     @classmethod
-    def of(cls, turn: TurnRecord) -> BlobPin | None:
-        """What ``turn`` is pinned to (``None`` for a turn recorded without a pin)."""
+    def of(cls, turn: TurnRecord, definition: dict[str, Any] | None) -> BlobPin | None:
+        """What ``turn`` is pinned to, given the definition its fingerprint names (``None``
+        for a turn recorded without a pin)."""
         if turn.app_version is None or turn.definition_fingerprint is None:
             return None
-        definition = None if turn.definition is None else outline_definition(turn.definition)
+        definition = None if definition is None else outline_definition(definition)
         return cls(turn.app_version, turn.definition_fingerprint, definition)
 
     def to_wire(self) -> dict[str, Any]:

@@ -212,7 +212,7 @@ async def decide(
         # and then stranded: refuse it first, naming what changed.
         paused_turn = await store.get_turn(approval.turn_id)
         if paused_turn is not None:
-            check_resumable(agent, paused_turn)
+            await check_resumable(agent, paused_turn, store)
     answer = decision.answer()
     tool = agent.tools.get(approval.interrupt)
     if "respond" in answer and tool is not None:

@@ -104,6 +104,8 @@ class InMemorySessionStore(InMemoryBrowserSessions):
         self._events: dict[str, list[TurnEvent]] = {}
         self._votes: dict[str, dict[tuple[int, str], list[Vote]]] = {}
         self._assignments: dict[tuple[str, int, str], Assignment] = {}
+        #: Each agent definition a turn was pinned to, by fingerprint (first one kept).
+        self._definitions: dict[str, dict[str, Any]] = {}
 
     # -- turns -------------------------------------------------------------------------
 
@@ -167,8 +169,11 @@ class InMemorySessionStore(InMemoryBrowserSessions):
             artifacts=copy.deepcopy(turn.artifacts),
             app_version=turn.app_version,
             definition_fingerprint=turn.definition_fingerprint,
-            definition=dict(turn.definition) if turn.definition is not None else None,
         )
+        if turn.definition_fingerprint is not None and turn.definition is not None:
+            self._definitions.setdefault(
+                turn.definition_fingerprint, copy.deepcopy(turn.definition)
+            )
         self._turns[turn.id] = record
         self._turn_order.setdefault(turn.session_id, []).append(turn.id)
         self._rounds[turn.id] = {}
@@ -190,6 +195,11 @@ class InMemorySessionStore(InMemoryBrowserSessions):
             )
         ]
         return record.model_copy(deep=True)
+
+    async def read_definition(self, fingerprint: str) -> dict[str, Any] | None:
+        """See :meth:`engine.store.SessionStore.read_definition`."""
+        kept = self._definitions.get(fingerprint)
+        return copy.deepcopy(kept) if kept is not None else None
 
     async def get_session(self, session_id: str) -> SessionRecord | None:
         """See :meth:`engine.store.SessionStore.get_session`."""

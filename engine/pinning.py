@@ -7,7 +7,8 @@ what changed) unless the engine registered a migration for the paused turn's ver
 adjusts the paused message and the answers; the resumed turn then records the current
 version and a note naming the move. A resume under the same definition inherits the paused
 turn's version; every other turn (a message, a retry, an expiry, a fork) records the
-creating engine's version.
+creating engine's version. A turn records only its definition's fingerprint; the diff
+reads the paused turn's definition from the store by that fingerprint.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from engine.versioning import (
     format_changes,
 )
 
-__all__ = ["PinnedTurn", "PinningAgent", "check_resumable", "pin_turn"]
+__all__ = ["DefinitionSource", "PinnedTurn", "PinningAgent", "check_resumable", "pin_turn"]
 
 
 class PinningAgent(Protocol):
@@ -50,6 +51,21 @@ class PinningAgent(Protocol):
 
     @property
     def migrations(self) -> Sequence[Migration]: ...
+
+
+class DefinitionSource(Protocol):
+    """Where a paused turn's definition is read from by its fingerprint (the store)."""
+
+    async def read_definition(self, fingerprint: str) -> dict[str, Any] | None: ...
+
+
+async def _changes_since(
+    agent: PinningAgent, base: TurnRecord, definitions: DefinitionSource
+) -> list[DefinitionChange]:
+    """What differs between the definition ``base`` was pinned to and ``agent``'s."""
+    assert base.definition_fingerprint is not None
+    before = await definitions.read_definition(base.definition_fingerprint)
+    return diff_definitions(before, agent.definition)
 
 
 @dataclass(frozen=True)
@@ -85,13 +101,16 @@ async def pin_turn(
     turn_input: TurnInput,
     base: TurnRecord | None,
     conversation: list[Message],
+    definitions: DefinitionSource,
     *,
     client_managed: bool = False,
 ) -> PinnedTurn:
     """What a new turn continuing ``base`` (``None``: a new session) with ``turn_input``
     is pinned to; raises :class:`DefinitionChangedError` for a resume across a definition
-    change that no migration covers (before anything is written). ``client_managed``:
-    ``base`` was rebuilt from a signed blob, which only a migration can move."""
+    change that no migration covers (before anything is written). ``definitions`` gives
+    the base's definition for the diff, read only when the definition changed.
+    ``client_managed``: ``base`` was rebuilt from a signed blob, which only a migration can
+    move."""
     current = _current(agent)
     if (
         turn_input.kind != "resume"
@@ -107,21 +126,23 @@ async def pin_turn(
             definition=agent.definition,
         )
         return PinnedTurn(inherited, turn_input, conversation)
-    changes = diff_definitions(base.definition, agent.definition)
+    changes = await _changes_since(agent, base, definitions)
     migration = _find_migration(agent, base)
     if migration is None:
         raise _refusal(agent, base, changes, client_managed=client_managed)
     return await _migrate(agent, migration, turn_input, base, conversation, current, changes)
 
 
-def check_resumable(agent: PinningAgent, paused: TurnRecord) -> None:
+async def check_resumable(
+    agent: PinningAgent, paused: TurnRecord, definitions: DefinitionSource
+) -> None:
     """Raise :class:`DefinitionChangedError` if ``agent`` could not resume ``paused`` (its
     definition changed and no migration covers it): the inbox checks before it records a
     decision that would enqueue such a resume."""
     if paused.definition_fingerprint in (None, agent.fingerprint) or paused.app_version is None:
         return
     if _find_migration(agent, paused) is None:
-        raise _refusal(agent, paused, diff_definitions(paused.definition, agent.definition))
+        raise _refusal(agent, paused, await _changes_since(agent, paused, definitions))
 
 
 def _refusal(

@@ -134,7 +134,9 @@ class NewTurn(BaseModel):
     custom: Any = None
     artifacts: list[Any] | None = None
     #: The application version whose workers may run the turn, and the fingerprint and
-    #: description of the agent definition it is pinned to (:mod:`engine.versioning`).
+    #: description of the agent definition it is pinned to (:mod:`engine.versioning`). The
+    #: turn records the fingerprint; the store keeps the description once per fingerprint
+    #: (:meth:`TurnQueue.read_definition`).
     app_version: str | None = None
     definition_fingerprint: str | None = None
     definition: dict[str, Any] | None = None
@@ -173,10 +175,10 @@ class TurnRecord(BaseModel):
     custom: Any = None
     artifacts: list[Any] | None = None
     #: What the turn is pinned to (see :attr:`NewTurn.app_version`); ``None`` for turns
-    #: created before definitions were pinned, which any worker may run.
+    #: created before definitions were pinned, which any worker may run. The definition
+    #: itself is read by fingerprint (:meth:`TurnQueue.read_definition`).
     app_version: str | None = None
     definition_fingerprint: str | None = None
-    definition: dict[str, Any] | None = None
 
 
 class RoundRecord(BaseModel):
@@ -430,7 +432,16 @@ class TurnQueue(Protocol):
         :class:`~engine.errors.SessionBusyError` when the session already has a ``pending`` or
         ``aborting`` turn, and :class:`~engine.errors.InvalidArgumentError` when the session
         belongs to another agent. Nothing is written when it raises.
+
+        A turn with a ``definition_fingerprint`` and a ``definition`` also makes sure the
+        definition is kept under that fingerprint (written once; see
+        :meth:`read_definition`), before the turn exists.
         """
+        ...
+
+    async def read_definition(self, fingerprint: str) -> dict[str, Any] | None:
+        """The agent definition kept under ``fingerprint`` (see :attr:`NewTurn.definition`),
+        or ``None`` if no turn was created pinned to it."""
         ...
 
     async def get_session(self, session_id: str) -> SessionRecord | None:

@@ -117,6 +117,7 @@ async def start_turn(
         request.input,
         base.turn,
         base.stored.conversation if base.stored else [],
+        base.store,
         client_managed=agent.store is None,
     )
     # Read with the snapshot at one moment: a snapshot seen settled comes with its last

@@ -85,6 +85,7 @@ class PostgresSessionStore(SqlSessionStore):
     ) -> TurnRecord:
         """See :meth:`engine.store.SessionStore.create_turn`."""
         check_answers(turn, answers)
+        await self._keep_definition(turn)
         return await creation_sql.create_turn_in_one_statement(self._pg, turn, answers, now_utc())
 
     async def get_turn(self, turn_id: str) -> TurnRecord | None:

@@ -19,6 +19,7 @@ __all__ = [
     "ACTIVE",
     "JSON",
     "TIMESTAMP",
+    "agent_definitions",
     "approval_assignments",
     "approval_queue",
     "approval_votes",
@@ -132,12 +133,7 @@ turns = sa.Table(
     sa.Column(
         "definition_fingerprint",
         sa.Text,
-        comment="Hash of the agent definition the turn is pinned to.",
-    ),
-    sa.Column(
-        "definition",
-        JSON,
-        comment="The pinned agent definition (model, prompt, tools, schemas, max_turns).",
+        comment="Hash of the agent definition the turn is pinned to (agent_definitions).",
     ),
     sa.UniqueConstraint("session_id", "seq"),
     # Claiming scans only pending rows, oldest run_after first.
@@ -243,6 +239,16 @@ tool_calls = sa.Table(
         sqlite_where=sa.text("decided_at IS NOT NULL"),
     ),
     comment="The journal: one row per tool request, keyed by (turn, round, ref).",
+)
+
+agent_definitions = sa.Table(
+    "agent_definitions",
+    metadata,
+    sa.Column("fingerprint", sa.Text, primary_key=True),
+    sa.Column("agent", sa.Text, nullable=False),
+    sa.Column("definition", JSON, nullable=False),
+    sa.Column("created_at", TIMESTAMP, nullable=False),
+    comment="Each agent definition turns were pinned to, once per fingerprint (migration 0011).",
 )
 
 turn_events = sa.Table(

@@ -50,6 +50,7 @@ from engine.ui_sessions import BrowserSessionRecord, LoginCount
 from stores import admission as admission_sql
 from stores import approvals as approval_sql
 from stores import assignments as assignment_sql
+from stores import definitions as definition_sql
 from stores import messages as message_sql
 from stores import operations, views
 from stores import retention as retention_sql
@@ -141,6 +142,8 @@ class SqlSessionStore:
         )
         self.poll_interval = poll_interval
         self._chunks = ChunkBroker()
+        #: Fingerprints this store has written to ``agent_definitions`` (or found there).
+        self._kept_definitions: set[str] = set()
         # A statement meeting a schema older than the code says so, naming turnstile migrate.
         self.db.explain_error = SchemaCheck(self.db.url)
         if self.db.pg is not None:
@@ -347,6 +350,27 @@ class SqlSessionStore:
         return await self._read(lambda c: call_sql.list_expired(c, now, limit, agents))
 
     # -- operator views ----------------------------------------------------------------
+
+    # -- agent definitions (stores/definitions.py) ---------------------------------------
+
+    async def _keep_definition(self, turn: NewTurn) -> None:
+        """Write the turn's definition under its fingerprint, the first time this store
+        creates a turn pinned to it: the turn's own statement then carries only the
+        fingerprint."""
+        fingerprint = turn.definition_fingerprint
+        if fingerprint is None or turn.definition is None or fingerprint in self._kept_definitions:
+            return
+        definition = turn.definition
+        await self._write(
+            lambda c: definition_sql.save_definition(
+                c, fingerprint=fingerprint, agent=turn.agent, definition=definition, now=now_utc()
+            )
+        )
+        self._kept_definitions.add(fingerprint)
+
+    async def read_definition(self, fingerprint: str) -> dict[str, Any] | None:
+        """See :meth:`engine.store.SessionStore.read_definition`."""
+        return await self._read(lambda c: definition_sql.read_definition(c, fingerprint))
 
     async def stuck_turns(self) -> list[views.StuckTurn]:
         """Rows of the ``stuck_turns`` view."""

@@ -48,6 +48,7 @@ class SqliteSessionStore(SqlSessionStore):
     ) -> TurnRecord:
         """See :meth:`engine.store.SessionStore.create_turn`."""
         check_answers(turn, answers)
+        await self._keep_definition(turn)
         try:
             return await self._write(
                 lambda c: creation_sql.create_turn(c, turn, answers, now_utc())

@@ -128,7 +128,6 @@ async def create_turn_in_one_statement(
                 "artifacts": json_codec.dumps(turn.artifacts) if turn.artifacts else None,
                 "app_version": turn.app_version,
                 "definition_fingerprint": turn.definition_fingerprint,
-                "definition": turn.definition,
                 "note": turn.note,
                 "now": now,
                 # Serialised here: jsonb_to_recordset takes one JSON document per parameter.
@@ -290,14 +289,14 @@ created AS (
     INSERT INTO turns (id, session_id, seq, agent, parent_id, status, input, history_length,
                        attempts, max_attempts, lease_token, run_after, created_at, updated_at,
                        trace_context, custom, artifacts, app_version,
-                       definition_fingerprint, definition)
+                       definition_fingerprint)
     SELECT {turn_id},
            session.id,
            (SELECT coalesce(max(seq), 0) + 1 FROM turns WHERE session_id = :session_id),
            :agent, :parent_id, CAST('pending' AS turn_status), :input, :history_length,
            0, :max_attempts, 0, :now, :now, :now, :trace_context,
            CAST(:custom AS jsonb), CAST(:artifacts AS jsonb), :app_version,
-           :definition_fingerprint, :definition
+           :definition_fingerprint
     FROM session
     RETURNING *),"""
     )
@@ -349,7 +348,6 @@ FROM (SELECT 1) AS one LEFT JOIN created ON true
         sa.bindparam("now", type_=TIMESTAMP),
         sa.bindparam("input", type_=JSON),
         sa.bindparam("trace_context", type_=JSON),
-        sa.bindparam("definition", type_=JSON),
         sa.bindparam("app_version", type_=sa.Text),
         sa.bindparam("definition_fingerprint", type_=sa.Text),
         sa.bindparam("note", type_=sa.Text),

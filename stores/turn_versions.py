@@ -2,9 +2,10 @@
 
 The turns a version still owes work to are its *waiting* turns: paused ones (completed at
 interrupts, their session's latest turn) and queued ones (pending, no live lease). Moving one
-re-pins it — a new ``app_version``, ``definition_fingerprint`` and ``definition`` — with one
-guarded UPDATE that re-checks it is still waiting under the old version, and records the move
-as a ``turn_events`` row (status unchanged, a note naming both versions), in one transaction.
+re-pins it — a new ``app_version`` and ``definition_fingerprint`` — with one guarded UPDATE
+that re-checks it is still waiting under the old version, and records the move as a
+``turn_events`` row (status unchanged, a note naming both versions), in one transaction that
+also keeps each target definition in ``agent_definitions`` (once per fingerprint).
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from sqlalchemy.engine import Connection
 
 from engine.status import FinishReason, TurnStatus
 from engine.store import TurnRecord
+from stores.definitions import save_definition
 from stores.notify import WORK_CHANNEL, notify
-from stores.schema import JSON, TIMESTAMP, turn_events, turns
+from stores.schema import TIMESTAMP, turn_events, turns
 from stores.turns import record
 
 __all__ = ["VersionMove", "list_waiting", "move_waiting"]
@@ -77,7 +79,6 @@ _MOVE = (
     .values(
         app_version=sa.bindparam("to_version"),
         definition_fingerprint=sa.bindparam("fingerprint"),
-        definition=sa.bindparam("definition", type_=JSON),
         updated_at=sa.bindparam("now", type_=TIMESTAMP),
     )
     .returning(turns.c.status, turns.c.attempts)
@@ -96,6 +97,14 @@ def move_waiting(
     """Re-pin each turn (still waiting under ``from_version``) by its agent's entry in
     ``moves``, in the caller's transaction; the ids moved (a turn that was resumed, claimed
     or moved meanwhile is left as it is)."""
+    for agent, target in moves.items():
+        save_definition(
+            connection,
+            fingerprint=target.fingerprint,
+            agent=agent,
+            definition=target.definition,
+            now=now,
+        )
     moved: list[str] = []
     for turn in turns_to_move:
         move = moves.get(turn.agent)
@@ -108,7 +117,6 @@ def move_waiting(
                 "from_version": from_version,
                 "to_version": move.to_version,
                 "fingerprint": move.fingerprint,
-                "definition": dict(move.definition),
                 "now": now,
             },
         ).first()

@@ -75,7 +75,6 @@ def record(row: sa.Row[tuple[object, ...]] | Mapping[str, Any]) -> TurnRecord:
         artifacts=m["artifacts"],
         app_version=m["app_version"],
         definition_fingerprint=m["definition_fingerprint"],
-        definition=m["definition"],
     )
 
 
@@ -207,7 +206,6 @@ def insert_turn(connection: Connection, turn: NewTurn, now: datetime) -> TurnRec
         "artifacts": turn.artifacts,
         "app_version": turn.app_version,
         "definition_fingerprint": turn.definition_fingerprint,
-        "definition": turn.definition,
     }
     row = connection.execute(_INSERT_TURN, values).one()
     _event(connection, turn.id, None, TurnStatus.PENDING, 0, now, turn.note, notify=(WORK_CHANNEL,))

@@ -1,16 +1,18 @@
-"""Definitions pinned per turn: turns.app_version, definition_fingerprint and definition.
+"""Definitions pinned per turn: turns.app_version and definition_fingerprint, and the table
+agent_definitions.
 
 Revision ID: 0011
 Revises: 0010
 Create Date: 2026-12-03 17:00:00.000000
 
-Every new turn records the application version whose workers may run it, the fingerprint of
-its agent's definition (model, system prompt, tools and interrupts with their schemas,
-``max_turns``) and that definition's description, so a later diff can say what changed.
-Workers claim only the versions they serve; ``ix_turns_version_waiting`` lets the operator's
-``turnstile turns migrate`` and the per-version queue counts find the pending and paused
-turns of one version without reading the rest. All three columns are nullable without a
-default: existing rows read NULL (unpinned, claimable by any worker) and PostgreSQL rewrites
+Every new turn records the application version whose workers may run it and the fingerprint
+of its agent's definition (model, system prompt, tools and interrupts with their schemas,
+``max_turns``). The definition itself is written once per fingerprint into
+``agent_definitions``, so a later diff can say what changed without every turn carrying a
+copy. Workers claim only the versions they serve; ``ix_turns_version_waiting`` lets the
+operator's ``turnstile turns migrate`` and the per-version queue counts find the pending and
+paused turns of one version without reading the rest. Both turn columns are nullable without
+a default: existing rows read NULL (unpinned, claimable by any worker) and PostgreSQL rewrites
 no row to add them.
 """
 
@@ -47,16 +49,18 @@ def upgrade() -> None:
             "definition_fingerprint",
             sa.Text,
             nullable=True,
-            comment="Hash of the agent definition the turn is pinned to.",
+            comment="Hash of the agent definition the turn is pinned to (agent_definitions).",
         ),
     )
-    op.add_column(
-        "turns",
-        sa.Column(
-            "definition",
-            JSON,
-            nullable=True,
-            comment="The pinned agent definition (model, prompt, tools, schemas, max_turns).",
+    op.create_table(
+        "agent_definitions",
+        sa.Column("fingerprint", sa.Text, nullable=False),
+        sa.Column("agent", sa.Text, nullable=False),
+        sa.Column("definition", JSON, nullable=False),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+        sa.PrimaryKeyConstraint("fingerprint", name="pk_agent_definitions"),
+        comment=(
+            "Each agent definition turns were pinned to, once per fingerprint (migration 0011)."
         ),
     )
     op.create_index(
@@ -73,6 +77,6 @@ def downgrade() -> None:
     # Plain ALTER TABLE ... DROP COLUMN, as 0005's downgrade: a batch copy of `turns` would
     # have to recreate its partial indexes, triggers and the views that read it.
     with op.batch_alter_table("turns", recreate="never") as batch:
-        batch.drop_column("definition")
         batch.drop_column("definition_fingerprint")
         batch.drop_column("app_version")
+    op.drop_table("agent_definitions")

@@ -66,7 +66,7 @@ APPROVAL_KEYS = {
     "created_at",
     "age_seconds",
     "app_version",
-    # Who holds it (docs/cli.md "approvals claim|assign|release").
+    # Who holds it (docs/cli.md, "approvals ls"): null for an approval nobody assigned.
     "assignee",
     "group",
     "assigned_by",

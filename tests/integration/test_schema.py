@@ -386,7 +386,6 @@ def test_a_resume_finds_its_answers_by_the_parents_key_however_many_approvals_ar
             "artifacts": "NULL",
             "app_version": "'v1'",
             "definition_fingerprint": "'def-0'",
-            "definition": "NULL",
             "note": "NULL",
             "work_channel": "'turnstile_work'",
         }

@@ -1,6 +1,7 @@
-"""The SessionStore contract on pinned definitions: a turn keeps its application version,
-fingerprint and definition, claims filter on the versions a worker serves, and a turn's
-first event keeps the note its creator gave (a migration's).
+"""The SessionStore contract on pinned definitions: a turn keeps its application version and
+fingerprint, the definition is kept once per fingerprint and read by it, claims filter on the
+versions a worker serves, and a turn's first event keeps the note its creator gave (a
+migration's).
 
 The contract tests run on each store of
 :data:`~tests.integration.store_support.STORE_FACTORIES` (the ``store`` fixture); the
@@ -13,11 +14,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 from engine.memory_store import InMemorySessionStore
 from engine.memory_store import list_events as memory_events
 from engine.status import TurnStatus
 from engine.store import SessionStore, TurnEvent
+from stores.schema import agent_definitions
 from stores.sql import SqlSessionStore
 from stores.turn_versions import VersionMove
 from stores.turns import list_events as sql_events
@@ -41,15 +44,46 @@ async def _events(store: SessionStore, turn_id: str) -> list[TurnEvent]:
 
 
 async def test_the_version_fingerprint_and_definition_are_kept(store: SessionStore) -> None:
-    """create_turn stores all three; get_turn and the claim return them."""
+    """create_turn stores the version and fingerprint on the turn (get_turn and the claim
+    return them) and the definition under its fingerprint (read_definition returns it)."""
     created = await store.create_turn(
         new_turn("t1", app_version="v1", definition_fingerprint="def-1", definition=DEFINITION)
     )
     assert (created.app_version, created.definition_fingerprint) == ("v1", "def-1")
-    assert created.definition == DEFINITION
     assert await store.get_turn("t1") == created
     (claimed,) = await store.claim_next(owner="w", lease_seconds=30, versions=["v1"])
-    assert (claimed.id, claimed.app_version, claimed.definition) == ("t1", "v1", DEFINITION)
+    assert (claimed.id, claimed.app_version, claimed.definition_fingerprint) == (
+        "t1",
+        "v1",
+        "def-1",
+    )
+    assert await store.read_definition("def-1") == DEFINITION
+    assert await store.read_definition("def-unknown") is None
+
+
+async def test_a_definition_is_kept_once_per_fingerprint(store: SessionStore) -> None:
+    """Many turns pinned to one fingerprint keep one definition row: the first written
+    stays, even when a later turn — also one created through another store on the same
+    database, which has not seen the fingerprint — brings another description."""
+    await store.create_turn(
+        new_turn("t1", "s1", definition_fingerprint="def-1", definition=DEFINITION)
+    )
+    other = {**DEFINITION, "model": "another"}
+    await store.create_turn(new_turn("t2", "s2", definition_fingerprint="def-1", definition=other))
+    assert await store.read_definition("def-1") == DEFINITION
+    if isinstance(store, SqlSessionStore):
+        second = SqlSessionStore(store.url)
+        try:
+            await second.create_turn(
+                new_turn("t3", "s3", definition_fingerprint="def-1", definition=other)
+            )
+        finally:
+            await second.close()
+        assert await store.read_definition("def-1") == DEFINITION
+        count = await store._read(
+            lambda c: c.execute(sa.select(sa.func.count()).select_from(agent_definitions))
+        )
+        assert count.scalar_one() == 1
 
 
 async def test_a_worker_claims_only_the_versions_it_serves(store: SessionStore) -> None:
@@ -102,11 +136,11 @@ async def test_an_operator_moves_paused_and_queued_turns_to_another_version(
             waiting, from_version="v1", moves={AGENT: move}, note="moved from v1 to v2"
         )
         assert sorted(moved) == ["paused", "queued"]
+        assert await store.read_definition("def-2") == DEFINITION
         for turn_id in moved:
             turn = await store.get_turn(turn_id)
             assert turn is not None
             assert (turn.app_version, turn.definition_fingerprint) == ("v2", "def-2")
-            assert turn.definition == DEFINITION
             assert (await _events(store, turn_id))[-1].note == "moved from v1 to v2"
         paused = await store.get_turn("paused")
         assert paused is not None and paused.status is TurnStatus.COMPLETED

@@ -53,6 +53,8 @@ async def _plan(
 ) -> list[dict[str, Any]]:
     """One entry per waiting turn: what it is, what changed, and whether it can move."""
     planned: list[dict[str, Any]] = []
+    # Read once per fingerprint: the waiting turns of a version share a few definitions.
+    recorded: dict[str, dict[str, Any] | None] = {}
     for turn in waiting:
         move = moves.get(turn.agent)
         entry: dict[str, Any] = {
@@ -67,7 +69,11 @@ async def _plan(
         if move is None:
             entry["reason"] = "the app has no agent of this name at the target version"
         else:
-            changes = diff_definitions(turn.definition, dict(move.definition))
+            fingerprint = turn.definition_fingerprint
+            if fingerprint is not None and fingerprint not in recorded:
+                recorded[fingerprint] = await store.read_definition(fingerprint)
+            before = recorded.get(fingerprint) if fingerprint is not None else None
+            changes = diff_definitions(before, dict(move.definition))
             entry["changes"] = [c.model_dump(mode="json") for c in changes]
             entry["change_lines"] = [c.line() for c in changes]
             if turn.status is TurnStatus.COMPLETED:
