@@ -1,9 +1,10 @@
 """Real browsers against real processes for the inbox UI's acceptance tests.
 
-A :class:`Stack` is a fresh PostgreSQL database with a ``turnstile serve`` process (the
-banking example, bearer tokens of :mod:`tests.acceptance.inbox_ui_auth`, approvers by role)
-and one ``turnstile worker`` process; the browser is Debian's Chromium driven by Playwright
-(Playwright's own browser download is not used). Screenshots go to ``tests/artifacts/``.
+A :class:`Stack` is a fresh database with a ``turnstile serve`` process (by default the
+banking example with the bearer tokens of :mod:`tests.acceptance.inbox_ui_auth`, approvers by
+role) and, by default, one ``turnstile worker`` process; the browser is Debian's Chromium driven
+by Playwright (Playwright's own browser download is not used). Screenshots go to
+``tests/artifacts/``.
 """
 
 from __future__ import annotations
@@ -16,15 +17,16 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page, Playwright, sync_playwright
+from playwright.sync_api import Browser, Page, Playwright, ViewportSize, sync_playwright
 
 from examples.banking import read_ledger
+from tests.acceptance.edit_app import TOKENS as EDIT_TOKENS
 from tests.acceptance.inbox_ui_auth import TOKENS
-from tests.databases import postgres_url
+from tests.databases import new_sqlite_database, postgres_url
 from tests.http_support import ROOT, serve_process, worker_process
 
 __all__ = [
@@ -34,15 +36,20 @@ __all__ = [
     "eventually",
     "evidence",
     "launch_chromium",
+    "new_page",
+    "open_edit_stack",
     "open_stack",
     "screenshot",
     "sign_in",
+    "signed_in",
 ]
 
 #: Debian's Chromium (``apt-get install chromium``; ``.ci/run`` installs it when missing).
 CHROMIUM = os.environ.get("TURNSTILE_TEST_CHROMIUM", "/usr/bin/chromium")
 ARTIFACTS = ROOT / "tests" / "artifacts" / "inbox-ui"
 AUTH_SPEC = "tests.acceptance.inbox_ui_auth:auth"
+BANKING_APP = "examples.banking:ai"
+DESKTOP: ViewportSize = {"width": 1100, "height": 900}
 
 T = TypeVar("T")
 
@@ -98,61 +105,96 @@ def evidence(page: Page, name: str) -> Iterator[None]:
         raise
 
 
-def sign_in(page: Page, base: str, who: str, *, start: str = "/ui") -> None:
+def sign_in(
+    page: Page,
+    base: str,
+    who: str,
+    *,
+    start: str = "/ui",
+    tokens: dict[str, str] = TOKENS,
+    keyboard: bool = False,
+) -> None:
     """Sign ``who`` in through the login form (from ``start``, which sends the browser to
-    it), and wait for the page it leads back to."""
+    it), pressing Enter instead of the button if ``keyboard``, and wait for the page it leads
+    back to."""
     page.goto(f"{base}{start}")
     page.wait_for_url("**/ui/login**")
-    page.get_by_label("Token").fill(TOKENS[who])
-    page.get_by_role("button", name="Sign in").click()
+    page.get_by_label("Token").fill(tokens[who])
+    if keyboard:
+        page.keyboard.press("Enter")
+    else:
+        page.get_by_role("button", name="Sign in").click()
     page.wait_for_selector(f"text=Signed in as {who}")
+
+
+@contextlib.contextmanager
+def new_page(
+    browser: Browser, *, viewport: ViewportSize = DESKTOP, **options: Any
+) -> Iterator[Page]:
+    """A page in a browser context of its own (its own cookies), closed after the block."""
+    context = browser.new_context(viewport=viewport, **options)
+    context.set_default_timeout(15_000)
+    try:
+        yield context.new_page()
+    finally:
+        context.close()
 
 
 @dataclass
 class Stack:
-    """A database, a ``turnstile serve`` and a ``turnstile worker`` on it."""
+    """A database, a ``turnstile serve`` and the ``turnstile worker`` processes on it."""
 
     base: str
     db_url: str
     ledger: Path
     env: dict[str, str]
+    tokens: dict[str, str] = field(default_factory=lambda: dict(TOKENS))
+    agent: str = "bankingAgent"
     workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     def api(self, who: str) -> httpx.Client:
         """An HTTP client of the JSON API with ``who``'s bearer token."""
         return httpx.Client(
             base_url=self.base,
-            headers={"Authorization": f"Bearer {TOKENS[who]}"},
+            headers={"Authorization": f"Bearer {self.tokens[who]}"},
             timeout=30,
         )
 
-    def ask(self, text: str, *, who: str = "alice") -> str:
-        """Start a turn of the banking agent as ``who`` (detached); its snapshot id."""
-        body = {"data": {"message": {"role": "user", "content": [{"text": text}]}, "detach": True}}
+    def send(self, text: str, *, who: str = "alice", detach: bool = True) -> dict[str, Any]:
+        """Run a turn of the stack's agent as ``who`` (detached unless told); its result."""
+        message = {"role": "user", "content": [{"text": text}]}
+        body: dict[str, Any] = {"message": message}
+        if detach:
+            body["detach"] = True
         with self.api(who) as client:
-            answer = client.post("/api/bankingAgent", json=body)
+            answer = client.post(f"/api/{self.agent}", json={"data": body})
         answer.raise_for_status()
-        return str(answer.json()["result"]["snapshotId"])
+        return dict(answer.json()["result"])
+
+    def ask(self, text: str, *, who: str = "alice") -> str:
+        """Start a turn of the stack's agent as ``who`` (detached); its snapshot id."""
+        return str(self.send(text, who=who)["snapshotId"])
 
     def approval(self, turn_id: str, *, who: str = "bob") -> dict[str, Any] | None:
-        """The inbox entry of the turn's first approval (JSON API), or ``None``."""
+        """The inbox entry of the turn's first approval as ``who`` sees it (JSON API), or
+        ``None``."""
         with self.api(who) as client:
-            found = client.get("/inbox", params={"agent": "bankingAgent"})
+            found = client.get("/inbox", params={"agent": self.agent})
         found.raise_for_status()
         items = [i for i in found.json()["items"] if i["turnId"] == turn_id]
         return items[0] if items else None
 
-    def wait_for_approval(self, turn_id: str) -> dict[str, Any]:
+    def wait_for_approval(self, turn_id: str, *, who: str = "bob") -> dict[str, Any]:
         """The approval once the worker paused the turn at it."""
         return eventually(
-            lambda: self.approval(turn_id), timeout=30, what=f"an approval of {turn_id}"
+            lambda: self.approval(turn_id, who=who), timeout=30, what=f"an approval of {turn_id}"
         )
 
     def snapshot(self, snapshot_id: str, *, who: str = "alice") -> dict[str, Any]:
         """``getSnapshot`` of a turn."""
         with self.api(who) as client:
             got = client.post(
-                "/api/bankingAgent/getSnapshot", json={"data": {"snapshotId": snapshot_id}}
+                f"/api/{self.agent}/getSnapshot", json={"data": {"snapshotId": snapshot_id}}
             )
         got.raise_for_status()
         return dict(got.json()["result"])
@@ -163,8 +205,30 @@ class Stack:
 
 
 @contextlib.contextmanager
-def open_stack(tmp_path: Path, *, env: dict[str, str] | None = None) -> Iterator[Stack]:
-    """A fresh database with a server (``--auth``, approvers by role) and a worker."""
+def _database(kind: Literal["postgres", "sqlite"]) -> Iterator[str]:
+    if kind == "sqlite":
+        yield new_sqlite_database()
+    else:
+        with postgres_url() as url:
+            yield url
+
+
+@contextlib.contextmanager
+def open_stack(
+    tmp_path: Path,
+    *,
+    app: str = BANKING_APP,
+    auth: str = AUTH_SPEC,
+    tokens: dict[str, str] = TOKENS,
+    agent: str = "bankingAgent",
+    env: dict[str, str] | None = None,
+    worker: bool = True,
+    serve_workers: int = 0,
+    database: Literal["postgres", "sqlite"] = "postgres",
+) -> Iterator[Stack]:
+    """A fresh database with a server of ``app`` (``--auth``, approvers by role) and, if
+    ``worker``, a ``turnstile worker`` process; ``serve_workers`` runs workers inside the
+    server instead; ``env`` overrides the default settings."""
     ledger = tmp_path / "ledger.jsonl"
     settings = {
         "TURNSTILE_LEDGER": str(ledger),
@@ -172,10 +236,59 @@ def open_stack(tmp_path: Path, *, env: dict[str, str] | None = None) -> Iterator
         "TURNSTILE_UI_SECRET": "inbox-ui-acceptance-secret-0123456789abcdef",
         **(env or {}),
     }
-    args = ["--auth", AUTH_SPEC, "--inbox-policy", "role:approver"]
-    with (
-        postgres_url() as url,
-        serve_process(url, args=args, env=settings, log=tmp_path / "serve.log") as (base, _p),
-        worker_process(url, env=settings) as worker,
-    ):
-        yield Stack(base=base, db_url=url, ledger=ledger, env=settings, workers=[worker])
+    args = ["--auth", auth, "--inbox-policy", "role:approver"]
+    with contextlib.ExitStack() as resources:
+        url = resources.enter_context(_database(database))
+        base, _serve = resources.enter_context(
+            serve_process(
+                url,
+                app=app,
+                workers=serve_workers,
+                args=args,
+                env=settings,
+                log=tmp_path / "serve.log",
+            )
+        )
+        workers = (
+            [resources.enter_context(worker_process(url, app=app, env=settings))] if worker else []
+        )
+        yield Stack(
+            base=base,
+            db_url=url,
+            ledger=ledger,
+            env=settings,
+            tokens=tokens,
+            agent=agent,
+            workers=workers,
+        )
+
+
+def open_edit_stack(tmp_path: Path, *, secret: str) -> contextlib.AbstractContextManager[Stack]:
+    """A stack of :mod:`tests.acceptance.edit_app` (``guardedAgent``; alice asks, alice and
+    bob approve) with a worker, signing UI sessions with ``secret``."""
+    return open_stack(
+        tmp_path,
+        app="tests.acceptance.edit_app:ai",
+        auth="tests.acceptance.edit_app:auth",
+        tokens=EDIT_TOKENS,
+        agent="guardedAgent",
+        env={"TURNSTILE_UI_SECRET": secret},
+    )
+
+
+@contextlib.contextmanager
+def signed_in(
+    browser: Browser,
+    stack: Stack,
+    who: str,
+    start: str = "/ui",
+    *,
+    viewport: ViewportSize = DESKTOP,
+    keyboard: bool = False,
+    **options: Any,
+) -> Iterator[Page]:
+    """A page of a browser context of its own, with ``who`` signed in (with the stack's
+    tokens), at ``start``."""
+    with new_page(browser, viewport=viewport, **options) as page:
+        sign_in(page, stack.base, who, start=start, tokens=stack.tokens, keyboard=keyboard)
+        yield page

@@ -7,50 +7,22 @@ reminders."""
 
 from __future__ import annotations
 
-import contextlib
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import Browser, ViewportSize, expect
 from prometheus_client.parser import text_string_to_metric_families
 
-from examples.banking import read_ledger
 from tests.acceptance.escalation_app import TOKENS
-from tests.acceptance.inbox_ui_support import evidence, launch_chromium, screenshot
-from tests.databases import postgres_url
-from tests.http_support import serve_process
+from tests.acceptance.inbox_ui_support import evidence, open_stack, screenshot, signed_in
 
 pytestmark = pytest.mark.postgres
 expect.set_options(timeout=15_000)
 
-APP = "tests.acceptance.escalation_app:ai"
 ESCALATE_SECONDS = 12
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with launch_chromium() as launched:
-        yield launched
-
-
-@contextlib.contextmanager
-def signed_in(browser: Browser, base: str, who: str) -> Iterator[Page]:
-    """A page of a browser context of its own, with ``who`` signed in, at the inbox."""
-    context = browser.new_context(viewport={"width": 1200, "height": 900})
-    context.set_default_timeout(15_000)
-    try:
-        page = context.new_page()
-        page.goto(f"{base}/ui")
-        page.wait_for_url("**/ui/login**")
-        page.get_by_label("Token").fill(TOKENS[who])
-        page.get_by_role("button", name="Sign in").click()
-        page.wait_for_selector(f"text=Signed in as {who}")
-        yield page
-    finally:
-        context.close()
+WIDE: ViewportSize = {"width": 1200, "height": 900}
 
 
 def counter(base: str, name: str, agent: str) -> float:
@@ -65,34 +37,30 @@ def counter(base: str, name: str, agent: str) -> float:
 
 
 def test_escalation_on_timeout(browser: Browser, tmp_path: Path) -> None:
-    ledger = tmp_path / "ledger.jsonl"
     env = {
-        "TURNSTILE_LEDGER": str(ledger),
-        "TURNSTILE_UI_POLL_SECONDS": "0.5",
         "TURNSTILE_UI_SECRET": "escalation-ui-acceptance-secret-0123456789abcdef",
         "TURNSTILE_TEST_ESCALATE_SECONDS": str(ESCALATE_SECONDS),
     }
-    args = ["--auth", "tests.acceptance.escalation_app:auth", "--inbox-policy", "role:approver"]
     with (
-        postgres_url() as url,
-        serve_process(url, app=APP, workers=1, args=args, env=env, log=tmp_path / "serve.log") as (
-            base,
-            _serve,
-        ),
-        httpx.Client(
-            base_url=base, headers={"Authorization": f"Bearer {TOKENS['alice']}"}, timeout=30
-        ) as alice_api,
-        signed_in(browser, base, "paula") as paula,
-        signed_in(browser, base, "lena") as lena,
+        open_stack(
+            tmp_path,
+            app="tests.acceptance.escalation_app:ai",
+            auth="tests.acceptance.escalation_app:auth",
+            tokens=TOKENS,
+            env=env,
+            worker=False,
+            serve_workers=1,
+        ) as stack,
+        signed_in(browser, stack, "paula", viewport=WIDE) as paula,
+        signed_in(browser, stack, "lena", viewport=WIDE) as lena,
         evidence(paula, "escalation-paula"),
         evidence(lena, "escalation-lena"),
     ):
+        base = stack.base
         assert counter(base, "turnstile_approval_escalations_total", "bankingAgent") == 0
-        message = {"role": "user", "content": [{"text": "Transfer $900 to bob"}]}
-        asked = alice_api.post("/api/bankingAgent", json={"data": {"message": message}})
-        asked.raise_for_status()
-        assert asked.json()["result"]["finishReason"] == "interrupted"
-        approval = f"{asked.json()['result']['snapshotId']}:approval-1"
+        asked = stack.send("Transfer $900 to bob", detach=False)
+        assert asked["finishReason"] == "interrupted"
+        approval = f"{asked['snapshotId']}:approval-1"
 
         row_for_paula = paula.locator(f"tr[data-approval='{approval}']")
         expect(row_for_paula).to_contain_text("group payments")
@@ -105,7 +73,7 @@ def test_escalation_on_timeout(browser: Browser, tmp_path: Path) -> None:
             "group leads", timeout=ESCALATE_SECONDS * 1000 + 30_000
         )
         expect(row_for_paula).to_have_count(0)
-        assert read_ledger(ledger) == [], "an escalation decides nothing"
+        assert stack.transfers() == [], "an escalation decides nothing"
 
         lena.goto(f"{base}/ui/approvals/{approval}")
         section = lena.locator("section.assignment")
@@ -126,7 +94,7 @@ def test_escalation_on_timeout(browser: Browser, tmp_path: Path) -> None:
         lena.get_by_role("button", name="Submit decision").click()
         expect(lena.get_by_role("status").first).to_contain_text("Your decision was recorded.")
         expect(lena.locator("section.result")).to_contain_text("completed", timeout=30_000)
-        assert [t["amount"] for t in read_ledger(ledger)] == [900]
+        assert [t["amount"] for t in stack.transfers()] == [900]
 
         assert counter(base, "turnstile_approval_escalations_total", "bankingAgent") == 1
         reminders = counter(base, "turnstile_approval_reminders_total", "bankingAgent")

@@ -12,13 +12,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import Page, expect
 
 from tests.acceptance.inbox_ui_support import (
     Stack,
     eventually,
     evidence,
-    launch_chromium,
     open_stack,
     screenshot,
     sign_in,
@@ -28,23 +27,6 @@ from tests.http_support import free_port, worker_process
 pytestmark = pytest.mark.postgres
 # Pages load while two processes and a browser share the machine's cores: wait generously.
 expect.set_options(timeout=15_000)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with launch_chromium() as launched:
-        yield launched
-
-
-@pytest.fixture
-def page(browser: Browser) -> Iterator[Page]:
-    """A page in a browser context of its own (its own cookies)."""
-    context = browser.new_context(viewport={"width": 1100, "height": 900})
-    context.set_default_timeout(15_000)
-    try:
-        yield context.new_page()
-    finally:
-        context.close()
 
 
 @pytest.fixture

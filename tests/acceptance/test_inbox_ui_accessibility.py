@@ -7,25 +7,25 @@ from the keyboard alone."""
 
 from __future__ import annotations
 
-import contextlib
 import re
-from collections.abc import Iterator
+from contextlib import AbstractContextManager as ContextManager
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from playwright.sync_api import Browser, Page, ViewportSize, expect
 
-from tests.acceptance.edit_app import TOKENS
-from tests.acceptance.inbox_ui_support import eventually, evidence, launch_chromium, screenshot
-from tests.databases import postgres_url
-from tests.http_support import serve_process, worker_process
+from tests.acceptance.inbox_ui_support import (
+    Stack,
+    evidence,
+    open_edit_stack,
+    screenshot,
+    signed_in,
+)
 
 pytestmark = pytest.mark.postgres
 expect.set_options(timeout=15_000)
 
-APP = "tests.acceptance.edit_app:ai"
 PHONE: ViewportSize = {"width": 375, "height": 812}
 
 # Every control a keyboard can reach, in document order, one per radio group (Tab enters a
@@ -80,27 +80,11 @@ WIDEST = """() => Array.from(document.querySelectorAll('main *'))
   .slice(0, 5).map(el => el.tagName + '.' + el.className)"""
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with launch_chromium() as launched:
-        yield launched
-
-
-@contextlib.contextmanager
-def phone(browser: Browser, base: str, who: str, start: str) -> Iterator[Page]:
+def phone(browser: Browser, stack: Stack, who: str, start: str) -> ContextManager[Page]:
     """A phone-width page with ``who`` signed in (by keyboard), at ``start``."""
-    context = browser.new_context(viewport=PHONE, is_mobile=True, has_touch=True)
-    context.set_default_timeout(15_000)
-    try:
-        page = context.new_page()
-        page.goto(f"{base}{start}")
-        page.wait_for_url("**/ui/login**")
-        page.get_by_label("Token").fill(TOKENS[who])
-        page.keyboard.press("Enter")
-        page.wait_for_selector(f"text=Signed in as {who}")
-        yield page
-    finally:
-        context.close()
+    return signed_in(
+        browser, stack, who, start, viewport=PHONE, keyboard=True, is_mobile=True, has_touch=True
+    )
 
 
 def tab_through(page: Page, expected: list[str]) -> list[dict[str, Any]]:
@@ -123,38 +107,12 @@ def test_the_approval_page_at_phone_width(browser: Browser, tmp_path: Path) -> N
     horizontal scroll, labels on every input and unique ids; Tab visits every control once in
     document order (assignment, then the edit form, then the decision form) with a visible ring,
     and Enter in the edited amount approves with the edit."""
-    env = {
-        "TURNSTILE_LEDGER": str(tmp_path / "ledger.jsonl"),
-        "TURNSTILE_UI_POLL_SECONDS": "0.5",
-        "TURNSTILE_UI_SECRET": "a11y-ui-acceptance-secret-0123456789abcdefgh",
-    }
-    args = ["--auth", "tests.acceptance.edit_app:auth", "--inbox-policy", "role:approver"]
-    with (
-        postgres_url() as url,
-        serve_process(url, app=APP, args=args, env=env, log=tmp_path / "serve.log") as (
-            base,
-            _serve,
-        ),
-        worker_process(url, app=APP, env=env),
-        httpx.Client(
-            base_url=base, headers={"Authorization": f"Bearer {TOKENS['alice']}"}, timeout=30
-        ) as alice_api,
-    ):
-        message = {"role": "user", "content": [{"text": "Transfer $40 to carol"}]}
-        asked = alice_api.post(
-            "/api/guardedAgent", json={"data": {"message": message, "detach": True}}
-        )
-        asked.raise_for_status()
-        turn_id = asked.json()["result"]["snapshotId"]
-
-        def listed() -> dict[str, Any] | None:
-            items = alice_api.get("/inbox").json()["items"]
-            return next((i for i in items if i["turnId"] == turn_id), None)
-
-        approval = eventually(listed, timeout=30, what="the approval")
+    with open_edit_stack(tmp_path, secret="a11y-ui-acceptance-secret-0123456789abcdefgh") as stack:
+        turn_id = stack.ask("Transfer $40 to carol")
+        approval = stack.wait_for_approval(turn_id, who="alice")
         start = f"/ui/approvals/{approval['id']}"
 
-        with phone(browser, base, "bob", start) as page, evidence(page, "a11y-phone"):
+        with phone(browser, stack, "bob", start) as page, evidence(page, "a11y-phone"):
             expect(page.locator("form#edit-form")).to_be_visible()
             expect(page.get_by_role("button", name="Claim it")).to_be_visible()
             expect(page.get_by_label("Person")).to_be_visible()

@@ -8,7 +8,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -21,33 +20,15 @@ from tests.acceptance.inbox_ui_support import (
     AUTH_SPEC,
     Stack,
     evidence,
-    launch_chromium,
     open_stack,
     screenshot,
     sign_in,
 )
-from tests.databases import new_sqlite_database, postgres_url
+from tests.databases import postgres_url
 from tests.http_support import ROOT, serve_process
 
 pytestmark = pytest.mark.postgres
 expect.set_options(timeout=15_000)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with launch_chromium() as launched:
-        yield launched
-
-
-@pytest.fixture
-def page(browser: Browser) -> Iterator[Page]:
-    """A page in a browser context of its own (its own cookies)."""
-    context = browser.new_context(viewport={"width": 1100, "height": 900})
-    context.set_default_timeout(15_000)
-    try:
-        yield context.new_page()
-    finally:
-        context.close()
 
 
 def test_a_cookie_replayed_after_logout_or_revoke_is_refused(
@@ -123,34 +104,22 @@ def test_a_new_approval_arrives_through_the_event_stream(tmp_path: Path, page: P
 def test_on_sqlite_the_page_falls_back_to_polling(tmp_path: Path, page: Page) -> None:
     """SQLite cannot announce changes: the stream answers 204, the page's EventSource gives
     up, and the inbox still shows a new approval by polling."""
-    settings = {
-        "TURNSTILE_LEDGER": str(tmp_path / "ledger.jsonl"),
-        "TURNSTILE_UI_POLL_SECONDS": "0.5",
-        "TURNSTILE_UI_SECRET": "polling-acceptance-secret-0123456789abcdef",
-    }
-    url = new_sqlite_database()
-    args = ["--auth", AUTH_SPEC, "--inbox-policy", "role:approver"]
     with (
-        serve_process(url, workers=1, args=args, env=settings, log=tmp_path / "serve.log") as (
-            base,
-            _serve,
-        ),
+        open_stack(
+            tmp_path,
+            env={"TURNSTILE_UI_SECRET": "polling-acceptance-secret-0123456789abcdef"},
+            worker=False,
+            serve_workers=1,
+            database="sqlite",
+        ) as stack,
         evidence(page, "sessions-polling"),
     ):
         with page.expect_response(lambda r: "/ui/events" in r.url) as stream:
-            sign_in(page, base, "bob")
+            sign_in(page, stack.base, "bob")
         assert stream.value.status == 204
         with page.expect_response(lambda r: "/ui/inbox/live" in r.url):
             pass  # the page polls once the stream is refused
-        message = {"role": "user", "content": [{"text": "Transfer $9 to fay"}]}
-        body = {"data": {"message": message, "detach": True}}
-        with httpx.Client(base_url=base, timeout=30) as api:
-            answer = api.post(
-                "/api/bankingAgent",
-                json=body,
-                headers={"Authorization": f"Bearer {TOKENS['alice']}"},
-            )
-        answer.raise_for_status()
+        stack.ask("Transfer $9 to fay")
         expect(page.locator("#inbox-rows tr[data-approval]")).to_have_count(1, timeout=30_000)
         expect(page).to_have_title("(1) Inbox · Turnstile")
 
