@@ -25,7 +25,7 @@ from engine.approval_policy import AlreadyVotedError, Vote, VoteOutcome
 from engine.assignment_records import Assignment
 from engine.edits import check_edit_seen
 from engine.status import FinishReason, TurnStatus
-from engine.store import ApprovalQuery, PendingApproval, ToolCallRecord, ToolCallStatus
+from engine.store import ApprovalQuery, PendingApproval, ToolCallRecord
 from stores.approval_rows import pending_approval, select_pending
 from stores.assignments import check_assignment_unchanged
 from stores.database import utc
@@ -38,7 +38,7 @@ from stores.schema import (
     tool_calls,
     turns,
 )
-from stores.tool_calls import lock_open_call, record_of, refuse_not_pending
+from stores.tool_calls import lock_open_call, open_approval, record_of, refuse_not_pending
 
 __all__ = [
     "list_approvals",
@@ -108,20 +108,9 @@ def record_decision(
     if assignment_seen is not None:
         lock_open_call(connection, turn_id, round, ref)
         check_assignment_unchanged(connection, turn_id, round, ref, assignment_seen)
-    c = tool_calls.c
-    q = approval_queue.c
-    # Open = in the queue: interrupted, on a paused turn that is its session's latest.
-    is_open = sa.exists().where(q.turn_id == turn_id, q.round == round, q.ref == ref)
     result = connection.execute(
         sa.update(tool_calls)
-        .where(
-            c.turn_id == turn_id,
-            c.round == round,
-            c.ref == ref,
-            c.status == ToolCallStatus.INTERRUPTED.value,
-            c.decided_at.is_(None),
-            is_open,
-        )
+        .where(*open_approval(turn_id, round, ref))
         .values(answer=answer, decided_by=decided_by, decided_at=now)
         .returning(*tool_calls.columns)
     )

@@ -21,6 +21,7 @@ __all__ = [
     "list_calls",
     "list_expired",
     "lock_open_call",
+    "open_approval",
     "record_of",
     "refuse_not_pending",
     "upsert_calls",
@@ -161,6 +162,21 @@ def list_expired(
     return [record_of(r) for r in rows]
 
 
+def open_approval(turn_id: str, round: int, ref: str) -> tuple[sa.ColumnElement[bool], ...]:
+    """The journal row of one open approval: interrupted, undecided, and in the queue (on a
+    paused turn that is its session's latest)."""
+    c = tool_calls.c
+    q = approval_queue.c
+    return (
+        c.turn_id == turn_id,
+        c.round == round,
+        c.ref == ref,
+        c.status == ToolCallStatus.INTERRUPTED.value,
+        c.decided_at.is_(None),
+        sa.exists().where(q.turn_id == turn_id, q.round == round, q.ref == ref),
+    )
+
+
 def lock_open_call(connection: Connection, turn_id: str, round: int, ref: str) -> None:
     """Lock the journal row of one open approval (``FOR UPDATE``; SQLite serialises writers
     anyway) or raise the typed conflict describing why it is not open.
@@ -169,19 +185,9 @@ def lock_open_call(connection: Connection, turn_id: str, round: int, ref: str) -
     reads the others' committed writes: a decision sees a reassignment that beat it, and an
     assignment change sees the decision that beat it (the row is then no longer open).
     """
-    c = tool_calls.c
-    q = approval_queue.c
-    is_open = sa.exists().where(q.turn_id == turn_id, q.round == round, q.ref == ref)
     locked = connection.execute(
-        sa.select(c.ref)
-        .where(
-            c.turn_id == turn_id,
-            c.round == round,
-            c.ref == ref,
-            c.status == ToolCallStatus.INTERRUPTED.value,
-            c.decided_at.is_(None),
-            is_open,
-        )
+        sa.select(tool_calls.c.ref)
+        .where(*open_approval(turn_id, round, ref))
         .with_for_update(of=tool_calls)
     ).first()
     if locked is None:
