@@ -23,12 +23,19 @@ from typing import Any
 
 from engine.chat import Chat
 from engine.client_state import BlobPin, sign_state
-from engine.errors import FailedPreconditionError, InvalidArgumentError
+from engine.errors import (
+    AgentError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+    SessionMismatchError,
+    TurnTimeoutError,
+)
 from engine.executor import LeaseSettings, RetryPolicy, run_inline
 from engine.idempotency import keyed_turn_id
 from engine.model import Model
 from engine.ownership import own_turn, visible
-from engine.response import AgentChunk, AgentResponse, settled_response
+from engine.response import AgentChunk, AgentResponse, refused_response, settled_response
 from engine.runner import ChunkCallback, RunnerConfig
 from engine.schemas import Schema, SchemaSpec
 from engine.session_state import RelayedPatches, SessionData
@@ -36,7 +43,7 @@ from engine.signals import AbortSignal
 from engine.signing import StateSigner
 from engine.snapshots import SessionSnapshot, SessionState
 from engine.status import ACTIVE_STATUSES, TurnStatus
-from engine.store import SessionStore, StoredSnapshot, TurnRecord
+from engine.store import AbortOutcome, SessionStore, StoredSnapshot, TurnRecord
 from engine.tools import Tool
 from engine.turn_request import TurnRequest
 from engine.turn_start import StartedTurn, start_turn
@@ -44,6 +51,7 @@ from engine.versioning import Migration, describe_definition, fingerprint_of
 from engine.waiting import timed_out, wait_settled
 
 __all__ = [
+    "ABORT_WAIT",
     "DEFAULT_UNCLAIMED_WARNING",
     "UNCLAIMED_WARNING_ENV",
     "Agent",
@@ -57,6 +65,8 @@ logger = logging.getLogger("turnstile.agent")
 
 #: Seconds a queued turn may wait unclaimed before its waiting caller logs a warning.
 DEFAULT_UNCLAIMED_WARNING = 30.0
+#: Seconds :meth:`Agent.request_abort` waits for a running turn's runner to stop it.
+ABORT_WAIT = 5.0
 #: Overrides :data:`DEFAULT_UNCLAIMED_WARNING` for agents that do not set it (0: never warn).
 UNCLAIMED_WARNING_ENV = "TURNSTILE_UNCLAIMED_WARNING"
 
@@ -77,6 +87,17 @@ def unclaimed_warning_from_env() -> float:
             f"got {raw!r}."
         )
     return seconds
+
+
+def _pending_response(turn: TurnRecord) -> AgentResponse:
+    """The answer for a turn left running: its ``pending`` snapshot."""
+    return AgentResponse(
+        session_id=turn.session_id,
+        snapshot_id=turn.id,
+        status=turn.status,
+        finish_reason=None,
+        messages=[],
+    )
 
 
 class Agent:
@@ -102,6 +123,7 @@ class Agent:
         state_schema: SchemaSpec = None,
         declared_version: str | None = None,
         migrations: Sequence[Migration] = (),
+        config: Mapping[str, Any] | None = None,
     ) -> None:
         if execution not in ("auto", "inline", "workers"):
             raise ValueError("execution must be 'auto', 'inline' or 'workers'.")
@@ -122,6 +144,8 @@ class Agent:
         self.max_turns = max_turns
         #: What the session's custom state must match (``None``: any JSON value).
         self.state_schema = state_schema
+        #: The generation config every model call of the agent carries.
+        self.config: dict[str, Any] = dict(config or {})
         self.retry = retry or RetryPolicy()
         #: Whether the agent was given no policy of its own: ``turnstile worker --max-attempts``
         #: and ``--retry-backoff`` replace only such an agent's.
@@ -199,6 +223,7 @@ class Agent:
             tools=self.tools,
             max_turns=self.max_turns,
             state_schema=self.state_schema,
+            model_config=self.config,
         )
 
     def chat(
@@ -208,7 +233,15 @@ class Agent:
         snapshot_id: str | None = None,
         state: Mapping[str, Any] | None = None,
     ) -> Chat:
-        """A conversation handle: new, or reopened by session id, snapshot id or state blob."""
+        """A conversation handle: new, or reopened by session id, snapshot id or state blob.
+
+        What its first send continues (docs/decisions.md, "What a send continues"):
+        ``session_id`` alone, the session's latest turn; ``snapshot_id`` alone, exactly that
+        snapshot (appended to when nothing but failed or aborted turns followed it, else
+        branched into a new session by a new message); both, the snapshot only while it is
+        still the session's latest. Every later send of the chat continues from where the
+        chat is, as with both.
+        """
         if self.store is None and (session_id or snapshot_id):
             which = "snapshotId" if snapshot_id else "sessionId"
             raise FailedPreconditionError(
@@ -254,24 +287,49 @@ class Agent:
             return None
         return SessionSnapshot.of(turn, await store.load_conversation(turn.id))
 
-    async def abort(self, snapshot_id: str, *, owner: str | None = None) -> TurnStatus:
-        """Stop a running turn; returns the resulting status.
+    async def abort(self, snapshot_id: str, *, owner: str | None = None) -> TurnStatus | None:
+        """Stop a running turn; returns its status **before** the abort, as Genkit's abort
+        does (``None`` for a snapshot that does not exist or is not ``owner``'s to see).
 
-        ``pending`` → ``aborting`` while a runner holds it (it settles ``aborted`` at its next
-        await, keeping its committed rounds) or straight to ``aborted`` when nobody does;
-        settled snapshots are left as they are.
+        See :meth:`request_abort` for what it changes; that method also answers the status
+        the turn was left in.
+        """
+        try:
+            outcome = await self.request_abort(snapshot_id, owner=owner)
+        except NotFoundError:
+            return None
+        return outcome.previous
+
+    async def request_abort(
+        self, snapshot_id: str, *, owner: str | None = None, wait: float = ABORT_WAIT
+    ) -> AbortOutcome:
+        """Stop a running turn; returns its status before and after.
+
+        A ``pending`` turn no runner holds is ``aborted`` at once. One a runner holds moves to
+        ``aborting``, and the call then waits up to ``wait`` seconds for the runner to stop
+        and settle it ``aborted`` (keeping its committed rounds), so that a snapshot read
+        afterwards says so; past the wait it answers ``aborting`` and the runner settles it
+        later. Settled snapshots are left as they are. Raises
+        :class:`~engine.errors.NotFoundError` for an unknown snapshot.
         """
         store = self._require_store("abort")
         await own_turn(store, snapshot_id, agent=self.name, owner=owner)
-        return await self.abort_in(store, snapshot_id)
+        outcome = await self.abort_in(store, snapshot_id)
+        if outcome.status is not TurnStatus.ABORTING or wait <= 0:
+            return outcome
+        try:
+            settled = await self.wait_settled(store, snapshot_id, wait)
+        except TurnTimeoutError:
+            return outcome
+        return AbortOutcome(previous=outcome.previous, status=settled.turn.status)
 
-    async def abort_in(self, store: SessionStore, turn_id: str) -> TurnStatus:
+    async def abort_in(self, store: SessionStore, turn_id: str) -> AbortOutcome:
         """Request the abort in ``store`` and wake the local runner, if it runs here."""
-        status = await store.request_abort(turn_id)
+        outcome = await store.request_abort(turn_id)
         signal = self._local_aborts.get(turn_id)
-        if status is TurnStatus.ABORTING and signal is not None:
+        if outcome.status is TurnStatus.ABORTING and signal is not None:
             signal.set()
-        return status
+        return outcome
 
     # -- running a turn -----------------------------------------------------------------
 
@@ -288,8 +346,10 @@ class Agent:
         pool for a durable store) and answer.
 
         ``on_started(store, turn)`` is called once the turn exists (the chat uses it to
-        track the running turn for ``abort``). With ``wait=False`` a queued turn is not
-        awaited: the response is ``pending`` and carries its snapshot id. ``timeout``
+        track the running turn for ``abort``). With ``wait=False`` (Genkit's detach) the turn
+        is not awaited — queued for the workers, or running on in this process — and the
+        response is ``pending`` with its snapshot id; a client-managed agent, whose state
+        has nowhere to be kept meanwhile, refuses it (``FAILED_PRECONDITION``). ``timeout``
         (seconds) bounds the wait for the turn to settle: past it
         :class:`~engine.errors.TurnTimeoutError` is raised and the turn is left pending
         (queued, or running — inline turns go on in this process). Raises a typed error,
@@ -298,13 +358,16 @@ class Agent:
         """
         if timeout is not None and timeout <= 0:
             raise InvalidArgumentError(f"timeout must be positive seconds (got {timeout!r}).")
+        if not wait and self.store is None:
+            raise FailedPreconditionError(
+                f"Cannot detach a turn of agent '{self.name}': detached turns need a store "
+                "(client-managed state has nowhere to keep a running turn)."
+            )
         if self.queued and on_chunk is not None and wait:
             return await self._run_relayed(request, on_chunk, on_started, timeout)
         listening: list[asyncio.Future[None]] = []
         try:
-            started = await start_turn(
-                self, request, listen=listening if self.queued and wait else None
-            )
+            started = await self._start(request, listen=listening if self.queued and wait else None)
             if on_started is not None:
                 on_started(started.store, started.turn)
             if self.queued or started.repeated:
@@ -312,7 +375,30 @@ class Agent:
         finally:
             for waiter in listening:
                 waiter.cancel()
+        if not wait:
+            # Detached: the turn runs on in this process; the caller has its pending snapshot.
+            self._keep_unwaited(self._launch_inline(started, None))
+            return _pending_response(started.turn)
         return await self._run_inline(started, on_chunk, timeout)
+
+    async def submit(self, request: TurnRequest) -> AgentResponse:
+        """Hand a turn to whoever runs it: queued for the workers (answered ``pending`` at
+        once), or run here by an inline agent (answered once it settled). What the inbox,
+        expiry and the operator's retries do with the turns they create."""
+        return await self.run_turn(request, wait=not self.queued)
+
+    async def _start(
+        self, request: TurnRequest, *, listen: list[asyncio.Future[None]] | None = None
+    ) -> StartedTurn:
+        """:func:`start_turn`, with a refusal carrying the failed output Genkit answers it
+        with (its ``response``), unless it is API misuse, which Genkit throws."""
+        try:
+            return await start_turn(self, request, listen=listen)
+        except SessionMismatchError:
+            raise
+        except AgentError as refused:
+            refused_response(refused, session_id=request.session_id)
+            raise
 
     async def _answer_queued(
         self,
@@ -325,13 +411,7 @@ class Agent:
         without ``wait``."""
         # A repeated request for a settled turn answers with it, as the first did.
         if not wait and started.turn.status in ACTIVE_STATUSES:
-            return AgentResponse(
-                session_id=started.turn.session_id,
-                snapshot_id=started.turn.id,
-                status=started.turn.status,
-                finish_reason=None,
-                messages=[],
-            )
+            return _pending_response(started.turn)
         settled = await self.wait_settled(
             started.store,
             started.turn.id,
@@ -340,10 +420,10 @@ class Agent:
         )
         return await self.respond_for(started.store, settled)
 
-    async def _run_inline(
-        self, started: StartedTurn, on_chunk: ChunkCallback | None, timeout: float | None
-    ) -> AgentResponse:
-        """Run a turn in the caller, abortable from this process by its signal."""
+    def _launch_inline(
+        self, started: StartedTurn, on_chunk: ChunkCallback | None
+    ) -> asyncio.Task[TurnRecord]:
+        """Start running a turn in this process, abortable here by its signal."""
         turn_id = started.turn.id
         signal = AbortSignal()
         self._local_aborts[turn_id] = signal
@@ -361,18 +441,28 @@ class Agent:
         )
         # Abortable until it settles, even once nobody waits for it any more.
         running.add_done_callback(lambda _: self._local_aborts.pop(turn_id, None))
+        return running
+
+    def _keep_unwaited(self, running: asyncio.Task[TurnRecord]) -> None:
+        """Hold a running turn nobody waits for until it settles."""
+        self._unwaited.add(running)
+        running.add_done_callback(self._unwaited.discard)
+
+    async def _run_inline(
+        self, started: StartedTurn, on_chunk: ChunkCallback | None, timeout: float | None
+    ) -> AgentResponse:
+        """Run a turn in the caller and answer once it settled."""
+        running = self._launch_inline(started, on_chunk)
         try:
             # Shielded: a caller that stops waiting does not stop the turn (it settles and
             # persists, as a durable turn must); abort is the way to stop it.
             finished = await asyncio.wait_for(asyncio.shield(running), timeout)
         except TimeoutError:
-            self._unwaited.add(running)
-            running.add_done_callback(self._unwaited.discard)
-            current = await started.store.get_turn(turn_id)
-            raise timed_out(turn_id, timeout, current) from None
+            self._keep_unwaited(running)
+            current = await started.store.get_turn(started.turn.id)
+            raise timed_out(started.turn.id, timeout, current) from None
         except asyncio.CancelledError:
-            self._unwaited.add(running)
-            running.add_done_callback(self._unwaited.discard)
+            self._keep_unwaited(running)
             raise
         return await self.respond_for(started.store, finished)
 
@@ -395,7 +485,7 @@ class Agent:
             request, turn_id=turn_id, input=request.input.model_copy(update={"relay": True})
         )
         async with store.subscribe_chunks(turn_id) as chunks:
-            started = await start_turn(self, request)
+            started = await self._start(request)
             if on_started is not None:
                 on_started(started.store, started.turn)
             patches = RelayedPatches(started.turn.custom)

@@ -17,7 +17,7 @@ from engine.response import AgentChunk, AgentResponse
 from engine.session_state import Artifact
 from engine.snapshots import coerce_message
 from engine.status import TurnStatus
-from engine.store import SessionStore, TurnInput, TurnRecord
+from engine.store import AbortOutcome, SessionStore, TurnInput, TurnRecord
 from engine.turn_request import TurnRequest
 
 __all__ = ["END_OF_STREAM", "AgentTurn", "Chat", "ChatAPI", "ChatAgent", "MessageLike"]
@@ -42,7 +42,7 @@ class ChatAgent(Protocol):
         timeout: float | None = None,
     ) -> AgentResponse: ...
 
-    async def abort_in(self, store: SessionStore, turn_id: str) -> TurnStatus: ...
+    async def abort_in(self, store: SessionStore, turn_id: str) -> AbortOutcome: ...
 
 
 class AgentTurn:
@@ -229,11 +229,12 @@ class Chat(ChatAPI):
         return self._running[1].id if self._running is not None else None
 
     async def abort(self) -> TurnStatus | None:
-        """Abort this chat's turn in flight (``None`` when there is none)."""
+        """Abort this chat's turn in flight; returns its status before the abort (``None``
+        when there is none). The turn settles ``aborted`` and the pending send raises."""
         if self._running is None:
             return None
         store, turn = self._running
-        return await self.agent.abort_in(store, turn.id)
+        return (await self.agent.abort_in(store, turn.id)).previous
 
     # -- internals ----------------------------------------------------------------------
 

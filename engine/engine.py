@@ -200,6 +200,7 @@ class Engine:
         lease: LeaseSettings | None = None,
         execution: str = "auto",
         state_schema: SchemaSpec = None,
+        config: Mapping[str, Any] | None = None,
     ) -> Agent:
         """Define an agent. ``store=None`` means client-managed (signed) state.
 
@@ -210,7 +211,9 @@ class Engine:
         ``execution``: ``auto`` queues turns for the worker pool when ``store`` is durable
         (a SQL store) and runs them in the caller otherwise; ``inline``/``workers`` force it.
         ``state_schema`` (a pydantic model or JSON schema) is what the session's custom state
-        must match: tools' updates breaking it raise ``StateSchemaError``.
+        must match: tools' updates breaking it raise ``StateSchemaError``. ``config`` is the
+        generation config every model call carries (Genkit's names, e.g. ``temperature``);
+        it is not part of the pinned definition, so changing it never blocks a resume.
         """
         if name in self.agents:
             raise ValueError(f"An agent named '{name}' is already defined.")
@@ -233,6 +236,7 @@ class Engine:
             state_schema=state_schema,
             declared_version=self.version,
             migrations=self.migrations,
+            config=config,
         )
         self.agents[name] = agent
         return agent

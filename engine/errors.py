@@ -24,6 +24,7 @@ __all__ = [
     "NotFoundError",
     "ResumeValidationError",
     "SessionBusyError",
+    "SessionMismatchError",
     "SnapshotNotResumableError",
     "StaleSnapshotError",
     "StaleTransitionError",
@@ -46,6 +47,12 @@ class AgentError(TurnstileError):
 
     ``status`` follows Genkit's (gRPC-style) status names; ``snapshot_id`` points at the
     snapshot the caller can continue from, when there is one.
+
+    ``response``: the failed output Genkit answers the request with, when the error is one
+    (:class:`~engine.response.AgentResponse` with ``finish_reason`` ``failed`` and this error
+    as ``error``): a turn that failed (:class:`TurnFailedError`), or a send or resume refused
+    before its turn existed, which changed nothing. ``None`` for what Genkit throws instead
+    (API misuse, :class:`SessionMismatchError`) and for errors outside a turn.
     """
 
     default_status: ClassVar[str] = "INTERNAL"
@@ -63,6 +70,7 @@ class AgentError(TurnstileError):
         self.status = status or self.default_status
         self.details = details
         self.snapshot_id = snapshot_id
+        self.response: Any = None
 
     def to_wire(self) -> dict[str, Any]:
         """The ``{status, message, details?}`` object Genkit puts in ``AgentOutput.error``."""
@@ -79,6 +87,11 @@ class InvalidArgumentError(AgentError):
     """The request itself is malformed or does not match what it refers to."""
 
     default_status = "INVALID_ARGUMENT"
+
+
+class SessionMismatchError(InvalidArgumentError):
+    """A request names a snapshot together with a session it does not belong to. API misuse:
+    raised as it is (Genkit throws it), never answered as a failed output."""
 
 
 class FailedPreconditionError(AgentError):

@@ -90,7 +90,7 @@ async def expire_approvals(
             )
         request = TurnRequest(input=turn_input, snapshot_id=turn_id, decided_by=TIMEOUT_DECIDER)
         try:
-            response = await agent.run_turn(request, wait=False)
+            response = await agent.submit(request)
         except TurnFailedError as failure:
             # An inline agent ran the expiry turn at once and it failed, as an expiry does.
             if failure.snapshot_id is not None:

@@ -369,7 +369,7 @@ async def _resume(agent: Agent, decided: list[ToolCallRecord]) -> str | None:
         input=TurnInput(kind="resume", respond=respond, restart=restart), snapshot_id=turn_id
     )
     try:
-        response = await agent.run_turn(request, wait=False)
+        response = await agent.submit(request)
     except TurnFailedError as failure:  # an inline agent ran the resume and it failed
         return failure.snapshot_id
     except (ApprovalNotPendingError, SessionBusyError) as race:

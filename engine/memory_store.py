@@ -38,6 +38,7 @@ from engine.relay import ChunkBroker, ChunkSubscription
 from engine.signals import BroadcastSignal, KeyedSignals, WakeEvent
 from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus
 from engine.store import (
+    AbortOutcome,
     ApprovalQuery,
     InterruptAnswer,
     NewTurn,
@@ -346,14 +347,14 @@ class InMemorySessionStore(InMemoryBrowserSessions):
         )
         return moved.model_copy(deep=True)
 
-    async def request_abort(self, turn_id: str) -> TurnStatus:
+    async def request_abort(self, turn_id: str) -> AbortOutcome:
         """See :meth:`engine.store.SessionStore.request_abort`."""
         turn = self._turns.get(turn_id)
         if turn is None:
             raise NotFoundError(f"Snapshot {turn_id} not found.")
         target = abort_target(turn, _now())
         if target is None:
-            return turn.status
+            return AbortOutcome(previous=turn.status, status=turn.status)
         new, finish_reason = target
         moved = await self.transition(
             turn_id,
@@ -365,7 +366,7 @@ class InMemorySessionStore(InMemoryBrowserSessions):
                 note="abort requested",
             ),
         )
-        return moved.status
+        return AbortOutcome(previous=turn.status, status=moved.status)
 
     # -- rounds and journal ---------------------------------------------------------
 
@@ -765,13 +766,20 @@ class InMemorySessionStore(InMemoryBrowserSessions):
                 continue
             doomed.append(session_id)
         doomed.sort(key=lambda s: self._sessions[s].updated_at)
+        gone: set[str] = set()
         for session_id in doomed[:limit]:
             for turn_id in self._turn_order.pop(session_id):
+                gone.add(turn_id)
                 for table in (self._turns, self._rounds, self._calls, self._events, self._votes):
                     table.pop(turn_id, None)
                 for key in [k for k in self._assignments if k[0] == turn_id]:
                     del self._assignments[key]
             del self._sessions[session_id]
+        # A branch in another session outlives its parent: it holds its own copy of the
+        # conversation, and its parent reference goes with the parent.
+        for turn_id, turn in list(self._turns.items()):
+            if turn.parent_id in gone:
+                self._turns[turn_id] = turn.model_copy(update={"parent_id": None})
         return len(doomed[:limit])
 
     async def publish_chunk(self, turn_id: str, chunk: dict[str, Any]) -> None:

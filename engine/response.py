@@ -13,7 +13,14 @@ from engine.session_state import Artifact, SessionData
 from engine.status import FinishReason, TurnStatus
 from engine.store import TurnRecord
 
-__all__ = ["AgentChunk", "AgentInterrupt", "AgentResponse", "ChunkEmitter", "settled_response"]
+__all__ = [
+    "AgentChunk",
+    "AgentInterrupt",
+    "AgentResponse",
+    "ChunkEmitter",
+    "refused_response",
+    "settled_response",
+]
 
 
 @dataclass(frozen=True)
@@ -213,6 +220,22 @@ def settled_response(
         )
         response.error = failure
         raise failure
+    return response
+
+
+def refused_response(error: AgentError, *, session_id: str | None) -> AgentResponse:
+    """The failed output Genkit answers a refused send or resume with (nothing was created:
+    the caller's snapshot stays where it was), attached to ``error`` as its ``response``.
+    Returns ``error``'s response."""
+    response = AgentResponse(
+        session_id=session_id or "",
+        snapshot_id=error.snapshot_id,
+        status=TurnStatus.FAILED,
+        finish_reason=FinishReason.FAILED,
+        messages=[],
+        error=error,
+    )
+    error.response = response
     return response
 
 

@@ -14,7 +14,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -67,6 +67,8 @@ class RunnerConfig:
     max_turns: int = 5
     #: The pydantic model (or JSON schema) the session's custom state must match.
     state_schema: SchemaSpec = None
+    #: The generation config every model call carries (Genkit's names: ``temperature``...).
+    model_config: Mapping[str, Any] = field(default_factory=dict)
 
 
 def _now() -> datetime:
@@ -347,7 +349,9 @@ class TurnRunner:
         if self.config.system:
             messages.insert(0, Message(role="system", content=[Part.of_text(self.config.system)]))
         request = ModelRequest(
-            messages=messages, tools=[t.spec() for t in self.config.tools.values()]
+            messages=messages,
+            tools=[t.spec() for t in self.config.tools.values()],
+            config=dict(self.config.model_config),
         )
 
         async def forward(parts: list[Part]) -> None:

@@ -27,7 +27,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from engine.model import ModelUsage
 from engine.parts import Message, Part
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from engine.assignment_guard import Assignment
 
 __all__ = [
+    "AbortOutcome",
     "ApprovalQuery",
     "FollowOnClaim",
     "Inbox",
@@ -121,6 +122,12 @@ class NewTurn(BaseModel):
     session_id: str
     agent: str
     parent_id: str | None = None
+    #: The session's latest turn when the request was checked: the turn is created only
+    #: while it still is (a compare-and-set on the session's head, so no concurrent send is
+    #: left off the conversation). The parent, unless the turn continues from before a tail
+    #: of failed or aborted turns (then the newest of them), or opens a new session as a
+    #: branch of another's snapshot (then ``None``). Defaults to ``parent_id``.
+    expected_latest_id: str | None = None
     input: TurnInput
     history_length: int = 0
     initial_messages: list[Message] = Field(default_factory=list)
@@ -142,6 +149,12 @@ class NewTurn(BaseModel):
     definition: dict[str, Any] | None = None
     #: The note of the turn's first event (e.g. that a migration moved it to a new version).
     note: str | None = None
+
+    @model_validator(mode="after")
+    def _latest_is_the_parent_unless_said(self) -> NewTurn:
+        if "expected_latest_id" not in self.model_fields_set:
+            self.expected_latest_id = self.parent_id
+        return self
 
 
 class TurnRecord(BaseModel):
@@ -374,6 +387,17 @@ class FollowOnClaim:
         return self.limit >= 1
 
 
+@dataclass(frozen=True)
+class AbortOutcome:
+    """What an abort request found and left (:meth:`SessionStore.request_abort`)."""
+
+    #: The turn's status before the request: what Genkit's abort answers.
+    previous: TurnStatus
+    #: Its status after: ``aborting`` while its runner stops, ``aborted``, or ``previous``
+    #: when it had already settled.
+    status: TurnStatus
+
+
 @dataclass(frozen=True, kw_only=True)
 class Transition:
     """A guarded status change of a turn (see :meth:`SessionStore.transition`).
@@ -495,8 +519,9 @@ class TurnQueue(Protocol):
         """
         ...
 
-    async def request_abort(self, turn_id: str) -> TurnStatus:
-        """Ask a turn to stop; return its resulting status.
+    async def request_abort(self, turn_id: str) -> AbortOutcome:
+        """Ask a turn to stop; return its status before and after, read and changed under
+        one lock.
 
         ``pending`` and leased → ``aborting`` (its runner settles it); ``pending`` and not
         leased → ``aborted``; otherwise unchanged. Raises

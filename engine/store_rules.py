@@ -75,18 +75,20 @@ def check_session(session: SessionRecord, turn: NewTurn) -> None:
 
 
 def check_parent(turn: NewTurn, latest_id: str | None) -> None:
-    """A new turn continues its session's latest turn (a first turn: an empty session).
+    """A new turn is created only while its session's latest turn is the one the request
+    was checked against (:attr:`NewTurn.expected_latest_id`; a first turn: an empty session).
 
     Checked where the turn is created, under the session's lock: two sends that both read
     the same latest snapshot cannot both continue it, so no message is left off the
     conversation by a turn that continued a stale parent.
     """
-    if turn.parent_id == latest_id:
+    expected = turn.expected_latest_id
+    if expected == latest_id:
         return
-    if turn.parent_id is None:
+    if expected is None:
         detail = f"it already has turns (latest: {latest_id})"
     else:
-        detail = f"snapshot {turn.parent_id} is no longer its latest ({latest_id} is)"
+        detail = f"snapshot {expected} is no longer its latest ({latest_id} is)"
     raise StaleSnapshotError(
         f"Session {turn.session_id} moved on: {detail}. Continue from the latest snapshot.",
         snapshot_id=latest_id,

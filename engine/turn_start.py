@@ -1,6 +1,19 @@
 """Starting a turn: find what it continues, validate the request against it, create the
 pending turn.
 
+A request says what it continues in one of three ways (docs/decisions.md, "What a send
+continues"):
+
+- a **session** (``session_id`` alone): its latest turn, whatever it is;
+- **where the caller is** (``snapshot_id`` and ``session_id``): the snapshot, which must
+  still be the session's latest — a compare-and-set, so a send that raced another is
+  refused rather than dropping the other's message;
+- **exactly a snapshot** (``snapshot_id`` alone, Genkit's meaning): the session's latest
+  is appended to; a snapshot the session's only later turns failed or were aborted after is
+  appended to as well (those turns are left behind, as Genkit's last-good snapshot leaves
+  them); any other snapshot, given a new message, is **branched**: a new session opens with
+  a copy of its conversation, so the original session is left exactly as it was.
+
 Nothing is written when the request is refused: every check runs on the snapshot read before
 the one write, and the store re-checks atomically what another caller could change meanwhile
 (the session's latest turn, the interrupts still open).
@@ -18,10 +31,11 @@ from typing import Protocol
 from engine.client_state import client_turn_id, open_client_state
 from engine.errors import (
     AgentError,
-    InvalidArgumentError,
     NotFoundError,
     SessionBusyError,
+    SessionMismatchError,
     SnapshotNotResumableError,
+    StaleSnapshotError,
 )
 from engine.executor import RetryPolicy
 from engine.idempotency import created_already, keyed_turn_id, repeated_turn
@@ -31,7 +45,7 @@ from engine.pinning import PinningAgent, pin_turn
 from engine.resume import plan_continuation
 from engine.session_state import SessionData
 from engine.signing import StateSigner
-from engine.status import ACTIVE_STATUSES
+from engine.status import ACTIVE_STATUSES, TurnStatus
 from engine.store import NewTurn, SessionStore, StoredSnapshot, TurnRecord
 from engine.tools import Tool
 from engine.tracing import capture_trace_context
@@ -84,6 +98,17 @@ class _Base:
     turn: TurnRecord | None
     session_id: str
     stored: StoredSnapshot | None = None
+    #: The session's latest turn the new turn expects (:attr:`NewTurn.expected_latest_id`);
+    #: ``turn``'s id unless said otherwise.
+    expected_latest_id: str | None = None
+    #: The new turn opens a new session (``session_id``) as a branch of ``turn``.
+    branch: bool = False
+    #: The principal a branch's new session belongs to (its source session's).
+    branch_owner: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.expected_latest_id is None and not self.branch and self.turn is not None:
+            self.expected_latest_id = self.turn.id
 
 
 async def start_turn(
@@ -102,7 +127,46 @@ async def start_turn(
         earlier = await repeated_turn(agent.store, request, agent=agent.name)
         if earlier is not None:
             return StartedTurn(store=agent.store, turn=earlier, repeated=True)
-    base = await _base(agent, request)
+    if not _exact_message(agent, request):
+        return await _create(agent, request, await _base(agent, request), listen)
+    # Continuing exactly a snapshot with a message always succeeds, as an append or as a
+    # branch: when another send moved the session on between the read and the write (its
+    # turn may still be running), the request is planned again against the session as it
+    # is now, and then branches.
+    request = replace(request, turn_id=request.turn_id or str(uuid.uuid4()))
+    attempts_left = _EXACT_ATTEMPTS
+    while True:
+        try:
+            return await _create(agent, request, await _base(agent, request), listen)
+        except (StaleSnapshotError, SessionBusyError):
+            attempts_left -= 1
+            if not attempts_left:
+                raise
+
+
+#: How often continuing exactly a snapshot is planned before a moving session's refusal
+#: stands (each refusal means another send won the session's head meanwhile).
+_EXACT_ATTEMPTS = 3
+
+
+def _exact_message(agent: StartingAgent, request: TurnRequest) -> bool:
+    """Whether ``request`` continues exactly a snapshot (named without its session) with a
+    new message: the one request that branches rather than being refused as stale."""
+    return (
+        agent.store is not None
+        and request.snapshot_id is not None
+        and request.session_id is None
+        and request.input.kind == "message"
+    )
+
+
+async def _create(
+    agent: StartingAgent,
+    request: TurnRequest,
+    base: _Base,
+    listen: list[asyncio.Future[None]] | None,
+) -> StartedTurn:
+    """Validate ``request`` against ``base`` and create its pending turn."""
     _check_settled(base, request)
     if base.turn is not None and base.stored is None:
         # A base found by session id or restored from client state: read what continuing
@@ -130,16 +194,24 @@ async def start_turn(
         tools=agent.tools,
         decided_by=request.decided_by,
     )
+    opening = _opening(request)
+    if base.branch:
+        # The branch keeps a copy of the conversation it continues, as a fork does: its
+        # session never reads the source session's rows, so pruning one leaves the other
+        # whole.
+        opening = [m.copy_deep() for m in pinned.conversation] + opening
+        history_length = 0
     new = NewTurn(
         id=_new_turn_id(agent, request, base),
         session_id=base.session_id,
         agent=agent.name,
         parent_id=base.turn.id if base.turn is not None else None,
+        expected_latest_id=base.expected_latest_id,
         input=pinned.input,
         history_length=history_length,
-        initial_messages=_opening(request),
+        initial_messages=opening,
         max_attempts=agent.retry.max_attempts,
-        owner=request.owner,
+        owner=request.owner or base.branch_owner,
         trace_context=capture_trace_context(),
         # The session state the turn continues from: its base's last committed round's
         # (or, for a fork, its source's as of the copied round).
@@ -150,7 +222,7 @@ async def start_turn(
         definition=dict(pinned.pinning.definition),
         note=pinned.note,
     )
-    if listen is not None:
+    if listen is not None and not listen:
         # Wait for the turn's change notification from before it exists: nothing can be
         # missed, so wait_settled's first check needs no read.
         listen.append(
@@ -164,11 +236,12 @@ async def start_turn(
         # under the same idempotency key. Then it is a success, not a conflict.
         turn = await created_already(base.store, new, refused)
     logger.info(
-        "turn %s (%s) created in session %r for agent %s",
+        "turn %s (%s) created in session %r for agent %s%s",
         turn.id,
         request.input.kind,
         base.session_id,
         agent.name,
+        f", a branch of snapshot {turn.parent_id}" if base.branch else "",
     )
     return StartedTurn(store=base.store, turn=turn)
 
@@ -198,11 +271,14 @@ async def _base(agent: StartingAgent, request: TurnRequest) -> _Base:
             agent=agent.name,
             owner=request.owner,
         )
-        if request.session_id is not None and request.session_id != turn.session_id:
-            raise InvalidArgumentError(
+        if request.session_id is None:
+            return await _exactly(store, turn, stored, request)
+        if request.session_id != turn.session_id:
+            raise SessionMismatchError(
                 f"Snapshot {turn.id} does not belong to session {request.session_id} "
                 f"(it belongs to {turn.session_id})."
             )
+        # Where the caller is: the store refuses it unless it is still the latest.
         return _Base(store, turn, turn.session_id, stored)
     if request.session_id is not None:
         latest = await store.latest_turn(request.session_id)
@@ -214,6 +290,54 @@ async def _base(agent: StartingAgent, request: TurnRequest) -> _Base:
             )
         return _Base(store, latest, request.session_id)
     return _Base(store, None, str(uuid.uuid4()))
+
+
+async def _exactly(
+    store: SessionStore,
+    turn: TurnRecord,
+    stored: StoredSnapshot | None,
+    request: TurnRequest,
+) -> _Base:
+    """What continuing exactly ``turn`` means (a snapshot named without its session): an
+    append when it is the session's latest, or when only failed or aborted turns followed
+    it; otherwise, for a new message, a branch into a new session. Anything else (a retry,
+    a resume) is left to the store, which refuses a snapshot that is not the latest."""
+    latest = await store.latest_turn(turn.session_id)
+    if latest is None or latest.id == turn.id:
+        return _Base(store, turn, turn.session_id, stored)
+    if await _left_behind(store, latest, turn):
+        return _Base(store, turn, turn.session_id, stored, expected_latest_id=latest.id)
+    if request.input.kind != "message":
+        return _Base(store, turn, turn.session_id, stored)
+    session = await store.get_session(turn.session_id)
+    return _Base(
+        store,
+        turn,
+        str(uuid.uuid4()),
+        stored,
+        branch=True,
+        branch_owner=session.owner if session is not None else None,
+    )
+
+
+async def _left_behind(store: SessionStore, latest: TurnRecord, turn: TurnRecord) -> bool:
+    """Whether every turn of the session after ``turn`` — the chain from ``latest`` back to
+    it — failed or was aborted: a tail a caller continuing from ``turn`` leaves behind."""
+    current: TurnRecord | None = latest
+    while current is not None and current.status in _LEFT_BEHIND:
+        if current.parent_id == turn.id:
+            return True
+        if current.parent_id is None:
+            return False
+        current = await store.get_turn(current.parent_id)
+        if current is not None and current.session_id != turn.session_id:
+            return False
+    return False
+
+
+#: The settled statuses of turns whose conversation a caller may leave behind by continuing
+#: from before them.
+_LEFT_BEHIND = frozenset({TurnStatus.FAILED, TurnStatus.ABORTED})
 
 
 def _check_settled(base: _Base, request: TurnRequest) -> None:

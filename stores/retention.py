@@ -51,6 +51,13 @@ def prune_sessions(connection: Connection, *, settled_before: datetime, limit: i
     if not ids:
         return 0
     doomed = sa.select(turns.c.id).where(turns.c.session_id.in_(ids)).scalar_subquery()
+    # A branch in another session outlives its parent: it holds its own copy of the
+    # conversation, and its parent reference goes with the parent.
+    connection.execute(
+        sa.update(turns)
+        .where(turns.c.parent_id.in_(doomed), turns.c.session_id.not_in(ids))
+        .values(parent_id=None)
+    )
     # Children first, explicitly: the schema cascades on PostgreSQL and on SQLite with
     # foreign keys on, but an operator's connection to SQLite may have them off.
     for child in (messages, tool_calls, turn_events):

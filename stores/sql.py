@@ -33,6 +33,7 @@ from engine.parts import Message
 from engine.relay import ChunkBroker, ChunkSubscription
 from engine.status import TurnStatus
 from engine.store import (
+    AbortOutcome,
     ApprovalQuery,
     InterruptAnswer,
     NewTurn,
@@ -276,10 +277,10 @@ class SqlSessionStore:
             lambda c: turn_sql.renew(c, turn_id, lease_token, lease_seconds, now_utc())
         )
 
-    async def request_abort(self, turn_id: str) -> TurnStatus:
+    async def request_abort(self, turn_id: str) -> AbortOutcome:
         """See :meth:`engine.store.SessionStore.request_abort`."""
 
-        def abort(connection: sa.Connection) -> TurnStatus:
+        def abort(connection: sa.Connection) -> AbortOutcome:
             # Decided on the locked row: a claim or a settle committing meanwhile would
             # otherwise turn "not leased" into "aborted under a worker", or make the guarded
             # move below match nothing.
@@ -289,7 +290,7 @@ class SqlSessionStore:
                 raise NotFoundError(f"Snapshot {turn_id} not found.")
             target = abort_target(current, now)
             if target is None:
-                return current.status
+                return AbortOutcome(previous=current.status, status=current.status)
             new, finish_reason = target
             change = Transition(
                 expected={TurnStatus.PENDING},
@@ -299,7 +300,7 @@ class SqlSessionStore:
                 note="abort requested",
             )
             moved = turn_sql.transition(connection, turn_id, change, now)
-            return moved.status
+            return AbortOutcome(previous=current.status, status=moved.status)
 
         return await self._write(abort)
 

@@ -96,9 +96,9 @@ async def create_turn_in_one_statement(
 
     A rule that refuses it (the session is another agent's or another owner's, it has a
     running turn, an answer is not pending or contradicts a recorded decision, the id is
-    taken, the parent is not the session's latest turn) writes nothing and raises the typed
-    error naming it. A concurrent creator that commits first is caught by a constraint
-    instead, mapped by :func:`_raced`.
+    taken, the session's latest turn is not the one the request was checked against) writes
+    nothing and raises the typed error naming it. A concurrent creator that commits first
+    is caught by a constraint instead, mapped by :func:`_raced`.
     """
     opening = message_sql.message_rows(turn.initial_messages)
     answered = [
@@ -120,6 +120,7 @@ async def create_turn_in_one_statement(
                 "agent": turn.agent,
                 "owner": turn.owner,
                 "parent_id": turn.parent_id,
+                "expected_latest_id": turn.expected_latest_id,
                 "input": turn.input.model_dump(mode="json", by_alias=True, exclude_unset=True),
                 "history_length": turn.history_length,
                 "max_attempts": turn.max_attempts,
@@ -208,9 +209,10 @@ _ANSWERS = """jsonb_to_recordset(CAST(:answers AS jsonb))
 # The CTEs run as one statement, all on one snapshot:
 # - `ready` is one row when every rule holds on that snapshot: the session is new or the
 #   agent's (and the owner's, for a caller acting for one), has no running turn, its latest
-#   turn is the new turn's parent, and every answer decides a call still interrupted, with
-#   the recorded decision if an approver made one. Every write below joins it, so a refused
-#   request writes nothing at all, and the final SELECT reports what the rules read.
+#   turn is the one the request was checked against, and every answer decides a call still
+#   interrupted, with the recorded decision if an approver made one. Every write below
+#   joins it, so a refused request writes nothing at all, and the final SELECT reports what
+#   the rules read.
 # - `session` creates the session or takes its row lock (as the transaction's first
 #   statement does); `created` reads it first, so the lock is taken before any journal row
 #   is (the order the transaction uses too: no lock-order deadlock between the two forms).
@@ -254,7 +256,8 @@ ready AS (
            FROM found_session),
           true)
       AND NOT EXISTS (SELECT 1 FROM active)
-      AND (SELECT id FROM latest) IS NOT DISTINCT FROM CAST(:parent_id AS text){answers_pending}),
+      AND (SELECT id FROM latest) IS NOT DISTINCT FROM CAST(:expected_latest_id AS text)
+      {answers_pending}),
 session AS (
     INSERT INTO sessions (id, agent, owner, created_at, updated_at)
     SELECT :session_id, :agent, :owner, :now, :now FROM ready

@@ -21,11 +21,12 @@ from engine.chat import ChatAPI, ChunkSink, MessageLike
 from engine.errors import AgentError, InvalidArgumentError, TurnFailedError
 from engine.parts import Message, Part
 from engine.remote.wire import IDEMPOTENCY_HEADER
-from engine.response import AgentChunk, AgentInterrupt, AgentResponse
+from engine.response import AgentChunk, AgentInterrupt, AgentResponse, refused_response
 from engine.schemas import Schema, SchemaSpec
 from engine.session_state import Artifact, SessionData, apply_patch
 from engine.snapshots import SessionSnapshot, coerce_message
 from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus
+from engine.store import AbortOutcome
 
 __all__ = ["RemoteAgent", "RemoteChat", "RemoteProtocolError", "remote_agent"]
 
@@ -180,10 +181,23 @@ class RemoteAgent:
             return None
         return _snapshot_of(result)
 
-    async def abort(self, snapshot_id: str) -> TurnStatus:
-        """Abort a running turn; returns the resulting status (as the server reports it)."""
+    async def abort(self, snapshot_id: str) -> TurnStatus | None:
+        """Abort a running turn; returns its status before the abort, as Genkit's abort
+        does (``None`` for a snapshot the server does not know or does not show us)."""
         result = await self._call("/abort", {"snapshotId": snapshot_id})
-        return TurnStatus(result["status"])
+        return TurnStatus(result["status"]) if result.get("status") else None
+
+    async def request_abort(self, snapshot_id: str) -> AbortOutcome:
+        """Abort a running turn; returns its status before and after, as the server reports
+        them (:meth:`engine.agent.Agent.request_abort`). Raises
+        :class:`~engine.errors.NotFoundError` for an unknown snapshot."""
+        result = await self._call("/abort", {"snapshotId": snapshot_id})
+        if not result.get("status"):
+            raise errors.NotFoundError(f"Snapshot '{snapshot_id}' not found.")
+        previous = TurnStatus(result["status"])
+        return AbortOutcome(
+            previous=previous, status=TurnStatus(result.get("resultingStatus") or previous)
+        )
 
     async def wait(
         self, snapshot_id: str, *, timeout: float | None = None, poll_interval: float = 0.2
@@ -384,7 +398,12 @@ class RemoteChat(ChatAPI):
         self._pending: str | None = None
 
     def _init(self) -> dict[str, Any]:
+        """What the next send continues: where the chat is once it has a session (snapshot
+        and session: refused if another send moved the session on), else what it was
+        opened on (docs/decisions.md, "What a send continues")."""
         if self.snapshot_id is not None:
+            if self.session_id is not None:
+                return {"snapshotId": self.snapshot_id, "sessionId": self.session_id}
             return {"snapshotId": self.snapshot_id}
         if self.state is not None:
             return {"state": self.state}
@@ -396,7 +415,8 @@ class RemoteChat(ChatAPI):
         return self._pending
 
     async def abort(self) -> TurnStatus | None:
-        """Abort this chat's detached turn (``None`` when there is none to abort)."""
+        """Abort this chat's detached turn; returns its status before the abort (``None``
+        when there is none to abort)."""
         if self._pending is None:
             return None
         return await self.agent.abort(self._pending)
@@ -480,7 +500,9 @@ class RemoteChat(ChatAPI):
         error_wire = result.get("error")
         if finish is FinishReason.FAILED and error_wire is not None and "sessionId" not in result:
             # Refused before the turn started: nothing changed on the server.
-            raise _error_from(error_wire, snapshot_id=result.get("snapshotId"))
+            refused = _error_from(error_wire, snapshot_id=result.get("snapshotId"))
+            refused_response(refused, session_id=self.session_id)
+            raise refused
         if result.get("sessionId"):
             self.session_id = str(result["sessionId"])
         if result.get("state") is not None:

@@ -282,10 +282,20 @@ class _Server:
             agent, body, principal = await self._handle(request, AbortBody)
             if agent.store is None:
                 raise FailedPreconditionError(_NO_STORE.format(what="abort", agent=agent.name))
-            status = await agent.abort(body.data.snapshotId, owner=_owner(principal))
+            snapshot_id = body.data.snapshotId
+            try:
+                outcome = await agent.request_abort(snapshot_id, owner=_owner(principal))
+            except NotFoundError:
+                # Genkit's answer for a snapshot it does not hold: no status, not an error.
+                return JSONResponse({"result": {"snapshotId": snapshot_id}})
         except AgentError as error:
             return error_response(error)
-        result = {"snapshotId": body.data.snapshotId, "status": status.value}
+        # Genkit's `status` is the one before the abort; ours adds the one it left.
+        result = {
+            "snapshotId": snapshot_id,
+            "status": outcome.previous.value,
+            "resultingStatus": outcome.status.value,
+        }
         return JSONResponse({"result": result})
 
     # -- turns ---------------------------------------------------------------------------
@@ -412,35 +422,13 @@ class _Server:
         )
 
     async def _detached(self, agent: Agent, turn_request: TurnRequest) -> tuple[str, Any]:
-        """Start the turn and answer at once with its pending snapshot."""
-        if agent.queued:
-            try:
-                response = await agent.run_turn(turn_request, wait=False)
-            except AgentError as refused:
-                return "result", _refused(refused, agent, None)
-            return "result", _detached_output(response.session_id, response.snapshot_id)
-        # An inline agent with a store: the turn runs in this server process, in the
-        # background; abort reaches it through the agent's local abort signal.
-        started: asyncio.Future[TurnRecord] = asyncio.get_running_loop().create_future()
-
-        def on_started(_store: Any, turn: TurnRecord) -> None:
-            if not started.done():
-                started.set_result(turn)
-
-        task = asyncio.create_task(agent.run_turn(turn_request, on_started=on_started))
-        self._keep(task)
-        task.add_done_callback(_log_unexpected)
-        waiting: list[asyncio.Future[Any]] = [started, task]
-        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-        if not started.done():
-            started.cancel()
-            try:
-                task.result()
-            except AgentError as refused:
-                return "result", _refused(refused, agent, None)
-            raise AssertionError("run_turn returned before starting")  # pragma: no cover
-        turn = started.result()
-        return "result", _detached_output(turn.session_id, turn.id)
+        """Start the turn and answer at once with its pending snapshot (queued for the
+        workers, or running on in this process for an inline agent)."""
+        try:
+            response = await agent.run_turn(turn_request, wait=False)
+        except AgentError as refused:
+            return "result", _refused(refused, agent, None)
+        return "result", _detached_output(response.session_id, response.snapshot_id)
 
 
 _NO_STORE = (
@@ -592,14 +580,14 @@ async def _abort_abandoned(
         return
     store, turn = started.result()
     try:
-        status = await agent.abort_in(store, turn.id)
+        outcome = await agent.abort_in(store, turn.id)
     except Exception as error:  # the turn still settles on its own; nothing else to do
         logger.warning("turn %s: abort after disconnect failed: %s", turn.id, escaped(error))
         return
     logger.info(
         "turn %s: its streaming client disconnected; abort requested (%s)",
         turn.id,
-        status.value,
+        outcome.status.value,
     )
 
 

@@ -88,7 +88,7 @@ async def test_killed_worker_neither_loses_nor_repeats_a_state_change(cluster: C
     assert custom == {"fast": 1, "slow": 1}, cluster.logs()
     assert sorted(a["name"] for a in artifacts) == ["fast-log", "slow-log"]
 
-    assert await agent.abort(turn_id) is TurnStatus.ABORTING
+    assert await agent.abort(turn_id) is TurnStatus.PENDING
     aborted = await agent.wait(turn_id, timeout=15)
     assert aborted.status is TurnStatus.ABORTED
     assert aborted.custom == {"fast": 1, "slow": 1}

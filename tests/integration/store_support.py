@@ -171,7 +171,7 @@ async def turn_in(store: SessionStore, status: TurnStatus, turn_id: str = "t1") 
     await store.create_turn(new_turn(turn_id))
     leased = await claim(store, turn_id)
     if status is ABORTING:
-        assert await store.request_abort(turn_id) is ABORTING
+        assert (await store.request_abort(turn_id)).status is ABORTING
     elif status is not PENDING:
         await settle(store, turn_id, status, leased.lease_token)
     current = await store.get_turn(turn_id)

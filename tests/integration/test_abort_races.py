@@ -13,7 +13,7 @@ import random
 
 from engine.errors import StaleTransitionError
 from engine.status import FinishReason, TurnStatus
-from engine.store import SessionStore, Transition
+from engine.store import AbortOutcome, SessionStore, Transition
 from tests.integration.store_support import new_turn
 
 TURNS = 60
@@ -43,14 +43,14 @@ async def run_workers(store: SessionStore, stop: asyncio.Event) -> None:
 
 async def test_an_abort_reports_the_status_it_caused(store: SessionStore) -> None:
     """Aborts fired while workers claim and settle the turns: none raises; ``aborted`` only
-    for a turn no worker ever held, ``aborting`` only for one a worker held, and the
-    reported status agrees with where the turn ends."""
+    for a turn no worker ever held, ``aborting`` only for one a worker held, the reported
+    status agrees with where the turn ends, and a moved turn was ``pending`` before."""
     for n in range(TURNS):
         await store.create_turn(new_turn(f"t{n}", f"s{n}"))
     stop = asyncio.Event()
     workers = [asyncio.create_task(run_workers(store, stop)) for _ in range(3)]
 
-    async def abort(turn_id: str) -> TurnStatus:
+    async def abort(turn_id: str) -> AbortOutcome:
         await asyncio.sleep(random.uniform(0, 0.05))
         return await store.request_abort(turn_id)
 
@@ -68,8 +68,11 @@ async def test_an_abort_reports_the_status_it_caused(store: SessionStore) -> Non
         stop.set()
         await asyncio.gather(*workers)
 
-    for status, turn in zip(reported, turns, strict=True):
+    for outcome, turn in zip(reported, turns, strict=True):
         assert turn is not None
+        status = outcome.status
+        moved = status is not outcome.previous
+        assert not moved or outcome.previous is TurnStatus.PENDING, outcome
         if status is TurnStatus.ABORTED:
             assert (turn.status, turn.attempts) == (TurnStatus.ABORTED, 0), turn
         elif status is TurnStatus.ABORTING:

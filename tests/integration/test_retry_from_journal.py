@@ -42,7 +42,7 @@ async def abort_mid_transfer(app: BankingApp) -> tuple[AgentResponse, str]:
             break
         await asyncio.sleep(0.01)
     assert app.transfers, "the transfer never started"
-    assert await chat.abort() is TurnStatus.ABORTING
+    assert await chat.abort() is TurnStatus.PENDING
     aborted = await resume
     assert aborted.status is TurnStatus.ABORTED
     assert chat.session_id is not None

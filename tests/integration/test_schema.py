@@ -378,6 +378,7 @@ def test_a_resume_finds_its_answers_by_the_parents_key_however_many_approvals_ar
             "answer_count": "1",
             "id": "'new'",
             "parent_id": "'t500'",
+            "expected_latest_id": "'t500'",
             "input": """'{"kind": "resume"}'""",
             "history_length": "1",
             "max_attempts": "3",

@@ -253,7 +253,7 @@ async def test_a_claim_settles_an_aborting_turn_whose_worker_died(store: Session
     await store.create_turn(new_turn("t1"))
     # Long enough that the abort surely lands while the lease is live, on a loaded machine.
     await claim(store, "t1", lease_seconds=1.0)
-    assert await store.request_abort("t1") is ABORTING
+    assert (await store.request_abort("t1")).status is ABORTING
     await asyncio.sleep(1.1)
     assert await store.claim_next(owner="w2", lease_seconds=LEASE) == []
     settled = await store.get_turn("t1")

@@ -86,7 +86,7 @@ async def test_renew_lease_reports_aborting(store: SessionStore) -> None:
     """renew_lease returns the current status, so a heartbeat sees an abort request."""
     await store.create_turn(new_turn("t1"))
     leased = await claim(store, "t1")
-    assert await store.request_abort("t1") is ABORTING
+    assert (await store.request_abort("t1")).status is ABORTING
 
     renewed = await store.renew_lease("t1", lease_token=leased.lease_token, lease_seconds=LEASE)
 
@@ -230,7 +230,7 @@ async def test_transitions_are_recorded_as_events_in_order(store: SessionStore) 
         Transition(expected={PENDING}, new=PENDING, lease_token=first.lease_token, note="retry"),
     )
     second = await claim(store, "t1")
-    assert await store.request_abort("t1") is ABORTING
+    assert (await store.request_abort("t1")).status is ABORTING
     await store.transition(
         "t1",
         Transition(
@@ -301,7 +301,7 @@ async def test_request_abort_of_leased_pending_turn_is_aborting(store: SessionSt
     """request_abort on a leased pending turn moves it to aborting and keeps the lease."""
     leased = await turn_in(store, PENDING)
 
-    assert await store.request_abort("t1") is ABORTING
+    assert (await store.request_abort("t1")).status is ABORTING
 
     current = await store.get_turn("t1")
     assert current is not None and current.status is ABORTING
@@ -325,7 +325,7 @@ async def test_request_abort_of_unleased_pending_turn_is_aborted(
         await claim(store, "t1", lease_seconds=SHORT_LEASE)
         await asyncio.sleep(SHORT_LEASE * 3)
 
-    assert await store.request_abort("t1") is ABORTED
+    assert (await store.request_abort("t1")).status is ABORTED
 
     current = await store.get_turn("t1")
     assert current is not None
@@ -344,7 +344,7 @@ async def test_request_abort_leaves_aborting_and_settled_turns_alone(
     before = await turn_in(store, status)
     events = await events_of(store, "t1")
 
-    assert await store.request_abort("t1") is status
+    assert (await store.request_abort("t1")).status is status
 
     assert await store.get_turn("t1") == before
     assert await events_of(store, "t1") == events

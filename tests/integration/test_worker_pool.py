@@ -207,7 +207,7 @@ async def test_abort_from_outside_stops_a_queued_running_turn() -> None:
     async with WorkerPool(ai, store, **FAST) as pool:
         await asyncio.wait_for(started.wait(), 2)
         assert turn_id in ai.local_aborts, "the pool registers the turn's abort signal"
-        assert await agent.abort(turn_id) is TurnStatus.ABORTING
+        assert await agent.abort(turn_id) is TurnStatus.PENDING
         res = await agent.wait(turn_id, timeout=2)
     assert res.status is TurnStatus.ABORTED
     assert cancelled.is_set()
@@ -232,7 +232,7 @@ async def test_abort_through_the_store_alone_stops_a_turn_that_just_started() ->
     turn_id = str((await agent.chat().send("go", wait=False)).snapshot_id)
     async with WorkerPool(ai, store, **FAST):
         await asyncio.wait_for(started.wait(), 2)
-        assert await store.request_abort(turn_id) is TurnStatus.ABORTING
+        assert (await store.request_abort(turn_id)).status is TurnStatus.ABORTING
         res = await agent.wait(turn_id, timeout=2)
     assert res.status is TurnStatus.ABORTED
 

@@ -18,7 +18,7 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from engine.errors import AgentError
-from engine.status import FinishReason, TurnStatus
+from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus
 from engine.store import ToolCallRecord, TurnInput, TurnRecord
 from engine.turn_request import TurnRequest
 from stores.operations import PAUSED, TurnDetail, TurnQuery, TurnRow, WaitingApproval
@@ -428,12 +428,10 @@ def abort(turn_ids: tuple[str, ...], app: str | None, db: str | None, as_json: b
                 results.append({"turn_id": turn_id, "status": None, "result": "not_found"})
                 continue
             agent = agent_of(engine, turn.agent, str(app))
-            status = await agent.abort(turn_id)
-            stopping = (TurnStatus.ABORTING, TurnStatus.ABORTED)
-            result = status.value if status in stopping else "not_running"
-            if result == TurnStatus.ABORTED.value and turn.status is TurnStatus.ABORTED:
-                result = "not_running"  # aborted before this command
-            results.append({"turn_id": turn_id, "status": status.value, "result": result})
+            outcome = await agent.request_abort(turn_id)
+            status = outcome.status.value
+            result = status if outcome.previous in ACTIVE_STATUSES else "not_running"
+            results.append({"turn_id": turn_id, "status": status, "result": result})
         return results
 
     results = run_on_app(engine, url, run)
@@ -585,7 +583,7 @@ async def _retry_all(
         for turn in chosen:
             request = TurnRequest(input=TurnInput(kind="retry"), snapshot_id=turn.id)
             try:
-                response = await engine.agents[turn.agent].run_turn(request, wait=False)
+                response = await engine.agents[turn.agent].submit(request)
             except AgentError as refused:
                 skipped.append({"turn_id": turn.id, "reason": " ".join(str(refused).split())})
             else:

@@ -102,8 +102,8 @@ class TurnPages:
         form = await self.kit.form(request)
         self.kit.check_csrf(request, viewer, form)
         found = await self._find(request, viewer)
-        status = await found.agent.abort(found.turn.id, owner=viewer.id)
-        done = "aborted" if status is TurnStatus.ABORTED else "abort"
+        outcome = await found.agent.request_abort(found.turn.id, owner=viewer.id)
+        done = "aborted" if outcome.status is TurnStatus.ABORTED else "abort"
         return self.kit.redirect(request, viewer, f"/ui/turns/{segment(found.turn.id)}", done=done)
 
     async def retry(self, request: Request, viewer: Viewer) -> Response:
@@ -118,7 +118,7 @@ class TurnPages:
             decided_by=viewer.id,
         )
         try:
-            response = await found.agent.run_turn(retry, wait=False)
+            response = await found.agent.submit(retry)
             new_id = response.snapshot_id
         except TurnFailedError as failure:  # an inline agent ran the retry, and it failed
             new_id = failure.snapshot_id
