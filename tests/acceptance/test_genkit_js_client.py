@@ -144,11 +144,12 @@ def test_detached_turn_runs_in_the_workers(server: str) -> None:
 
 
 def test_abort_stops_a_detached_turn(server: str) -> None:
-    """chat.abort() on a running detached turn: aborting, then aborted; unknown ids are 404."""
+    """chat.abort() on a running detached turn answers the status before (pending) and the
+    turn ends aborted; an unknown id answers no status, as Genkit's abort does."""
     result = run("abort", server)
-    assert result["aborted"] == "aborting"  # the client hands back the status we report
+    assert result["aborted"] == "pending"  # the client hands back the status we report
     assert result["status"] == "aborted"
-    assert "404" in result["unknown"]["message"]
+    assert result["unknown"] is None
 
 
 def test_client_managed_state_round_trips_and_tampering_is_refused(server: str) -> None:
@@ -174,8 +175,48 @@ def test_init_misuse_is_an_error_frame(server: str) -> None:
 
 
 def test_a_failed_turn_is_a_failed_result_pointing_at_its_snapshot(server: str) -> None:
-    """A model failure is an AgentError with INTERNAL; the chat follows the failed snapshot."""
+    """A model failure is an AgentError with INTERNAL; the chat follows the failed snapshot
+    and its next message goes on from there."""
     result = run("failure", server)
     assert result["failed"]["status"] == "INTERNAL"
     assert result["failed"]["message"] == "Scripted model failure"
     assert result["pointsAt"] == result["failed"]["snapshotId"]
+    assert result["next"]["text"] == "Echo: hello again"
+
+
+def test_a_chat_goes_on_from_the_last_good_snapshot_after_a_failure(server: str) -> None:
+    """A new chat on the snapshot before a failed turn continues the same session: its turn's
+    parent is that snapshot and the failed message is not in the conversation."""
+    result = run("continueFromLastGood", server)
+    assert result["failed"]["status"] == "INTERNAL"
+    assert result["next"] == {
+        "text": "Echo: hello again",
+        "sessionId": result["first"]["sessionId"],
+        "error": False,
+    }
+    assert result["parentId"] == result["first"]["snapshotId"]
+    assert result["texts"] == [
+        "hello first",
+        "Echo: hello first",
+        "hello again",
+        "Echo: hello again",
+    ]
+
+
+def test_continuing_one_snapshot_twice_branches(server: str) -> None:
+    """Genkit's branching: the second continuation of a snapshot opens a new session whose
+    turn has that snapshot as parent; the histories diverge and the first session's latest
+    is still the first continuation."""
+    result = run("branch", server)
+    root = result["root"]
+    common = ["hello root", "Echo: hello root"]
+    assert result["a"] == {
+        "sessionId": root["sessionId"],
+        "parentId": root["snapshotId"],
+        "status": "completed",
+        "texts": [*common, "hello a", "Echo: hello a"],
+    }
+    assert result["b"]["sessionId"] != root["sessionId"]
+    assert result["b"]["parentId"] == root["snapshotId"]
+    assert result["b"]["texts"] == [*common, "hello b", "Echo: hello b"]
+    assert result["rootLatest"]["texts"] == result["a"]["texts"]

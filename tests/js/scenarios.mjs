@@ -13,6 +13,8 @@ const agent = (name) => remoteAgent({ url: `${baseUrl}/api/${name}`, headers });
 const banking = () => agent('bankingAgent');
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
+const texts = (snapshot) =>
+  (snapshot?.state?.messages ?? []).map((m) => m.content.map((p) => p.text ?? '').join(''));
 const interrupts = (res) => res.interrupts.map((i) => ({ name: i.name, ref: i.ref, input: i.input }));
 const failure = (e) => ({
   error: true,
@@ -146,7 +148,7 @@ const scenarios = {
     const aborted = await chat.abort();
     const settled = await task.wait({ intervalMs: 100 });
     const unknown = await attempt(() => api.abort('does-not-exist'));
-    return { aborted, status: settled.status, unknown };
+    return { aborted, status: settled.status, unknown: unknown ?? null };
   },
 
   async stateless() {
@@ -181,7 +183,44 @@ const scenarios = {
     const chat = banking().chat();
     await chat.send('hello first');
     const failed = await attempt(() => chat.send('please fail now'));
-    return { failed, pointsAt: chat.snapshotId };
+    const pointsAt = chat.snapshotId;
+    const next = await attempt(() => chat.send('hello again'));
+    return { failed, pointsAt, next: { text: next.text, sessionId: next.sessionId } };
+  },
+
+  // Genkit's habit after a failure: go on from the last good snapshot (a new chat on it).
+  async continueFromLastGood() {
+    const api = banking();
+    const first = await api.chat().send('hello first');
+    const failed = await attempt(() => api.chat({ snapshotId: first.snapshotId }).send('please fail now'));
+    const next = await attempt(() => api.chat({ snapshotId: first.snapshotId }).send('hello again'));
+    const snapshot = next.snapshotId ? await api.getSnapshot(next.snapshotId) : undefined;
+    return {
+      first: { sessionId: first.sessionId, snapshotId: first.snapshotId },
+      failed,
+      next: { text: next.text ?? null, sessionId: next.sessionId ?? null, error: next.error ?? false },
+      parentId: snapshot?.parentId ?? null,
+      texts: texts(snapshot),
+    };
+  },
+
+  // Genkit's spec, "snapshot branching across invocations": one snapshot continued twice.
+  async branch() {
+    const api = banking();
+    const root = await api.chat().send('hello root');
+    const a = await api.chat({ snapshotId: root.snapshotId }).send('hello a');
+    const b = await api.chat({ snapshotId: root.snapshotId }).send('hello b');
+    const seen = async (res) => {
+      const snapshot = await api.getSnapshot(res.snapshotId);
+      return { sessionId: res.sessionId, parentId: snapshot.parentId, status: snapshot.status, texts: texts(snapshot) };
+    };
+    const rootLatest = await api.getSnapshot({ sessionId: root.sessionId });
+    return {
+      root: { sessionId: root.sessionId, snapshotId: root.snapshotId },
+      a: await seen(a),
+      b: await seen(b),
+      rootLatest: { snapshotId: rootLatest.snapshotId, texts: texts(rootLatest) },
+    };
   },
 
   // Custom session state and artifacts (tests.acceptance.state_app).
