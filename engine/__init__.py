@@ -3,7 +3,7 @@
 The package root holds what an application writes against: the engine and its agents, chats
 and their responses, tools and interrupts, models, and the errors to catch. Everything else
 is importable from its module (``engine.errors`` for every typed error, ``engine.store`` for
-the store protocol and its records, ``engine.executor`` for lease settings, and so on).
+the store protocol and its records, ``engine.turns.executor`` for lease settings, and so on).
 The engine never imports :mod:`stores` or :mod:`workers`.
 """
 
@@ -11,17 +11,17 @@ from __future__ import annotations
 
 from engine.agent import Agent
 from engine.chat import Chat
+from engine.conversation.parts import Message, Part
+from engine.conversation.session_state import Artifact, StateSchemaError
 from engine.engine import Engine
 from engine.errors import AgentError, TurnFailedError, TurnstileError
-from engine.executor import RetryPolicy
 from engine.model import Model
-from engine.parts import Message, Part
 from engine.response import AgentChunk, AgentInterrupt, AgentResponse
 from engine.scripted import ScriptedModel
-from engine.session_state import Artifact, StateSchemaError
+from engine.state.versioning import PausedTurn
 from engine.status import FinishReason, TurnStatus
 from engine.tools import InterruptTool, Tool, ToolContext, ToolInterrupt
-from engine.versioning import PausedTurn
+from engine.turns.executor import RetryPolicy
 
 __all__ = [
     "Agent",

@@ -1,9 +1,10 @@
 """Agents: the public façade over configuration, snapshot reads, abort, and running a turn.
 
-What a turn goes through lives in modules of its own — starting it (:mod:`engine.turn_start`),
-waiting for it to settle (:mod:`engine.waiting`), who may see it (:mod:`engine.ownership`),
-idempotent requests (:mod:`engine.idempotency`), client-managed state
-(:mod:`engine.client_state`) — and :class:`Agent` ties them to one agent's configuration.
+What a turn goes through lives in modules of its own — starting it (:mod:`engine.turns.start`),
+waiting for it to settle (:mod:`engine.turns.waiting`), who may see it
+(:mod:`engine.turns.ownership`), idempotent requests (:mod:`engine.turns.idempotency`),
+client-managed state (:mod:`engine.state.client_state`) — and :class:`Agent` ties them to one
+agent's configuration.
 
 A turn always runs against a :class:`~engine.store.SessionStore`: the agent's own store, or —
 for client-managed state (``store=None``) — a scratch in-memory store rebuilt from the
@@ -22,7 +23,8 @@ from dataclasses import replace
 from typing import Any
 
 from engine.chat import Chat
-from engine.client_state import BlobPin, sign_state
+from engine.conversation.schemas import Schema, SchemaSpec
+from engine.conversation.session_state import RelayedPatches, SessionData
 from engine.errors import (
     AgentError,
     FailedPreconditionError,
@@ -31,24 +33,23 @@ from engine.errors import (
     SessionMismatchError,
     TurnTimeoutError,
 )
-from engine.executor import LeaseSettings, RetryPolicy, run_inline
-from engine.idempotency import keyed_turn_id
 from engine.model import Model
-from engine.ownership import own_turn, visible
 from engine.response import AgentChunk, AgentResponse, refused_response, settled_response
-from engine.runner import ChunkCallback, RunnerConfig
-from engine.schemas import Schema, SchemaSpec
-from engine.session_state import RelayedPatches, SessionData
-from engine.signals import AbortSignal
-from engine.signing import StateSigner
-from engine.snapshots import SessionSnapshot, SessionState
+from engine.state.client_state import BlobPin, sign_state
+from engine.state.signing import StateSigner
+from engine.state.snapshots import SessionSnapshot, SessionState
+from engine.state.versioning import Migration, describe_definition, fingerprint_of
 from engine.status import ACTIVE_STATUSES, TurnStatus
 from engine.store import AbortOutcome, SessionStore, StoredSnapshot, TurnRecord
+from engine.store.signals import AbortSignal
 from engine.tools import Tool
-from engine.turn_request import TurnRequest
-from engine.turn_start import StartedTurn, start_turn
-from engine.versioning import Migration, describe_definition, fingerprint_of
-from engine.waiting import timed_out, wait_settled
+from engine.turns.executor import LeaseSettings, RetryPolicy, run_inline
+from engine.turns.idempotency import keyed_turn_id
+from engine.turns.ownership import own_turn, visible
+from engine.turns.request import TurnRequest
+from engine.turns.runner import ChunkCallback, RunnerConfig
+from engine.turns.start import StartedTurn, start_turn
+from engine.turns.waiting import timed_out, wait_settled
 
 __all__ = [
     "ABORT_WAIT",
@@ -178,7 +179,7 @@ class Agent:
     @property
     def definition(self) -> dict[str, Any]:
         """The canonical description of this agent's definition (see
-        :func:`engine.versioning.describe_definition`)."""
+        :func:`engine.state.versioning.describe_definition`)."""
         if self._definition is None:
             self._definition = describe_definition(
                 agent=self.name,
@@ -525,7 +526,7 @@ class Agent:
         listening: asyncio.Future[None] | None = None,
     ) -> StoredSnapshot:
         """Wait until a turn settles (any process may be running it) and return it, with
-        its conversation and journal; see :func:`engine.waiting.wait_settled`."""
+        its conversation and journal; see :func:`engine.turns.waiting.wait_settled`."""
         return await wait_settled(
             store,
             turn_id,

@@ -1,8 +1,8 @@
 """Approval policies of an interrupt: who may decide it, and how many must approve.
 
 ``define_interrupt(..., approvers=..., required_approvals=N)`` attaches an
-:class:`ApprovalPolicy` to the interrupt; :func:`engine.inbox.decide` enforces it for every
-decision path (the JSON inbox, the web pages, the CLI), so a page or a client cannot skip it.
+:class:`ApprovalPolicy` to the interrupt; :func:`engine.approvals.decide.decide` enforces it for
+every decision path (the JSON inbox, the web pages, the CLI), so a page or a client cannot skip it.
 
 * **Who may decide.** ``approvers`` is a predicate over the deciding principal (anything with
   ``id`` and ``roles``, such as :class:`engine.remote.auth.Principal`), or a policy object.
@@ -23,33 +23,25 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol
 
-from pydantic import BaseModel
-
-from engine.errors import AgentError, FailedPreconditionError
-from engine.parts import Part
+from engine.conversation.parts import Part
+from engine.errors import AgentError
 from engine.store import ToolCallRecord
 
 if TYPE_CHECKING:
-    from engine.assignment_guard import Assignment
+    pass
 
 __all__ = [
-    "AlreadyVotedError",
     "ApprovalPolicy",
     "ApprovalRefusedError",
     "Approver",
     "ApproverCheck",
-    "Vote",
-    "VoteBook",
-    "VoteOutcome",
     "check_decided_by_inbox",
     "default_is_denial",
     "policy_of",
     "principals",
     "role",
-    "vote_book",
 ]
 
 
@@ -71,72 +63,6 @@ class ApprovalRefusedError(AgentError):
     """The policy of the interrupt does not let this principal decide it (HTTP 403)."""
 
     default_status = "PERMISSION_DENIED"
-
-
-class AlreadyVotedError(AgentError):
-    """This approver has already voted on this approval; a vote counts once (HTTP 409)."""
-
-    default_status = "ALREADY_EXISTS"
-
-
-class Vote(BaseModel):
-    """One approver's recorded vote on one approval."""
-
-    turn_id: str
-    round: int
-    ref: str
-    voter: str
-    answer: Any = None
-    #: Whether the vote counts towards the quorum (an approval); any other vote decides.
-    approves: bool
-    voted_at: datetime
-
-
-@dataclass
-class VoteOutcome:
-    """What recording a vote did: every vote so far, and the decision if this vote made one."""
-
-    votes: list[Vote]
-    decided: ToolCallRecord | None = None
-
-
-@runtime_checkable
-class VoteBook(Protocol):
-    """A store that records votes (the memory, SQLite and PostgreSQL stores)."""
-
-    async def record_vote(
-        self,
-        turn_id: str,
-        round: int,
-        ref: str,
-        *,
-        voter: str,
-        answer: Any,
-        approves: bool,
-        required: int,
-        edit_seen: dict[str, Any] | None,
-        resets: bool = False,
-        assignment_seen: Assignment | None = None,
-    ) -> VoteOutcome:
-        """Record ``voter``'s vote on an open approval and, when it is a non-approving vote or
-        brings the approvals to ``required``, the recorded decision (``answer``, ``decided_by``
-        = ``voter``) in the same transaction. ``edit_seen`` is the edit the votes stood on when
-        the voter read them (:func:`engine.edits.standing_edit`; ``None``: no edit); it is
-        checked under the same lock that counts the votes. With ``resets`` (a vote that edits
-        the call's arguments) the earlier votes are discarded first: they approved other
-        arguments.
-
-        Raises :class:`~engine.errors.ApprovalNotPendingError` when the approval is not open,
-        :class:`~engine.edits.EditedMeanwhileError` when the votes now stand on another edit
-        than ``edit_seen``, :class:`~engine.assignment_guard.AssignmentChangedError` when
-        the approval's assignment is no longer ``assignment_seen`` (when given), and
-        :class:`AlreadyVotedError` when ``voter`` voted on it before; nothing is written.
-        """
-        ...
-
-    async def list_votes(self, turn_id: str, round: int, ref: str) -> list[Vote]:
-        """The votes on one approval, oldest first."""
-        ...
 
 
 def default_is_denial(output: Any) -> bool:
@@ -246,15 +172,6 @@ def policy_of(
         return None
     required = 1 if required_approvals is None else required_approvals
     return ApprovalPolicy(approvers=approvers, required_approvals=required)
-
-
-def vote_book(store: object) -> VoteBook:
-    """``store`` as a :class:`VoteBook`, or the typed refusal when it keeps no votes."""
-    if not isinstance(store, VoteBook):
-        raise FailedPreconditionError(
-            f"{type(store).__name__} records no votes: it cannot hold approvals with a policy."
-        )
-    return store
 
 
 def check_decided_by_inbox(

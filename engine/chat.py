@@ -11,14 +11,14 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Mapping, Sequence
 from typing import Any, Protocol
 
+from engine.conversation.parts import Message, Part
+from engine.conversation.session_state import Artifact
 from engine.errors import SessionBusyError, TurnFailedError, TurnTimeoutError
-from engine.parts import Message, Part
 from engine.response import AgentChunk, AgentResponse
-from engine.session_state import Artifact
-from engine.snapshots import coerce_message
+from engine.state.snapshots import coerce_message
 from engine.status import TurnStatus
 from engine.store import AbortOutcome, SessionStore, TurnInput, TurnRecord
-from engine.turn_request import TurnRequest
+from engine.turns.request import TurnRequest
 
 __all__ = ["END_OF_STREAM", "AgentTurn", "Chat", "ChatAPI", "ChatAgent", "MessageLike"]
 

@@ -10,14 +10,14 @@ from typing import Any
 
 from engine.agent import Agent
 from engine.approval_policy import ApprovalPolicy, ApproverCheck, policy_of
-from engine.executor import LeaseSettings, RetryPolicy
+from engine.conversation.schemas import SchemaSpec
 from engine.model import Model
-from engine.schemas import SchemaSpec
-from engine.signals import AbortSignal
-from engine.signing import StateSigner
+from engine.state.signing import StateSigner
+from engine.state.versioning import Migration, MigrationFn, app_version_from_env
 from engine.store import SessionStore
+from engine.store.signals import AbortSignal
 from engine.tools import InterruptTool, Tool, ToolFn
-from engine.versioning import Migration, MigrationFn, app_version_from_env
+from engine.turns.executor import LeaseSettings, RetryPolicy
 
 __all__ = ["Engine"]
 
@@ -30,7 +30,7 @@ class Engine:
 
     ``version`` is the application version every new turn is pinned to (workers claim only
     the versions they serve); without it ``TURNSTILE_APP_VERSION`` is read, and without
-    that each agent's definition fingerprint stands in (see :mod:`engine.versioning`).
+    that each agent's definition fingerprint stands in (see :mod:`engine.state.versioning`).
     """
 
     def __init__(
@@ -60,7 +60,7 @@ class Engine:
     ) -> Callable[[MigrationFn], MigrationFn]:
         """Register a migration: resuming a turn paused under ``from_version`` (an app
         version or a definition fingerprint) whose definition has since changed calls it
-        with the :class:`~engine.versioning.PausedTurn` and continues with what it returns
+        with the :class:`~engine.state.versioning.PausedTurn` and continues with what it returns
         (the paused message and the answers, adjusted to the current definitions); the
         resumed turn is pinned to this engine's version. ``agent`` limits it to one agent.
         """
@@ -169,7 +169,8 @@ class Engine:
         ``required_approvals`` set the inbox's approval policy (maker-checker, quorum).
         ``timeout`` with ``on_timeout`` (a default answer, ``"fail"``, or
         ``{"escalate": "group"}``), ``group`` and ``remind_every`` set what happens to an
-        approval nobody answers (:mod:`engine.expiry`, :mod:`engine.assignment`).
+        approval nobody answers (:mod:`engine.approvals.expiry`,
+        :mod:`engine.approvals.assignment`).
         """
         tool = InterruptTool(
             name=name,

@@ -108,7 +108,7 @@ class NotFoundError(AgentError):
 
 class DefinitionChangedError(FailedPreconditionError):
     """A paused turn's agent definition changed since it paused and no registered migration
-    covers its version: resuming it is refused, nothing written (:mod:`engine.pinning`).
+    covers its version: resuming it is refused, nothing written (:mod:`engine.state.pinning`).
     ``details`` is ``{"fromVersion", "toVersion", "changes": [{"what", "change", "before",
     "after"}]}``."""
 
@@ -157,7 +157,7 @@ class InvalidStateError(InvalidArgumentError):
 class InsecureKeyError(TurnstileError):
     """A client-managed agent would sign its state with no configured key or with a key
     published in Turnstile's examples or docs, so anyone could forge its state; raised at
-    startup by :func:`engine.signing.check_deployable_keys`."""
+    startup by :func:`engine.state.signing.check_deployable_keys`."""
 
 
 class TooManyTurnsError(AgentError):

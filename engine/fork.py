@@ -19,11 +19,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from engine.conversation.parts import Message, paused_calls
+from engine.conversation.session_state import LiveState, SessionData
 from engine.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
-from engine.ownership import own_turn
-from engine.parts import Message
-from engine.resume import paused_calls
-from engine.session_state import LiveState, SessionData
 from engine.store import (
     RoundRecord,
     SessionStore,
@@ -32,7 +30,8 @@ from engine.store import (
     TurnInput,
     TurnRecord,
 )
-from engine.turn_request import TurnRequest
+from engine.turns.ownership import own_turn
+from engine.turns.request import TurnRequest
 
 if TYPE_CHECKING:
     from engine.agent import Agent

@@ -14,8 +14,8 @@ from typing import Annotated, Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, BeforeValidator, Field
 
+from engine.conversation.parts import Message, Part
 from engine.errors import TransientError
-from engine.parts import Message, Part
 from engine.status import FinishReason
 
 __all__ = [

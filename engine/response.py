@@ -6,10 +6,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.conversation.parts import INTERRUPT, RESUMED, Message, Part, text_of
+from engine.conversation.schemas import Schema, SchemaViolation, to_jsonable
+from engine.conversation.session_state import Artifact, SessionData
 from engine.errors import AgentError, TurnFailedError
-from engine.parts import INTERRUPT, RESUMED, Message, Part, text_of
-from engine.schemas import Schema, SchemaViolation, to_jsonable
-from engine.session_state import Artifact, SessionData
 from engine.status import FinishReason, TurnStatus
 from engine.store import TurnRecord
 

@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any, NamedTuple
 
+from engine.conversation.parts import Message, Part, ToolResponse
 from engine.model import ChunkSink, ModelRequest, ModelResponse, TransientModelError
-from engine.parts import Message, Part, ToolResponse
 
 __all__ = ["DEFAULT_SLOW_CHUNK_DELAY", "ScriptedModel", "slug", "transaction_id"]
 

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from engine.conversation.parts import MALFORMED_INPUT, Part
+from engine.conversation.schemas import Schema, SchemaSpec, SchemaViolation
+from engine.conversation.session_state import Artifact, Effect, LiveState
 from engine.errors import ToolError
 from engine.model import ToolSpec
-from engine.parts import MALFORMED_INPUT, Part
-from engine.schemas import Schema, SchemaSpec, SchemaViolation
-from engine.session_state import Artifact, Effect, LiveState
 
 if TYPE_CHECKING:
     from engine.approval_policy import ApprovalPolicy
@@ -41,7 +41,7 @@ __all__ = [
 
 ToolFn = Callable[..., Any] | Callable[..., Awaitable[Any]]
 
-#: The key of ``on_timeout={"escalate": "group"}`` (see :mod:`engine.assignment`).
+#: The key of ``on_timeout={"escalate": "group"}`` (see :mod:`engine.approvals.assignment`).
 ESCALATE = "escalate"
 
 
@@ -74,7 +74,8 @@ class ToolContext:
     resumed: Any = None
     #: The running turn's session state (``None`` outside a turn, e.g. a tool called alone).
     session: LiveState | None = None
-    #: This call's changes to it, recorded on its journal row (see :mod:`engine.session_state`).
+    #: This call's changes to it, recorded on its journal row (see
+    #: :mod:`engine.conversation.session_state`).
     effects: list[Effect] = field(default_factory=list)
 
     def interrupt(self, metadata: Any = None) -> NoReturn:
@@ -96,8 +97,8 @@ class ToolContext:
         when it is callable (``current`` is a copy); returns the new state.
 
         A value that breaks the agent's ``state_schema`` raises
-        :class:`~engine.session_state.StateSchemaError` (``INVALID_ARGUMENT``) and changes
-        nothing; uncaught, it fails the call like any tool error."""
+        :class:`~engine.conversation.session_state.StateSchemaError` (``INVALID_ARGUMENT``) and
+        changes nothing; uncaught, it fails the call like any tool error."""
         return self._session().update_custom(change, self.effects)
 
     def add_artifact(self, artifact: Artifact | Mapping[str, Any]) -> None:
@@ -155,7 +156,8 @@ class Tool:
         #: started but unfinished (the durable runner asks a human instead).
         self.idempotent = idempotent
         #: An approver deciding a paused call of an editable tool may change its arguments
-        #: before restarting it (see :mod:`engine.edits`); any other restart must keep them.
+        #: before restarting it (see :mod:`engine.approvals.edits`); any other restart must keep
+        #: them.
         self.editable = editable
         #: Who may decide a paused call of this tool in the inbox (``None``: no policy).
         self.approval_policy = approval_policy
@@ -219,7 +221,7 @@ class InterruptTool(Tool):
     ``{"escalate": "group"}``) describe what happens to an approval nobody answers; the
     durable worker pool enforces them. ``group`` assigns every approval to a group from the
     start and ``remind_every`` (seconds or a timedelta) asks for reminders while it stays
-    open (see :mod:`engine.assignment`).
+    open (see :mod:`engine.approvals.assignment`).
     ``approval_policy`` (see :mod:`engine.approval_policy`) says who may decide it and how
     many approvals it needs; the inbox enforces it.
     """

@@ -24,10 +24,10 @@ from typing import Any
 from pydantic import BaseModel
 
 from engine import Agent, Engine, InterruptTool, Model, ScriptedModel, Tool, ToolContext
-from engine.executor import LeaseSettings
 from engine.models import model_from_env
 from engine.scripted import transaction_id
 from engine.store import SessionStore
+from engine.turns.executor import LeaseSettings
 from stores import InMemorySessionStore, SqlSessionStore, default_url
 
 SYSTEM_PROMPT = (
@@ -189,7 +189,7 @@ def _example_keys() -> Mapping[str, str | bytes] | None:
 
     The fixed key is public (it is right here), so anyone could sign a paused state with a
     forged approval: ``turnstile serve`` and ``turnstile worker`` refuse it unless ``--dev``
-    is given (:func:`engine.signing.check_deployable_keys` knows its fingerprint). It stays
+    is given (:func:`engine.state.signing.check_deployable_keys` knows its fingerprint). It stays
     so that ``--dev`` processes of the example verify each other's state.
     """
     if os.environ.get("TURNSTILE_STATE_KEYS"):

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from engine import Agent, Engine, ScriptedModel, Tool, ToolContext
 from engine.approval_policy import ApprovalPolicy, ApproverCheck
+from engine.conversation.parts import Message, Part
 from engine.model import ChunkSink, ModelRequest, ModelResponse
-from engine.parts import Message, Part
 from engine.scripted import transaction_id
 from engine.store import SessionStore
 from examples.banking import TransferReceipt, TransferRequest, book

@@ -7,8 +7,8 @@ on PostgreSQL or SQLite, whose schema only Alembic changes (:func:`migrate`).
 
 from __future__ import annotations
 
-from engine.memory_store import InMemorySessionStore
 from engine.store import SessionStore
+from engine.store.memory import InMemorySessionStore
 from stores.database import default_url
 from stores.migrate import SchemaNotAtHeadError, ensure_at_head, migrate
 from stores.sql import SqlSessionStore

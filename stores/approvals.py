@@ -20,12 +20,19 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from engine.approval_history import DecidedApproval, DecisionQuery
-from engine.approval_policy import AlreadyVotedError, Vote, VoteOutcome
-from engine.assignment_records import Assignment
-from engine.edits import check_edit_seen
 from engine.status import FinishReason, TurnStatus
-from engine.store import ApprovalQuery, PendingApproval, ToolCallRecord
+from engine.store import (
+    AlreadyVotedError,
+    ApprovalQuery,
+    Assignment,
+    DecidedApproval,
+    DecisionQuery,
+    PendingApproval,
+    ToolCallRecord,
+    Vote,
+    VoteOutcome,
+)
+from engine.store.rules import check_edit_seen
 from stores.approval_rows import pending_approval, select_pending
 from stores.assignments import check_assignment_unchanged
 from stores.database import utc
@@ -103,7 +110,7 @@ def record_decision(
     ``assignment_seen`` the journal row is locked first, as every assignment change locks it
     (:func:`stores.assignments.change_assignment`), and the approval's assignment must still
     be the one the decider was checked against, else
-    :class:`~engine.assignment_guard.AssignmentChangedError`.
+    :class:`~engine.store.AssignmentChangedError`.
     """
     if assignment_seen is not None:
         lock_open_call(connection, turn_id, round, ref)
@@ -274,11 +281,11 @@ def record_vote(
     The journal row is locked first (``FOR UPDATE``; SQLite serialises writers anyway), so
     concurrent votes on one approval count one after the other and exactly one of them sees
     the quorum reached. Under that lock the votes must still stand on ``edit_seen``, the edit
-    the voter read (else :class:`~engine.edits.EditedMeanwhileError`): an edit committed in
+    the voter read (else :class:`~engine.store.EditedMeanwhileError`): an edit committed in
     between would otherwise be counted together with an approval of other arguments. With
     ``resets`` the earlier votes are deleted first (an edit: they approved other arguments).
     With ``assignment_seen``, the approval's assignment must also still be the one the voter
-    was checked against (else :class:`~engine.assignment_guard.AssignmentChangedError`):
+    was checked against (else :class:`~engine.store.AssignmentChangedError`):
     every assignment change takes the same lock first.
     Raises :class:`ApprovalNotPendingError` when the approval is not open and
     :class:`AlreadyVotedError` when ``voter`` voted on it already; nothing is written.

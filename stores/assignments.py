@@ -1,5 +1,5 @@
 """SQL for the assignment, escalation and reminders of open approvals (``approval_assignments``,
-migration 0010; the rules are :mod:`engine.assignment`'s).
+migration 0010; the rules are :mod:`engine.approvals.assignment`'s).
 
 An approval has a row once anything was assigned, escalated or reminded; before that it is
 assigned to its interrupt's default group. A change first inserts that starting row if there
@@ -26,13 +26,8 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
-from engine.assignment_records import (
-    Assignment,
-    AssignmentChange,
-    DueQuery,
-    check_assignment_seen,
-)
-from engine.store import PendingApproval
+from engine.store import Assignment, AssignmentChange, DueQuery, PendingApproval
+from engine.store.rules import check_assignment_seen
 from stores.approval_rows import pending_approval, select_pending
 from stores.database import utc
 from stores.notify import CHANGE_CHANNEL, notify
@@ -84,7 +79,7 @@ def get_assignments(connection: Connection, keys: Sequence[Key]) -> dict[Key, As
 def check_assignment_unchanged(
     connection: Connection, turn_id: str, round: int, ref: str, seen: Assignment
 ) -> None:
-    """Refuse a decision or vote (:class:`~engine.assignment_guard.AssignmentChangedError`)
+    """Refuse a decision or vote (:class:`~engine.store.AssignmentChangedError`)
     when the approval's assignment is no longer ``seen``; called with the journal row locked
     (:func:`stores.tool_calls.lock_open_call`), so the read is of the last committed change."""
     a = approval_assignments.c
@@ -165,7 +160,7 @@ def change_assignment(
     default_group: str | None,
     now: datetime,
 ) -> Assignment | None:
-    """See :meth:`engine.assignment.AssignmentBook.change_assignment`.
+    """See :meth:`engine.store.AssignmentBook.change_assignment`.
 
     The journal row is locked first, as a decision or a vote locks it: a change waits for a
     decision being recorded and then finds the approval decided, and a decision recorded

@@ -21,7 +21,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
-from engine import instruments
+from engine.telemetry import instruments
 
 __all__ = [
     "MAX_PAYLOAD_BYTES",

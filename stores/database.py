@@ -180,6 +180,24 @@ class Database:
             with self.read_engine.connect() as connection:
                 yield connection
 
+    async def read(self, query: Callable[[Connection], T]) -> T:
+        """Run ``query`` on an autocommit connection, in a thread (see :meth:`run`)."""
+
+        def run() -> T:
+            with self.autocommit() as connection:
+                return query(connection)
+
+        return await self.run(run)
+
+    async def write(self, change: Callable[[Connection], T]) -> T:
+        """Run ``change`` in one short transaction, in a thread (see :meth:`run`)."""
+
+        def run() -> T:
+            with self.transaction() as connection:
+                return change(connection)
+
+        return await self.run(run)
+
     async def run(self, operation: Callable[[], T], *, retries: int = 3) -> T:
         """Run a blocking store operation in a thread, wrapping driver errors.
 

@@ -6,7 +6,7 @@ statement on an autocommit connection, one round trip: a ``found`` CTE reads and
 turn's row, a fence CTE keeps it only if the caller's lease token (and the expected status)
 still hold, and every write joins the fence, so a caller who lost its lease writes nothing at
 all. The statement then reports the status and token it found, from which
-:mod:`engine.store_rules` raises the precise error.
+:mod:`engine.store.rules` raises the precise error.
 
 The rules are SQLite's transactions' own (:func:`stores.turns.transition`,
 :func:`stores.turns.fence`): the same lock modes (``FOR SHARE`` for a journal write, so a
@@ -30,7 +30,7 @@ from engine.errors import LeaseLostError, StoreError
 from engine.model import ModelUsage
 from engine.status import TurnStatus, can_transition
 from engine.store import RoundRecord, ToolCallRecord, Transition, TurnError, TurnRecord
-from engine.store_rules import LeaseState, check_lease, transition_changes
+from engine.store.rules import LeaseState, check_lease, transition_changes
 from stores import json_codec
 from stores import messages as message_sql
 from stores import turn_claims as claim_sql

@@ -10,7 +10,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from engine.parts import Message
+from engine.conversation.parts import Message
 from engine.store import RoundRecord
 from stores.schema import messages, turns
 

@@ -17,8 +17,8 @@ import psycopg
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection
 
-from engine.relay import ChunkBroker
-from engine.signals import BroadcastSignal, KeyedSignals, WakeEvent
+from engine.store.relay import ChunkBroker
+from engine.store.signals import BroadcastSignal, KeyedSignals, WakeEvent
 from stores.chunk_relay import read_chunk_payload
 
 __all__ = [

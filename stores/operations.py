@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from pydantic import BaseModel, Field
 from sqlalchemy.engine import Connection
 
-from engine.parts import Message
+from engine.conversation.parts import Message
 from engine.status import FinishReason, TurnStatus
 from engine.store import RoundRecord, ToolCallRecord, TurnError, TurnRecord
 from stores import messages as message_sql

@@ -3,7 +3,7 @@
 A turn's common path — create, claim, read, save a round, settle — is one statement per step,
 run on psycopg's async connections in the event loop (``stores/pg.py``). Each statement
 writes only when its rules hold and otherwise reports what it found, from which
-:mod:`engine.store_rules` raises the precise typed error. Wake-ups and relayed chunks travel
+:mod:`engine.store.rules` raises the precise typed error. Wake-ups and relayed chunks travel
 by LISTEN/NOTIFY, so waiters and subscribers in any process hear them.
 """
 
@@ -19,7 +19,6 @@ from sqlalchemy.engine import URL
 
 from engine.errors import StaleTransitionError
 from engine.model import ModelUsage
-from engine.relay import ChunkSubscription
 from engine.store import (
     InterruptAnswer,
     NewTurn,
@@ -30,7 +29,8 @@ from engine.store import (
     TurnProgress,
     TurnRecord,
 )
-from engine.store_rules import check_answers, check_transition
+from engine.store.relay import ChunkSubscription
+from engine.store.rules import check_answers, check_transition
 from stores import fenced as fenced_sql
 from stores import snapshots as snapshot_sql
 from stores import turn_claims as claim_sql
@@ -177,11 +177,11 @@ class PostgresSessionStore(SqlSessionStore):
         """See :meth:`engine.store.SessionStore.wait_for_change`."""
         await self._listener.wait_for_change(turn_id, timeout)
 
-    #: Every process's changes arrive by NOTIFY (see :class:`engine.change_feed.ChangeFeed`).
+    #: Every process's changes arrive by NOTIFY (see :class:`engine.store.ChangeFeed`).
     live_changes = True
 
     async def wait_for_any_change(self, timeout: float) -> bool:
-        """See :meth:`engine.change_feed.ChangeFeed.wait_for_any_change`."""
+        """See :meth:`engine.store.ChangeFeed.wait_for_any_change`."""
         return await self._listener.wait_for_any_change(timeout)
 
     async def publish_chunk(self, turn_id: str, chunk: dict[str, Any]) -> None:

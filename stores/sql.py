@@ -24,30 +24,34 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, make_url
 
-from engine.approval_history import DecidedApproval, DecisionQuery
-from engine.approval_policy import Vote, VoteOutcome
-from engine.assignment_records import Assignment, AssignmentChange, DueQuery
+from engine.conversation.parts import Message
 from engine.errors import NotFoundError, StaleTransitionError
 from engine.model import ModelUsage
-from engine.parts import Message
-from engine.relay import ChunkBroker, ChunkSubscription
 from engine.status import TurnStatus
 from engine.store import (
     AbortOutcome,
     ApprovalQuery,
+    Assignment,
+    AssignmentChange,
+    DecidedApproval,
+    DecisionQuery,
+    DueQuery,
     InterruptAnswer,
     NewTurn,
     PendingApproval,
     RoundRecord,
     SessionRecord,
     StoredSnapshot,
+    TimelineEntry,
     ToolCallRecord,
     Transition,
     TurnProgress,
     TurnRecord,
+    Vote,
+    VoteOutcome,
 )
-from engine.store_rules import abort_target
-from engine.ui_sessions import BrowserSessionRecord, LoginCount
+from engine.store.relay import ChunkBroker, ChunkSubscription
+from engine.store.rules import abort_target
 from stores import admission as admission_sql
 from stores import approvals as approval_sql
 from stores import assignments as assignment_sql
@@ -60,7 +64,6 @@ from stores import tool_calls as call_sql
 from stores import turn_claims as claim_sql
 from stores import turn_versions as version_sql
 from stores import turns as turn_sql
-from stores import ui_sessions as ui_session_sql
 from stores.database import Database, default_url, normalise_url
 from stores.schema_check import SchemaCheck
 
@@ -377,7 +380,7 @@ class SqlSessionStore:
         """Rows of the ``stuck_turns`` view."""
         return await self._read(views.stuck_turns)
 
-    async def timeline(self, turn_id: str) -> list[views.TimelineEntry]:
+    async def timeline(self, turn_id: str) -> list[TimelineEntry]:
         """Rows of the ``turn_timeline`` view for one turn, in order."""
         return await self._read(lambda c: views.timeline(c, turn_id))
 
@@ -435,7 +438,7 @@ class SqlSessionStore:
         return await self._read(lambda c: approval_sql.list_approvals(c, query))
 
     async def list_decisions(self, query: DecisionQuery) -> list[DecidedApproval]:
-        """See :meth:`engine.approval_history.ApprovalHistory.list_decisions`."""
+        """See :meth:`engine.store.ApprovalHistory.list_decisions`."""
         return await self._read(lambda c: approval_sql.list_decisions(c, query))
 
     async def record_decision(
@@ -476,7 +479,7 @@ class SqlSessionStore:
         resets: bool = False,
         assignment_seen: Assignment | None = None,
     ) -> VoteOutcome:
-        """See :meth:`engine.approval_policy.VoteBook.record_vote`."""
+        """See :meth:`engine.store.VoteBook.record_vote`."""
         return await self._write(
             lambda c: approval_sql.record_vote(
                 c,
@@ -495,13 +498,13 @@ class SqlSessionStore:
         )
 
     async def list_votes(self, turn_id: str, round: int, ref: str) -> list[Vote]:
-        """See :meth:`engine.approval_policy.VoteBook.list_votes`."""
+        """See :meth:`engine.store.VoteBook.list_votes`."""
         return await self._read(lambda c: approval_sql.list_votes(c, turn_id, round, ref))
 
     async def get_assignments(
         self, keys: Sequence[tuple[str, int, str]]
     ) -> dict[tuple[str, int, str], Assignment]:
-        """See :meth:`engine.assignment.AssignmentBook.get_assignments`."""
+        """See :meth:`engine.store.AssignmentBook.get_assignments`."""
         return await self._read(lambda c: assignment_sql.get_assignments(c, keys))
 
     async def change_assignment(
@@ -513,7 +516,7 @@ class SqlSessionStore:
         *,
         default_group: str | None,
     ) -> Assignment | None:
-        """See :meth:`engine.assignment.AssignmentBook.change_assignment`."""
+        """See :meth:`engine.store.AssignmentBook.change_assignment`."""
         return await self._write(
             lambda c: assignment_sql.change_assignment(
                 c, turn_id, round, ref, change, default_group=default_group, now=now_utc()
@@ -521,7 +524,7 @@ class SqlSessionStore:
         )
 
     async def list_due_approvals(self, query: DueQuery) -> list[PendingApproval]:
-        """See :meth:`engine.assignment.AssignmentBook.list_due_approvals`."""
+        """See :meth:`engine.store.AssignmentBook.list_due_approvals`."""
         return await self._read(lambda c: assignment_sql.list_due_approvals(c, query))
 
     async def prune_sessions(self, *, settled_before: datetime, limit: int = 500) -> int:
@@ -529,52 +532,6 @@ class SqlSessionStore:
         return await self._write(
             lambda c: retention_sql.prune_sessions(c, settled_before=settled_before, limit=limit)
         )
-
-    # -- the inbox UI's browser sessions (engine.ui_sessions; stores/ui_sessions.py) -----
-
-    async def create_browser_session(self, session: BrowserSessionRecord) -> None:
-        """See :meth:`engine.ui_sessions.BrowserSessionStore.create_browser_session`."""
-        await self._write(lambda c: ui_session_sql.create_session(c, session))
-
-    async def get_browser_session(self, session_id: str) -> BrowserSessionRecord | None:
-        """See :meth:`engine.ui_sessions.BrowserSessionStore.get_browser_session`."""
-        return await self._read(lambda c: ui_session_sql.get_session(c, session_id))
-
-    async def touch_browser_session(self, session_id: str, *, now: datetime) -> bool:
-        """See :meth:`engine.ui_sessions.BrowserSessionStore.touch_browser_session`."""
-        return await self._write(lambda c: ui_session_sql.touch_session(c, session_id, now))
-
-    async def revoke_browser_sessions(
-        self,
-        *,
-        now: datetime,
-        session_id: str | None = None,
-        principal: str | None = None,
-    ) -> list[str]:
-        """See :meth:`engine.ui_sessions.BrowserSessionStore.revoke_browser_sessions`."""
-        return await self._write(
-            lambda c: ui_session_sql.revoke_sessions(c, now, session_id, principal)
-        )
-
-    async def list_browser_sessions(
-        self, *, principal: str | None = None, include_ended_after: datetime | None = None
-    ) -> list[BrowserSessionRecord]:
-        """See :meth:`engine.ui_sessions.BrowserSessionStore.list_browser_sessions`."""
-        return await self._read(
-            lambda c: ui_session_sql.list_sessions(c, now_utc(), principal, include_ended_after)
-        )
-
-    async def count_login_attempt(
-        self, keys: Sequence[str], *, now: datetime, window: timedelta
-    ) -> list[LoginCount]:
-        """See :meth:`engine.ui_sessions.BrowserSessionStore.count_login_attempt`."""
-        return await self._write(lambda c: ui_session_sql.count_login_attempt(c, keys, now, window))
-
-    async def forgive_login_attempt(
-        self, *, give_back: Sequence[str], clear: Sequence[str]
-    ) -> None:
-        """See :meth:`engine.ui_sessions.BrowserSessionStore.forgive_login_attempt`."""
-        await self._write(lambda c: ui_session_sql.forgive_login_attempt(c, give_back, clear))
 
     # -- relay -------------------------------------------------------------------------
 
@@ -591,21 +548,23 @@ class SqlSessionStore:
         """See :meth:`engine.store.SessionStore.close`."""
         await asyncio.to_thread(self.db.dispose)
 
+    # -- the change feed: each dialect's store says how it hears changes ------------------
+
+    #: Whether :meth:`wait_for_any_change` hears the changes of every process.
+    live_changes: bool
+
+    async def wait_for_any_change(self, timeout: float) -> bool:
+        """See :meth:`engine.store.ChangeFeed.wait_for_any_change` (each dialect's store
+        implements it)."""
+        raise NotImplementedError
+
     # -- plumbing ----------------------------------------------------------------------
 
     async def _read(self, query: Callable[[sa.Connection], T]) -> T:
-        def run() -> T:
-            with self.db.autocommit() as connection:
-                return query(connection)
-
-        return await self.db.run(run)
+        return await self.db.read(query)
 
     async def _write(self, change: Callable[[sa.Connection], T]) -> T:
-        def run() -> T:
-            with self.db.transaction() as connection:
-                return change(connection)
-
-        return await self.db.run(run)
+        return await self.db.write(change)
 
 
 def _dialect_class(url: URL) -> type[SqlSessionStore]:

@@ -26,7 +26,7 @@ from engine.store import (
     TurnProgress,
     TurnRecord,
 )
-from engine.store_rules import check_answers, claim_after
+from engine.store.rules import check_answers, claim_after
 from stores import messages as message_sql
 from stores import snapshots as snapshot_sql
 from stores import tool_calls as call_sql
@@ -142,7 +142,7 @@ class SqliteSessionStore(SqlSessionStore):
     live_changes = False
 
     async def wait_for_any_change(self, timeout: float) -> bool:
-        """See :meth:`engine.change_feed.ChangeFeed.wait_for_any_change` (a sleep: SQLite
+        """See :meth:`engine.store.ChangeFeed.wait_for_any_change` (a sleep: SQLite
         cannot announce changes, so callers poll)."""
         await asyncio.sleep(timeout)
         return False

@@ -12,7 +12,7 @@ from sqlalchemy.engine import Connection
 from engine.errors import ApprovalNotPendingError
 from engine.status import FinishReason, TurnStatus
 from engine.store import InterruptAnswer, ToolCallRecord, ToolCallStatus, TurnError
-from engine.store_rules import check_answerable
+from engine.store.rules import check_answerable
 from stores.database import upsert_statement, utc
 from stores.schema import approval_queue, tool_calls, turns
 

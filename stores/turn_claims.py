@@ -20,7 +20,7 @@ from sqlalchemy.engine import Connection
 
 from engine.status import TurnStatus
 from engine.store import FollowOnClaim, TurnRecord
-from engine.store_rules import ABANDONED_ABORT
+from engine.store.rules import ABANDONED_ABORT
 from stores.pg import PgConnections, PgStatement
 from stores.schema import TIMESTAMP, turns
 from stores.turns import record, transition

@@ -6,7 +6,7 @@ in turn under the session's lock and raises the precise typed error. On PostgreS
 :func:`create_turn_in_one_statement` is one statement on an autocommit connection (one
 round trip on the path of every send and every resume): it writes only when every rule
 holds, and otherwise reports what it saw of the session, from which
-:func:`engine.store_rules.check_creation` names the rule that refused.
+:func:`engine.store.rules.check_creation` names the rule that refused.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from engine.store import (
     ToolCallRecord,
     TurnRecord,
 )
-from engine.store_rules import (
+from engine.store.rules import (
     CreationRefused,
     check_creation,
     check_not_busy,

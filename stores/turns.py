@@ -26,7 +26,7 @@ from engine.store import (
     TurnInput,
     TurnRecord,
 )
-from engine.store_rules import LeaseState, check_lease, check_transition, transition_changes
+from engine.store.rules import LeaseState, check_lease, check_transition, transition_changes
 from stores.database import utc
 from stores.notify import CHANGE_CHANNEL, WORK_CHANNEL
 from stores.pg import PgConnections, PgStatement

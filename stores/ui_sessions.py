@@ -1,26 +1,27 @@
 """SQL for the inbox UI's browser sessions (``ui_sessions``) and sign-in counters
-(``ui_login_failures``); see :mod:`engine.ui_sessions` for what they mean."""
+(``ui_login_failures``); see :mod:`engine.remote.ui.browser_sessions` for what they mean."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
-from engine.ui_sessions import (
+from engine.remote.ui.browser_sessions import (
     ENDED_SESSIONS_KEPT,
     LOGIN_COUNTS_KEPT,
     BrowserSessionRecord,
     LoginCount,
     check_revoke_target,
 )
-from stores.database import utc
+from stores.database import Database, utc
 from stores.schema import ui_login_failures, ui_sessions
 
 __all__ = [
+    "SqlBrowserSessions",
     "count_login_attempt",
     "create_session",
     "forgive_login_attempt",
@@ -181,3 +182,55 @@ def forgive_login_attempt(
         )
     if clear:
         connection.execute(sa.delete(table).where(table.c.key.in_(sorted(set(clear)))))
+
+
+class SqlBrowserSessions:
+    """The inbox UI's browser sessions and sign-in counts in a PostgreSQL or SQLite database
+    (a :class:`~engine.remote.ui.browser_sessions.BrowserSessionStore`): what ``turnstile
+    serve`` hands the web UI, on the database of the agents it serves, so every server
+    process shares the sessions and the sign-in limits."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def create_browser_session(self, session: BrowserSessionRecord) -> None:
+        """Record a new signed-in session."""
+        await self.db.write(lambda c: create_session(c, session))
+
+    async def get_browser_session(self, session_id: str) -> BrowserSessionRecord | None:
+        """The session with that id (live or ended), or ``None``."""
+        return await self.db.read(lambda c: get_session(c, session_id))
+
+    async def touch_browser_session(self, session_id: str, *, now: datetime) -> bool:
+        """Record a request on a live session; whether it was live."""
+        return await self.db.write(lambda c: touch_session(c, session_id, now))
+
+    async def revoke_browser_sessions(
+        self,
+        *,
+        now: datetime,
+        session_id: str | None = None,
+        principal: str | None = None,
+    ) -> list[str]:
+        """End one session, or every live session of a principal; the ids ended."""
+        return await self.db.write(lambda c: revoke_sessions(c, now, session_id, principal))
+
+    async def list_browser_sessions(
+        self, *, principal: str | None = None, include_ended_after: datetime | None = None
+    ) -> list[BrowserSessionRecord]:
+        """The live sessions (of one principal), and those ended after the given moment."""
+        return await self.db.read(
+            lambda c: list_sessions(c, datetime.now(UTC), principal, include_ended_after)
+        )
+
+    async def count_login_attempt(
+        self, keys: Sequence[str], *, now: datetime, window: timedelta
+    ) -> list[LoginCount]:
+        """Count one sign-in attempt under each key, within ``window``; the counts."""
+        return await self.db.write(lambda c: count_login_attempt(c, keys, now, window))
+
+    async def forgive_login_attempt(
+        self, *, give_back: Sequence[str], clear: Sequence[str]
+    ) -> None:
+        """Give back the attempt counted under ``give_back``; clear the counts of ``clear``."""
+        await self.db.write(lambda c: forgive_login_attempt(c, give_back, clear))

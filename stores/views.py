@@ -13,11 +13,11 @@ import sqlalchemy as sa
 from pydantic import BaseModel
 from sqlalchemy.engine import Connection
 
+from engine.store import TimelineEntry
 from stores.database import utc
 
 __all__ = [
     "StuckTurn",
-    "TimelineEntry",
     "stuck_turns",
     "timeline",
 ]
@@ -34,14 +34,6 @@ class StuckTurn(BaseModel):
     lease_owner: str | None
     lease_expires_at: datetime | None
     reason: str
-
-
-class TimelineEntry(BaseModel):
-    """One thing that happened to a turn."""
-
-    at: datetime
-    kind: str
-    detail: str
 
 
 def _rows(connection: Connection, sql: str, **params: Any) -> list[dict[str, Any]]:

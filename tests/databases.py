@@ -22,9 +22,9 @@ import psycopg
 import pytest
 from sqlalchemy.engine import URL, make_url
 
-from engine.memory_store import InMemorySessionStore
-from engine.memory_store import list_events as memory_events
 from engine.store import SessionStore, TurnEvent
+from engine.store.memory import InMemorySessionStore
+from engine.store.memory import list_events as memory_events
 from stores import SqlSessionStore, migrate
 from stores import turns as turn_sql
 from stores.postgres import PostgresSessionStore

@@ -34,8 +34,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from engine import ScriptedModel
+from engine.conversation.parts import Message, Part
 from engine.model import ModelRequest, TransientModelError
-from engine.parts import Message, Part
 
 CREATED = 1764547200  # a fixed `created` timestamp keeps fixtures reproducible
 

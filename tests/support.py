@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.agent import Agent
+from engine.conversation.parts import Message, Part, ToolRequest, ToolResponse
 from engine.model import ChunkSink, ModelRequest, ModelResponse
-from engine.parts import Message, Part, ToolRequest, ToolResponse
 from engine.store import SessionStore
 
 

@@ -3,8 +3,8 @@
 :func:`configure_logging` installs a single handler on the root logger, writing to stderr in
 the ``text`` format (for people) or the ``json`` format (one object a line, for a log
 pipeline). Every logger propagates to it — uvicorn's too, when uvicorn is started with
-``log_config=None`` — and its :class:`engine.log_context.TurnContextFilter` gives each line
-logged while a turn runs that turn's ``turn_id``, ``session_id`` and ``agent`` (and
+``log_config=None`` — and its :class:`engine.telemetry.log_context.TurnContextFilter` gives each
+line logged while a turn runs that turn's ``turn_id``, ``session_id`` and ``agent`` (and
 ``trace_id`` when tracing records one).
 
 A JSON line carries ``ts`` (UTC, ISO 8601, milliseconds), ``level``, ``logger`` and
@@ -20,7 +20,7 @@ import sys
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
-from engine.log_context import CONTEXT_FIELDS, TurnContextFilter
+from engine.telemetry.log_context import CONTEXT_FIELDS, TurnContextFilter
 
 __all__ = [
     "LOG_FORMATS",

@@ -2,11 +2,11 @@
 
 Little here runs on a turn's path: :class:`EngineMetrics` observes a histogram or bumps a
 counter when the engine reports a model or tool call, a lost lease, expired approvals or
-relayed chunks (:mod:`engine.instruments`). What the database knows (turns in flight, the queue,
-open approvals) is read when Prometheus scrapes, by :class:`DatabaseCollector`, one statement
-per family (:mod:`stores.monitoring`). The worker pool's counters are numbers the pool keeps
-anyway, copied at scrape time. HTTP requests are counted by an ASGI middleware per route
-template, never per raw path, so a client cannot grow the number of series.
+relayed chunks (:mod:`engine.telemetry.instruments`). What the database knows (turns in flight, the
+queue, open approvals) is read when Prometheus scrapes, by :class:`DatabaseCollector`, one statement
+per family (:mod:`stores.monitoring`). The worker pool's counters are numbers the pool keeps anyway,
+copied at scrape time. HTTP requests are counted by an ASGI middleware per route template, never per
+raw path, so a client cannot grow the number of series.
 
 Every process exposes the database-wide gauges, so they are alike on every target of a job:
 aggregate them with ``max``, not ``sum`` (``docs/operations.md``).
@@ -41,9 +41,10 @@ from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.types import Message as ASGIMessage
 
-from engine import Engine, instruments
+from engine import Engine
 from engine.status import TurnStatus
 from engine.store import TurnRecord
+from engine.telemetry import instruments
 from stores.monitoring import DatabaseGauges, MonitoringDatabase
 from workers.pool import WorkerPool
 
@@ -269,8 +270,8 @@ class PoolMetrics:
 
 
 class EngineMetrics:
-    """An :class:`engine.instruments.Instrument` keeping the engine's series: model and tool
-    call durations and errors by name, lease losses, expired approvals, relayed chunks.
+    """An :class:`engine.telemetry.instruments.Instrument` keeping the engine's series: model and
+    tool call durations and errors by name, lease losses, expired approvals, relayed chunks.
 
     A call stopped from outside (an abort, a lost lease, a shutdown) is neither timed nor an
     error: its duration says nothing about the model or the tool.

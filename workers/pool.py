@@ -5,7 +5,7 @@ The loop has procrastinate's worker's shape: a semaphore with one unit per slot 
 running at once, a stop event ends the loop, and each iteration makes one claim. It takes the
 free slots (waiting for one while the pool is full), claims at most that many turns in one
 statement of the store (``FOR UPDATE SKIP LOCKED`` on PostgreSQL, committed before any work
-starts), and runs each claimed turn with :func:`engine.executor.execute_claimed`, which
+starts), and runs each claimed turn with :func:`engine.turns.executor.execute_claimed`, which
 heartbeats the lease and fences every write with the lease token. When the claim comes back
 short the pool sleeps until the store hints at new work (LISTEN/NOTIFY), the poll interval
 passes, or it is told to stop.
@@ -32,12 +32,12 @@ from typing import Any
 
 from engine import Agent, Engine, TurnStatus
 from engine.errors import StaleTransitionError
-from engine.executor import execute_claimed
-from engine.log_context import turn_context
 from engine.response import AgentChunk
-from engine.signals import AbortSignal
 from engine.status import SETTLED_STATUSES, FinishReason
 from engine.store import FollowOnClaim, SessionStore, Transition, TurnRecord
+from engine.store.signals import AbortSignal
+from engine.telemetry.log_context import turn_context
+from engine.turns.executor import execute_claimed
 from workers.observers import PoolObserver
 from workers.scheduler import MaintenanceScheduler
 
@@ -480,7 +480,7 @@ class WorkerPool:
 
     async def _execute(self, turn: TurnRecord, follow: FollowOnClaim | None = None) -> None:
         """Run one claimed turn; every line logged meanwhile names it (its turn_id,
-        session_id and agent, engine/log_context.py)."""
+        session_id and agent, engine/telemetry/log_context.py)."""
         with turn_context(turn):
             await self._execute_in_context(turn, follow)
 

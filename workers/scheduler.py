@@ -6,12 +6,11 @@ so every process schedules the same jobs and the jobs themselves are idempotent 
 A job that should run once per cluster additionally holds the store's cluster lock (an
 advisory lock on PostgreSQL) when the store offers one.
 
-Jobs: the expiry of long-lived approvals (:func:`engine.expiry.expire_approvals`), which the
-store already guards — running it on every worker at once decides each approval once — with
-the escalations and reminders of open approvals (:func:`engine.assignment.sweep_assignments`,
-guarded the same way), and,
-when a retention period is set, the pruning of sessions idle for longer than it
-(:meth:`engine.store.SessionStore.prune_sessions`, batched, under its own cluster lock).
+Jobs: the expiry of long-lived approvals (:func:`engine.approvals.expiry.expire_approvals`), which
+the store already guards — running it on every worker at once decides each approval once — with the
+escalations and reminders of open approvals (:func:`engine.approvals.assignment.sweep_assignments`,
+guarded the same way), and, when a retention period is set, the pruning of sessions idle for longer
+than it (:meth:`engine.store.SessionStore.prune_sessions`, batched, under its own cluster lock).
 """
 
 from __future__ import annotations
@@ -27,8 +26,8 @@ from typing import Any, cast
 from apscheduler.schedulers.asyncio import AsyncIOScheduler  # type: ignore[import-untyped]
 
 from engine import Engine
-from engine.assignment import sweep_assignments
-from engine.expiry import expire_approvals
+from engine.approvals.assignment import sweep_assignments
+from engine.approvals.expiry import expire_approvals
 from engine.store import SessionStore
 
 __all__ = ["EXPIRY_LOCK", "RETENTION_LOCK", "MaintenanceScheduler"]

@@ -11,8 +11,8 @@ from typing import Any, ClassVar
 
 import httpx
 
+from engine.conversation.parts import MALFORMED_INPUT, TOOL_ERROR, Part
 from engine.model import ChunkSink, ModelRequest, ModelResponse, ToolSpec
-from engine.parts import MALFORMED_INPUT, TOOL_ERROR, Part
 
 __all__ = [
     "EMPTY_OBJECT_SCHEMA",

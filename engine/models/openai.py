@@ -30,6 +30,7 @@ from typing import Any
 
 import httpx
 
+from engine.conversation.parts import Message, Part
 from engine.model import ChunkSink, ModelRequest, ModelResponse, ModelUsage, ToolSpec
 from engine.models.common import (
     EMPTY_OBJECT_SCHEMA,
@@ -42,7 +43,6 @@ from engine.models.common import (
     tool_description,
 )
 from engine.models.errors import ProviderFailure, classify, provider_message
-from engine.parts import Message, Part
 from engine.status import FinishReason
 
 __all__ = ["OpenAIChatModel"]

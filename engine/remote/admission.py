@@ -36,8 +36,8 @@ from starlette.types import Receive, Scope, Send
 from engine.agent import Agent
 from engine.engine import Engine
 from engine.errors import TooManyTurnsError
-from engine.idempotency import keyed_turn_id
-from engine.turn_request import TurnRequest
+from engine.turns.idempotency import keyed_turn_id
+from engine.turns.request import TurnRequest
 
 __all__ = ["RETRY_AFTER_SECONDS", "ActiveTurnReader", "Reservation", "TurnAdmission"]
 

@@ -22,7 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 from starlette.requests import Request
 
 from engine.errors import AgentError
-from engine.imports import import_attribute
+from engine.remote.imports import import_attribute
 from engine.store import PendingApproval
 
 __all__ = [

@@ -18,13 +18,13 @@ import httpx
 
 from engine import errors
 from engine.chat import ChatAPI, ChunkSink, MessageLike
+from engine.conversation.parts import Message, Part
+from engine.conversation.schemas import Schema, SchemaSpec
+from engine.conversation.session_state import Artifact, SessionData, apply_patch
 from engine.errors import AgentError, InvalidArgumentError, TurnFailedError
-from engine.parts import Message, Part
 from engine.remote.wire import IDEMPOTENCY_HEADER
 from engine.response import AgentChunk, AgentInterrupt, AgentResponse, refused_response
-from engine.schemas import Schema, SchemaSpec
-from engine.session_state import Artifact, SessionData, apply_patch
-from engine.snapshots import SessionSnapshot, coerce_message
+from engine.state.snapshots import SessionSnapshot, coerce_message
 from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus
 from engine.store import AbortOutcome
 

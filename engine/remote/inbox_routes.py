@@ -32,9 +32,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from engine.agent import Agent
-from engine.approval_policy import Vote, VoteBook
-from engine.assignment import (
-    Assignment,
+from engine.approvals.assignment import (
     assign,
     assigned_matches,
     claim,
@@ -42,9 +40,7 @@ from engine.assignment import (
     current_assignments,
     release,
 )
-from engine.engine import Engine
-from engine.errors import AgentError, ApprovalNotPendingError, InvalidArgumentError, NotFoundError
-from engine.inbox import (
+from engine.approvals.decide import (
     Decision,
     approval_id,
     approval_policy,
@@ -52,10 +48,12 @@ from engine.inbox import (
     find_approval,
     parse_approval_id,
 )
+from engine.engine import Engine
+from engine.errors import AgentError, ApprovalNotPendingError, InvalidArgumentError, NotFoundError
 from engine.remote.auth import InboxPolicy, Principal
 from engine.remote.cursors import decode_cursor, encode_cursor
 from engine.remote.wire import check_id, check_text, error_response, read_json
-from engine.store import ApprovalQuery, PendingApproval, SessionStore
+from engine.store import ApprovalQuery, Assignment, PendingApproval, SessionStore, Vote
 
 __all__ = ["InboxRoutes", "assignment_wire", "policy_wire", "vote_wire"]
 
@@ -139,11 +137,7 @@ async def policy_wire(
     policy = approval_policy(agent, approval)
     if policy is None:
         return None
-    votes = (
-        await store.list_votes(approval.turn_id, approval.round, approval.ref)
-        if isinstance(store, VoteBook)
-        else []
-    )
+    votes = await store.list_votes(approval.turn_id, approval.round, approval.ref)
     return {
         "approvers": policy.who(),
         "requiredApprovals": policy.required_approvals,
@@ -324,7 +318,7 @@ class InboxRoutes:
         item["open"] = is_open
         item["policy"] = policy
         tool = self.engine.agents[approval.agent].tools.get(approval.interrupt)
-        # Whether a decision may carry an "edit" of the call's arguments (engine.edits).
+        # Whether a decision may carry an "edit" of the call's arguments (engine.approvals.edits).
         item["editable"] = tool is not None and tool.editable and not tool.is_interrupt
         item["assignment"] = assignment_wire(assignment)
         item["messages"] = [m.to_wire() for m in messages]

@@ -2,7 +2,7 @@
 
 OpenTelemetry's ASGI middleware reads the request's W3C ``traceparent``/``tracestate``
 headers and makes the request's span current while the route runs, so a turn the request
-creates stores that span's context (:func:`engine.tracing.capture_trace_context`) and the
+creates stores that span's context (:func:`engine.telemetry.tracing.capture_trace_context`) and the
 worker that runs the turn continues the caller's trace. With no tracer provider installed the
 span records nothing but still carries an incoming context, so a worker that exports spans
 joins the caller's trace even when the server exports none.
@@ -29,7 +29,7 @@ def request_span_middleware(*, tracer_provider: TracerProvider | None = None) ->
     """Middleware for :func:`engine.remote.server.create_app`'s ``middleware`` (put it first,
     so the span covers every other middleware): one server span per request, a child of the
     caller's when the request carries a ``traceparent``. ``tracer_provider``: default, the
-    process's global one (installed by :func:`engine.tracing.configure_from_env`)."""
+    process's global one (installed by :func:`engine.telemetry.tracing.configure_from_env`)."""
     return Middleware(
         OpenTelemetryMiddleware,
         default_span_details=span_details,

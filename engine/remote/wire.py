@@ -15,8 +15,8 @@ from pydantic_core import PydanticCustomError
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 
+from engine.conversation.parts import Message, Part
 from engine.errors import AgentError, InvalidArgumentError
-from engine.parts import Message, Part
 
 M = TypeVar("M", bound=BaseModel)
 

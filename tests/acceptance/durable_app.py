@@ -35,11 +35,11 @@ from pathlib import Path
 from typing import Any
 
 from engine import Agent, Engine, InterruptTool, ScriptedModel, Tool, ToolContext
-from engine.executor import LeaseSettings
-from engine.expiry import FAIL
+from engine.approvals.expiry import FAIL
+from engine.conversation.parts import Message, Part
 from engine.model import ChunkSink, ModelRequest, ModelResponse
-from engine.parts import Message, Part
 from engine.scripted import transaction_id
+from engine.turns.executor import LeaseSettings
 from examples.banking import (
     SYSTEM_PROMPT,
     ApprovalDecision,

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from engine import Engine, ScriptedModel, ToolContext
-from engine.executor import LeaseSettings
 from engine.model import ChunkSink, ModelRequest, ModelResponse
 from engine.scripted import transaction_id
+from engine.turns.executor import LeaseSettings
 from examples.banking import (
     SYSTEM_PROMPT,
     ApprovalDecision,

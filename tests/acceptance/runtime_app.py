@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from engine import Engine, ScriptedModel, ToolContext
+from engine.conversation.parts import Message, Part
 from engine.model import ChunkSink, ModelRequest, ModelResponse
-from engine.parts import Message, Part
 from stores import SqlSessionStore, default_url
 
 __all__ = ["ai"]

@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from engine import Engine, ToolContext
+from engine.conversation.parts import Message, Part
 from engine.model import ChunkSink, ModelRequest, ModelResponse
-from engine.parts import Message, Part
 from engine.store import SessionStore
 from stores import SqlSessionStore
 

@@ -32,7 +32,7 @@ from alembic import command as alembic_command
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.engine import make_url
 
-from engine.signing import StateSigner
+from engine.state.signing import StateSigner
 from stores.migrate import _config, current_revision, head_revision
 from tests.databases import postgres_url
 from tests.deployment_support import (

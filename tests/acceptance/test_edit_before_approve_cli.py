@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.inbox import find_approval
-from engine.parts import Message
+from engine.approvals.decide import find_approval
+from engine.conversation.parts import Message
 from engine.store import TurnInput
-from engine.turn_request import TurnRequest
+from engine.turns.request import TurnRequest
 from examples.banking import read_ledger
 from examples.guarded_banking import build
 from stores import SqlSessionStore

@@ -20,9 +20,9 @@ import pytest
 
 from engine import Engine, FinishReason
 from engine.agent import Agent
-from engine.parts import Part
+from engine.conversation.parts import Part
 from engine.response import AgentResponse
-from engine.versioning import DefinitionChangedError
+from engine.state.versioning import DefinitionChangedError
 from tests.acceptance.durable_support import REPO_ROOT, Worker, eventually
 from tests.acceptance.versioned_app import AGENT, INTERRUPT, build
 from tests.databases import libpq_dsn, postgres_url

@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from engine.parts import Message
+from engine.conversation.parts import Message
 from examples.banking import build
 from stores import SqlSessionStore
 from tests.acceptance.durable_support import REPO_ROOT

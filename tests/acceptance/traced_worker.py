@@ -15,7 +15,8 @@ import sys
 
 from opentelemetry import trace
 
-from engine import Agent, Engine, ScriptedModel, tracing
+from engine import Agent, Engine, ScriptedModel
+from engine.telemetry import tracing
 from stores import SqlSessionStore
 from tests.conftest import TEST_STATE_KEYS
 from workers import WorkerPool

@@ -15,9 +15,9 @@ import os
 from pydantic import BaseModel
 
 from engine import Engine, Part
+from engine.conversation.parts import Message
 from engine.model import ChunkSink, ModelRequest, ModelResponse
-from engine.parts import Message
-from engine.versioning import PausedTurn
+from engine.state.versioning import PausedTurn
 from stores import SqlSessionStore
 
 __all__ = ["AGENT", "INTERRUPT", "build"]

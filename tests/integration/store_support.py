@@ -19,8 +19,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
-from engine.memory_store import InMemorySessionStore
-from engine.parts import Message, Part
+from engine.conversation.parts import Message, Part
 from engine.status import FinishReason, TurnStatus
 from engine.store import (
     InterruptAnswer,
@@ -33,6 +32,7 @@ from engine.store import (
     TurnInput,
     TurnRecord,
 )
+from engine.store.memory import InMemorySessionStore
 from tests.databases import sql_store
 
 PENDING, ABORTING = TurnStatus.PENDING, TurnStatus.ABORTING

@@ -1,7 +1,7 @@
-"""Assignment, escalation and reminders of approvals (engine.assignment) on every store: who
-may claim, assign, release and decide; an overdue approval escalating once without being
-decided; reminders once per interval; two sweeps at once on PostgreSQL escalating once; a
-decision and an escalation at once on PostgreSQL never both written.
+"""Assignment, escalation and reminders of approvals (engine.approvals.assignment) on every store:
+who may claim, assign, release and decide; an overdue approval escalating once without being
+decided; reminders once per interval; two sweeps at once on PostgreSQL escalating once; a decision
+and an escalation at once on PostgreSQL never both written.
 
 The concurrent tests make the race wide on PostgreSQL: a deferred constraint trigger, created
 only in the test's own database, sleeps at the commit of an escalation (or of a decision), and
@@ -23,27 +23,31 @@ from datetime import datetime, timedelta
 import psycopg
 import pytest
 
-from engine.approval_policy import ApprovalPolicy, ApprovalRefusedError, VoteBook
-from engine.assignment import (
-    ApprovalClaimedError,
-    Assignment,
-    AssignmentBook,
-    AssignmentChange,
-    AssignmentChangedError,
+from engine.approval_policy import ApprovalPolicy, ApprovalRefusedError
+from engine.approvals.assignment import (
     assign,
     claim,
     current_assignment,
     release,
     sweep_assignments,
 )
+from engine.approvals.decide import Decision, decide, find_approval
+from engine.approvals.expiry import expire_approvals
+from engine.conversation.parts import Message
 from engine.errors import ApprovalNotPendingError
-from engine.expiry import expire_approvals
-from engine.inbox import Decision, decide, find_approval
-from engine.parts import Message
 from engine.remote.auth import Principal
 from engine.status import FinishReason, TurnStatus
-from engine.store import PendingApproval, SessionStore, ToolCallRecord, TurnInput
-from engine.turn_request import TurnRequest
+from engine.store import (
+    ApprovalClaimedError,
+    Assignment,
+    AssignmentChange,
+    AssignmentChangedError,
+    PendingApproval,
+    SessionStore,
+    ToolCallRecord,
+    TurnInput,
+)
+from engine.turns.request import TurnRequest
 from examples.banking import BankingApp, build
 from stores import SqlSessionStore
 from tests.conftest import TEST_STATE_KEYS
@@ -240,7 +244,6 @@ async def test_retention_takes_the_assignment_with_the_session(store: SessionSto
     await claim(ctx.app.banking_agent, ctx.approval, DAVE)
     await decide(ctx.app.banking_agent, ctx.approval, APPROVE, decided_by="dave", approver=DAVE)
     key = (ctx.approval.turn_id, 1, "approval-1")
-    assert isinstance(store, AssignmentBook)
     assert key in await store.get_assignments([key])
     await store.prune_sessions(settled_before=ctx.at(3600))
     assert await store.get_assignments([key]) == {}
@@ -314,7 +317,6 @@ async def test_a_decision_or_vote_checked_against_a_stale_assignment_is_refused(
     checked before her claim are refused and write nothing; a reminder is no change; checked
     against her claim, the decision is recorded."""
     ctx = await paused(store, escalate=False)
-    assert isinstance(store, AssignmentBook) and isinstance(store, VoteBook)
     where = (ctx.approval.turn_id, 1, "approval-1")
     answer = APPROVE.answer()
     unclaimed = await ctx.assignment()
@@ -413,7 +415,6 @@ async def test_a_vote_racing_an_escalation_is_not_counted() -> None:
         finally:
             sweep.cancel()
         assert len(report.escalated) == 1
-        assert isinstance(store, VoteBook)
         assert await store.list_votes(ctx.approval.turn_id, 1, "approval-1") == []
         assert (await paused_row(ctx)).decided_at is None
 

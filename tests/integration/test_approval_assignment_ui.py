@@ -16,13 +16,13 @@ import httpx
 import psycopg
 import pytest
 
-from engine.assignment import claim, sweep_assignments
-from engine.inbox import Decision, decide, find_approval
-from engine.parts import Message
+from engine.approvals.assignment import claim, sweep_assignments
+from engine.approvals.decide import Decision, decide, find_approval
+from engine.conversation.parts import Message
 from engine.remote import BearerTokenAuth, Principal, RoleInboxPolicy, create_app
 from engine.remote.ui import UiSettings
 from engine.store import TurnInput
-from engine.turn_request import TurnRequest
+from engine.turns.request import TurnRequest
 from examples.banking import BankingApp, build
 from stores import SqlSessionStore
 from tests.conftest import TEST_STATE_KEYS

@@ -1,5 +1,5 @@
-"""Approval policies enforced by the engine (engine.inbox.decide) on every store: maker-checker
-refusals, a two-person quorum, one denial deciding, and each vote recorded.
+"""Approval policies enforced by the engine (engine.approvals.decide.decide) on every store:
+maker-checker refusals, a two-person quorum, one denial deciding, and each vote recorded.
 
 The concurrent-vote tests make the race wide and deterministic on PostgreSQL: a deferred
 constraint trigger, created only in the test's own database, sleeps while carol's vote
@@ -22,21 +22,21 @@ import psycopg
 import pytest
 from sqlalchemy.engine import URL
 
-from engine.approval_policy import (
-    AlreadyVotedError,
-    ApprovalPolicy,
-    ApprovalRefusedError,
-    VoteBook,
-    VoteOutcome,
-    role,
-)
+from engine.approval_policy import ApprovalPolicy, ApprovalRefusedError, role
+from engine.approvals.decide import Decision, decide, find_approval
+from engine.conversation.parts import Message, Part
 from engine.errors import ApprovalNotPendingError
-from engine.inbox import Decision, decide, find_approval
-from engine.parts import Message, Part
 from engine.remote.auth import Principal
 from engine.status import FinishReason, TurnStatus
-from engine.store import PendingApproval, SessionStore, ToolCallStatus, TurnInput
-from engine.turn_request import TurnRequest
+from engine.store import (
+    AlreadyVotedError,
+    PendingApproval,
+    SessionStore,
+    ToolCallStatus,
+    TurnInput,
+    VoteOutcome,
+)
+from engine.turns.request import TurnRequest
 from examples.banking import BankingApp, build
 from stores import SqlSessionStore
 from tests.conftest import TEST_STATE_KEYS
@@ -122,7 +122,6 @@ async def test_requester_may_not_approve_under_maker_checker(store: SessionStore
         await ctx.vote(ALICE)
     assert refused.value.status == "PERMISSION_DENIED"
     assert await journal_row(ctx) == (ToolCallStatus.INTERRUPTED, None, None)
-    assert isinstance(store, VoteBook)
     assert await store.list_votes(ctx.approval.turn_id, 1, "approval-1") == []
     assert await ctx.vote(BOB) is True
     assert await ctx.turn_status() == (TurnStatus.COMPLETED, FinishReason.STOP)
@@ -171,7 +170,6 @@ async def test_two_person_quorum(store: SessionStore) -> None:
         {"respond": {"approved": True}},
         "carol",
     )
-    assert isinstance(store, VoteBook)
     votes = await store.list_votes(ctx.approval.turn_id, 1, "approval-1")
     assert [(v.voter, v.approves, v.answer) for v in votes] == [
         ("bob", True, {"respond": {"approved": True}}),
@@ -269,7 +267,6 @@ async def test_concurrent_last_votes_decide_once(store: SessionStore) -> None:
     assert sorted(outcomes) == [False, True]
     assert await ctx.turn_status() == (TurnStatus.COMPLETED, FinishReason.STOP)
     assert [request.amount for _key, request in ctx.app.transfers] == [40]
-    assert isinstance(store, VoteBook)
     assert len(await store.list_votes(ctx.approval.turn_id, 1, "approval-1")) == 3
 
 
@@ -314,7 +311,6 @@ async def test_retention_takes_the_votes_with_the_session(store: SessionStore) -
     ctx = await paused(store, ApprovalPolicy(approvers=role("approver"), required_approvals=2))
     assert await ctx.vote(BOB) is False
     assert await ctx.vote(CAROL) is True
-    assert isinstance(store, VoteBook)
     assert len(await store.list_votes(ctx.approval.turn_id, 1, "approval-1")) == 2
     later = datetime.now(UTC) + timedelta(seconds=5)
     assert await store.prune_sessions(settled_before=later) == 1

@@ -9,9 +9,9 @@ from typing import Any
 import httpx
 
 from engine import Engine
-from engine.client_state import PIN_FIELD
 from engine.remote.server import create_app
 from engine.remote.ui import UiSettings
+from engine.state.client_state import PIN_FIELD
 from tests.conftest import TEST_STATE_KEYS
 from tests.http_support import serve_in_loop
 from tests.support import ListModel, ask

@@ -16,7 +16,7 @@ from engine.errors import (
     StaleSnapshotError,
     TurnFailedError,
 )
-from engine.snapshots import SessionSnapshot
+from engine.state.snapshots import SessionSnapshot
 from engine.store import ApprovalQuery, SessionStore
 from examples.banking import BankingApp, build
 

@@ -15,10 +15,10 @@ from pydantic import BaseModel
 
 from engine import Engine, Message, ToolContext, TurnStatus
 from engine.agent import Agent
+from engine.conversation.session_state import StateSchemaError
 from engine.errors import InvalidStateError, TurnFailedError
 from engine.fork import fork_turn
 from engine.response import AgentChunk
-from engine.session_state import StateSchemaError
 from engine.store import SessionStore
 from tests.support import ListModel, ask, say
 

@@ -1,4 +1,4 @@
-"""The engine's instrumentation hook (:mod:`engine.instruments`) feeding a process's
+"""The engine's instrumentation hook (:mod:`engine.telemetry.instruments`) feeding a process's
 Prometheus series (:class:`workers.metrics.EngineMetrics`): model and tool calls, lease
 losses on every store, expired approvals, relayed chunks, and removal."""
 
@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 
-from engine import Engine, Message, ToolContext, TurnFailedError, TurnStatus, instruments
-from engine.executor import LeaseSettings, execute_claimed
+from engine import Engine, Message, ToolContext, TurnFailedError, TurnStatus
 from engine.model import ModelRequest, TransientModelError
 from engine.store import NewTurn, SessionStore, TurnInput
+from engine.telemetry import instruments
+from engine.turns.executor import LeaseSettings, execute_claimed
 from stores import InMemorySessionStore
 from stores.chunk_relay import ChunkBatcher
 from tests.conftest import TEST_STATE_KEYS

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
+from engine.conversation.parts import Part
 from engine.errors import DecisionConflictError
-from engine.parts import Part
 from engine.remote.auth import OwnerInboxPolicy, Principal, RoleInboxPolicy
 from engine.store import PendingApproval, ToolCallStatus
 from tests.http_fixtures import (

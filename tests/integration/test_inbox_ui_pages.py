@@ -11,11 +11,11 @@ import httpx
 import pytest
 
 from engine import Engine, ScriptedModel
-from engine.memory_store import InMemorySessionStore
+from engine.conversation.parts import Message, Part
 from engine.model import ChunkSink, ModelRequest, ModelResponse
-from engine.parts import Message, Part
 from engine.remote import BearerTokenAuth, Principal, RoleInboxPolicy, create_app
 from engine.remote.ui import UiSettings
+from engine.store.memory import InMemorySessionStore
 from examples.banking import BankingApp, build
 from tests.databases import sql_store
 from tests.http_support import serve_in_loop

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from alembic import command
 from sqlalchemy.engine import make_url
 
-from engine.approval_history import DecisionQuery
+from engine.store import DecisionQuery
 from stores import SchemaNotAtHeadError, ensure_at_head, migrate, snapshots, turn_creation, turns
 from stores import approvals as approval_sql
 from stores import turn_claims as claim_sql

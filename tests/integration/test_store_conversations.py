@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
+from engine.conversation.parts import Message, Part
 from engine.errors import NotFoundError
-from engine.parts import Message, Part
 from engine.store import RoundRecord, SessionStore, ToolCallStatus
 from tests.integration.store_support import (
     COMPLETED,

@@ -12,13 +12,13 @@ from datetime import UTC, datetime
 
 import pytest
 
+from engine.conversation.parts import Message
 from engine.errors import (
     ApprovalNotPendingError,
     InvalidArgumentError,
     SessionBusyError,
     StaleSnapshotError,
 )
-from engine.parts import Message
 from engine.store import InterruptAnswer, SessionStore, ToolCallStatus
 from tests.databases import events_of
 from tests.integration.store_support import (

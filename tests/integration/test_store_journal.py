@@ -12,8 +12,8 @@ from datetime import UTC, datetime
 
 import pytest
 
+from engine.conversation.parts import Message, Part
 from engine.errors import LeaseLostError
-from engine.parts import Message, Part
 from engine.status import FinishReason
 from engine.store import RoundRecord, SessionStore, ToolCallStatus, Transition
 from tests.integration.store_support import (

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.parts import Message, Part
+from engine.conversation.parts import Message, Part
 from engine.store import (
     InterruptAnswer,
     RoundRecord,

@@ -1,15 +1,23 @@
-"""The inbox UI's browser sessions and sign-in counters, in every store (memory, SQLite,
-PostgreSQL): revocation, expiry, listing, and the shared failure counters."""
+"""The inbox UI's browser sessions and sign-in counters, in every store of them (this
+process's memory, SQLite, PostgreSQL): revocation, expiry, listing, and the shared failure
+counters."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from engine.store import SessionStore
-from engine.ui_sessions import BrowserSessionRecord, BrowserSessionStore, new_session_id
+from engine.remote.ui.browser_sessions import (
+    BrowserSessionRecord,
+    BrowserSessionStore,
+    InMemoryBrowserSessions,
+    new_session_id,
+)
+from stores.ui_sessions import SqlBrowserSessions
+from tests.databases import sql_store
 
 IDLE = timedelta(minutes=30)
 WINDOW = timedelta(minutes=5)
@@ -30,14 +38,18 @@ def _session(principal: str = "alice", *, now: datetime | None = None) -> Browse
     )
 
 
-def _sessions(store: SessionStore) -> BrowserSessionStore:
-    assert isinstance(store, BrowserSessionStore)
-    return store
+@pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def sessions(request: pytest.FixtureRequest) -> AsyncIterator[BrowserSessionStore]:
+    """A fresh store of browser sessions of each kind."""
+    if request.param == "memory":
+        yield InMemoryBrowserSessions()
+        return
+    async with sql_store(request.param) as store:
+        yield SqlBrowserSessions(store.db)
 
 
-async def test_a_session_reads_back_as_written(store: SessionStore) -> None:
+async def test_a_session_reads_back_as_written(sessions: BrowserSessionStore) -> None:
     """A created session reads back with its principal, roles, CSRF token and browser."""
-    sessions = _sessions(store)
     written = _session()
     await sessions.create_browser_session(written)
     found = await sessions.get_browser_session(written.id)
@@ -50,10 +62,9 @@ async def test_a_session_reads_back_as_written(store: SessionStore) -> None:
 
 
 async def test_revoking_one_session_ends_it_and_touch_no_longer_moves_it(
-    store: SessionStore,
+    sessions: BrowserSessionStore,
 ) -> None:
     """A revoked session is no longer live, cannot be touched, and a second revoke is a no-op."""
-    sessions = _sessions(store)
     kept, ended = _session(), _session()
     await sessions.create_browser_session(kept)
     await sessions.create_browser_session(ended)
@@ -69,9 +80,10 @@ async def test_revoking_one_session_ends_it_and_touch_no_longer_moves_it(
     assert touched is not None and touched.last_seen_at > kept.last_seen_at
 
 
-async def test_revoking_a_principal_ends_all_its_sessions_only(store: SessionStore) -> None:
+async def test_revoking_a_principal_ends_all_its_sessions_only(
+    sessions: BrowserSessionStore,
+) -> None:
     """Revoking by principal ends every session of that principal and nobody else's."""
-    sessions = _sessions(store)
     first, second, other = _session("bob"), _session("bob"), _session("carol")
     for session in (first, second, other):
         await sessions.create_browser_session(session)
@@ -83,9 +95,8 @@ async def test_revoking_a_principal_ends_all_its_sessions_only(store: SessionSto
         await sessions.revoke_browser_sessions(now=datetime.now(UTC))
 
 
-async def test_idle_and_absolute_expiry_end_a_session(store: SessionStore) -> None:
+async def test_idle_and_absolute_expiry_end_a_session(sessions: BrowserSessionStore) -> None:
     """A session unused for longer than the idle limit, or past its expiry, is not live."""
-    sessions = _sessions(store)
     old = datetime.now(UTC) - timedelta(hours=1)
     idle = _session(now=old)
     await sessions.create_browser_session(idle)
@@ -104,10 +115,9 @@ async def test_idle_and_absolute_expiry_end_a_session(store: SessionStore) -> No
 
 
 async def test_failures_count_up_within_a_window_and_restart_after_it(
-    store: SessionStore,
+    sessions: BrowserSessionStore,
 ) -> None:
     """Each attempt counts against every key; a key whose window ended starts again at 1."""
-    sessions = _sessions(store)
     start = datetime.now(UTC)
     for expected in (1, 2, 3):
         counts = await sessions.count_login_attempt(
@@ -121,10 +131,9 @@ async def test_failures_count_up_within_a_window_and_restart_after_it(
 
 
 async def test_a_success_gives_back_the_address_and_clears_the_account(
-    store: SessionStore,
+    sessions: BrowserSessionStore,
 ) -> None:
     """Forgiving a successful attempt takes one off the address and deletes the account."""
-    sessions = _sessions(store)
     now = datetime.now(UTC)
     keys = ["address:10.0.0.2", "account:dave"]
     for _ in range(3):
@@ -136,9 +145,8 @@ async def test_a_success_gives_back_the_address_and_clears_the_account(
     assert counts == {"address:10.0.0.2": 3, "account:dave": 1}
 
 
-async def test_concurrent_attempts_are_each_counted(store: SessionStore) -> None:
+async def test_concurrent_attempts_are_each_counted(sessions: BrowserSessionStore) -> None:
     """Attempts counted at the same time all land: the upsert loses none."""
-    sessions = _sessions(store)
     now = datetime.now(UTC)
     await asyncio.gather(
         *(
@@ -151,11 +159,10 @@ async def test_concurrent_attempts_are_each_counted(store: SessionStore) -> None
 
 
 async def test_a_sign_in_deletes_long_expired_sessions_and_old_counters(
-    store: SessionStore,
+    sessions: BrowserSessionStore,
 ) -> None:
     """Sessions expired over 30 days ago and day-old counters go when a browser signs in;
     recent ones stay."""
-    sessions = _sessions(store)
     now = datetime.now(UTC)
     ancient = _session(now=now - timedelta(days=40))
     recent = _session(now=now - timedelta(days=2))

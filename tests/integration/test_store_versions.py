@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from engine.memory_store import InMemorySessionStore
-from engine.memory_store import list_events as memory_events
 from engine.status import TurnStatus
 from engine.store import SessionStore, TurnEvent
+from engine.store.memory import InMemorySessionStore
+from engine.store.memory import list_events as memory_events
 from stores.schema import agent_definitions
 from stores.sql import SqlSessionStore
 from stores.turn_versions import VersionMove

@@ -4,7 +4,7 @@ A caller creates a turn inside its span and a real worker pool runs it later, on
 the turn's stored W3C context makes the worker's span of the attempt a child of the caller's,
 with the rounds, the model calls (GenAI semantic conventions) and the tool calls below it.
 The spans go to an in-memory exporter through a provider given to Turnstile alone
-(:func:`engine.tracing.use_tracer_provider`), so the test process never installs a global
+(:func:`engine.telemetry.tracing.use_tracer_provider`), so the test process never installs a global
 one: with none installed, nothing is recorded.
 """
 
@@ -27,10 +27,11 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from engine import Agent, Engine, ToolContext, tracing
+from engine import Agent, Engine, ToolContext
 from engine.model import ChunkSink, ModelRequest, ModelResponse, ModelUsage
 from engine.remote.server import create_app
 from engine.remote.tracing import request_span_middleware
+from engine.telemetry import tracing
 from stores import SqlSessionStore
 from tests.conftest import TEST_STATE_KEYS
 from tests.databases import sql_store

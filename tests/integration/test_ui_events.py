@@ -12,15 +12,15 @@ import httpx
 import pytest
 
 from engine.approval_policy import ApprovalPolicy, role
-from engine.assignment import claim
-from engine.inbox import Decision, decide, find_approval
-from engine.memory_store import InMemorySessionStore
-from engine.parts import Message
+from engine.approvals.assignment import claim
+from engine.approvals.decide import Decision, decide, find_approval
+from engine.conversation.parts import Message
 from engine.remote import BearerTokenAuth, Principal, create_app
 from engine.remote.ui import UiSettings
 from engine.status import FinishReason
 from engine.store import PendingApproval, SessionStore, TurnInput
-from engine.turn_request import TurnRequest
+from engine.store.memory import InMemorySessionStore
+from engine.turns.request import TurnRequest
 from examples.banking import BankingApp, build
 from tests.conftest import TEST_STATE_KEYS
 from tests.databases import sql_store

@@ -12,12 +12,13 @@ from datetime import UTC, datetime, timedelta
 import httpx
 import pytest
 
-from engine.memory_store import InMemorySessionStore
 from engine.remote import BearerTokenAuth, Principal, RoleInboxPolicy, create_app
 from engine.remote.ui import UiSettings
+from engine.remote.ui.browser_sessions import BrowserSessionStore, InMemoryBrowserSessions
 from engine.remote.ui.sessions import COOKIE_NAME
-from engine.ui_sessions import BrowserSessionStore
+from engine.store.memory import InMemorySessionStore
 from examples.banking import build
+from stores.ui_sessions import SqlBrowserSessions
 from tests.databases import sql_store
 from tests.http_support import serve_in_loop
 
@@ -48,11 +49,15 @@ async def served(request: pytest.FixtureRequest) -> AsyncIterator[tuple[str, Bro
     and the store keeping the browser sessions."""
     async with sql_store(request.param) as store:
         app = build(store=store, execution="workers")
+        sessions = SqlBrowserSessions(store.db)
         asgi = create_app(
-            app.ai, auth=AUTH, inbox_policy=RoleInboxPolicy("approver"), ui_settings=SETTINGS
+            app.ai,
+            auth=AUTH,
+            inbox_policy=RoleInboxPolicy("approver"),
+            ui_settings=replace(SETTINGS, session_store=sessions),
         )
         async with serve_in_loop(asgi) as base:
-            yield base, store
+            yield base, sessions
 
 
 async def sign_in(
@@ -115,15 +120,16 @@ async def test_an_operator_revoke_ends_every_session_of_a_principal_at_once(
 
 async def test_an_idle_session_ends() -> None:
     """A session unused for longer than the idle limit is refused, though not expired."""
-    store = InMemorySessionStore()
-    app = build(store=store)
-    asgi = create_app(app.ai, auth=AUTH, ui_settings=replace(SETTINGS, idle_seconds=60))
+    sessions = InMemoryBrowserSessions()
+    app = build(store=InMemorySessionStore())
+    settings = replace(SETTINGS, idle_seconds=60, session_store=sessions)
+    asgi = create_app(app.ai, auth=AUTH, ui_settings=settings)
     async with serve_in_loop(asgi) as base, httpx.AsyncClient(base_url=base) as browser:
         assert (await sign_in(browser, TOKENS["alice"])).status_code == 303
         assert (await browser.get("/ui")).status_code == 200
-        (row,) = await store.list_browser_sessions(principal="alice")
+        (row,) = await sessions.list_browser_sessions(principal="alice")
         long_ago = datetime.now(UTC) - timedelta(seconds=61)
-        store._browser_sessions[row.id] = replace(row, last_seen_at=long_ago)
+        sessions._browser_sessions[row.id] = replace(row, last_seen_at=long_ago)
         assert (await browser.get("/ui")).status_code == 303
 
 

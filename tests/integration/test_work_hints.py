@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from engine import Engine, ScriptedModel, TurnStatus
-from engine.parts import Message
+from engine.conversation.parts import Message
 from engine.store import NewTurn, Transition, TurnInput
 from stores import SqlSessionStore, notify
 from stores.notify import LISTEN_STATEMENT

@@ -7,11 +7,11 @@ import asyncio
 
 import pytest
 
+from engine.conversation.parts import Message
 from engine.errors import TooManyTurnsError
-from engine.parts import Message
 from engine.remote.admission import Reservation, TurnAdmission
 from engine.store import TurnInput
-from engine.turn_request import TurnRequest
+from engine.turns.request import TurnRequest
 from examples.banking import build
 from stores import InMemorySessionStore
 from tests.conftest import TEST_STATE_KEYS

@@ -8,11 +8,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from engine import Engine
-from engine.assignment import assigned_matches, may_act
-from engine.assignment_guard import AssignmentChangedError, check_assignment_seen
-from engine.assignment_records import Assignment, AssignmentChange, apply_change
-from engine.inbox import NamedApprover
+from engine.approvals.assignment import assigned_matches, may_act
+from engine.approvals.decide import NamedApprover
 from engine.remote.wire import http_status
+from engine.store import Assignment, AssignmentChange, AssignmentChangedError
+from engine.store.rules import apply_change, check_assignment_seen
 from tests.conftest import TEST_STATE_KEYS
 from tests.support import ListModel
 

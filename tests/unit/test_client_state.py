@@ -15,7 +15,7 @@ from engine.agent import Agent
 from engine.chat import Chat
 from engine.errors import FailedPreconditionError, InvalidStateError, SnapshotNotResumableError
 from engine.response import AgentResponse
-from engine.signing import SIGNATURE_FIELD
+from engine.state.signing import SIGNATURE_FIELD
 from engine.status import FinishReason, TurnStatus
 from examples.banking import BankingApp, build, read_ledger
 from tests.unit.test_signing import mutated_blobs

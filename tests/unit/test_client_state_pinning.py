@@ -13,12 +13,12 @@ import pytest
 from pydantic import BaseModel
 
 from engine import Engine, FinishReason
-from engine.client_state import PIN_FIELD
+from engine.conversation.parts import Message, Part
 from engine.errors import FailedPreconditionError, InvalidStateError
-from engine.parts import Message, Part
 from engine.response import AgentResponse
-from engine.signing import SIGNATURE_FIELD
-from engine.versioning import (
+from engine.state.client_state import PIN_FIELD
+from engine.state.signing import SIGNATURE_FIELD
+from engine.state.versioning import (
     DefinitionChangedError,
     PausedTurn,
     diff_definitions,

@@ -11,10 +11,9 @@ import pytest
 from pydantic import BaseModel
 
 from engine import Engine, FinishReason
+from engine.conversation.parts import Message, Part
 from engine.errors import FailedPreconditionError
-from engine.memory_store import list_events
-from engine.parts import Message, Part
-from engine.versioning import (
+from engine.state.versioning import (
     APP_VERSION_ENV,
     DefinitionChangedError,
     PausedTurn,
@@ -22,6 +21,7 @@ from engine.versioning import (
     diff_definitions,
     fingerprint_of,
 )
+from engine.store.memory import list_events
 from stores import InMemorySessionStore
 from tests.support import ListModel, ask, say
 

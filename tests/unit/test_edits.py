@@ -1,14 +1,15 @@
-"""The pure rules of edit before approve (engine/edits.py): merging and validating an edit,
-its diff, which tools may be edited, and the edited call's idempotency key."""
+"""The pure rules of edit before approve (engine/approvals/edits.py): merging and validating
+an edit, its diff, which tools may be edited, and the edited call's idempotency key."""
 
 from __future__ import annotations
 
 import pytest
 from pydantic import BaseModel
 
-from engine.edits import diff_of, edited_key, make_edit
+from engine.approvals.edits import diff_of, make_edit
 from engine.errors import FailedPreconditionError, InvalidArgumentError
 from engine.tools import InterruptTool, Tool
+from engine.turns.resume import edited_key
 
 
 class Transfer(BaseModel):

@@ -18,9 +18,9 @@ import pytest
 
 from engine import Engine, TurnStatus
 from engine.errors import StoreError
-from engine.executor import LeaseSettings
-from engine.memory_store import InMemorySessionStore
 from engine.store import TurnRecord
+from engine.store.memory import InMemorySessionStore
+from engine.turns.executor import LeaseSettings
 from tests.support import ListModel, ask, say
 
 HEARTBEAT_INTERVAL = 0.1

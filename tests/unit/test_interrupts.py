@@ -8,7 +8,7 @@ import pytest
 from pydantic import BaseModel
 
 from engine import Engine, FinishReason, ToolContext, TurnStatus
-from engine.parts import INTERRUPT, PENDING_OUTPUT, RESOLVED_INTERRUPT, SOURCE
+from engine.conversation.parts import INTERRUPT, PENDING_OUTPUT, RESOLVED_INTERRUPT, SOURCE
 from examples.banking import ApprovalRequest, BankingApp
 from stores import InMemorySessionStore
 from tests.support import ListModel, ask, request_in, response_in, say

@@ -86,3 +86,51 @@ def test_engine_modules_import_each_other_without_cycles() -> None:
             seen.add(module)
             visit(module, [module])
     assert cycles == []
+
+
+#: The floors of ``engine``, top to bottom (docs/architecture.md, "The wings"): a module may
+#: import modules of its own floor and of the floors below it, never of one above. The
+#: package root (the face) sits above them all.
+FLOORS: list[tuple[str, ...]] = [
+    ("engine.remote",),
+    ("engine.approvals",),
+    ("engine.engine", "engine.fork"),
+    ("engine.agent",),
+    ("engine.chat",),
+    ("engine.turns",),
+    ("engine.state",),
+    ("engine.tools",),
+    ("engine.response", "engine.approval_policy", "engine.telemetry"),
+    ("engine.store", "engine.models", "engine.scripted"),
+    ("engine.model",),
+    ("engine.conversation",),
+    ("engine.errors", "engine.status"),
+]
+
+
+def floor_of(module: str) -> int | None:
+    """The index of the floor ``module`` lives on (-1: the face; ``None``: no floor)."""
+    if module == "engine":
+        return -1
+    for index, wings in enumerate(FLOORS):
+        if any(module == wing or module.startswith(wing + ".") for wing in wings):
+            return index
+    return None
+
+
+def test_every_engine_module_lives_on_a_floor() -> None:
+    """A new module joins a wing (or the face) rather than floating between them."""
+    assert [m for m in engine_import_graph() if floor_of(m) is None] == []
+
+
+def test_no_engine_module_imports_a_wing_above_its_own() -> None:
+    """Dependencies point down the floors: the store never reaches for a turn's life, a
+    turn's life never for the human side or the web surface."""
+    graph = engine_import_graph()
+    upward = [
+        f"{module} -> {target}"
+        for module, targets in sorted(graph.items())
+        for target in sorted(targets)
+        if (floor_of(target) or 0) < (floor_of(module) or 0)
+    ]
+    assert upward == []

@@ -1,4 +1,4 @@
-"""Log lines: the turn context (engine/log_context.py) and the process's formats
+"""Log lines: the turn context (engine/telemetry/log_context.py) and the process's formats
 (workers/logs.py), through the standard logging machinery."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from engine.log_context import TurnContextFilter, current_turn, turn_context
+from engine.telemetry.log_context import TurnContextFilter, current_turn, turn_context
 from workers.logs import JsonFormatter, configure_logging
 
 
@@ -166,8 +166,8 @@ def test_an_unknown_format_is_refused() -> None:
 def test_a_line_logged_inside_a_span_carries_its_trace_id(
     json_lines: tuple[logging.Logger, io.StringIO],
 ) -> None:
-    """With OpenTelemetry recording a span, engine.tracing.current_trace_id() names its trace
-    and every line gets it as trace_id; outside a span there is none."""
+    """With OpenTelemetry recording a span, engine.telemetry.tracing.current_trace_id() names its
+    trace and every line gets it as trace_id; outside a span there is none."""
     from opentelemetry.sdk.trace import TracerProvider
 
     logger, out = json_lines

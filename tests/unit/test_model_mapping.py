@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from engine.conversation.parts import MALFORMED_INPUT, TOOL_ERROR, Message, Part
 from engine.model import ModelRequest, ModelResponse, ToolSpec, TransientModelError
 from engine.models import (
     AnthropicModel,
@@ -18,7 +19,6 @@ from engine.models import (
     OpenAIChatModel,
 )
 from engine.models.errors import ProviderFailure, classify
-from engine.parts import MALFORMED_INPUT, TOOL_ERROR, Message, Part
 from engine.status import FinishReason
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from engine import Engine, ScriptedModel
 from engine.errors import InsecureKeyError, TurnstileError
-from engine.signing import (
+from engine.state.signing import (
     PUBLISHED_KEY_FINGERPRINTS,
     StateSigner,
     check_deployable_keys,
@@ -216,6 +216,6 @@ def test_every_key_in_the_examples_and_docs_is_a_published_key() -> None:
 
 def test_fingerprints_not_keys_are_stored() -> None:
     """signing.py holds the published keys only as fingerprints."""
-    source = (ROOT / "engine" / "signing.py").read_text()
+    source = (ROOT / "engine" / "state" / "signing.py").read_text()
     for secret in _example_secrets() | _doc_secrets():
         assert f'"{secret}"' not in source

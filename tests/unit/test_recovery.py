@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from engine import Engine, FinishReason, Message, ToolContext, TurnStatus
-from engine.executor import LeaseSettings, execute_claimed, run_inline
 from engine.store import NewTurn, ToolCallStatus, TurnInput
+from engine.turns.executor import LeaseSettings, execute_claimed, run_inline
 from stores import InMemorySessionStore
 from tests.support import ListModel, ask, say
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from engine.conversation.parts import Message, Part
 from engine.errors import TransientError
 from engine.model import Model, ModelRequest, ModelResponse, TransientModelError
-from engine.parts import Message, Part
 from engine.scripted import DEFAULT_SLOW_CHUNK_DELAY, ScriptedModel, slug, transaction_id
 
 SYSTEM = Message(

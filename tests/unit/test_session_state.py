@@ -8,8 +8,7 @@ from typing import Any
 
 import pytest
 
-from engine.errors import InvalidArgumentError
-from engine.session_state import (
+from engine.conversation.session_state import (
     Artifact,
     LiveState,
     RelayedPatches,
@@ -17,6 +16,7 @@ from engine.session_state import (
     apply_patch,
     diff_patch,
 )
+from engine.errors import InvalidArgumentError
 
 
 @pytest.mark.parametrize(

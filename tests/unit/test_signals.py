@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from engine.signals import AbortSignal, BroadcastSignal, KeyedSignals, WakeEvent
+from engine.store.signals import AbortSignal, BroadcastSignal, KeyedSignals, WakeEvent
 
 
 async def test_a_fire_wakes_every_current_waiter_and_not_later_ones() -> None:

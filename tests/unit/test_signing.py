@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.errors import InvalidStateError
-from engine.signing import SIGNATURE_FIELD, StateSigner, canonical_json
+from engine.state.signing import SIGNATURE_FIELD, StateSigner, canonical_json
 
 AGENT = "bankingAgentStateless"
 KEYS = {"k1": "secret-one-0123456789"}

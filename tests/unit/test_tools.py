@@ -8,7 +8,7 @@ import pytest
 from pydantic import BaseModel
 
 from engine import Engine, Message, Part, ToolContext, TurnFailedError
-from engine.parts import MALFORMED_INPUT, TOOL_ERROR
+from engine.conversation.parts import MALFORMED_INPUT, TOOL_ERROR
 from engine.store import ToolCallStatus
 from stores import InMemorySessionStore
 from tests.support import ListModel, ask, response_in, say, store_of

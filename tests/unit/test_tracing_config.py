@@ -12,8 +12,8 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from engine import tracing
-from engine.tracing import TracingConfigError, exporter_names
+from engine.telemetry import tracing
+from engine.telemetry.tracing import TracingConfigError, exporter_names
 
 PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 

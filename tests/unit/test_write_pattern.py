@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from engine import Engine, TurnStatus
+from engine.conversation.parts import Message
 from engine.errors import AgentError, TurnFailedError
 from engine.model import ModelRequest
-from engine.parts import Message
 from engine.store import ToolCallStatus, Transition, TurnRecord
 from stores import InMemorySessionStore
 from tests.support import ListModel, ask, say

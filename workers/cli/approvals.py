@@ -2,13 +2,12 @@
 
 ``ls`` and ``show`` read the database on ``--db`` alone (``ls --app`` adds the interrupts'
 default groups). ``claim``, ``assign`` and ``release`` change who holds an approval through
-:mod:`engine.assignment` as an operator: the approval policy and the assignment's restriction
-are not checked (the operator holds the database), the claim guard and "still open" are.
-``approve``, ``deny`` and ``restart`` decide through :func:`engine.inbox.decide` with the
-app's agent (``--app``), the call behind ``POST /inbox/{id}/decision``: the answer is
-checked against the interrupt's output schema, recorded once (a second decision is refused,
-exit 1), with ``--by`` as ``decided_by``; the last decision of a paused turn queues its
-resume for the workers.
+:mod:`engine.approvals.assignment` as an operator: the approval policy and the assignment's
+restriction are not checked (the operator holds the database), the claim guard and "still open" are.
+``approve``, ``deny`` and ``restart`` decide through :func:`engine.approvals.decide.decide` with the
+app's agent (``--app``), the call behind ``POST /inbox/{id}/decision``: the answer is checked
+against the interrupt's output schema, recorded once (a second decision is refused, exit 1), with
+``--by`` as ``decided_by``; the last decision of a paused turn queues its resume for the workers.
 """
 
 from __future__ import annotations
@@ -21,16 +20,8 @@ import click
 
 from engine import Engine
 from engine.approval_policy import ApprovalRefusedError
-from engine.assignment import (
-    ApprovalClaimedError,
-    Assignment,
-    assign,
-    claim,
-    current_assignments,
-    release,
-)
-from engine.errors import ApprovalNotPendingError, FailedPreconditionError, InvalidArgumentError
-from engine.inbox import (
+from engine.approvals.assignment import assign, claim, current_assignments, release
+from engine.approvals.decide import (
     Decision,
     DecisionOutcome,
     NamedApprover,
@@ -38,9 +29,17 @@ from engine.inbox import (
     decide,
     find_approval,
 )
-from engine.inbox import parse_approval_id as _parse_id
-from engine.parts import Message
-from engine.store import ApprovalQuery, PendingApproval, ToolCallRecord, ToolCallStatus
+from engine.approvals.decide import parse_approval_id as _parse_id
+from engine.conversation.parts import Message
+from engine.errors import ApprovalNotPendingError, FailedPreconditionError, InvalidArgumentError
+from engine.store import (
+    ApprovalClaimedError,
+    ApprovalQuery,
+    Assignment,
+    PendingApproval,
+    ToolCallRecord,
+    ToolCallStatus,
+)
 from stores.sql import SqlSessionStore
 from workers.cli.operator import (
     Age,

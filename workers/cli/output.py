@@ -18,7 +18,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from engine.parts import Message, Part
+from engine.conversation.parts import Message, Part
 
 __all__ = [
     "ago",

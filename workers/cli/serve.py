@@ -49,7 +49,9 @@ from workers.logs import configure_logging
 from workers.pool import WorkerPool
 
 if TYPE_CHECKING:
+    from engine import Engine
     from engine.remote.auth import InboxPolicy
+    from stores.ui_sessions import SqlBrowserSessions
     from workers.health import Readiness
     from workers.http_limits import ConnectionLimits
 
@@ -182,6 +184,7 @@ def run_serve(flags: ServeFlags) -> int:
 
     from engine.remote import create_app
     from engine.remote.tracing import request_span_middleware
+    from engine.remote.ui import UiSettings
     from workers.health import health_routes
     from workers.http_limits import BodyDeadline, InFlightLimit
     from workers.metrics import HttpMetrics
@@ -208,13 +211,15 @@ def run_serve(flags: ServeFlags) -> int:
         except ValueError as exc:
             raise Refused(str(exc)) from exc
     readiness, metrics = observability(app, url, pool)
+    sessions = _browser_sessions(app, url)
     asgi = create_app(
         app,
         auth=auth,
         inbox_policy=inbox_policy,
+        ui_settings=UiSettings(session_store=sessions),
         max_turns_per_principal=flags.max_turns_per_principal,
         max_body_bytes=flags.max_body_bytes,
-        lifespan=_pool_lifespan(pool, readiness),
+        lifespan=_pool_lifespan(pool, readiness, sessions),
         routes=health_routes(readiness, metrics),
         middleware=[
             # First, so a request's span covers everything else and carries its traceparent
@@ -308,23 +313,43 @@ def serve_limits(flags: ServeFlags) -> ConnectionLimits:
     )
 
 
-def _pool_lifespan(pool: WorkerPool | None, readiness: Readiness | None = None) -> Any:
-    """Run the embedded worker pool for as long as the server runs (``--workers N``)."""
+def _browser_sessions(app: Engine, url: str) -> SqlBrowserSessions | None:
+    """The web UI's browser sessions in the served database, so every server process shares
+    them and the sign-in limits (``None`` for an app with no database: this process's)."""
+    from stores.database import Database
+    from stores.ui_sessions import SqlBrowserSessions
+
+    if not durable(app):
+        return None
+    return SqlBrowserSessions(Database(url, pool_size=2))
+
+
+def _pool_lifespan(
+    pool: WorkerPool | None,
+    readiness: Readiness | None = None,
+    sessions: SqlBrowserSessions | None = None,
+) -> Any:
+    """Run the embedded worker pool for as long as the server runs (``--workers N``), and
+    close the browser sessions' connections when it stops."""
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Any) -> Any:
-        if pool is None:
-            yield
-            return
-        stop = asyncio.Event()
-        running = asyncio.create_task(pool.run(stop))
-        if readiness is not None:
-            readiness.watch(running)
         try:
-            yield
+            if pool is None:
+                yield
+                return
+            stop = asyncio.Event()
+            running = asyncio.create_task(pool.run(stop))
+            if readiness is not None:
+                readiness.watch(running)
+            try:
+                yield
+            finally:
+                stop.set()  # uvicorn stopped taking requests: finish or hand back running turns
+                await running
         finally:
-            stop.set()  # uvicorn stopped taking requests: finish or hand back running turns
-            await running
+            if sessions is not None:
+                await asyncio.to_thread(sessions.db.dispose)
 
     return lifespan
 

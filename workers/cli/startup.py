@@ -26,8 +26,8 @@ from urllib.parse import urlsplit, urlunsplit
 import click
 
 from engine import Engine
-from engine.imports import import_attribute
 from engine.model import Model
+from engine.remote.imports import import_attribute
 from workers.cli.params import DATABASE_URL_ENV, DEFAULT_DB_URL
 from workers.observers import PoolObserver
 
@@ -230,7 +230,7 @@ def apply_retry_defaults(app: Engine, max_attempts: int | None, backoff: float |
 def configure_tracing() -> None:
     """Export spans as the standard ``OTEL_*`` variables say (nothing when none is set); a
     configuration that cannot be served (an unknown exporter, a missing package) is refused."""
-    from engine.tracing import TracingConfigError, configure_from_env
+    from engine.telemetry.tracing import TracingConfigError, configure_from_env
 
     try:
         configure_from_env()
@@ -242,7 +242,7 @@ def check_keys(app: Engine, *, dev: bool) -> list[str]:
     """Refuse client-managed agents whose state anyone could forge (unless ``dev``); the key
     ids in use, logged."""
     from engine.errors import InsecureKeyError
-    from engine.signing import check_deployable_keys
+    from engine.state.signing import check_deployable_keys
 
     try:
         key_ids = check_deployable_keys(app, dev=dev)

@@ -20,7 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from engine.errors import AgentError
 from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus
 from engine.store import ToolCallRecord, TurnInput, TurnRecord
-from engine.turn_request import TurnRequest
+from engine.turns.request import TurnRequest
 from stores.operations import PAUSED, TurnDetail, TurnQuery, TurnRow, WaitingApproval
 from stores.sql import SqlSessionStore
 from workers.cli.operator import (

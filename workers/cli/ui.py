@@ -12,7 +12,8 @@ from typing import Any
 
 import click
 
-from engine.ui_sessions import BrowserSessionRecord
+from engine.remote.ui.browser_sessions import BrowserSessionRecord
+from stores.ui_sessions import SqlBrowserSessions
 from workers.cli.operator import Age, NotFound, OperatorGroup, json_option, run_on_store
 from workers.cli.output import ago, console, emit_json, iso, table
 from workers.cli.params import db_option, option
@@ -67,7 +68,9 @@ def ls(db: str | None, principal: str | None, ended_within: float | None, as_jso
     since = now - timedelta(seconds=ended_within) if ended_within else None
     rows = run_on_store(
         db,
-        lambda store: store.list_browser_sessions(principal=principal, include_ended_after=since),
+        lambda store: SqlBrowserSessions(store.db).list_browser_sessions(
+            principal=principal, include_ended_after=since
+        ),
     )
     if as_json:
         emit_json({"items": [session_wire(s, now) for s in rows]})
@@ -112,7 +115,7 @@ def revoke(session_id: str | None, db: str | None, principal: str | None, as_jso
     now = datetime.now(UTC)
     revoked = run_on_store(
         db,
-        lambda store: store.revoke_browser_sessions(
+        lambda store: SqlBrowserSessions(store.db).revoke_browser_sessions(
             now=now, session_id=session_id, principal=principal
         ),
     )

@@ -15,9 +15,9 @@ from typing import Any
 import click
 
 from engine.engine import Engine
+from engine.state.versioning import diff_definitions
 from engine.status import TurnStatus
 from engine.store import ToolCallStatus, TurnRecord
-from engine.versioning import diff_definitions
 from stores.sql import SqlSessionStore
 from stores.turn_versions import VersionMove
 from workers.cli.operator import json_option, limit_option, named_option, open_app, run_on_app

@@ -26,6 +26,7 @@ from engine.engine import Engine
 from engine.remote.auth import Authenticator, InboxPolicy
 from engine.remote.ui.assignment_pages import AssignmentForms
 from engine.remote.ui.auth_pages import AuthPages
+from engine.remote.ui.browser_sessions import InMemoryBrowserSessions
 from engine.remote.ui.events import EventStream, live_feeds
 from engine.remote.ui.guard import guarded, guarded_json
 from engine.remote.ui.history_pages import HistoryPages
@@ -34,7 +35,6 @@ from engine.remote.ui.kit import STATIC, PageKit, UiSettings
 from engine.remote.ui.queries import Catalog
 from engine.remote.ui.sessions import SECRET_ENV
 from engine.remote.ui.turn_pages import TurnPages
-from engine.ui_sessions import BrowserSessionStore, InMemoryBrowserSessions
 
 __all__ = ["SECRET_ENV", "InboxUI", "UiSettings"]
 
@@ -55,13 +55,13 @@ class InboxUI:
         settings: UiSettings | None = None,
     ) -> None:
         settings = settings or UiSettings()
-        store = settings.session_store or session_store_of(engine)
+        store = settings.session_store
         if store is None:
             store = InMemoryBrowserSessions()
             if auth is not None:
                 logger.warning(
-                    "no served agent keeps its turns in a store that can keep browser "
-                    "sessions: /ui sessions and sign-in limits live in this process only"
+                    "no store for browser sessions was given (UiSettings.session_store): "
+                    "/ui sessions and sign-in limits live in this process only"
                 )
         self.kit = PageKit(Catalog(engine, policy), auth, settings, max_body_bytes, store)
         self.events = EventStream(self.kit, live_feeds(engine))
@@ -110,12 +110,3 @@ class InboxUI:
 
     async def _to_inbox(self, request: Request) -> Response:
         return self.kit.redirect(request, None, "/ui")
-
-
-def session_store_of(engine: Engine) -> BrowserSessionStore | None:
-    """The store of the first served agent that can keep browser sessions (the SQL and
-    in-memory stores can), or ``None``."""
-    for agent in engine.agents.values():
-        if isinstance(agent.store, BrowserSessionStore):
-            return agent.store
-    return None

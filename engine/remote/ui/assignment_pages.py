@@ -1,9 +1,10 @@
 """The approval page's assignment: who holds the approval, its escalation, and the claim,
 release and assign forms.
 
-Each form goes to :mod:`engine.assignment` (:func:`~engine.assignment.claim`,
-:func:`~engine.assignment.release`, :func:`~engine.assignment.assign`), which checks who may
-change what; the page only offers the forms that apply and shows the engine's refusals.
+Each form goes to :mod:`engine.approvals.assignment` (:func:`~engine.approvals.assignment.claim`,
+:func:`~engine.approvals.assignment.release`, :func:`~engine.approvals.assignment.assign`), which
+checks who may change what; the page only offers the forms that apply and shows the engine's
+refusals.
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from engine.approval_policy import ApprovalRefusedError
-from engine.assignment import ApprovalClaimedError, assign, claim, release
+from engine.approvals.assignment import assign, claim, release
+from engine.approvals.decide import approval_id
 from engine.errors import ApprovalNotPendingError, InvalidArgumentError
-from engine.inbox import approval_id
 from engine.remote.ui.inbox_pages import ApprovalPages
 from engine.remote.ui.kit import PageKit, Viewer, segment
 from engine.remote.wire import check_id, check_text
+from engine.store import ApprovalClaimedError
 
 __all__ = ["AssignmentForms"]
 

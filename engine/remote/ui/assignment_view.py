@@ -1,11 +1,11 @@
-"""What the approval page shows of an approval's assignment (:mod:`engine.assignment`)."""
+"""What the approval page shows of an approval's assignment (:mod:`engine.approvals.assignment`)."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 from typing import Any
 
-from engine.assignment import current_assignment, may_act
+from engine.approvals.assignment import current_assignment, may_act
 from engine.remote.auth import Principal
 from engine.remote.ui.queries import ApprovalFound
 

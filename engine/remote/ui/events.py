@@ -21,9 +21,9 @@ from collections.abc import AsyncIterator, Sequence
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from engine.change_feed import ChangeFeed
 from engine.engine import Engine
 from engine.remote.ui.kit import PageKit, Viewer
+from engine.store import ChangeFeed
 
 __all__ = ["EventStream", "close_event_streams", "live_feeds"]
 
@@ -51,7 +51,7 @@ def live_feeds(engine: Engine) -> list[ChangeFeed]:
     feeds: dict[int, ChangeFeed] = {}
     for agent in engine.agents.values():
         store = agent.store
-        if isinstance(store, ChangeFeed) and store.live_changes:
+        if store is not None and store.live_changes:
             feeds.setdefault(id(store), store)
     return list(feeds.values())
 

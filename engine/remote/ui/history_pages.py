@@ -13,11 +13,11 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from engine.approval_history import DecidedApproval
-from engine.inbox import approval_id
+from engine.approvals.decide import approval_id
 from engine.remote.ui import present
 from engine.remote.ui.kit import PageKit, Viewer, query_of
 from engine.remote.ui.queries import HistoryFilters
+from engine.store import DecidedApproval
 
 __all__ = ["MAX_EXPORT_ROWS", "HistoryPages"]
 
@@ -96,7 +96,6 @@ class HistoryPages:
             "nav": "history",
             "filters": filters,
             "rows": rows,
-            "available": catalog.history_available(),
             "agents": catalog.agent_names(),
             "interrupts": catalog.interrupt_names(),
             "next_query": filters.query(cursor=page.next_cursor) if page.next_cursor else None,

@@ -1,8 +1,8 @@
 """The inbox page, its live updates, and the page of one approval with its decision form.
 
 Every decision goes through :meth:`ApprovalPages.decision`, which hands it to
-:func:`engine.inbox.decide` — the path ``POST /inbox/{id}/decision`` takes — so each rule about
-who may decide what, and which answers fit, is the engine's; the form only reports problems
+:func:`engine.approvals.decide.decide` — the path ``POST /inbox/{id}/decision`` takes — so each rule
+about who may decide what, and which answers fit, is the engine's; the form only reports problems
 earlier and on the right field.
 """
 
@@ -17,15 +17,14 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from engine.approval_policy import AlreadyVotedError, ApprovalRefusedError, VoteBook
-from engine.edits import EDIT
+from engine.approval_policy import ApprovalRefusedError
+from engine.approvals.decide import Decision, approval_id, decide, parse_approval_id
 from engine.errors import (
     ApprovalNotPendingError,
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
 )
-from engine.inbox import Decision, approval_id, decide, parse_approval_id
 from engine.remote.auth import Principal
 from engine.remote.inbox_routes import policy_wire
 from engine.remote.ui import present
@@ -40,7 +39,13 @@ from engine.remote.ui.queries import (
     next_turn,
 )
 from engine.remote.wire import check_id
-from engine.store import PendingApproval, ToolCallStatus, TurnRecord
+from engine.store import (
+    EDIT,
+    AlreadyVotedError,
+    PendingApproval,
+    ToolCallStatus,
+    TurnRecord,
+)
 
 __all__ = ["ApprovalPages", "InboxPages"]
 
@@ -397,11 +402,10 @@ class ApprovalPages:
 async def _standing_arguments(found: ApprovalFound) -> Any:
     """The paused call's arguments as they stand: the latest edit a vote made, else its own."""
     current = found.approval.input
-    if isinstance(found.store, VoteBook):
-        approval = found.approval
-        for vote in await found.store.list_votes(approval.turn_id, approval.round, approval.ref):
-            if isinstance(vote.answer, dict) and isinstance(vote.answer.get(EDIT), dict):
-                current = vote.answer[EDIT]["input"]
+    approval = found.approval
+    for vote in await found.store.list_votes(approval.turn_id, approval.round, approval.ref):
+        if isinstance(vote.answer, dict) and isinstance(vote.answer.get(EDIT), dict):
+            current = vote.answer[EDIT]["input"]
     return current
 
 

@@ -21,6 +21,7 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from engine.errors import AgentError, InvalidArgumentError
 from engine.remote.auth import Authenticator, Principal
 from engine.remote.ui import present
+from engine.remote.ui.browser_sessions import BrowserSessionStore
 from engine.remote.ui.login_limits import (
     DEFAULT_LOGIN_LIMIT,
     DEFAULT_LOGIN_WINDOW_SECONDS,
@@ -35,7 +36,6 @@ from engine.remote.ui.sessions import (
     SessionCookies,
 )
 from engine.remote.wire import BodyTooLargeError, UnsupportedMediaTypeError, http_status
-from engine.ui_sessions import BrowserSessionStore
 
 __all__ = ["CsrfRefusedError", "NotSignedInError", "PageKit", "UiSettings", "Viewer"]
 
@@ -66,8 +66,9 @@ class UiSettings:
     """How the inbox UI runs: the cookie secret (``None``: ``TURNSTILE_UI_SECRET``, else
     one made per process), how long a signed-in session lasts at most and without a request,
     how often pages look for changes (seconds), how many failed sign-ins a client address or
-    account may make per window, and where sessions are kept (``None``: the store of the
-    first served agent that can keep them, else this process's memory)."""
+    account may make per window, and where sessions are kept (``None``: this process's
+    memory; ``turnstile serve`` gives the SQL one of its database,
+    :class:`stores.ui_sessions.SqlBrowserSessions`)."""
 
     secret: str | bytes | None = None
     session_seconds: int = 8 * 3600

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from engine import instruments
-from engine.ui_sessions import BrowserSessionStore
+from engine.remote.ui.browser_sessions import BrowserSessionStore
+from engine.telemetry import instruments
 
 __all__ = [
     "DEFAULT_LOGIN_LIMIT",
@@ -50,7 +50,8 @@ class LoginAttempt:
 
 
 class LoginLimiter:
-    """Counts sign-in attempts in a :class:`~engine.ui_sessions.BrowserSessionStore`."""
+    """Counts sign-in attempts in a
+    :class:`~engine.remote.ui.browser_sessions.BrowserSessionStore`."""
 
     def __init__(
         self,

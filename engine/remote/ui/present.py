@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from engine.parts import Message, Part
+from engine.conversation.parts import Message, Part
 
 __all__ = [
     "MessageView",

@@ -14,17 +14,19 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, TypeVar
 
 from engine.agent import Agent
-from engine.approval_history import ApprovalHistory, DecidedApproval, DecisionQuery
-from engine.assignment import Assignment, assigned_matches, current_assignments
+from engine.approvals.assignment import assigned_matches, current_assignments
+from engine.approvals.decide import find_approval
 from engine.engine import Engine
 from engine.errors import InvalidArgumentError
-from engine.inbox import find_approval
-from engine.memory_store import InMemorySessionStore, list_events
 from engine.remote.auth import InboxPolicy, Principal
 from engine.remote.cursors import CursorKey, decode_cursor, encode_cursor
 from engine.remote.wire import check_id, check_text
 from engine.store import (
+    ApprovalHistory,
     ApprovalQuery,
+    Assignment,
+    DecidedApproval,
+    DecisionQuery,
     PendingApproval,
     SessionStore,
     ToolCallRecord,
@@ -368,7 +370,7 @@ class Catalog:
     async def assignments(
         self, approvals: Sequence[PendingApproval]
     ) -> dict[tuple[str, int, str], Assignment]:
-        """Who holds each of ``approvals`` now (see :mod:`engine.assignment`)."""
+        """Who holds each of ``approvals`` now (see :mod:`engine.approvals.assignment`)."""
         return await current_assignments(self.engine.agents, approvals)
 
     async def count_open(
@@ -388,10 +390,6 @@ class Catalog:
         return min(counted, cap)
 
     # -- decided approvals ---------------------------------------------------------------
-
-    def history_available(self) -> bool:
-        """Whether every store of the served agents can list decided approvals."""
-        return all(isinstance(store, ApprovalHistory) for store, _ in self.stores())
 
     async def decided_approvals(
         self, principal: Principal | None, filters: HistoryFilters, *, limit: int = 50
@@ -417,11 +415,7 @@ class Catalog:
 
             return fetch
 
-        fetchers = [
-            fetcher(store, agents)
-            for store, agents in self.stores(filters.agent)
-            if isinstance(store, ApprovalHistory)
-        ]
+        fetchers = [fetcher(store, agents) for store, agents in self.stores(filters.agent)]
         return await _merge(
             fetchers,
             lambda entry: entry.key,
@@ -477,23 +471,8 @@ async def next_turn(store: SessionStore, turn: TurnRecord) -> TurnRecord | None:
     return None
 
 
-async def timeline(store: SessionStore, turn_id: str) -> list[TimelineRow] | None:
-    """Everything that happened to the turn, in order: the ``turn_timeline`` view of a SQL
-    store, the status changes of an in-memory one; ``None`` for a store with neither."""
-    reader = getattr(store, "timeline", None)
-    if callable(reader):
-        entries: Any = await reader(turn_id)
-        return [TimelineRow(at=e.at, kind=e.kind, detail=e.detail) for e in entries]
-    if isinstance(store, InMemorySessionStore):
-        return [
-            TimelineRow(
-                at=event.at,
-                kind="status",
-                detail=(
-                    f"{event.from_status.value if event.from_status else 'new'} -> "
-                    f"{event.to_status.value}" + (f" ({event.note})" if event.note else "")
-                ),
-            )
-            for event in list_events(store, turn_id)
-        ]
-    return None
+async def timeline(store: SessionStore, turn_id: str) -> list[TimelineRow]:
+    """Everything that happened to the turn, in order (the store's :class:`TurnTimeline`)."""
+    return [
+        TimelineRow(at=e.at, kind=e.kind, detail=e.detail) for e in await store.timeline(turn_id)
+    ]

@@ -3,10 +3,10 @@
 A browser never sends the bearer token the JSON API takes. It signs in once: the login form's
 token is handed to the server's :data:`~engine.remote.auth.Authenticator` exactly as an
 ``Authorization: Bearer`` header would be, and the principal it returns is written into a
-session row (:mod:`engine.ui_sessions`, table ``ui_sessions``). The cookie carries only the
-row's id, signed with HMAC-SHA256 (``HttpOnly``, ``SameSite=Strict``, path ``/ui``, ``Secure``
-over HTTPS); every request reads the row, so logout or an operator's revoke ends the session at
-once, in every server process, for every copy of the cookie. A session also ends after
+session row (:mod:`engine.remote.ui.browser_sessions`, table ``ui_sessions``). The cookie carries
+only the row's id, signed with HMAC-SHA256 (``HttpOnly``, ``SameSite=Strict``, path ``/ui``,
+``Secure`` over HTTPS); every request reads the row, so logout or an operator's revoke ends the
+session at once, in every server process, for every copy of the cookie. A session also ends after
 ``idle_seconds`` without a request and ``session_seconds`` after signing in, whatever happens.
 
 A visitor who has not signed in holds a cookie too, self-contained (no row): it carries the
@@ -37,7 +37,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from engine.remote.auth import Authenticator, Principal, UnauthenticatedError
-from engine.ui_sessions import (
+from engine.remote.ui.browser_sessions import (
     MAX_USER_AGENT,
     BrowserSessionRecord,
     BrowserSessionStore,
@@ -224,8 +224,9 @@ def client_address(request: Request) -> str:
 
 
 class SessionBook:
-    """Signed-in sessions: rows in a :class:`~engine.ui_sessions.BrowserSessionStore`, found
-    through the cookie's id on every request."""
+    """Signed-in sessions: rows in a
+    :class:`~engine.remote.ui.browser_sessions.BrowserSessionStore`, found through the cookie's id
+    on every request."""
 
     def __init__(
         self,

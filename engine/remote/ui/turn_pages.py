@@ -19,7 +19,7 @@ from engine.remote.ui.queries import TurnFound, next_turn, timeline
 from engine.remote.wire import check_id
 from engine.status import TurnStatus
 from engine.store import TurnInput
-from engine.turn_request import TurnRequest
+from engine.turns.request import TurnRequest
 
 __all__ = ["TurnPages"]
 

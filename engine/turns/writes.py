@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from engine.conversation.parts import Message
+from engine.conversation.session_state import SessionData
 from engine.model import ModelUsage
-from engine.parts import Message
-from engine.session_state import SessionData
 from engine.store import RoundRecord, SessionStore, ToolCallRecord
 
 __all__ = ["RoundWriter"]

@@ -132,7 +132,7 @@ class BrowserSessionStore(Protocol):
 
 
 class InMemoryBrowserSessions:
-    """:class:`BrowserSessionStore` in process memory (the in-memory store's sessions)."""
+    """:class:`BrowserSessionStore` in process memory: the web UI's own when it is given none."""
 
     def __init__(self) -> None:
         self._browser_sessions: dict[str, BrowserSessionRecord] = {}

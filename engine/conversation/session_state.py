@@ -21,9 +21,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from engine.conversation.parts import Part
+from engine.conversation.schemas import Schema, SchemaSpec, SchemaViolation, to_jsonable
 from engine.errors import InvalidArgumentError
-from engine.parts import Part
-from engine.schemas import Schema, SchemaSpec, SchemaViolation, to_jsonable
 
 __all__ = [
     "Artifact",

@@ -28,7 +28,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from engine.client_state import client_turn_id, open_client_state
+from engine.conversation.parts import Message
+from engine.conversation.session_state import SessionData
 from engine.errors import (
     AgentError,
     NotFoundError,
@@ -37,19 +38,18 @@ from engine.errors import (
     SnapshotNotResumableError,
     StaleSnapshotError,
 )
-from engine.executor import RetryPolicy
-from engine.idempotency import created_already, keyed_turn_id, repeated_turn
-from engine.ownership import check_own, visible
-from engine.parts import Message
-from engine.pinning import PinningAgent, pin_turn
-from engine.resume import plan_continuation
-from engine.session_state import SessionData
-from engine.signing import StateSigner
+from engine.state.client_state import client_turn_id, open_client_state
+from engine.state.pinning import PinningAgent, pin_turn
+from engine.state.signing import StateSigner
 from engine.status import ACTIVE_STATUSES, TurnStatus
 from engine.store import NewTurn, SessionStore, StoredSnapshot, TurnRecord
+from engine.telemetry.tracing import capture_trace_context
 from engine.tools import Tool
-from engine.tracing import capture_trace_context
-from engine.turn_request import TurnRequest
+from engine.turns.executor import RetryPolicy
+from engine.turns.idempotency import created_already, keyed_turn_id, repeated_turn
+from engine.turns.ownership import check_own, visible
+from engine.turns.request import TurnRequest
+from engine.turns.resume import plan_continuation
 
 __all__ = ["StartedTurn", "StartingAgent", "start_turn"]
 

@@ -13,7 +13,7 @@ from typing import Any
 import jsonschema
 from pydantic import BaseModel, ValidationError
 
-__all__ = ["Schema", "SchemaSpec", "SchemaViolation", "to_jsonable"]
+__all__ = ["Schema", "SchemaSpec", "SchemaViolation", "canonical_json", "to_jsonable"]
 
 SchemaSpec = type[BaseModel] | dict[str, Any] | None
 
@@ -31,6 +31,12 @@ def to_jsonable(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [to_jsonable(v) for v in value]
     return value
+
+
+def canonical_json(value: Any) -> str:
+    """``value`` as JSON with sorted keys and no whitespace: equal values, equal text (what
+    equality of answers and arguments compares, and what an edited call's key hashes)."""
+    return json.dumps(to_jsonable(value), sort_keys=True, separators=(",", ":"))
 
 
 class Schema:

@@ -2,7 +2,7 @@
 and whether continuing its base across a definition change is allowed.
 
 A resume or an expiry continues a paused turn. A resume whose paused turn was pinned to
-another definition is refused (:class:`~engine.versioning.DefinitionChangedError`, listing
+another definition is refused (:class:`~engine.state.versioning.DefinitionChangedError`, listing
 what changed) unless the engine registered a migration for the paused turn's version, which
 adjusts the paused message and the answers; the resumed turn then records the current
 version and a note naming the move. A resume under the same definition inherits the paused
@@ -18,11 +18,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from engine.conversation.parts import Message
+from engine.conversation.schemas import to_jsonable
 from engine.errors import DefinitionChangedError, FailedPreconditionError
-from engine.parts import Message
-from engine.schemas import to_jsonable
-from engine.store import TurnInput, TurnRecord
-from engine.versioning import (
+from engine.state.versioning import (
     DefinitionChange,
     Migration,
     PausedTurn,
@@ -30,6 +29,7 @@ from engine.versioning import (
     diff_definitions,
     format_changes,
 )
+from engine.store import TurnInput, TurnRecord
 
 __all__ = ["DefinitionSource", "PinnedTurn", "PinningAgent", "check_resumable", "pin_turn"]
 

@@ -10,7 +10,7 @@ When the earliest deadline among a paused turn's calls passes, the turn is decid
   ``DEADLINE_EXCEEDED``, holding the conversation up to its last closed round.
 
 An interrupt with ``on_timeout={"escalate": "group"}`` has no deadline and is never expired:
-the worker's sweep moves it to that group instead (:mod:`engine.assignment`).
+the worker's sweep moves it to that group instead (:mod:`engine.approvals.assignment`).
 
 Both go through the normal path — validation, ``create_turn`` with the answers guarded on
 ``interrupted``, execution inline or by a worker — so running the job twice, or on two
@@ -24,11 +24,11 @@ from collections import defaultdict
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from engine import instruments
 from engine.agent import TurnRequest
+from engine.conversation.parts import RESUMED, Part
 from engine.errors import AgentError, TurnFailedError
-from engine.parts import RESUMED, Part
 from engine.store import SessionStore, ToolCallRecord, ToolCallStatus, TurnInput
+from engine.telemetry import instruments
 from engine.tools import InterruptTool
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """Running a claimed turn: heartbeats, abort, retries and the settling transition.
 
 The same function serves inline execution (a chat without a durable store runs its turn in
-the caller's process) and the worker pool: claim, run the :class:`~engine.runner.TurnRunner`
+the caller's process) and the worker pool: claim, run the :class:`~engine.turns.runner.TurnRunner`
 in a task, renew the lease while it runs (the renewal also reads ``aborting``), then settle
 through one guarded transition fenced by the lease token. No transaction is held while the
 model or a tool runs; every store call is its own short write.
@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from engine import instruments, tracing
 from engine.errors import StaleTransitionError
-from engine.runner import ChunkCallback, RunnerConfig, TurnOutcome, TurnRunner
-from engine.signals import AbortSignal
 from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus
 from engine.store import FollowOnClaim, SessionStore, Transition, TurnRecord
+from engine.store.signals import AbortSignal
+from engine.telemetry import instruments, tracing
+from engine.turns.runner import ChunkCallback, RunnerConfig, TurnOutcome, TurnRunner
 
 __all__ = ["LeaseSettings", "RetryPolicy", "execute_claimed", "run_inline"]
 
@@ -202,8 +202,8 @@ async def execute_claimed(
     ``then_claim`` rides on the settling transition (see :class:`FollowOnClaim`): a worker
     pool fills the slot the turn frees without a round trip of its own.
 
-    The attempt runs in its span (:func:`engine.tracing.turn_span`), a child of the span that
-    created the turn: the runner's task starts inside it, so its spans are the span's children.
+    The attempt runs in its span (:func:`engine.telemetry.tracing.turn_span`), a child of the span
+    that created the turn: the runner's task starts inside it, so its spans are the span's children.
     """
     with tracing.turn_span(turn) as span:
         settled = await _run_attempt(

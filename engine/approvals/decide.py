@@ -20,15 +20,11 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, StrictBool, model_validator
 
-from engine.approval_policy import (
-    ApprovalPolicy,
-    Approver,
-    Vote,
-    VoteBook,
-    vote_book,
-)
-from engine.assignment import check_may_decide
-from engine.edits import EDIT, check_arguments_seen, make_edit, standing_edit
+from engine.approval_policy import ApprovalPolicy, Approver
+from engine.approvals.assignment import check_may_decide
+from engine.approvals.edits import check_arguments_seen, make_edit
+from engine.conversation.parts import RESUMED, Part
+from engine.conversation.schemas import SchemaViolation, to_jsonable
 from engine.errors import (
     ApprovalNotPendingError,
     FailedPreconditionError,
@@ -37,18 +33,20 @@ from engine.errors import (
     SessionBusyError,
     TurnFailedError,
 )
-from engine.parts import RESUMED, Part
-from engine.pinning import check_resumable
-from engine.schemas import SchemaViolation, to_jsonable
+from engine.state.pinning import check_resumable
 from engine.status import FinishReason, TurnStatus
 from engine.store import (
+    EDIT,
     PendingApproval,
     SessionStore,
     ToolCallRecord,
     ToolCallStatus,
     TurnInput,
     TurnRecord,
+    Vote,
+    VoteBook,
 )
+from engine.store.rules import standing_edit
 
 if TYPE_CHECKING:
     from engine.agent import Agent
@@ -96,7 +94,7 @@ class Decision(BaseModel):
     restart: StrictBool = False
     resumed: Any = None
     #: Fields of the paused call's arguments to change before it restarts (editable tools
-    #: only, see :mod:`engine.edits`): field → new value, ``null`` removes the field.
+    #: only, see :mod:`engine.approvals.edits`): field → new value, ``null`` removes the field.
     edit: dict[str, Any] | None = None
     #: The call's arguments as the approver read them (optional): the decision is refused
     #: when an edit under a quorum changed them meanwhile.
@@ -196,11 +194,11 @@ async def decide(
     respond output violates the interrupt's output schema,
     :class:`~engine.approval_policy.ApprovalRefusedError` when the interrupt's approval policy
     does not let this approver cast this vote or the approval is assigned to others
-    (:mod:`engine.assignment`), the errors of :func:`engine.edits.make_edit` for an edit the
-    tool does not allow or whose arguments break its input schema, and
+    (:mod:`engine.approvals.assignment`), the errors of :func:`engine.approvals.edits.make_edit` for
+    an edit the tool does not allow or whose arguments break its input schema, and
     :class:`ApprovalNotPendingError` when the approval was decided or answered meanwhile —
-    :class:`~engine.assignment.AssignmentChangedError` when it was claimed, reassigned or
-    escalated after the assignment check (nothing written; the approver may decide again).
+    :class:`~engine.store.AssignmentChangedError` when it was claimed, reassigned or escalated after
+    the assignment check (nothing written; the approver may decide again).
     """
     store = agent.store
     if store is None:
@@ -225,7 +223,7 @@ async def decide(
             ) from exc
     if approver is None and decided_by is not None:
         approver = NamedApprover(id=decided_by)
-    # An assigned approval is decided by its assignee or its group (engine.assignment).
+    # An assigned approval is decided by its assignee or its group (engine.approvals.assignment).
     # Checked again under the lock that records the decision: a reassignment committed
     # meanwhile refuses it there.
     assignment = await check_may_decide(agent, approval, approver)
@@ -248,8 +246,7 @@ async def decide(
         policy.check(approver, requester=approval.owner, approving=not denies)
         approves = _approves(tool, answer, denies)
         assert approver is not None  # check() refuses an anonymous approver
-        book = vote_book(store)
-        standing = await _standing_edit(book, approval)
+        standing = await _standing_edit(store, approval)
         check_arguments_seen(
             approval.interrupt,
             decision.arguments,
@@ -259,7 +256,7 @@ async def decide(
         if approves and EDIT not in answer and standing is not None:
             # An approval without an edit approves the arguments as the last edit left them.
             answer[EDIT] = standing
-        outcome = await book.record_vote(
+        outcome = await store.record_vote(
             approval.turn_id,
             approval.round,
             approval.ref,

@@ -8,7 +8,7 @@ the blob, signing the settled conversation, and turn ids that a replayed blob ca
 Like a stored turn, a blob is pinned to the definition it was made under: beside Genkit's
 fields and the signature it carries ``pin`` (:data:`PIN_FIELD`), covered by the signature,
 which the rebuilt turn records so that a resume across a definition change is refused or
-migrated exactly as a stored one is (:mod:`engine.pinning`).
+migrated exactly as a stored one is (:mod:`engine.state.pinning`).
 """
 
 from __future__ import annotations
@@ -19,14 +19,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from engine.conversation.parts import Message
+from engine.conversation.session_state import SessionData
 from engine.errors import InvalidStateError
-from engine.memory_store import InMemorySessionStore
-from engine.parts import Message
-from engine.session_state import SessionData
-from engine.signing import StateSigner, canonical_json
-from engine.snapshots import SessionState, restore_client_state
+from engine.state.signing import StateSigner, canonical_json
+from engine.state.snapshots import SessionState, restore_client_state
+from engine.state.versioning import outline_definition
 from engine.store import TurnInput, TurnRecord
-from engine.versioning import outline_definition
+from engine.store.memory import InMemorySessionStore
 
 __all__ = [
     "PIN_FIELD",
@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 #: The blob's field naming what it is pinned to: ``{appVersion, fingerprint, definition}``,
-#: the definition as an outline (:func:`~engine.versioning.outline_definition`).
+#: the definition as an outline (:func:`~engine.state.versioning.outline_definition`).
 PIN_FIELD = "pin"
 
 

@@ -5,7 +5,7 @@ with other arguments, but only through the inbox: the approver's changes are mer
 paused call's arguments, checked against the tool's input schema, and recorded with the
 decision as an *edit* — the edited arguments, a per-field diff, who and when. Everywhere else
 Genkit's rule holds: a restart must carry the original arguments (see
-:func:`engine.resume.plan_resume`, which accepts other arguments only when they are exactly
+:func:`engine.turns.resume.plan_resume`, which accepts other arguments only when they are exactly
 those of such a recorded edit).
 
 The recorded edit lives in the journal answer: ``{"restart": ..., "edit": {"input": ...,
@@ -14,40 +14,19 @@ The recorded edit lives in the journal answer: ``{"restart": ..., "edit": {"inpu
 
 from __future__ import annotations
 
-import hashlib
-import json
-from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from engine.approval_policy import Vote
-from engine.errors import ApprovalNotPendingError, FailedPreconditionError, InvalidArgumentError
-from engine.schemas import SchemaViolation, to_jsonable
-from engine.store import ToolCallRecord
+from engine.conversation.schemas import SchemaViolation, canonical_json, to_jsonable
+from engine.errors import FailedPreconditionError, InvalidArgumentError
+from engine.store import EditedMeanwhileError
 from engine.tools import Tool
 
 __all__ = [
-    "EDIT",
-    "EditedMeanwhileError",
     "check_arguments_seen",
-    "check_edit_seen",
     "diff_of",
-    "edited_key",
     "make_edit",
-    "recorded_edit",
-    "standing_edit",
 ]
-
-#: The key of the recorded edit in a journal answer.
-EDIT = "edit"
-
-
-class EditedMeanwhileError(ApprovalNotPendingError):
-    """Another approver edited the call's arguments after this one read them (HTTP 409)."""
-
-
-def _canonical(value: Any) -> str:
-    return json.dumps(to_jsonable(value), sort_keys=True, separators=(",", ":"))
 
 
 def diff_of(original: dict[str, Any], edited: dict[str, Any]) -> list[dict[str, Any]]:
@@ -56,7 +35,7 @@ def diff_of(original: dict[str, Any], edited: dict[str, Any]) -> list[dict[str, 
     changes: list[dict[str, Any]] = []
     for name in [*original, *(k for k in edited if k not in original)]:
         before, after = original.get(name), edited.get(name)
-        if name in original and name in edited and _canonical(before) == _canonical(after):
+        if name in original and name in edited and canonical_json(before) == canonical_json(after):
             continue
         change: dict[str, Any] = {"field": name}
         if name in original:
@@ -118,58 +97,11 @@ def make_edit(
     return {"input": edited, "diff": diff, "by": by, "at": when.isoformat()}
 
 
-def recorded_edit(row: ToolCallRecord | None) -> dict[str, Any] | None:
-    """The edit recorded with the decision on journal row ``row`` (``None``: none)."""
-    if row is None or row.decided_at is None or not isinstance(row.answer, dict):
-        return None
-    edit = row.answer.get(EDIT)
-    return edit if isinstance(edit, dict) and "input" in edit else None
-
-
-def edited_key(original_key: str, edited_input: Any) -> str:
-    """The idempotency key of a call run with edited arguments.
-
-    It covers the edited arguments: a crash-retry of the edited call repeats this key (and is
-    deduplicated), while an external API that saw the original key with the original
-    arguments never mistakes the edited call for a repeat of it.
-    """
-    digest = hashlib.sha256(_canonical(edited_input).encode()).hexdigest()[:16]
-    return f"{original_key}:edited-{digest}"
-
-
 def check_arguments_seen(name: str, seen: Any, current: Any) -> None:
     """Refuse a decision taken on arguments ``seen`` when the call's arguments are now
     ``current`` (an edit under a quorum changed them): the approver must read them again."""
-    if seen is not None and _canonical(seen) != _canonical(current):
+    if seen is not None and canonical_json(seen) != canonical_json(current):
         raise EditedMeanwhileError(
             f"The arguments of '{name}' were edited after you read them (now "
-            f"{_canonical(current)}); nothing was recorded. Review them and decide again."
-        )
-
-
-def standing_edit(votes: Sequence[Vote]) -> dict[str, Any] | None:
-    """The edit the votes on an approval stand on: the latest vote's that carries one (an edit
-    resets the votes before it, and every later approval carries it), else ``None``."""
-    for vote in reversed(votes):
-        edit = vote.answer.get(EDIT) if isinstance(vote.answer, dict) else None
-        if isinstance(edit, dict):
-            return edit
-    return None
-
-
-def check_edit_seen(
-    turn_id: str, ref: str, edit_seen: dict[str, Any] | None, votes: Sequence[Vote]
-) -> None:
-    """Refuse a vote cast on the standing edit ``edit_seen`` (``None``: the original
-    arguments) when ``votes`` now stand on another one: an edit landed after the voter read
-    the votes. Stores call it under the lock that records the vote, so that a vote counts only
-    towards the arguments its voter saw."""
-    standing = standing_edit(votes)
-    if _canonical(standing) != _canonical(edit_seen):
-        now = _canonical(standing["input"]) if standing is not None else "the original ones"
-        raise EditedMeanwhileError(
-            f"The arguments of interrupt '{ref}' of snapshot {turn_id} were edited while your "
-            f"vote was being recorded (they are now {now}); it was not counted. Review them "
-            "and decide again.",
-            snapshot_id=turn_id,
+            f"{canonical_json(current)}); nothing was recorded. Review them and decide again."
         )

@@ -18,12 +18,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from engine import instruments, tracing
-from engine.edits import edited_key
-from engine.errors import AgentError, NotFoundError, StoreError, ToolError, TransientError
-from engine.model import Model, ModelRequest, ModelUsage
-from engine.outcome import TurnOutcome, error_of
-from engine.parts import (
+from engine.conversation.parts import (
     INTERRUPT,
     PENDING_OUTPUT,
     RESOLVED_INTERRUPT,
@@ -32,12 +27,13 @@ from engine.parts import (
     TOOL_ERROR,
     Message,
     Part,
+    paused_calls,
 )
+from engine.conversation.schemas import SchemaSpec
+from engine.conversation.session_state import LiveState, SessionData
+from engine.errors import AgentError, NotFoundError, StoreError, ToolError, TransientError
+from engine.model import Model, ModelRequest, ModelUsage
 from engine.response import AgentChunk, ChunkEmitter
-from engine.resume import paused_calls, plan_resume, strip_pending
-from engine.round_writes import RoundWriter
-from engine.schemas import SchemaSpec
-from engine.session_state import LiveState, SessionData
 from engine.status import FinishReason, TurnStatus
 from engine.store import (
     RoundRecord,
@@ -47,7 +43,11 @@ from engine.store import (
     TurnError,
     TurnRecord,
 )
+from engine.telemetry import instruments, tracing
 from engine.tools import Tool, ToolContext, ToolInterrupt, malformed_call_reason
+from engine.turns.outcome import TurnOutcome, error_of
+from engine.turns.resume import edited_key, plan_resume, strip_pending
+from engine.turns.writes import RoundWriter
 
 __all__ = ["ChunkCallback", "RunnerConfig", "TurnOutcome", "TurnRunner", "error_of"]
 
@@ -216,7 +216,7 @@ class TurnRunner:
             if paused_calls(done.messages[-1]):
                 return TurnOutcome(TurnStatus.COMPLETED, FinishReason.INTERRUPTED)
             return calls
-        # A registered migration may have rewritten the paused message (engine.pinning).
+        # A registered migration may have rewritten the paused message (engine.state.pinning).
         paused = turn.input.paused or parent_conversation[turn.history_length]
         with tracing.round_span(0):
             resumed = await self._resume_round(paused, calls)

@@ -16,16 +16,7 @@ from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from engine.approval_history import DecidedApproval, DecisionQuery
-from engine.approval_policy import AlreadyVotedError, Vote, VoteOutcome
-from engine.assignment_records import (
-    Assignment,
-    AssignmentChange,
-    DueQuery,
-    apply_change,
-    check_assignment_seen,
-)
-from engine.edits import check_edit_seen
+from engine.conversation.parts import Message
 from engine.errors import (
     ApprovalNotPendingError,
     InvalidArgumentError,
@@ -33,31 +24,41 @@ from engine.errors import (
     StaleTransitionError,
 )
 from engine.model import ModelUsage
-from engine.parts import Message
-from engine.relay import ChunkBroker, ChunkSubscription
-from engine.signals import BroadcastSignal, KeyedSignals, WakeEvent
 from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus
 from engine.store import (
     AbortOutcome,
+    AlreadyVotedError,
     ApprovalQuery,
+    Assignment,
+    AssignmentChange,
+    DecidedApproval,
+    DecisionQuery,
+    DueQuery,
     InterruptAnswer,
     NewTurn,
     PendingApproval,
     RoundRecord,
     SessionRecord,
     StoredSnapshot,
+    TimelineEntry,
     ToolCallRecord,
     ToolCallStatus,
     Transition,
     TurnEvent,
     TurnProgress,
     TurnRecord,
+    Vote,
+    VoteOutcome,
 )
-from engine.store_rules import (
+from engine.store.relay import ChunkBroker, ChunkSubscription
+from engine.store.rules import (
     ABANDONED_ABORT,
     abort_target,
+    apply_change,
     check_answerable,
     check_answers,
+    check_assignment_seen,
+    check_edit_seen,
     check_lease,
     check_not_busy,
     check_parent,
@@ -66,7 +67,7 @@ from engine.store_rules import (
     claim_after,
     transition_changes,
 )
-from engine.ui_sessions import InMemoryBrowserSessions
+from engine.store.signals import BroadcastSignal, KeyedSignals, WakeEvent
 
 __all__ = ["InMemorySessionStore", "list_events"]
 
@@ -82,9 +83,9 @@ def _plus(total: int | None, more: int | None) -> int | None:
     return (total or 0) + more
 
 
-class InMemorySessionStore(InMemoryBrowserSessions):
-    """A :class:`~engine.store.SessionStore` kept in process memory (lost on exit); it keeps
-    the inbox UI's browser sessions too (:class:`~engine.ui_sessions.BrowserSessionStore`)."""
+class InMemorySessionStore:
+    """A :class:`~engine.store.SessionStore` kept in process memory (lost on exit): the
+    reference implementation every rule of the port is checked against."""
 
     durable = False
     #: Every change happens in this process, so waiters hear all of them.
@@ -524,7 +525,7 @@ class InMemorySessionStore(InMemoryBrowserSessions):
         return found[: query.limit]
 
     async def list_decisions(self, query: DecisionQuery) -> list[DecidedApproval]:
-        """See :meth:`engine.approval_history.ApprovalHistory.list_decisions`."""
+        """See :meth:`engine.store.ApprovalHistory.list_decisions`."""
         found: list[DecidedApproval] = []
         for turn_id, calls in self._calls.items():
             turn = self._turns[turn_id]
@@ -631,7 +632,7 @@ class InMemorySessionStore(InMemoryBrowserSessions):
         resets: bool = False,
         assignment_seen: Assignment | None = None,
     ) -> VoteOutcome:
-        """See :meth:`engine.approval_policy.VoteBook.record_vote`."""
+        """See :meth:`engine.store.VoteBook.record_vote`."""
         call = self._calls.get(turn_id, {}).get((round, ref))
         if call is None or call.decided_at is not None or self._paused_latest(turn_id) is None:
             # The same refusal as a decision on an approval that is not open.
@@ -672,13 +673,13 @@ class InMemorySessionStore(InMemoryBrowserSessions):
         check_assignment_seen(turn_id, ref, seen, self._assignments.get((turn_id, round, ref)))
 
     async def list_votes(self, turn_id: str, round: int, ref: str) -> list[Vote]:
-        """See :meth:`engine.approval_policy.VoteBook.list_votes`."""
+        """See :meth:`engine.store.VoteBook.list_votes`."""
         return [v.model_copy() for v in self._votes.get(turn_id, {}).get((round, ref), [])]
 
     async def get_assignments(
         self, keys: Sequence[tuple[str, int, str]]
     ) -> dict[tuple[str, int, str], Assignment]:
-        """See :meth:`engine.assignment.AssignmentBook.get_assignments`."""
+        """See :meth:`engine.store.AssignmentBook.get_assignments`."""
         return {k: self._assignments[k].model_copy() for k in keys if k in self._assignments}
 
     async def change_assignment(
@@ -690,7 +691,7 @@ class InMemorySessionStore(InMemoryBrowserSessions):
         *,
         default_group: str | None,
     ) -> Assignment | None:
-        """See :meth:`engine.assignment.AssignmentBook.change_assignment`."""
+        """See :meth:`engine.store.AssignmentBook.change_assignment`."""
         call = self._calls.get(turn_id, {}).get((round, ref))
         if (
             call is None
@@ -713,7 +714,7 @@ class InMemorySessionStore(InMemoryBrowserSessions):
         return changed.model_copy()
 
     async def list_due_approvals(self, query: DueQuery) -> list[PendingApproval]:
-        """See :meth:`engine.assignment.AssignmentBook.list_due_approvals`."""
+        """See :meth:`engine.store.AssignmentBook.list_due_approvals`."""
         every = ApprovalQuery(
             agents=query.agents,
             interrupt=query.interrupt,
@@ -744,8 +745,23 @@ class InMemorySessionStore(InMemoryBrowserSessions):
         """See :meth:`engine.store.SessionStore.wait_for_change`."""
         await self._changes.wait(turn_id, timeout)
 
+    async def timeline(self, turn_id: str) -> list[TimelineEntry]:
+        """See :meth:`engine.store.TurnTimeline.timeline`: the turn's status changes (this
+        store keeps no separate times for messages and calls)."""
+        return [
+            TimelineEntry(
+                at=event.at,
+                kind="status",
+                detail=(
+                    f"{event.from_status.value if event.from_status else 'new'} -> "
+                    f"{event.to_status.value}" + (f" ({event.note})" if event.note else "")
+                ),
+            )
+            for event in self._events.get(turn_id, [])
+        ]
+
     async def wait_for_any_change(self, timeout: float) -> bool:
-        """See :meth:`engine.change_feed.ChangeFeed.wait_for_any_change`."""
+        """See :meth:`engine.store.ChangeFeed.wait_for_any_change`."""
         return await self._any_change.wait(timeout)
 
     async def prune_sessions(self, *, settled_before: datetime, limit: int = 500) -> int:

@@ -21,8 +21,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from engine.conversation.parts import Message, Part
 from engine.errors import DefinitionChangedError
-from engine.parts import Message, Part
 from engine.tools import InterruptTool, Tool
 
 __all__ = [

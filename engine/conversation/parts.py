@@ -26,6 +26,7 @@ __all__ = [
     "Role",
     "ToolRequest",
     "ToolResponse",
+    "paused_calls",
     "text_of",
     "tool_requests_of",
 ]
@@ -159,3 +160,14 @@ def tool_requests_of(message: Message | None) -> list[Part]:
     if message is None:
         return []
     return [p for p in message.content if p.tool_request is not None]
+
+
+def paused_calls(message: Message | None) -> list[Part]:
+    """The ``toolRequest`` parts of ``message`` that carry ``interrupt`` metadata."""
+    if message is None or message.role != "model":
+        return []
+    return [
+        p
+        for p in message.content
+        if p.tool_request is not None and p.metadata is not None and p.metadata.get(INTERRUPT)
+    ]

@@ -1,12 +1,5 @@
-"""The SessionStore protocol: what the engine needs from persistence, and its records.
-
-The granularity is the durable store's: a turn record with a status moved only by guarded
-transitions (fenced by a lease token), the conversation saved per round, and a journal row per
-tool call. The protocol unites five parts (:class:`TurnQueue`, :class:`Journal`,
-:class:`Inbox`, :class:`Retention`, :class:`Relay`), so code that needs one names only it.
-The engine talks to stores only through this protocol; implementations live in
-:mod:`stores` (``InMemorySessionStore``, ``SqlSessionStore``), and a contract test suite runs
-unchanged against each of them.
+"""Every record a store reads or writes: turns, sessions, rounds, journal rows, open and
+decided approvals, votes and assignments, and the errors a store's guards raise.
 
 How a turn's conversation is assembled: a turn keeps the first ``history_length`` messages of
 its parent's conversation, then appends the messages of its own *committed* rounds in round
@@ -21,38 +14,41 @@ conversation up to its last committed round, never a dangling tool request.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
+from engine.conversation.parts import Message, Part
+from engine.conversation.session_state import SessionData
+from engine.errors import AgentError, ApprovalNotPendingError
 from engine.model import ModelUsage
-from engine.parts import Message, Part
-from engine.relay import ChunkSubscription
-from engine.session_state import SessionData
 from engine.status import FinishReason, TurnStatus
 
-if TYPE_CHECKING:
-    from engine.assignment_guard import Assignment
-
 __all__ = [
+    "EDIT",
     "AbortOutcome",
+    "AlreadyVotedError",
+    "ApprovalClaimedError",
     "ApprovalQuery",
+    "Assignment",
+    "AssignmentChange",
+    "AssignmentChangedError",
+    "DecidedApproval",
+    "DecisionQuery",
+    "DueQuery",
+    "EditedMeanwhileError",
     "FollowOnClaim",
-    "Inbox",
     "InterruptAnswer",
-    "Journal",
+    "Key",
     "NewTurn",
     "PendingApproval",
-    "Relay",
-    "Retention",
     "RoundRecord",
     "SessionRecord",
-    "SessionStore",
     "StoredSnapshot",
+    "TimelineEntry",
     "ToolCallRecord",
     "ToolCallStatus",
     "Transition",
@@ -60,8 +56,9 @@ __all__ = [
     "TurnEvent",
     "TurnInput",
     "TurnProgress",
-    "TurnQueue",
     "TurnRecord",
+    "Vote",
+    "VoteOutcome",
 ]
 
 
@@ -86,7 +83,7 @@ class TurnInput(BaseModel):
     #: store (:meth:`SessionStore.publish_chunk`). Off by default, so unwatched turns cost
     #: nothing extra.
     relay: bool = False
-    #: For a ``resume`` a registered migration adjusted (:mod:`engine.versioning`): the
+    #: For a ``resume`` a registered migration adjusted (:mod:`engine.state.versioning`): the
     #: paused message as the migration rewrote it (answered instead of the parent's last
     #: message), and the version the paused turn was pinned to.
     paused: Message | None = None
@@ -141,7 +138,7 @@ class NewTurn(BaseModel):
     custom: Any = None
     artifacts: list[Any] | None = None
     #: The application version whose workers may run the turn, and the fingerprint and
-    #: description of the agent definition it is pinned to (:mod:`engine.versioning`). The
+    #: description of the agent definition it is pinned to (:mod:`engine.state.versioning`). The
     #: turn records the fingerprint; the store keeps the description once per fingerprint
     #: (:meth:`TurnQueue.read_definition`).
     app_version: str | None = None
@@ -282,6 +279,14 @@ class InterruptAnswer(BaseModel):
     ref: str
     answer: Any
     decided_by: str | None = None
+
+
+class TimelineEntry(BaseModel):
+    """One thing that happened to a turn (see :class:`engine.store.TurnTimeline`)."""
+
+    at: datetime
+    kind: str
+    detail: str
 
 
 class TurnEvent(BaseModel):
@@ -441,250 +446,196 @@ class Transition:
         return self.round is not None or bool(self.calls) or self.usage is not None
 
 
-class TurnQueue(Protocol):
-    """Turns as a queue of leased work: created ``pending``, claimed under a lease, renewed,
-    moved by guarded transitions, aborted; and the wake-ups that tell workers to claim."""
+class AlreadyVotedError(AgentError):
+    """This approver has already voted on this approval; a vote counts once (HTTP 409)."""
 
-    async def create_turn(
-        self, turn: NewTurn, *, answers: Sequence[InterruptAnswer] = ()
-    ) -> TurnRecord:
-        """Insert a ``pending`` turn (and its session, if new), atomically.
-
-        Also marks each answered call ``answered`` — only if it is still ``interrupted``
-        (else :class:`~engine.errors.ApprovalNotPendingError`); answers must name calls of
-        the parent turn, each once (else :class:`~engine.errors.InvalidArgumentError`). Raises
-        :class:`~engine.errors.SessionBusyError` when the session already has a ``pending`` or
-        ``aborting`` turn, and :class:`~engine.errors.InvalidArgumentError` when the session
-        belongs to another agent. Nothing is written when it raises.
-
-        A turn with a ``definition_fingerprint`` and a ``definition`` also makes sure the
-        definition is kept under that fingerprint (written once; see
-        :meth:`read_definition`), before the turn exists.
-        """
-        ...
-
-    async def read_definition(self, fingerprint: str) -> dict[str, Any] | None:
-        """The agent definition kept under ``fingerprint`` (see :attr:`NewTurn.definition`),
-        or ``None`` if no turn was created pinned to it."""
-        ...
-
-    async def get_session(self, session_id: str) -> SessionRecord | None:
-        """The session, or ``None``."""
-        ...
-
-    async def get_turn(self, turn_id: str) -> TurnRecord | None:
-        """The turn, or ``None``."""
-        ...
-
-    async def latest_turn(self, session_id: str) -> TurnRecord | None:
-        """The session's newest turn (always a leaf), or ``None`` for an unknown session."""
-        ...
-
-    async def claim_turn(self, turn_id: str, *, owner: str, lease_seconds: float) -> TurnRecord:
-        """Lease one specific ``pending`` turn that nobody holds (or whose lease expired)
-        and whose ``run_after`` has come.
-
-        Increments ``lease_token`` and ``attempts``. Raises
-        :class:`~engine.errors.StaleTransitionError` if it cannot be claimed.
-        """
-        ...
-
-    async def claim_next(
-        self,
-        *,
-        owner: str,
-        lease_seconds: float,
-        limit: int = 1,
-        agents: Collection[str] | None = None,
-        among: Collection[str] | None = None,
-        versions: Collection[str] | None = None,
-    ) -> list[TurnRecord]:
-        """Lease up to ``limit`` claimable turns (oldest ``run_after`` first); with
-        ``among``, only turns whose id is in it (e.g. the ids of :meth:`take_work_hints`);
-        with ``versions``, only turns pinned to one of those application versions (turns
-        pinned to none, created before pinning, are claimable by any worker)."""
-        ...
-
-    async def renew_lease(
-        self, turn_id: str, *, lease_token: int, lease_seconds: float
-    ) -> TurnRecord:
-        """Extend the lease; returns the record (a heartbeat also reads ``aborting``)."""
-        ...
-
-    async def transition(self, turn_id: str, change: Transition) -> TurnRecord:
-        """Apply ``change`` to the turn (see :class:`Transition`) and record the event.
-
-        Raises :class:`~engine.errors.StaleTransitionError` (or ``LeaseLostError``) on zero
-        rows and ``ValueError`` for an edge the state machine does not have.
-        """
-        ...
-
-    async def request_abort(self, turn_id: str) -> AbortOutcome:
-        """Ask a turn to stop; return its status before and after, read and changed under
-        one lock.
-
-        ``pending`` and leased → ``aborting`` (its runner settles it); ``pending`` and not
-        leased → ``aborted``; otherwise unchanged. Raises
-        :class:`~engine.errors.NotFoundError` for an unknown turn.
-        """
-        ...
-
-    async def wait_for_work(self, timeout: float) -> None:
-        """Return when a turn may have become claimable, or after ``timeout`` seconds.
-
-        A wake-up hint only (NOTIFY, or an in-process event): callers re-check by claiming.
-        """
-        ...
-
-    def take_work_hints(self) -> list[str] | None:
-        """The ids of the turns announced claimable since the last call (and forgets them),
-        or ``None`` when the store cannot name them all — it has no notifications, or some
-        may have been missed (a reconnect, too many to keep).
-
-        A list, even an empty one, is complete: every turn that became claimable since the
-        previous call is in it, so claiming ``among`` it finds the new work without scanning
-        the queue. ``None`` means only a full :meth:`claim_next` is sure to.
-        """
-        ...
+    default_status = "ALREADY_EXISTS"
 
 
-class Journal(Protocol):
-    """What a turn wrote: its rounds, its tool-call journal and its conversation, and the
-    reads of them at one moment that a worker and a snapshot need. Its writes are fenced by
-    the caller's lease token (see :class:`SessionStore`)."""
+class Vote(BaseModel):
+    """One approver's recorded vote on one approval."""
 
-    async def save_round(
-        self,
-        turn_id: str,
-        *,
-        lease_token: int,
-        round: RoundRecord,
-        calls: Sequence[ToolCallRecord] = (),
-        usage: ModelUsage | None = None,
-        earlier: RoundRecord | None = None,
-    ) -> None:
-        """Replace the messages of one round and upsert journal rows, in one transaction.
-
-        ``usage`` (the model call that produced the round, passed only on the save right after
-        that call) is added to the turn's ``input_tokens``/``output_tokens`` in the same
-        transaction; counts the provider did not report leave the totals unchanged.
-        ``earlier``: a preceding round whose write the runner deferred to this one (a round
-        that ran nothing), replaced in the same transaction; ``calls`` may include its rows.
-        """
-        ...
-
-    async def record_call(self, turn_id: str, *, lease_token: int, call: ToolCallRecord) -> None:
-        """Upsert one journal row (a call started, finished, failed or interrupted)."""
-        ...
-
-    async def load_rounds(self, turn_id: str) -> list[RoundRecord]:
-        """Every round the turn saved, committed or not, in round order."""
-        ...
-
-    async def list_calls(self, turn_id: str) -> list[ToolCallRecord]:
-        """The turn's journal, ordered by round then ref."""
-        ...
-
-    async def load_conversation(self, turn_id: str) -> list[Message]:
-        """The turn's conversation as of its committed rounds (its snapshot state)."""
-        ...
-
-    async def read_progress(self, turn_id: str) -> TurnProgress | None:
-        """Everything a worker needs to run (or continue) a claimed turn, read at one moment:
-        its parent's conversation and journal, its own rounds and journal (``None`` for an
-        unknown turn). One round trip where the store can."""
-        ...
-
-    async def read_snapshot(self, turn_id: str) -> StoredSnapshot | None:
-        """The turn, its conversation and its journal, read at one moment (``None`` for an
-        unknown turn): a turn seen settled comes with everything its settle wrote. What a
-        resume reads before it is queued, in one round trip where the store can."""
-        ...
+    turn_id: str
+    round: int
+    ref: str
+    voter: str
+    answer: Any = None
+    #: Whether the vote counts towards the quorum (an approval); any other vote decides.
+    approves: bool
+    voted_at: datetime
 
 
-class Inbox(Protocol):
-    """The approvals waiting for a human: open ones, the decisions recorded ahead of a resume,
-    and the ones past their deadline."""
+@dataclass
+class VoteOutcome:
+    """What recording a vote did: every vote so far, and the decision if this vote made one."""
 
-    async def list_approvals(self, query: ApprovalQuery) -> list[PendingApproval]:
-        """Open approvals (interrupted, not yet decided, on their session's latest turn),
-        ordered by ``(created_at, turn_id, ref)``, filtered and paged by ``query``."""
-        ...
-
-    async def record_decision(
-        self,
-        turn_id: str,
-        round: int,
-        ref: str,
-        *,
-        answer: Any,
-        decided_by: str | None,
-        assignment_seen: Assignment | None = None,
-    ) -> ToolCallRecord:
-        """Record one approver's decision on an open approval, ahead of the resume.
-
-        The call stays ``interrupted`` (the resume that consumes the decisions marks it
-        ``answered``); ``answer``, ``decided_by`` and ``decided_at`` are set. Guarded: the
-        call must be ``interrupted`` and undecided on its session's latest turn, else
-        :class:`~engine.errors.ApprovalNotPendingError` and nothing is written. With
-        ``assignment_seen`` (the assignment the decider was checked against) the approval's
-        assignment must not have changed since, checked under the same lock, else
-        :class:`~engine.assignment_guard.AssignmentChangedError` and nothing is written.
-        """
-        ...
-
-    async def list_expired_interrupts(
-        self, *, now: datetime, limit: int = 100, agents: Collection[str] | None = None
-    ) -> list[ToolCallRecord]:
-        """Paused calls past their ``deadline`` that are still ``interrupted``, on turns that
-        are their session's latest (``completed``, finish reason ``interrupted``), of
-        ``agents`` when given (several apps may share one database)."""
-        ...
+    votes: list[Vote]
+    decided: ToolCallRecord | None = None
 
 
-class Retention(Protocol):
-    """Deleting idle sessions with everything they hold."""
-
-    async def prune_sessions(self, *, settled_before: datetime, limit: int = 500) -> int:
-        """Delete up to ``limit`` sessions idle since ``settled_before`` — no running turn, no
-        turn updated since, latest turn not paused at an interrupt (open approvals are kept
-        however old) — with all their turns, messages, journal rows and events. Returns how
-        many sessions were deleted (retention; run repeatedly until it returns 0)."""
-        ...
+class AssignmentChangedError(ApprovalNotPendingError):
+    """The approval was claimed, reassigned, released or escalated after the decider's check
+    (HTTP 409): nothing was recorded, and the decider may no longer be allowed to decide it."""
 
 
-class Relay(Protocol):
-    """What a caller watching a turn receives while it runs elsewhere: its streamed chunks and
-    word that its status may have changed."""
+class Assignment(BaseModel):
+    """Who an open approval is assigned to, and its escalation and reminders so far."""
 
-    async def publish_chunk(self, turn_id: str, chunk: dict[str, Any]) -> None:
-        """Hand one streamed chunk (wire form) to the turn's subscribers, in any process
-        sharing the store. Best effort: a chunk nobody receives is simply gone."""
-        ...
+    turn_id: str
+    round: int
+    ref: str
+    assignee: str | None = None
+    group: str | None = None
+    assigned_by: str | None = None
+    assigned_at: datetime | None = None
+    escalated_at: datetime | None = None
+    escalated_from_assignee: str | None = None
+    escalated_from_group: str | None = None
+    escalated_to: str | None = None
+    last_reminded_at: datetime | None = None
+    reminders: int = 0
 
-    def subscribe_chunks(self, turn_id: str) -> AbstractAsyncContextManager[ChunkSubscription]:
-        """Receive the chunks published for ``turn_id`` while the block runs."""
-        ...
+    @property
+    def is_assigned(self) -> bool:
+        """Whether anyone (a person or a group) holds it."""
+        return self.assignee is not None or self.group is not None
 
-    async def wait_for_change(self, turn_id: str, timeout: float) -> None:
-        """Return when the turn's status may have changed, or after ``timeout`` seconds."""
-        ...
+    def describe(self) -> str:
+        """``"alice"``, ``"group payments"``, ``"alice (group payments)"`` or ``"nobody"``."""
+        if self.assignee and self.group:
+            return f"{self.assignee} (group {self.group})"
+        if self.assignee:
+            return self.assignee
+        if self.group:
+            return f"group {self.group}"
+        return "nobody"
+
+    @property
+    def version(self) -> tuple[Any, ...] | None:
+        """What a claim, assignment, release or escalation changes (a reminder does not);
+        ``None`` while nobody changed the interrupt's default assignment."""
+        if self.assigned_at is None:
+            return None
+        return (self.assignee, self.group, self.assigned_by, self.assigned_at, self.escalated_at)
 
 
-@runtime_checkable
-class SessionStore(TurnQueue, Journal, Inbox, Retention, Relay, Protocol):
-    """Persistence of sessions, turns, rounds and the tool-call journal: every part above.
+Key = tuple[str, int, str]
 
-    Writes made while a turn runs take the caller's ``lease_token`` and are refused with
-    :class:`~engine.errors.LeaseLostError` when it is no longer the turn's (or the turn is no
-    longer ``pending``/``aborting``): a worker that lost its lease can write nothing.
 
-    ``durable`` says whether turns outlive this process (a SQL store): a durable store's
-    turns are queued for a worker pool rather than run by the caller.
+class ApprovalClaimedError(AgentError):
+    """Someone else holds this approval (HTTP 409): they release it, or it is reassigned."""
+
+    default_status = "ABORTED"
+
+
+class AssignmentChange(BaseModel):
+    """One change of an approval's assignment, and the guard the store checks with it.
+
+    * ``claim``: ``assignee = by``, only when nobody or ``by`` holds it;
+    * ``assign``: ``group`` (when given; the assignee then becomes ``assignee``) and/or
+      ``assignee``;
+    * ``release``: no assignee, only when ``holder`` holds it (``holder=None``: whoever does);
+    * ``escalate``: ``group = group``, no assignee, the previous ones recorded, only when not
+      escalated before;
+    * ``remind``: ``last_reminded_at = now``, only when not reminded in the last
+      ``every_seconds``.
     """
 
-    durable: bool
+    action: Literal["claim", "assign", "release", "escalate", "remind"]
+    by: str | None = None
+    assignee: str | None = None
+    group: str | None = None
+    holder: str | None = None
+    every_seconds: float | None = None
+    #: The moment of the change (``None``: the store's clock); the sweep passes its own.
+    at: datetime | None = None
 
-    async def close(self) -> None:
-        """Release connections and listeners."""
-        ...
+
+class DueQuery(BaseModel):
+    """Open approvals of one interrupt due for an escalation or a reminder."""
+
+    agents: tuple[str, ...]
+    interrupt: str
+    #: Only approvals created at or before this moment.
+    created_before: datetime
+    #: Only approvals not escalated yet.
+    unescalated: bool = False
+    #: Only approvals never reminded, or last reminded at or before this moment.
+    reminded_before: datetime | None = None
+    limit: int = 100
+
+
+class DecidedApproval(BaseModel):
+    """One decided interrupt, with the turn that continued from its paused turn."""
+
+    turn_id: str
+    session_id: str
+    agent: str
+    #: The principal the session belongs to, who asked (``None`` for local sessions).
+    owner: str | None = None
+    round: int
+    interrupt: str
+    ref: str
+    input: Any = None
+    metadata: Any = None
+    #: ``{"respond": output}`` or ``{"restart": metadata}``, as recorded (a restart with
+    #: edited arguments also holds ``"edit"``, see :attr:`edit`).
+    answer: Any = None
+    decided_by: str | None = None
+    decided_at: datetime
+    #: When the interrupt was journaled (the approval's creation).
+    created_at: datetime | None = None
+    #: The first turn created from the paused one (the resume), once there is one.
+    next_turn_id: str | None = None
+    next_status: TurnStatus | None = None
+    next_finish_reason: FinishReason | None = None
+    #: When the approval's timeout escalated it before it was decided (``None``: it never did).
+    escalated_at: datetime | None = None
+    #: The group and the assignee that held it when it escalated.
+    escalated_from_group: str | None = None
+    escalated_from_assignee: str | None = None
+    #: The group it escalated to.
+    escalated_to: str | None = None
+
+    @property
+    def edit(self) -> dict[str, Any] | None:
+        """The approver's edit of the call's arguments recorded with the decision: ``input``
+        (the edited arguments), ``diff`` (``[{"field", "old", "new"}]``), ``by`` and ``at``."""
+        edit = self.answer.get("edit") if isinstance(self.answer, dict) else None
+        return edit if isinstance(edit, dict) else None
+
+    @property
+    def key(self) -> tuple[datetime, str, str]:
+        """The history's order key: decision time, then turn and ref."""
+        return self.decided_at, self.turn_id, self.ref
+
+
+class DecisionQuery(BaseModel):
+    """Filters and keyset page of :meth:`ApprovalHistory.list_decisions` (newest first)."""
+
+    agents: tuple[str, ...] | None = None
+    interrupt: str | None = None
+    #: Only approvals of sessions owned by this principal (who asked).
+    owner: str | None = None
+    decided_by: str | None = None
+    #: Keyset cursor: the ``(decided_at, turn_id, ref)`` of the last entry already seen.
+    before: tuple[datetime, str, str] | None = None
+    limit: int = Field(default=50, ge=1, le=1000)
+
+    def admits(self, entry: DecidedApproval) -> bool:
+        """Whether ``entry`` passes the filters and lies after the cursor (is older)."""
+        return (
+            (self.agents is None or entry.agent in self.agents)
+            and (self.interrupt is None or entry.interrupt == self.interrupt)
+            and (self.owner is None or entry.owner == self.owner)
+            and (self.decided_by is None or entry.decided_by == self.decided_by)
+            and (self.before is None or entry.key < self.before)
+        )
+
+
+#: The key of the recorded edit in a journal answer.
+EDIT = "edit"
+
+
+class EditedMeanwhileError(ApprovalNotPendingError):
+    """Another approver edited the call's arguments after this one read them (HTTP 409)."""

@@ -3,8 +3,8 @@
 An open approval may be *assigned*: to a person (``assignee``, a principal id) and/or to a
 group (``group``, a role name). ``define_interrupt(..., group="payments")`` assigns every
 approval of the interrupt to a group from the start; :func:`claim`, :func:`assign` and
-:func:`release` change it later. The rules, which :func:`engine.inbox.decide` enforces for
-every decision path:
+:func:`release` change it later. The rules, which :func:`engine.approvals.decide.decide` enforces
+for every decision path:
 
 * **Assignment restricts who decides.** An approval assigned to anyone may be decided, claimed
   or reassigned only by its assignee or a member of its group (a principal holding the role),
@@ -38,9 +38,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from engine import instruments
 from engine.approval_policy import ApprovalRefusedError, Approver
-from engine.assignment_records import (
+from engine.errors import AgentError, FailedPreconditionError, InvalidArgumentError
+from engine.store import (
     ApprovalClaimedError,
     Assignment,
     AssignmentBook,
@@ -48,10 +48,11 @@ from engine.assignment_records import (
     AssignmentChangedError,
     DueQuery,
     Key,
-    apply_change,
+    PendingApproval,
+    SessionStore,
 )
-from engine.errors import AgentError, FailedPreconditionError, InvalidArgumentError
-from engine.store import PendingApproval, SessionStore
+from engine.store.rules import apply_change
+from engine.telemetry import instruments
 
 if TYPE_CHECKING:
     from engine.agent import Agent
@@ -69,7 +70,6 @@ __all__ = [
     "apply_change",
     "assign",
     "assigned_matches",
-    "assignment_book",
     "check_may_decide",
     "claim",
     "current_assignment",
@@ -93,13 +93,6 @@ class SweepReport:
     reminded: list[Assignment] = field(default_factory=list)
 
 
-def assignment_book(store: object) -> AssignmentBook:
-    """``store`` as an :class:`AssignmentBook`, or the typed refusal when it keeps none."""
-    if not isinstance(store, AssignmentBook):
-        raise FailedPreconditionError(f"{type(store).__name__} keeps no approval assignments.")
-    return store
-
-
 def _default_group(agent: Agent, interrupt: str) -> str | None:
     return getattr(agent.tools.get(interrupt), "group", None)
 
@@ -107,7 +100,7 @@ def _default_group(agent: Agent, interrupt: str) -> str | None:
 async def current_assignment(agent: Agent, approval: PendingApproval) -> Assignment:
     """The assignment of ``approval`` now: the stored one, else the interrupt's ``group``."""
     store = agent.store
-    if isinstance(store, AssignmentBook):
+    if store is not None:
         key = (approval.turn_id, approval.round, approval.ref)
         stored = (await store.get_assignments([key])).get(key)
         if stored is not None:
@@ -127,7 +120,7 @@ async def current_assignments(
     by_store: dict[int, tuple[AssignmentBook, list[Key]]] = {}
     for a in approvals:
         store = agent_of[a.agent].store if a.agent in agent_of else None
-        if isinstance(store, AssignmentBook):
+        if store is not None:
             by_store.setdefault(id(store), (store, []))[1].append((a.turn_id, a.round, a.ref))
     stored: dict[Key, Assignment] = {}
     for book, keys in by_store.values():
@@ -205,7 +198,12 @@ def _check_policy(agent: Agent, approval: PendingApproval, approver: Approver | 
 async def _change(
     agent: Agent, approval: PendingApproval, change: AssignmentChange
 ) -> Assignment | None:
-    return await assignment_book(agent.store).change_assignment(
+    store = agent.store
+    if store is None:
+        raise FailedPreconditionError(
+            f"Agent '{agent.name}' keeps no store: it holds no approvals to assign."
+        )
+    return await store.change_assignment(
         approval.turn_id,
         approval.round,
         approval.ref,
@@ -318,8 +316,6 @@ async def sweep_assignments(
     """
     moment = now or datetime.now(UTC)
     report = SweepReport()
-    if not isinstance(store, AssignmentBook):
-        return report
     for agent in engine.agents.values():
         if agent.store is not store:
             continue

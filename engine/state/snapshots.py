@@ -10,10 +10,9 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, Field
 
+from engine.conversation.parts import Message, Part, paused_calls
+from engine.conversation.session_state import SessionData
 from engine.errors import InvalidArgumentError
-from engine.parts import Message, Part
-from engine.resume import paused_calls
-from engine.session_state import SessionData
 from engine.status import FinishReason, TurnStatus
 from engine.store import (
     NewTurn,
@@ -29,7 +28,7 @@ __all__ = ["SessionSnapshot", "SessionState", "coerce_message", "restore_client_
 
 
 class BlobPinning(Protocol):
-    """What a client-managed blob is pinned to (:class:`engine.client_state.BlobPin`,
+    """What a client-managed blob is pinned to (:class:`engine.state.client_state.BlobPin`,
     declared here because that module imports this one)."""
 
     @property

@@ -6,35 +6,33 @@ Genkit's wording where Genkit has one, so the paused snapshot stays resumable.
 
 from __future__ import annotations
 
-import json
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from engine.approval_policy import check_decided_by_inbox
-from engine.edits import EDIT, recorded_edit
+from engine.conversation.parts import PENDING_OUTPUT, RESUMED, Message, Part, paused_calls
+from engine.conversation.schemas import SchemaViolation, canonical_json, to_jsonable
 from engine.errors import (
     ApprovalNotPendingError,
-    DecisionConflictError,
     FailedPreconditionError,
     InvalidArgumentError,
     ResumeValidationError,
     SnapshotNotResumableError,
 )
-from engine.parts import INTERRUPT, PENDING_OUTPUT, RESUMED, Message, Part
-from engine.schemas import SchemaViolation, to_jsonable
-from engine.store import InterruptAnswer, ToolCallRecord, ToolCallStatus, TurnInput
+from engine.store import EDIT, InterruptAnswer, ToolCallRecord, ToolCallStatus, TurnInput
+from engine.store.rules import check_recorded
 from engine.tools import Tool
 
 __all__ = [
     "NOT_RESUMABLE_MESSAGE",
     "ResumePlan",
-    "check_recorded",
+    "edited_key",
     "expiry_decisions",
-    "paused_calls",
     "plan_continuation",
     "plan_resume",
-    "same_answer",
+    "recorded_edit",
 ]
 
 NOT_RESUMABLE_MESSAGE = (
@@ -45,22 +43,6 @@ NOT_RESUMABLE_MESSAGE = (
 
 def _ref_text(ref: str | None) -> str:
     return f" (ref: {ref})" if ref is not None else ""
-
-
-def _same_json(a: Any, b: Any) -> bool:
-    """Deep equality of JSON values, as canonical JSON with sorted keys."""
-    return json.dumps(to_jsonable(a), sort_keys=True) == json.dumps(to_jsonable(b), sort_keys=True)
-
-
-def paused_calls(message: Message | None) -> list[Part]:
-    """The ``toolRequest`` parts of ``message`` that carry ``interrupt`` metadata."""
-    if message is None or message.role != "model":
-        return []
-    return [
-        p
-        for p in message.content
-        if p.tool_request is not None and p.metadata is not None and p.metadata.get(INTERRUPT)
-    ]
 
 
 @dataclass(frozen=True)
@@ -117,7 +99,7 @@ def _edit_allowing(
     edit = recorded_edit(row)
     if edit is None or tool is None or not tool.editable:
         return None
-    return edit if _same_json(edit["input"], requested_input) else None
+    return edit if canonical_json(edit["input"]) == canonical_json(requested_input) else None
 
 
 def expiry_decisions(
@@ -151,10 +133,10 @@ def plan_resume(
 
     Every entry must name a paused call of the snapshot's last message by name and ref; a
     restart must carry the original input, unless it carries exactly the arguments of an edit
-    recorded with the call's decision (:mod:`engine.edits`); a respond's output must satisfy
-    the interrupt's output schema; every paused call must be answered exactly once. With
-    ``require_pending`` the journal must still show each paused call ``interrupted`` (the
-    runner re-reads a plan whose answers were already recorded, so it passes ``False``).
+    recorded with the call's decision (:mod:`engine.approvals.edits`); a respond's output must
+    satisfy the interrupt's output schema; every paused call must be answered exactly once. With
+    ``require_pending`` the journal must still show each paused call ``interrupted`` (the runner
+    re-reads a plan whose answers were already recorded, so it passes ``False``).
     """
     paused = paused_calls(last_message)
     if not paused:
@@ -215,13 +197,13 @@ def plan_resume(
         original = locate("restart", part, request.name, request.ref)
         assert original.tool_request is not None
         edit = None
-        if not _same_json(request.input, original.tool_request.input):
+        if canonical_json(request.input) != canonical_json(original.tool_request.input):
             edit = _edit_allowing(
                 rows.get(str(request.ref)), tools.get(request.name), request.input
             )
         if edit is not None:
             edits[str(request.ref)] = edit
-        elif not _same_json(request.input, original.tool_request.input):
+        elif canonical_json(request.input) != canonical_json(original.tool_request.input):
             raise ResumeValidationError(
                 f"resume.restart for tool '{request.name}'{_ref_text(request.ref)} has modified "
                 "inputs that do not match the original tool request in session history. Restart "
@@ -272,25 +254,6 @@ def _answered_rows(
         check_recorded(row, _journal_answer(answers, edits, row.ref), snapshot_id)
         closed.append(row)
     return closed
-
-
-def check_recorded(row: ToolCallRecord, answer: Any, snapshot_id: str | None = None) -> None:
-    """Refuse ``answer`` for a call whose recorded decision (an approver's, through the
-    inbox) says something else: a recorded answer is final on every path."""
-    if row.decided_at is None or same_answer(row.answer, answer):
-        return
-    raise DecisionConflictError(
-        f"Interrupt '{row.name}' (ref: {row.ref}) was already decided by "
-        f"{row.decided_by or 'an anonymous approver'} with {json.dumps(row.answer)}; a "
-        "different answer is refused. Resume with the recorded answer, or leave it to the "
-        "inbox.",
-        snapshot_id=snapshot_id,
-    )
-
-
-def same_answer(recorded: Any, answer: Any) -> bool:
-    """Whether two journal answers are the same decision (deep JSON equality)."""
-    return _same_json(recorded, answer)
 
 
 def strip_pending(part: Part) -> Part:
@@ -351,3 +314,22 @@ def plan_continuation(
             "Nothing to retry: this session has no snapshot yet; send a message."
         )
     return [], len(conversation)
+
+
+def recorded_edit(row: ToolCallRecord | None) -> dict[str, Any] | None:
+    """The edit recorded with the decision on journal row ``row`` (``None``: none)."""
+    if row is None or row.decided_at is None or not isinstance(row.answer, dict):
+        return None
+    edit = row.answer.get(EDIT)
+    return edit if isinstance(edit, dict) and "input" in edit else None
+
+
+def edited_key(original_key: str, edited_input: Any) -> str:
+    """The idempotency key of a call run with edited arguments.
+
+    It covers the edited arguments: a crash-retry of the edited call repeats this key (and is
+    deduplicated), while an external API that saw the original key with the original
+    arguments never mistakes the edited call for a repeat of it.
+    """
+    digest = hashlib.sha256(canonical_json(edited_input).encode()).hexdigest()[:16]
+    return f"{original_key}:edited-{digest}"

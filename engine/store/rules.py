@@ -1,19 +1,23 @@
-"""The rules every SessionStore applies, written once so the stores cannot drift apart.
+"""The rules every store applies, written once so the stores cannot drift apart.
 
 A store decides *how* to persist (a dict in memory, a guarded UPDATE in SQL); *what* a
-transition checks and changes, which answers are acceptable and where an abort leads are
-defined here and used by both :mod:`engine.memory_store` and :mod:`stores`.
+transition checks and changes, which answers are acceptable, where an abort leads, what an
+assignment change does and which edit the votes stand on are defined here and used by both
+:mod:`engine.store.memory` and :mod:`stores`.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Protocol, TypeVar
 
+from engine.conversation.schemas import canonical_json
 from engine.errors import (
     ApprovalNotPendingError,
+    DecisionConflictError,
     InvalidArgumentError,
     LeaseLostError,
     NotFoundError,
@@ -21,18 +25,23 @@ from engine.errors import (
     StaleSnapshotError,
     StaleTransitionError,
 )
-from engine.resume import check_recorded
 from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus, can_transition
-from engine.store import (
+from engine.store.port import SessionStore
+from engine.store.records import (
+    EDIT,
+    Assignment,
+    AssignmentChange,
+    AssignmentChangedError,
+    EditedMeanwhileError,
     FollowOnClaim,
     InterruptAnswer,
     NewTurn,
     SessionRecord,
-    SessionStore,
     ToolCallRecord,
     ToolCallStatus,
     Transition,
     TurnRecord,
+    Vote,
 )
 
 __all__ = [
@@ -41,15 +50,21 @@ __all__ = [
     "LeaseHolder",
     "LeaseState",
     "abort_target",
+    "apply_change",
     "check_answerable",
     "check_answers",
+    "check_assignment_seen",
     "check_creation",
+    "check_edit_seen",
     "check_lease",
     "check_not_busy",
     "check_parent",
+    "check_recorded",
     "check_session",
     "check_transition",
     "claim_after",
+    "same_answer",
+    "standing_edit",
     "transition_changes",
 ]
 
@@ -267,3 +282,107 @@ async def claim_after(store: SessionStore, claim: FollowOnClaim) -> None:
         versions=claim.versions,
     )
     claim.ran = True
+
+
+def check_assignment_seen(
+    turn_id: str, ref: str, seen: Assignment, stored: Assignment | None
+) -> None:
+    """Refuse a decision or vote whose decider was checked against the assignment ``seen``
+    when the approval's stored assignment (``None``: none stored) has changed since. Stores
+    call it under the lock that records the decision or vote, so that who may decide is what
+    the check saw when the decision lands."""
+    now = stored.version if stored is not None else None
+    if now != seen.version:
+        holder = stored.describe() if stored is not None else "its default"
+        raise AssignmentChangedError(
+            f"Interrupt '{ref}' of snapshot {turn_id} was reassigned while your decision was "
+            f"being recorded (it is now assigned to {holder}); nothing was recorded.",
+            snapshot_id=turn_id,
+        )
+
+
+def apply_change(current: Assignment, change: AssignmentChange, now: datetime) -> Assignment | None:
+    """``current`` after ``change`` (``None``: the change's guard refuses it); the rules the
+    SQL stores write as guarded UPDATEs, for the in-memory store."""
+    now = change.at or now
+    stamp: dict[str, Any] = {"assigned_by": change.by, "assigned_at": now}
+    if change.action == "claim":
+        if current.assignee not in (None, change.by):
+            return None
+        return current.model_copy(update={"assignee": change.by, **stamp})
+    if change.action == "assign":
+        if change.group is not None:
+            stamp.update(group=change.group, assignee=change.assignee)
+        else:
+            stamp["assignee"] = change.assignee
+        return current.model_copy(update=stamp)
+    if change.action == "release":
+        if current.assignee is None or change.holder not in (None, current.assignee):
+            return None
+        return current.model_copy(update={"assignee": None, **stamp})
+    if change.action == "escalate":
+        if current.escalated_at is not None:
+            return None
+        return current.model_copy(
+            update={
+                "escalated_from_assignee": current.assignee,
+                "escalated_from_group": current.group,
+                "escalated_to": change.group,
+                "escalated_at": now,
+                "group": change.group,
+                "assignee": None,
+                **stamp,
+            }
+        )
+    assert change.every_seconds is not None, "a reminder needs its interval"
+    last = current.last_reminded_at
+    if last is not None and last > now - timedelta(seconds=change.every_seconds):
+        return None
+    return current.model_copy(update={"last_reminded_at": now, "reminders": current.reminders + 1})
+
+
+def standing_edit(votes: Sequence[Vote]) -> dict[str, Any] | None:
+    """The edit the votes on an approval stand on: the latest vote's that carries one (an edit
+    resets the votes before it, and every later approval carries it), else ``None``."""
+    for vote in reversed(votes):
+        edit = vote.answer.get(EDIT) if isinstance(vote.answer, dict) else None
+        if isinstance(edit, dict):
+            return edit
+    return None
+
+
+def check_edit_seen(
+    turn_id: str, ref: str, edit_seen: dict[str, Any] | None, votes: Sequence[Vote]
+) -> None:
+    """Refuse a vote cast on the standing edit ``edit_seen`` (``None``: the original
+    arguments) when ``votes`` now stand on another one: an edit landed after the voter read
+    the votes. Stores call it under the lock that records the vote, so that a vote counts only
+    towards the arguments its voter saw."""
+    standing = standing_edit(votes)
+    if canonical_json(standing) != canonical_json(edit_seen):
+        now = canonical_json(standing["input"]) if standing is not None else "the original ones"
+        raise EditedMeanwhileError(
+            f"The arguments of interrupt '{ref}' of snapshot {turn_id} were edited while your "
+            f"vote was being recorded (they are now {now}); it was not counted. Review them "
+            "and decide again.",
+            snapshot_id=turn_id,
+        )
+
+
+def check_recorded(row: ToolCallRecord, answer: Any, snapshot_id: str | None = None) -> None:
+    """Refuse ``answer`` for a call whose recorded decision (an approver's, through the
+    inbox) says something else: a recorded answer is final on every path."""
+    if row.decided_at is None or same_answer(row.answer, answer):
+        return
+    raise DecisionConflictError(
+        f"Interrupt '{row.name}' (ref: {row.ref}) was already decided by "
+        f"{row.decided_by or 'an anonymous approver'} with {json.dumps(row.answer)}; a "
+        "different answer is refused. Resume with the recorded answer, or leave it to the "
+        "inbox.",
+        snapshot_id=snapshot_id,
+    )
+
+
+def same_answer(recorded: Any, answer: Any) -> bool:
+    """Whether two journal answers are the same decision (deep JSON equality)."""
+    return canonical_json(recorded) == canonical_json(answer)

@@ -5,7 +5,7 @@ filter that copies it onto every record logged meanwhile.
 inside, since asyncio copies the context into a new task — as work on ``turn``.
 :class:`TurnContextFilter`, attached to a handler, gives each record it sees the attributes
 ``turn_id``, ``session_id`` and ``agent`` of that turn, and ``trace_id`` when
-``engine.tracing.current_trace_id()`` names one (that module is optional: without it, no
+``engine.telemetry.tracing.current_trace_id()`` names one (that module is optional: without it, no
 trace id). A formatter then writes them out (``workers/logs.py`` does for ``--log-format
 json``).
 """
@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from engine import tracing
+from engine.telemetry import tracing
 
 __all__ = ["CONTEXT_FIELDS", "TurnContextFilter", "TurnFields", "current_turn", "turn_context"]
 

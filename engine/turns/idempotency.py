@@ -12,9 +12,9 @@ import hashlib
 import logging
 
 from engine.errors import AgentError, InvalidArgumentError, StoreError
-from engine.ownership import owned_by
 from engine.store import NewTurn, SessionStore, TurnInput, TurnRecord
-from engine.turn_request import TurnRequest
+from engine.turns.ownership import owned_by
+from engine.turns.request import TurnRequest
 
 __all__ = ["created_already", "keyed_turn_id", "repeated_turn", "same_input"]
 

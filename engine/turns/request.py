@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from engine.parts import Message
-from engine.session_state import SessionData
+from engine.conversation.parts import Message
+from engine.conversation.session_state import SessionData
 from engine.store import TurnInput
 
 __all__ = ["TurnRequest"]

@@ -1,0 +1,422 @@
+"""The store port: what the engine needs from persistence, as protocols, one per part.
+
+A backend implements :class:`SessionStore`, which unites them all; code that needs one part
+names only it (the turn runner a :class:`Journal`, the web pages a :class:`TurnTimeline`...).
+The engine talks to stores only through these protocols; the reference implementation is
+:class:`engine.store.memory.InMemorySessionStore`, the SQL one ``stores.SqlSessionStore``, and
+the contract suite in ``tests/integration/test_store_*.py`` runs unchanged against each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from contextlib import AbstractAsyncContextManager
+from datetime import datetime
+from typing import Any, Protocol, runtime_checkable
+
+from engine.conversation.parts import Message
+from engine.model import ModelUsage
+from engine.store.records import (
+    AbortOutcome,
+    ApprovalQuery,
+    Assignment,
+    AssignmentChange,
+    DecidedApproval,
+    DecisionQuery,
+    DueQuery,
+    InterruptAnswer,
+    Key,
+    NewTurn,
+    PendingApproval,
+    RoundRecord,
+    SessionRecord,
+    StoredSnapshot,
+    TimelineEntry,
+    ToolCallRecord,
+    Transition,
+    TurnProgress,
+    TurnRecord,
+    Vote,
+    VoteOutcome,
+)
+from engine.store.relay import ChunkSubscription
+
+__all__ = [
+    "ApprovalHistory",
+    "AssignmentBook",
+    "ChangeFeed",
+    "Inbox",
+    "Journal",
+    "Relay",
+    "Retention",
+    "SessionStore",
+    "TurnQueue",
+    "TurnTimeline",
+    "VoteBook",
+]
+
+
+class TurnQueue(Protocol):
+    """Turns as a queue of leased work: created ``pending``, claimed under a lease, renewed,
+    moved by guarded transitions, aborted; and the wake-ups that tell workers to claim."""
+
+    async def create_turn(
+        self, turn: NewTurn, *, answers: Sequence[InterruptAnswer] = ()
+    ) -> TurnRecord:
+        """Insert a ``pending`` turn (and its session, if new), atomically.
+
+        Also marks each answered call ``answered`` — only if it is still ``interrupted``
+        (else :class:`~engine.errors.ApprovalNotPendingError`); answers must name calls of
+        the parent turn, each once (else :class:`~engine.errors.InvalidArgumentError`). Raises
+        :class:`~engine.errors.SessionBusyError` when the session already has a ``pending`` or
+        ``aborting`` turn, and :class:`~engine.errors.InvalidArgumentError` when the session
+        belongs to another agent. Nothing is written when it raises.
+
+        A turn with a ``definition_fingerprint`` and a ``definition`` also makes sure the
+        definition is kept under that fingerprint (written once; see
+        :meth:`read_definition`), before the turn exists.
+        """
+        ...
+
+    async def read_definition(self, fingerprint: str) -> dict[str, Any] | None:
+        """The agent definition kept under ``fingerprint`` (see :attr:`NewTurn.definition`),
+        or ``None`` if no turn was created pinned to it."""
+        ...
+
+    async def get_session(self, session_id: str) -> SessionRecord | None:
+        """The session, or ``None``."""
+        ...
+
+    async def get_turn(self, turn_id: str) -> TurnRecord | None:
+        """The turn, or ``None``."""
+        ...
+
+    async def latest_turn(self, session_id: str) -> TurnRecord | None:
+        """The session's newest turn (always a leaf), or ``None`` for an unknown session."""
+        ...
+
+    async def claim_turn(self, turn_id: str, *, owner: str, lease_seconds: float) -> TurnRecord:
+        """Lease one specific ``pending`` turn that nobody holds (or whose lease expired)
+        and whose ``run_after`` has come.
+
+        Increments ``lease_token`` and ``attempts``. Raises
+        :class:`~engine.errors.StaleTransitionError` if it cannot be claimed.
+        """
+        ...
+
+    async def claim_next(
+        self,
+        *,
+        owner: str,
+        lease_seconds: float,
+        limit: int = 1,
+        agents: Collection[str] | None = None,
+        among: Collection[str] | None = None,
+        versions: Collection[str] | None = None,
+    ) -> list[TurnRecord]:
+        """Lease up to ``limit`` claimable turns (oldest ``run_after`` first); with
+        ``among``, only turns whose id is in it (e.g. the ids of :meth:`take_work_hints`);
+        with ``versions``, only turns pinned to one of those application versions (turns
+        pinned to none, created before pinning, are claimable by any worker)."""
+        ...
+
+    async def renew_lease(
+        self, turn_id: str, *, lease_token: int, lease_seconds: float
+    ) -> TurnRecord:
+        """Extend the lease; returns the record (a heartbeat also reads ``aborting``)."""
+        ...
+
+    async def transition(self, turn_id: str, change: Transition) -> TurnRecord:
+        """Apply ``change`` to the turn (see :class:`Transition`) and record the event.
+
+        Raises :class:`~engine.errors.StaleTransitionError` (or ``LeaseLostError``) on zero
+        rows and ``ValueError`` for an edge the state machine does not have.
+        """
+        ...
+
+    async def request_abort(self, turn_id: str) -> AbortOutcome:
+        """Ask a turn to stop; return its status before and after, read and changed under
+        one lock.
+
+        ``pending`` and leased → ``aborting`` (its runner settles it); ``pending`` and not
+        leased → ``aborted``; otherwise unchanged. Raises
+        :class:`~engine.errors.NotFoundError` for an unknown turn.
+        """
+        ...
+
+    async def wait_for_work(self, timeout: float) -> None:
+        """Return when a turn may have become claimable, or after ``timeout`` seconds.
+
+        A wake-up hint only (NOTIFY, or an in-process event): callers re-check by claiming.
+        """
+        ...
+
+    def take_work_hints(self) -> list[str] | None:
+        """The ids of the turns announced claimable since the last call (and forgets them),
+        or ``None`` when the store cannot name them all — it has no notifications, or some
+        may have been missed (a reconnect, too many to keep).
+
+        A list, even an empty one, is complete: every turn that became claimable since the
+        previous call is in it, so claiming ``among`` it finds the new work without scanning
+        the queue. ``None`` means only a full :meth:`claim_next` is sure to.
+        """
+        ...
+
+
+class Journal(Protocol):
+    """What a turn wrote: its rounds, its tool-call journal and its conversation, and the
+    reads of them at one moment that a worker and a snapshot need. Its writes are fenced by
+    the caller's lease token (see :class:`SessionStore`)."""
+
+    async def save_round(
+        self,
+        turn_id: str,
+        *,
+        lease_token: int,
+        round: RoundRecord,
+        calls: Sequence[ToolCallRecord] = (),
+        usage: ModelUsage | None = None,
+        earlier: RoundRecord | None = None,
+    ) -> None:
+        """Replace the messages of one round and upsert journal rows, in one transaction.
+
+        ``usage`` (the model call that produced the round, passed only on the save right after
+        that call) is added to the turn's ``input_tokens``/``output_tokens`` in the same
+        transaction; counts the provider did not report leave the totals unchanged.
+        ``earlier``: a preceding round whose write the runner deferred to this one (a round
+        that ran nothing), replaced in the same transaction; ``calls`` may include its rows.
+        """
+        ...
+
+    async def record_call(self, turn_id: str, *, lease_token: int, call: ToolCallRecord) -> None:
+        """Upsert one journal row (a call started, finished, failed or interrupted)."""
+        ...
+
+    async def load_rounds(self, turn_id: str) -> list[RoundRecord]:
+        """Every round the turn saved, committed or not, in round order."""
+        ...
+
+    async def list_calls(self, turn_id: str) -> list[ToolCallRecord]:
+        """The turn's journal, ordered by round then ref."""
+        ...
+
+    async def load_conversation(self, turn_id: str) -> list[Message]:
+        """The turn's conversation as of its committed rounds (its snapshot state)."""
+        ...
+
+    async def read_progress(self, turn_id: str) -> TurnProgress | None:
+        """Everything a worker needs to run (or continue) a claimed turn, read at one moment:
+        its parent's conversation and journal, its own rounds and journal (``None`` for an
+        unknown turn). One round trip where the store can."""
+        ...
+
+    async def read_snapshot(self, turn_id: str) -> StoredSnapshot | None:
+        """The turn, its conversation and its journal, read at one moment (``None`` for an
+        unknown turn): a turn seen settled comes with everything its settle wrote. What a
+        resume reads before it is queued, in one round trip where the store can."""
+        ...
+
+
+class Inbox(Protocol):
+    """The approvals waiting for a human: open ones, the decisions recorded ahead of a resume,
+    and the ones past their deadline."""
+
+    async def list_approvals(self, query: ApprovalQuery) -> list[PendingApproval]:
+        """Open approvals (interrupted, not yet decided, on their session's latest turn),
+        ordered by ``(created_at, turn_id, ref)``, filtered and paged by ``query``."""
+        ...
+
+    async def record_decision(
+        self,
+        turn_id: str,
+        round: int,
+        ref: str,
+        *,
+        answer: Any,
+        decided_by: str | None,
+        assignment_seen: Assignment | None = None,
+    ) -> ToolCallRecord:
+        """Record one approver's decision on an open approval, ahead of the resume.
+
+        The call stays ``interrupted`` (the resume that consumes the decisions marks it
+        ``answered``); ``answer``, ``decided_by`` and ``decided_at`` are set. Guarded: the
+        call must be ``interrupted`` and undecided on its session's latest turn, else
+        :class:`~engine.errors.ApprovalNotPendingError` and nothing is written. With
+        ``assignment_seen`` (the assignment the decider was checked against) the approval's
+        assignment must not have changed since, checked under the same lock, else
+        :class:`~engine.store.AssignmentChangedError` and nothing is written.
+        """
+        ...
+
+    async def list_expired_interrupts(
+        self, *, now: datetime, limit: int = 100, agents: Collection[str] | None = None
+    ) -> list[ToolCallRecord]:
+        """Paused calls past their ``deadline`` that are still ``interrupted``, on turns that
+        are their session's latest (``completed``, finish reason ``interrupted``), of
+        ``agents`` when given (several apps may share one database)."""
+        ...
+
+
+class Retention(Protocol):
+    """Deleting idle sessions with everything they hold."""
+
+    async def prune_sessions(self, *, settled_before: datetime, limit: int = 500) -> int:
+        """Delete up to ``limit`` sessions idle since ``settled_before`` — no running turn, no
+        turn updated since, latest turn not paused at an interrupt (open approvals are kept
+        however old) — with all their turns, messages, journal rows and events. Returns how
+        many sessions were deleted (retention; run repeatedly until it returns 0)."""
+        ...
+
+
+class Relay(Protocol):
+    """What a caller watching a turn receives while it runs elsewhere: its streamed chunks and
+    word that its status may have changed."""
+
+    async def publish_chunk(self, turn_id: str, chunk: dict[str, Any]) -> None:
+        """Hand one streamed chunk (wire form) to the turn's subscribers, in any process
+        sharing the store. Best effort: a chunk nobody receives is simply gone."""
+        ...
+
+    def subscribe_chunks(self, turn_id: str) -> AbstractAsyncContextManager[ChunkSubscription]:
+        """Receive the chunks published for ``turn_id`` while the block runs."""
+        ...
+
+    async def wait_for_change(self, turn_id: str, timeout: float) -> None:
+        """Return when the turn's status may have changed, or after ``timeout`` seconds."""
+        ...
+
+
+class VoteBook(Protocol):
+    """The votes on open approvals, and the decision a vote makes."""
+
+    async def record_vote(
+        self,
+        turn_id: str,
+        round: int,
+        ref: str,
+        *,
+        voter: str,
+        answer: Any,
+        approves: bool,
+        required: int,
+        edit_seen: dict[str, Any] | None,
+        resets: bool = False,
+        assignment_seen: Assignment | None = None,
+    ) -> VoteOutcome:
+        """Record ``voter``'s vote on an open approval and, when it is a non-approving vote or
+        brings the approvals to ``required``, the recorded decision (``answer``, ``decided_by``
+        = ``voter``) in the same transaction. ``edit_seen`` is the edit the votes stood on when
+        the voter read them (:func:`engine.store.rules.standing_edit`; ``None``: no edit); it is
+        checked under the same lock that counts the votes. With ``resets`` (a vote that edits
+        the call's arguments) the earlier votes are discarded first: they approved other
+        arguments.
+
+        Raises :class:`~engine.errors.ApprovalNotPendingError` when the approval is not open,
+        :class:`~engine.store.EditedMeanwhileError` when the votes now stand on another edit
+        than ``edit_seen``, :class:`~engine.store.AssignmentChangedError` when
+        the approval's assignment is no longer ``assignment_seen`` (when given), and
+        :class:`AlreadyVotedError` when ``voter`` voted on it before; nothing is written.
+        """
+        ...
+
+    async def list_votes(self, turn_id: str, round: int, ref: str) -> list[Vote]:
+        """The votes on one approval, oldest first."""
+        ...
+
+
+class AssignmentBook(Protocol):
+    """Who open approvals are assigned to, changed by guarded writes."""
+
+    async def get_assignments(self, keys: Sequence[Key]) -> dict[Key, Assignment]:
+        """The stored assignments of these ``(turn_id, round, ref)`` approvals (absent: none
+        stored yet)."""
+        ...
+
+    async def change_assignment(
+        self,
+        turn_id: str,
+        round: int,
+        ref: str,
+        change: AssignmentChange,
+        *,
+        default_group: str | None,
+    ) -> Assignment | None:
+        """Apply ``change`` to one open approval in one guarded write, starting from
+        ``default_group`` when nothing is stored for it yet; the assignment after the change,
+        or ``None`` when the change's guard refused it (nothing written).
+
+        Raises :class:`~engine.errors.ApprovalNotPendingError` when the approval is not open.
+        """
+        ...
+
+    async def list_due_approvals(self, query: DueQuery) -> list[PendingApproval]:
+        """Open approvals matching ``query``, oldest first."""
+        ...
+
+
+class ApprovalHistory(Protocol):
+    """The decided approvals, newest decision first."""
+
+    async def list_decisions(self, query: DecisionQuery) -> list[DecidedApproval]:
+        """Decided interrupts, newest decision first (ties by turn id and ref, descending),
+        filtered and keyset-paged by ``query``."""
+        ...
+
+
+class ChangeFeed(Protocol):
+    """Waking a waiter when any turn may have changed."""
+
+    @property
+    def live_changes(self) -> bool:
+        """Whether :meth:`wait_for_any_change` hears changes made by every process (else it
+        only sleeps, and callers should poll instead)."""
+        ...
+
+    async def wait_for_any_change(self, timeout: float) -> bool:
+        """Return ``True`` when any turn may have been created or changed, ``False`` after
+        ``timeout`` seconds without. A hint only: callers re-read what they show."""
+        ...
+
+
+class TurnTimeline(Protocol):
+    """What happened to a turn, in order (the turn inspector's timeline)."""
+
+    async def timeline(self, turn_id: str) -> list[TimelineEntry]:
+        """Everything recorded of the turn, oldest first: status changes, messages, tool
+        calls and decisions where the store keeps them (a SQL store's ``turn_timeline``
+        view), at least its status changes."""
+        ...
+
+
+@runtime_checkable
+class SessionStore(
+    TurnQueue,
+    Journal,
+    Inbox,
+    Retention,
+    Relay,
+    VoteBook,
+    AssignmentBook,
+    ApprovalHistory,
+    ChangeFeed,
+    TurnTimeline,
+    Protocol,
+):
+    """Persistence of sessions, turns, rounds and the tool-call journal, the human side's
+    votes, assignments and decided approvals, and the feeds the pages read: every part
+    above. A backend implements all of it (docs/architecture.md, "Adding a store backend");
+    callers never probe for a part.
+
+    Writes made while a turn runs take the caller's ``lease_token`` and are refused with
+    :class:`~engine.errors.LeaseLostError` when it is no longer the turn's (or the turn is no
+    longer ``pending``/``aborting``): a worker that lost its lease can write nothing.
+
+    ``durable`` says whether turns outlive this process (a SQL store): a durable store's
+    turns are queued for a worker pool rather than run by the caller.
+    """
+
+    durable: bool
+
+    async def close(self) -> None:
+        """Release connections and listeners."""
+        ...
