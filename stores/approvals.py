@@ -4,7 +4,8 @@ An approval is *open* while its journal row is ``interrupted`` and undecided on 
 paused (``completed``/``interrupted``) and still its session's latest. A decision fills
 ``answer``/``decided_by``/``decided_at`` and leaves the row ``interrupted``: the resume built
 from the decisions marks it ``answered``, guarded as every resume is. The open approvals are
-the rows of ``approval_queue``, which triggers keep exact (migration 0003, docs/schema.md).
+the rows of ``approval_queue``, which triggers keep exact (:mod:`stores.triggers`, created by
+migration 0003; docs/schema.md).
 
 An interrupt with an approval policy is decided by votes (``approval_votes``, migration 0006):
 :func:`record_vote` locks the journal row, adds the vote, and fills in the decision in the same

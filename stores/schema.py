@@ -3,8 +3,9 @@
 Names are part of the public contract (operators and their scripts rely on them): tables
 ``sessions``, ``turns``, ``messages``, ``tool_calls``, ``turn_events``; the PostgreSQL ENUM
 ``turn_status`` mirrors :class:`engine.status.TurnStatus`. Views, and the triggers that keep
-``approval_queue`` exact, are created by the migrations (``migrations/versions``; triggers are
-not part of this metadata) and documented in ``docs/schema.md``.
+``approval_queue`` exact, are not part of this metadata: the migrations create them
+(``migrations/versions``), their current definitions are in :mod:`stores.views` and
+:mod:`stores.triggers`, and ``docs/schema.md`` documents them.
 """
 
 from __future__ import annotations
@@ -265,6 +266,7 @@ turn_events = sa.Table(
     comment="Every status transition of every turn (the audit trail).",
 )
 
+# Written only by the triggers of stores/triggers.py.
 approval_queue = sa.Table(
     "approval_queue",
     metadata,

@@ -1,13 +1,21 @@
-"""Reads of the operator views ``stuck_turns`` and ``turn_timeline``.
+"""The operator views ``open_approvals``, ``stuck_turns`` and ``turn_timeline``: their
+definitions, as a database migrated to head holds them, and the reads of the last two.
 
 Open approvals are read from ``approval_queue`` by :mod:`stores.approvals` (the inbox's
 read, :class:`engine.store.PendingApproval`); the ``open_approvals`` view shows the same rows
-to an operator in SQL."""
+to an operator in SQL.
+
+Migration 0001 created the views and 0003 replaced ``open_approvals``; each keeps its own copy,
+because a migration is history, so changing a view means a new migration and an edit here. As
+with :mod:`stores.triggers`, they are Python strings like every other statement in ``stores/``,
+and ``tests/integration/test_database_objects.py`` checks that a migrated database holds exactly
+these.
+"""
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from pydantic import BaseModel
@@ -18,9 +26,92 @@ from stores.database import utc
 
 __all__ = [
     "StuckTurn",
+    "definitions",
     "stuck_turns",
     "timeline",
 ]
+
+
+class _Clock(NamedTuple):
+    """The clock arithmetic of one database, which each spells its own way."""
+
+    now: str
+    minute_ago: str
+    #: The seconds since a timestamp column, ``{}`` standing for the column.
+    age: str
+
+
+_CLOCKS = {
+    "postgresql": _Clock(
+        now="now()",
+        minute_ago="now() - interval '1 minute'",
+        age="EXTRACT(EPOCH FROM now() - {})",
+    ),
+    # SQLite keeps timestamps as UTC text (docs/schema.md): its clock is text of the same shape.
+    "sqlite": _Clock(
+        now="strftime('%Y-%m-%d %H:%M:%f', 'now')",
+        minute_ago="strftime('%Y-%m-%d %H:%M:%f', 'now', '-1 minute')",
+        age="(julianday('now') - julianday({})) * 86400.0",
+    ),
+}
+
+
+def definitions(dialect: str) -> dict[str, str]:
+    """The ``CREATE VIEW`` statement of each operator view on ``dialect`` (SQLAlchemy's name for
+    the database: ``"postgresql"`` or ``"sqlite"``), by name."""
+    if dialect not in _CLOCKS:
+        raise ValueError(f"no operator views for the dialect {dialect!r}")
+    clock = _CLOCKS[dialect]
+    return {
+        # One row per open approval (decided or not, until its resume answers it): a projection
+        # of approval_queue, which its triggers keep exact (stores/triggers.py).
+        "open_approvals": f"""
+CREATE VIEW open_approvals AS
+SELECT q.turn_id, q.session_id, q.agent, q.name AS interrupt, q.ref, q.input,
+       q.interrupt AS metadata, q.deadline, q.created_at,
+       {clock.age.format("q.created_at")} AS age_seconds
+FROM approval_queue q""",
+        # Running turns that need a look: lease expired, retrying, stopping, or unclaimed.
+        "stuck_turns": f"""
+CREATE VIEW stuck_turns AS
+SELECT id AS turn_id, session_id, agent, status, attempts, max_attempts,
+       lease_owner, lease_expires_at, run_after, error, created_at, updated_at,
+       CASE
+         WHEN lease_owner IS NOT NULL AND lease_expires_at < {clock.now}
+           THEN 'lease expired'
+         WHEN status = 'aborting' THEN 'aborting'
+         WHEN attempts > 1 THEN 'retrying'
+         ELSE 'waiting for a worker'
+       END AS reason
+FROM turns
+WHERE status IN ('pending', 'aborting')
+  AND ((lease_owner IS NOT NULL AND lease_expires_at < {clock.now})
+       OR status = 'aborting'
+       OR attempts > 1
+       OR (lease_owner IS NULL AND run_after < {clock.minute_ago}))""",
+        # Everything that happened to a turn, in order.
+        "turn_timeline": """
+CREATE VIEW turn_timeline AS
+SELECT turn_id, at, 'status' AS kind,
+       COALESCE(CAST(from_status AS TEXT), 'new') || ' -> ' || CAST(to_status AS TEXT)
+         || COALESCE(' (' || note || ')', '') AS detail
+FROM turn_events
+UNION ALL
+SELECT turn_id, created_at, 'message',
+       'round ' || CAST(round AS TEXT) || ': ' || role
+         || CASE WHEN committed THEN '' ELSE ' (open)' END
+FROM messages
+UNION ALL
+SELECT turn_id, started_at, 'tool started', name || ' ' || ref
+FROM tool_calls WHERE started_at IS NOT NULL
+UNION ALL
+SELECT turn_id, finished_at, 'tool ' || CAST(status AS TEXT), name || ' ' || ref
+FROM tool_calls WHERE finished_at IS NOT NULL
+UNION ALL
+SELECT turn_id, decided_at, 'decided',
+       name || ' ' || ref || ' by ' || COALESCE(decided_by, 'unknown')
+FROM tool_calls WHERE decided_at IS NOT NULL""",
+    }
 
 
 class StuckTurn(BaseModel):
