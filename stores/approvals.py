@@ -7,35 +7,35 @@ from the decisions marks it ``answered``, guarded as every resume is. The open a
 the rows of ``approval_queue``, which triggers keep exact (:mod:`stores.triggers`, created by
 migration 0003; docs/schema.md).
 
-An interrupt with an approval policy is decided by votes (``approval_votes``, migration 0006):
-:func:`record_vote` locks the journal row, adds the vote, and fills in the decision in the same
-transaction when the vote decides. A vote that does not decide changes no turn's status, so it
-announces itself on the change channel (the inbox's live pages show the vote count).
+Decisions and votes (``approval_votes``, migration 0006) go through :func:`change_approval`:
+it locks the journal row, reads what the engine's rule needs (the row, its votes, its stored
+assignment), and writes what the rule decides — votes cleared, a vote added, the decision —
+in the same transaction. The rules themselves are the engine's
+(:mod:`engine.approvals.rules`): this module holds no policy. A vote that does not decide
+changes no turn's status, so it announces itself on the change channel (the inbox's live
+pages show the vote count).
 """
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from engine.status import FinishReason, TurnStatus
 from engine.store import (
-    AlreadyVotedError,
     ApprovalQuery,
-    Assignment,
+    ApprovalRule,
     DecidedApproval,
     DecisionQuery,
+    OpenApproval,
     PendingApproval,
-    ToolCallRecord,
     Vote,
     VoteOutcome,
 )
-from engine.store.rules import check_edit_seen
 from stores.approval_rows import pending_approval, select_pending
-from stores.assignments import check_assignment_unchanged
+from stores.assignments import stored_assignment
 from stores.database import utc
 from stores.notify import CHANGE_CHANNEL, notify
 from stores.schema import (
@@ -49,11 +49,10 @@ from stores.schema import (
 from stores.tool_calls import lock_open_call, open_approval, record_of, refuse_not_pending
 
 __all__ = [
+    "change_approval",
     "list_approvals",
     "list_decisions",
     "list_votes",
-    "record_decision",
-    "record_vote",
     "refuse_not_pending",
 ]
 
@@ -90,42 +89,6 @@ def list_approvals(connection: Connection, query: ApprovalQuery) -> list[Pending
         select_pending(approval_queue).where(*conditions).order_by(*order).limit(query.limit)
     ).all()
     return [pending_approval(r) for r in rows]
-
-
-def record_decision(
-    connection: Connection,
-    turn_id: str,
-    round: int,
-    ref: str,
-    *,
-    answer: Any,
-    decided_by: str | None,
-    now: datetime,
-    assignment_seen: Assignment | None = None,
-) -> ToolCallRecord:
-    """Fill in the decision on one open approval and return its row; zero rows matched → the
-    typed conflict.
-
-    One guarded UPDATE: of two approvers deciding the same call at once, the second matches
-    nothing (the first set ``decided_at``) and gets :class:`ApprovalNotPendingError`. With
-    ``assignment_seen`` the journal row is locked first, as every assignment change locks it
-    (:func:`stores.assignments.change_assignment`), and the approval's assignment must still
-    be the one the decider was checked against, else
-    :class:`~engine.store.AssignmentChangedError`.
-    """
-    if assignment_seen is not None:
-        lock_open_call(connection, turn_id, round, ref)
-        check_assignment_unchanged(connection, turn_id, round, ref, assignment_seen)
-    result = connection.execute(
-        sa.update(tool_calls)
-        .where(*open_approval(turn_id, round, ref))
-        .values(answer=answer, decided_by=decided_by, decided_at=now)
-        .returning(*tool_calls.columns)
-    )
-    decided = result.first()
-    if decided is None:
-        refuse_not_pending(connection, turn_id, round, ref)
-    return record_of(decided)
 
 
 def list_decisions(connection: Connection, query: DecisionQuery) -> list[DecidedApproval]:
@@ -262,71 +225,54 @@ def list_votes(connection: Connection, turn_id: str, round: int, ref: str) -> li
     ]
 
 
-def record_vote(
+def change_approval(
     connection: Connection,
     turn_id: str,
     round: int,
     ref: str,
-    *,
-    voter: str,
-    answer: Any,
-    approves: bool,
-    required: int,
+    rule: ApprovalRule,
     now: datetime,
-    edit_seen: dict[str, Any] | None,
-    resets: bool = False,
-    assignment_seen: Assignment | None = None,
 ) -> VoteOutcome:
-    """Add ``voter``'s vote on an open approval; decide it when the vote does.
+    """Apply the engine's ``rule`` to one open approval and write what it decides.
 
-    The journal row is locked first (``FOR UPDATE``; SQLite serialises writers anyway), so
-    concurrent votes on one approval count one after the other and exactly one of them sees
-    the quorum reached. Under that lock the votes must still stand on ``edit_seen``, the edit
-    the voter read (else :class:`~engine.store.EditedMeanwhileError`): an edit committed in
-    between would otherwise be counted together with an approval of other arguments. With
-    ``resets`` the earlier votes are deleted first (an edit: they approved other arguments).
-    With ``assignment_seen``, the approval's assignment must also still be the one the voter
-    was checked against (else :class:`~engine.store.AssignmentChangedError`):
-    every assignment change takes the same lock first.
-    Raises :class:`ApprovalNotPendingError` when the approval is not open and
-    :class:`AlreadyVotedError` when ``voter`` voted on it already; nothing is written.
+    The journal row is locked first (``FOR UPDATE``; SQLite serialises writers anyway), as
+    every assignment change locks it, so concurrent votes, decisions and reassignments of one
+    approval run one after the other and each reads what the others committed: exactly one
+    vote sees the quorum reached, and a decision sees a reassignment that beat it. The rule
+    then reads the row, its votes and its stored assignment and says what to write; when it
+    refuses, the transaction writes nothing.
     """
-    lock_open_call(connection, turn_id, round, ref)
-    check_edit_seen(turn_id, ref, edit_seen, list_votes(connection, turn_id, round, ref))
-    if assignment_seen is not None:
-        check_assignment_unchanged(connection, turn_id, round, ref, assignment_seen)
+    call = lock_open_call(connection, turn_id, round, ref)
+    votes = list_votes(connection, turn_id, round, ref)
+    change = rule(
+        OpenApproval(
+            call=call,
+            votes=votes,
+            assignment=stored_assignment(connection, turn_id, round, ref),
+            now=now,
+        )
+    )
     v = approval_votes.c
-    if resets:
+    if change.clear_votes:
         connection.execute(
             sa.delete(approval_votes).where(v.turn_id == turn_id, v.round == round, v.ref == ref)
         )
-    voted = connection.execute(
-        sa.select(v.voted_at).where(
-            v.turn_id == turn_id, v.round == round, v.ref == ref, v.voter == voter
-        )
-    ).first()
-    if voted is not None:
-        raise AlreadyVotedError(
-            f"'{voter}' already voted on interrupt '{ref}' of snapshot {turn_id}; a vote counts "
-            "once."
-        )
-    connection.execute(
-        sa.insert(approval_votes).values(
-            turn_id=turn_id,
-            round=round,
-            ref=ref,
-            voter=voter,
-            answer=answer,
-            approves=approves,
-            voted_at=now,
-        )
-    )
-    # Delivered with the commit, so open inbox pages re-read the vote count.
-    notify(connection, CHANGE_CHANNEL, turn_id)
-    votes = list_votes(connection, turn_id, round, ref)
-    if approves and sum(vote.approves for vote in votes) < required:
-        return VoteOutcome(votes=votes)
-    decided = record_decision(
-        connection, turn_id, round, ref, answer=answer, decided_by=voter, now=now
-    )
+    if change.vote is not None:
+        connection.execute(sa.insert(approval_votes).values(**change.vote.model_dump()))
+        # Delivered with the commit, so open inbox pages re-read the vote count.
+        notify(connection, CHANGE_CHANNEL, turn_id)
+    if change.clear_votes or change.vote is not None:
+        votes = list_votes(connection, turn_id, round, ref)
+    decided = None
+    if change.decides:
+        # The row is locked and was open: this guarded UPDATE matches it.
+        row = connection.execute(
+            sa.update(tool_calls)
+            .where(*open_approval(turn_id, round, ref))
+            .values(answer=change.answer, decided_by=change.decided_by, decided_at=now)
+            .returning(*tool_calls.columns)
+        ).first()
+        if row is None:
+            refuse_not_pending(connection, turn_id, round, ref)
+        decided = record_of(row)
     return VoteOutcome(votes=votes, decided=decided)

@@ -10,10 +10,11 @@ the first's row lock and then re-checks the guard against the committed row, so 
 escalates once and is reminded once per interval; SQLite serialises writers anyway. A change
 announces itself on the change channel (no turn's status changes), for the inbox's live pages.
 
-A change first locks the approval's journal row, the lock a decision or a vote takes, which
-checks the assignment the decider saw under it (:func:`check_assignment_unchanged`): a
-decision and a reassignment, escalation or claim at once are serialised, so neither a decision
-by someone the change excluded nor a change of an approval already decided is ever written.
+A change first locks the approval's journal row, the lock a decision or a vote takes
+(:func:`stores.approvals.change_approval`, whose rule checks the assignment the decider saw
+against :func:`stored_assignment` under it): a decision and a reassignment, escalation or
+claim at once are serialised, so neither a decision by someone the change excluded nor a
+change of an approval already decided is ever written.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
 from engine.store import Assignment, AssignmentChange, DueQuery, PendingApproval
-from engine.store.rules import check_assignment_seen
 from stores.approval_rows import pending_approval, select_pending
 from stores.database import utc
 from stores.notify import CHANGE_CHANNEL, notify
@@ -36,9 +36,9 @@ from stores.tool_calls import lock_open_call, refuse_not_pending
 
 __all__ = [
     "change_assignment",
-    "check_assignment_unchanged",
     "get_assignments",
     "list_due_approvals",
+    "stored_assignment",
 ]
 
 Key = tuple[str, int, str]
@@ -76,17 +76,15 @@ def get_assignments(connection: Connection, keys: Sequence[Key]) -> dict[Key, As
     return {(f.turn_id, f.round, f.ref): f for f in found if (f.turn_id, f.round, f.ref) in wanted}
 
 
-def check_assignment_unchanged(
-    connection: Connection, turn_id: str, round: int, ref: str, seen: Assignment
-) -> None:
-    """Refuse a decision or vote (:class:`~engine.store.AssignmentChangedError`)
-    when the approval's assignment is no longer ``seen``; called with the journal row locked
-    (:func:`stores.tool_calls.lock_open_call`), so the read is of the last committed change."""
+def stored_assignment(
+    connection: Connection, turn_id: str, round: int, ref: str
+) -> Assignment | None:
+    """The stored assignment of one approval (``None``: none stored yet)."""
     a = approval_assignments.c
     row = connection.execute(
         sa.select(approval_assignments).where(a.turn_id == turn_id, a.round == round, a.ref == ref)
     ).first()
-    check_assignment_seen(turn_id, ref, seen, _assignment_of(row) if row is not None else None)
+    return _assignment_of(row) if row is not None else None
 
 
 def _is_open(turn_id: str, round: int, ref: str) -> sa.Exists:

@@ -31,6 +31,7 @@ from engine.status import TurnStatus
 from engine.store import (
     AbortOutcome,
     ApprovalQuery,
+    ApprovalRule,
     Assignment,
     AssignmentChange,
     DecidedApproval,
@@ -441,60 +442,13 @@ class SqlSessionStore:
         """See :meth:`engine.store.ApprovalHistory.list_decisions`."""
         return await self._read(lambda c: approval_sql.list_decisions(c, query))
 
-    async def record_decision(
-        self,
-        turn_id: str,
-        round: int,
-        ref: str,
-        *,
-        answer: Any,
-        decided_by: str | None,
-        assignment_seen: Assignment | None = None,
-    ) -> ToolCallRecord:
-        """See :meth:`engine.store.SessionStore.record_decision`."""
-        return await self._write(
-            lambda c: approval_sql.record_decision(
-                c,
-                turn_id,
-                round,
-                ref,
-                answer=answer,
-                decided_by=decided_by,
-                now=now_utc(),
-                assignment_seen=assignment_seen,
-            )
-        )
-
-    async def record_vote(
-        self,
-        turn_id: str,
-        round: int,
-        ref: str,
-        *,
-        voter: str,
-        answer: Any,
-        approves: bool,
-        required: int,
-        edit_seen: dict[str, Any] | None,
-        resets: bool = False,
-        assignment_seen: Assignment | None = None,
+    async def change_approval(
+        self, turn_id: str, round: int, ref: str, rule: ApprovalRule
     ) -> VoteOutcome:
-        """See :meth:`engine.store.VoteBook.record_vote`."""
+        """See :meth:`engine.store.VoteBook.change_approval`."""
+        now = now_utc()
         return await self._write(
-            lambda c: approval_sql.record_vote(
-                c,
-                turn_id,
-                round,
-                ref,
-                voter=voter,
-                answer=answer,
-                approves=approves,
-                required=required,
-                edit_seen=edit_seen,
-                resets=resets,
-                now=now_utc(),
-                assignment_seen=assignment_seen,
-            )
+            lambda c: approval_sql.change_approval(c, turn_id, round, ref, rule, now)
         )
 
     async def list_votes(self, turn_id: str, round: int, ref: str) -> list[Vote]:

@@ -177,21 +177,22 @@ def open_approval(turn_id: str, round: int, ref: str) -> tuple[sa.ColumnElement[
     )
 
 
-def lock_open_call(connection: Connection, turn_id: str, round: int, ref: str) -> None:
-    """Lock the journal row of one open approval (``FOR UPDATE``; SQLite serialises writers
-    anyway) or raise the typed conflict describing why it is not open.
+def lock_open_call(connection: Connection, turn_id: str, round: int, ref: str) -> ToolCallRecord:
+    """Lock and read the journal row of one open approval (``FOR UPDATE``; SQLite serialises
+    writers anyway) or raise the typed conflict describing why it is not open.
 
     Votes, guarded decisions and assignment changes all take this lock first, so each one
     reads the others' committed writes: a decision sees a reassignment that beat it, and an
     assignment change sees the decision that beat it (the row is then no longer open).
     """
     locked = connection.execute(
-        sa.select(tool_calls.c.ref)
+        sa.select(tool_calls)
         .where(*open_approval(turn_id, round, ref))
         .with_for_update(of=tool_calls)
     ).first()
     if locked is None:
         refuse_not_pending(connection, turn_id, round, ref)
+    return record_of(locked)
 
 
 def refuse_not_pending(connection: Connection, turn_id: str, round: int, ref: str) -> NoReturn:

@@ -22,7 +22,8 @@ from pydantic import BaseModel, ConfigDict, StrictBool, model_validator
 
 from engine.approval_policy import ApprovalPolicy, Approver
 from engine.approvals.assignment import check_may_decide
-from engine.approvals.edits import check_arguments_seen, make_edit
+from engine.approvals.edits import check_arguments_seen, make_edit, standing_edit
+from engine.approvals.rules import decision_rule, vote_rule
 from engine.conversation.parts import RESUMED, Part
 from engine.conversation.schemas import SchemaViolation, to_jsonable
 from engine.errors import (
@@ -46,7 +47,6 @@ from engine.store import (
     Vote,
     VoteBook,
 )
-from engine.store.rules import standing_edit
 
 if TYPE_CHECKING:
     from engine.agent import Agent
@@ -232,14 +232,14 @@ async def decide(
     if policy is None:
         check_arguments_seen(approval.interrupt, decision.arguments, approval.input)
         _add_edit(answer, tool, approval, decision, decided_by)
-        decided = await store.record_decision(
+        outcome = await store.change_approval(
             approval.turn_id,
             approval.round,
             approval.ref,
-            answer=answer,
-            decided_by=decided_by,
-            assignment_seen=assignment,
+            decision_rule(answer, decided_by=decided_by, assignment_seen=assignment),
         )
+        assert outcome.decided is not None  # a decision rule always decides
+        decided = outcome.decided
     else:
         denies = policy.is_denial(answer)
         # A restart asks again: it may not come from the requester, and it decides at once.
@@ -256,19 +256,21 @@ async def decide(
         if approves and EDIT not in answer and standing is not None:
             # An approval without an edit approves the arguments as the last edit left them.
             answer[EDIT] = standing
-        outcome = await store.record_vote(
+        outcome = await store.change_approval(
             approval.turn_id,
             approval.round,
             approval.ref,
-            voter=approver.id,
-            answer=answer,
-            approves=approves,
-            required=policy.required_approvals,
-            # Earlier votes approved other arguments: an edit starts the count again.
-            resets=decision.edit is not None,
-            # Counted only if no edit landed since the votes were read above.
-            edit_seen=standing,
-            assignment_seen=assignment,
+            vote_rule(
+                voter=approver.id,
+                answer=answer,
+                approves=approves,
+                required=policy.required_approvals,
+                # Earlier votes approved other arguments: an edit starts the count again.
+                resets=decision.edit is not None,
+                # Counted only if no edit landed since the votes were read above.
+                edit_seen=standing,
+                assignment_seen=assignment,
+            ),
         )
         votes = outcome.votes
         if outcome.decided is None:

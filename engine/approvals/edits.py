@@ -14,18 +14,21 @@ The recorded edit lives in the journal answer: ``{"restart": ..., "edit": {"inpu
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from engine.conversation.schemas import SchemaViolation, canonical_json, to_jsonable
 from engine.errors import FailedPreconditionError, InvalidArgumentError
-from engine.store import EditedMeanwhileError
+from engine.store import EDIT, EditedMeanwhileError, Vote
 from engine.tools import Tool
 
 __all__ = [
     "check_arguments_seen",
+    "check_edit_seen",
     "diff_of",
     "make_edit",
+    "standing_edit",
 ]
 
 
@@ -104,4 +107,32 @@ def check_arguments_seen(name: str, seen: Any, current: Any) -> None:
         raise EditedMeanwhileError(
             f"The arguments of '{name}' were edited after you read them (now "
             f"{canonical_json(current)}); nothing was recorded. Review them and decide again."
+        )
+
+
+def standing_edit(votes: Sequence[Vote]) -> dict[str, Any] | None:
+    """The edit the votes on an approval stand on: the latest vote's that carries one (an edit
+    resets the votes before it, and every later approval carries it), else ``None``."""
+    for vote in reversed(votes):
+        edit = vote.answer.get(EDIT) if isinstance(vote.answer, dict) else None
+        if isinstance(edit, dict):
+            return edit
+    return None
+
+
+def check_edit_seen(
+    turn_id: str, ref: str, edit_seen: dict[str, Any] | None, votes: Sequence[Vote]
+) -> None:
+    """Refuse a vote cast on the standing edit ``edit_seen`` (``None``: the original
+    arguments) when ``votes`` now stand on another one: an edit landed after the voter read
+    the votes. Stores call it under the lock that records the vote, so that a vote counts only
+    towards the arguments its voter saw."""
+    standing = standing_edit(votes)
+    if canonical_json(standing) != canonical_json(edit_seen):
+        now = canonical_json(standing["input"]) if standing is not None else "the original ones"
+        raise EditedMeanwhileError(
+            f"The arguments of interrupt '{ref}' of snapshot {turn_id} were edited while your "
+            f"vote was being recorded (they are now {now}); it was not counted. Review them "
+            "and decide again.",
+            snapshot_id=turn_id,
         )

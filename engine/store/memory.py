@@ -27,8 +27,8 @@ from engine.model import ModelUsage
 from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus
 from engine.store import (
     AbortOutcome,
-    AlreadyVotedError,
     ApprovalQuery,
+    ApprovalRule,
     Assignment,
     AssignmentChange,
     DecidedApproval,
@@ -36,6 +36,7 @@ from engine.store import (
     DueQuery,
     InterruptAnswer,
     NewTurn,
+    OpenApproval,
     PendingApproval,
     RoundRecord,
     SessionRecord,
@@ -57,8 +58,6 @@ from engine.store.rules import (
     apply_change,
     check_answerable,
     check_answers,
-    check_assignment_seen,
-    check_edit_seen,
     check_lease,
     check_not_busy,
     check_parent,
@@ -583,17 +582,9 @@ class InMemorySessionStore:
         ]
         return found[:limit]
 
-    async def record_decision(
-        self,
-        turn_id: str,
-        round: int,
-        ref: str,
-        *,
-        answer: Any,
-        decided_by: str | None,
-        assignment_seen: Assignment | None = None,
-    ) -> ToolCallRecord:
-        """See :meth:`engine.store.SessionStore.record_decision`."""
+    def _open_call(self, turn_id: str, round: int, ref: str) -> ToolCallRecord:
+        """The journal row of an open approval, or the typed conflict saying why it is not
+        open."""
         call = self._calls.get(turn_id, {}).get((round, ref))
         if (
             call is None
@@ -609,68 +600,46 @@ class InMemorySessionStore:
                 "may have been decided already.",
                 snapshot_id=turn_id,
             )
-        if assignment_seen is not None:
-            # Checked before any write, with no await since: nothing else runs in between.
-            self._check_assignment_seen(turn_id, round, ref, assignment_seen)
-        decided = call.model_copy(
-            update={"answer": answer, "decided_by": decided_by, "decided_at": _now()}
-        )
-        self._calls[turn_id][(round, ref)] = decided
-        return decided.model_copy(deep=True)
+        return call
 
-    async def record_vote(
-        self,
-        turn_id: str,
-        round: int,
-        ref: str,
-        *,
-        voter: str,
-        answer: Any,
-        approves: bool,
-        required: int,
-        edit_seen: dict[str, Any] | None,
-        resets: bool = False,
-        assignment_seen: Assignment | None = None,
+    async def change_approval(
+        self, turn_id: str, round: int, ref: str, rule: ApprovalRule
     ) -> VoteOutcome:
-        """See :meth:`engine.store.VoteBook.record_vote`."""
-        call = self._calls.get(turn_id, {}).get((round, ref))
-        if call is None or call.decided_at is not None or self._paused_latest(turn_id) is None:
-            # The same refusal as a decision on an approval that is not open.
-            await self.record_decision(turn_id, round, ref, answer=answer, decided_by=voter)
+        """See :meth:`engine.store.VoteBook.change_approval` (no await between the read and
+        the writes: nothing else runs in between)."""
+        call = self._open_call(turn_id, round, ref)
+        key = (turn_id, round, ref)
         votes = self._votes.setdefault(turn_id, {}).setdefault((round, ref), [])
-        # Checked before any await: nothing else runs between this check and the count.
-        check_edit_seen(turn_id, ref, edit_seen, votes)
-        if assignment_seen is not None:
-            self._check_assignment_seen(turn_id, round, ref, assignment_seen)
-        if resets:
-            votes.clear()
-        if any(vote.voter == voter for vote in votes):
-            raise AlreadyVotedError(
-                f"'{voter}' already voted on interrupt '{ref}' of snapshot {turn_id}; a vote "
-                "counts once."
+        stored = self._assignments.get(key)
+        change = rule(
+            OpenApproval(
+                call=call.model_copy(deep=True),
+                votes=[v.model_copy() for v in votes],
+                assignment=stored.model_copy() if stored is not None else None,
+                now=_now(),
             )
-        vote = Vote(
-            turn_id=turn_id,
-            round=round,
-            ref=ref,
-            voter=voter,
-            answer=answer,
-            approves=approves,
-            voted_at=_now(),
         )
-        if not approves or sum(v.approves for v in votes) + 1 >= required:
-            decided = await self.record_decision(
-                turn_id, round, ref, answer=answer, decided_by=voter
+        if change.clear_votes:
+            votes.clear()
+        if change.vote is not None:
+            votes.append(change.vote.model_copy())
+        decided = None
+        if change.decides:
+            decided = call.model_copy(
+                update={
+                    "answer": change.answer,
+                    "decided_by": change.decided_by,
+                    "decided_at": _now(),
+                }
             )
-            votes.append(vote)
-            return VoteOutcome(votes=[v.model_copy() for v in votes], decided=decided)
-        votes.append(vote)
-        # No turn changed status: open inbox pages still re-read the vote count.
-        self._any_change.fire()
-        return VoteOutcome(votes=[v.model_copy() for v in votes])
-
-    def _check_assignment_seen(self, turn_id: str, round: int, ref: str, seen: Assignment) -> None:
-        check_assignment_seen(turn_id, ref, seen, self._assignments.get((turn_id, round, ref)))
+            self._calls[turn_id][(round, ref)] = decided
+        elif change.vote is not None:
+            # No turn changed status: open inbox pages still re-read the vote count.
+            self._any_change.fire()
+        return VoteOutcome(
+            votes=[v.model_copy() for v in votes],
+            decided=decided.model_copy(deep=True) if decided is not None else None,
+        )
 
     async def list_votes(self, turn_id: str, round: int, ref: str) -> list[Vote]:
         """See :meth:`engine.store.VoteBook.list_votes`."""
@@ -692,15 +661,7 @@ class InMemorySessionStore:
         default_group: str | None,
     ) -> Assignment | None:
         """See :meth:`engine.store.AssignmentBook.change_assignment`."""
-        call = self._calls.get(turn_id, {}).get((round, ref))
-        if (
-            call is None
-            or call.status is not ToolCallStatus.INTERRUPTED
-            or call.decided_at is not None
-            or self._paused_latest(turn_id) is None
-        ):
-            # The same refusal as a decision on an approval that is not open.
-            await self.record_decision(turn_id, round, ref, answer=None, decided_by=None)
+        self._open_call(turn_id, round, ref)
         key = (turn_id, round, ref)
         current = self._assignments.get(key) or Assignment(
             turn_id=turn_id, round=round, ref=ref, group=default_group

@@ -9,7 +9,7 @@ the contract suite in ``tests/integration/test_store_*.py`` runs unchanged again
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
@@ -18,6 +18,7 @@ from engine.conversation.parts import Message
 from engine.model import ModelUsage
 from engine.store.records import (
     AbortOutcome,
+    ApprovalChange,
     ApprovalQuery,
     Assignment,
     AssignmentChange,
@@ -27,6 +28,7 @@ from engine.store.records import (
     InterruptAnswer,
     Key,
     NewTurn,
+    OpenApproval,
     PendingApproval,
     RoundRecord,
     SessionRecord,
@@ -41,8 +43,13 @@ from engine.store.records import (
 )
 from engine.store.relay import ChunkSubscription
 
+#: What to write on an open approval, given it as its store read it under its lock; raises a
+#: typed error (nothing written) to refuse the change.
+ApprovalRule = Callable[[OpenApproval], ApprovalChange]
+
 __all__ = [
     "ApprovalHistory",
+    "ApprovalRule",
     "AssignmentBook",
     "ChangeFeed",
     "Inbox",
@@ -226,28 +233,6 @@ class Inbox(Protocol):
         ordered by ``(created_at, turn_id, ref)``, filtered and paged by ``query``."""
         ...
 
-    async def record_decision(
-        self,
-        turn_id: str,
-        round: int,
-        ref: str,
-        *,
-        answer: Any,
-        decided_by: str | None,
-        assignment_seen: Assignment | None = None,
-    ) -> ToolCallRecord:
-        """Record one approver's decision on an open approval, ahead of the resume.
-
-        The call stays ``interrupted`` (the resume that consumes the decisions marks it
-        ``answered``); ``answer``, ``decided_by`` and ``decided_at`` are set. Guarded: the
-        call must be ``interrupted`` and undecided on its session's latest turn, else
-        :class:`~engine.errors.ApprovalNotPendingError` and nothing is written. With
-        ``assignment_seen`` (the assignment the decider was checked against) the approval's
-        assignment must not have changed since, checked under the same lock, else
-        :class:`~engine.store.AssignmentChangedError` and nothing is written.
-        """
-        ...
-
     async def list_expired_interrupts(
         self, *, now: datetime, limit: int = 100, agents: Collection[str] | None = None
     ) -> list[ToolCallRecord]:
@@ -287,35 +272,23 @@ class Relay(Protocol):
 
 
 class VoteBook(Protocol):
-    """The votes on open approvals, and the decision a vote makes."""
+    """Open approvals changed under their row's lock: votes, and the decision."""
 
-    async def record_vote(
-        self,
-        turn_id: str,
-        round: int,
-        ref: str,
-        *,
-        voter: str,
-        answer: Any,
-        approves: bool,
-        required: int,
-        edit_seen: dict[str, Any] | None,
-        resets: bool = False,
-        assignment_seen: Assignment | None = None,
+    async def change_approval(
+        self, turn_id: str, round: int, ref: str, rule: ApprovalRule
     ) -> VoteOutcome:
-        """Record ``voter``'s vote on an open approval and, when it is a non-approving vote or
-        brings the approvals to ``required``, the recorded decision (``answer``, ``decided_by``
-        = ``voter``) in the same transaction. ``edit_seen`` is the edit the votes stood on when
-        the voter read them (:func:`engine.store.rules.standing_edit`; ``None``: no edit); it is
-        checked under the same lock that counts the votes. With ``resets`` (a vote that edits
-        the call's arguments) the earlier votes are discarded first: they approved other
-        arguments.
+        """Apply ``rule`` to one open approval: lock its journal row, read it with its votes
+        and stored assignment (:class:`OpenApproval`), ask ``rule`` what to write
+        (:class:`ApprovalChange`) and write it in the same transaction. The rule is the
+        engine's (:mod:`engine.approvals.votes`): who may decide, quorum, edit resets and
+        assignment checks are decided there, once for every backend; the store only keeps
+        the lock, so concurrent changes of one approval run one after the other.
 
-        Raises :class:`~engine.errors.ApprovalNotPendingError` when the approval is not open,
-        :class:`~engine.store.EditedMeanwhileError` when the votes now stand on another edit
-        than ``edit_seen``, :class:`~engine.store.AssignmentChangedError` when
-        the approval's assignment is no longer ``assignment_seen`` (when given), and
-        :class:`AlreadyVotedError` when ``voter`` voted on it before; nothing is written.
+        A recorded decision leaves the call ``interrupted`` (the resume that consumes the
+        decisions marks it ``answered``) with ``answer``, ``decided_by`` and ``decided_at``
+        set. Raises :class:`~engine.errors.ApprovalNotPendingError` when the approval is not
+        open (not ``interrupted``, decided already, or its turn no longer its session's
+        latest), and whatever ``rule`` raises; in either case nothing is written.
         """
         ...
 

@@ -31,6 +31,7 @@ __all__ = [
     "EDIT",
     "AbortOutcome",
     "AlreadyVotedError",
+    "ApprovalChange",
     "ApprovalClaimedError",
     "ApprovalQuery",
     "Assignment",
@@ -44,6 +45,7 @@ __all__ = [
     "InterruptAnswer",
     "Key",
     "NewTurn",
+    "OpenApproval",
     "PendingApproval",
     "RoundRecord",
     "SessionRecord",
@@ -467,10 +469,34 @@ class Vote(BaseModel):
 
 @dataclass
 class VoteOutcome:
-    """What recording a vote did: every vote so far, and the decision if this vote made one."""
+    """What a change of an open approval did: its votes now, and its decision if the change
+    recorded one."""
 
     votes: list[Vote]
     decided: ToolCallRecord | None = None
+
+
+@dataclass(frozen=True)
+class OpenApproval:
+    """An open approval as a store read it under its journal row's lock: the row, its votes
+    (oldest first), its stored assignment (``None``: none stored yet) and the store's clock."""
+
+    call: ToolCallRecord
+    votes: list[Vote]
+    assignment: Assignment | None
+    now: datetime
+
+
+@dataclass(frozen=True)
+class ApprovalChange:
+    """What to write on an open approval, in this order and in one transaction: the votes
+    cleared, a vote added, the decision recorded (its ``answer`` and ``decided_by``)."""
+
+    clear_votes: bool = False
+    vote: Vote | None = None
+    decides: bool = False
+    answer: Any = None
+    decided_by: str | None = None
 
 
 class AssignmentChangedError(ApprovalNotPendingError):

@@ -28,11 +28,8 @@ from engine.errors import (
 from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus, can_transition
 from engine.store.port import SessionStore
 from engine.store.records import (
-    EDIT,
     Assignment,
     AssignmentChange,
-    AssignmentChangedError,
-    EditedMeanwhileError,
     FollowOnClaim,
     InterruptAnswer,
     NewTurn,
@@ -41,7 +38,6 @@ from engine.store.records import (
     ToolCallStatus,
     Transition,
     TurnRecord,
-    Vote,
 )
 
 __all__ = [
@@ -53,9 +49,7 @@ __all__ = [
     "apply_change",
     "check_answerable",
     "check_answers",
-    "check_assignment_seen",
     "check_creation",
-    "check_edit_seen",
     "check_lease",
     "check_not_busy",
     "check_parent",
@@ -64,7 +58,6 @@ __all__ = [
     "check_transition",
     "claim_after",
     "same_answer",
-    "standing_edit",
     "transition_changes",
 ]
 
@@ -284,21 +277,6 @@ async def claim_after(store: SessionStore, claim: FollowOnClaim) -> None:
     claim.ran = True
 
 
-def check_assignment_seen(
-    turn_id: str, ref: str, seen: Assignment, stored: Assignment | None
-) -> None:
-    """Refuse a decision or vote whose decider was checked against the assignment ``seen``
-    when the approval's stored assignment (``None``: none stored) has changed since. Stores
-    call it under the lock that records the decision or vote, so that who may decide is what
-    the check saw when the decision lands."""
-    now = stored.version if stored is not None else None
-    if now != seen.version:
-        holder = stored.describe() if stored is not None else "its default"
-        raise AssignmentChangedError(
-            f"Interrupt '{ref}' of snapshot {turn_id} was reassigned while your decision was "
-            f"being recorded (it is now assigned to {holder}); nothing was recorded.",
-            snapshot_id=turn_id,
-        )
 
 
 def apply_change(current: Assignment, change: AssignmentChange, now: datetime) -> Assignment | None:
@@ -341,32 +319,8 @@ def apply_change(current: Assignment, change: AssignmentChange, now: datetime) -
     return current.model_copy(update={"last_reminded_at": now, "reminders": current.reminders + 1})
 
 
-def standing_edit(votes: Sequence[Vote]) -> dict[str, Any] | None:
-    """The edit the votes on an approval stand on: the latest vote's that carries one (an edit
-    resets the votes before it, and every later approval carries it), else ``None``."""
-    for vote in reversed(votes):
-        edit = vote.answer.get(EDIT) if isinstance(vote.answer, dict) else None
-        if isinstance(edit, dict):
-            return edit
-    return None
 
 
-def check_edit_seen(
-    turn_id: str, ref: str, edit_seen: dict[str, Any] | None, votes: Sequence[Vote]
-) -> None:
-    """Refuse a vote cast on the standing edit ``edit_seen`` (``None``: the original
-    arguments) when ``votes`` now stand on another one: an edit landed after the voter read
-    the votes. Stores call it under the lock that records the vote, so that a vote counts only
-    towards the arguments its voter saw."""
-    standing = standing_edit(votes)
-    if canonical_json(standing) != canonical_json(edit_seen):
-        now = canonical_json(standing["input"]) if standing is not None else "the original ones"
-        raise EditedMeanwhileError(
-            f"The arguments of interrupt '{ref}' of snapshot {turn_id} were edited while your "
-            f"vote was being recorded (they are now {now}); it was not counted. Review them "
-            "and decide again.",
-            snapshot_id=turn_id,
-        )
 
 
 def check_recorded(row: ToolCallRecord, answer: Any, snapshot_id: str | None = None) -> None:

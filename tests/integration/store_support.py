@@ -19,9 +19,11 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
+from engine.approvals.rules import decision_rule
 from engine.conversation.parts import Message, Part
 from engine.status import FinishReason, TurnStatus
 from engine.store import (
+    Assignment,
     InterruptAnswer,
     NewTurn,
     RoundRecord,
@@ -219,3 +221,25 @@ async def latest_id(store: SessionStore, session_id: str = "s1") -> str | None:
 async def calls_by_ref(store: SessionStore, turn_id: str) -> dict[str, ToolCallRecord]:
     """The journal of ``turn_id`` keyed by ref."""
     return {c.ref: c for c in await store.list_calls(turn_id)}
+
+
+async def record_decision(
+    store: SessionStore,
+    turn_id: str,
+    round: int,
+    ref: str,
+    *,
+    answer: Any,
+    decided_by: str | None,
+    assignment_seen: Assignment | None = None,
+) -> ToolCallRecord:
+    """Record a decision on an open approval as the inbox does, through the engine's
+    decision rule; the decided journal row."""
+    outcome = await store.change_approval(
+        turn_id,
+        round,
+        ref,
+        decision_rule(answer, decided_by=decided_by, assignment_seen=assignment_seen),
+    )
+    assert outcome.decided is not None, "a decision rule always decides"
+    return outcome.decided

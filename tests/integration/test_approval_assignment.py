@@ -33,6 +33,7 @@ from engine.approvals.assignment import (
 )
 from engine.approvals.decide import Decision, decide, find_approval
 from engine.approvals.expiry import expire_approvals
+from engine.approvals.rules import vote_rule
 from engine.conversation.parts import Message
 from engine.errors import ApprovalNotPendingError
 from engine.remote.auth import Principal
@@ -52,6 +53,7 @@ from examples.banking import BankingApp, build
 from stores import SqlSessionStore
 from tests.conftest import TEST_STATE_KEYS
 from tests.databases import libpq_dsn, sql_store
+from tests.integration.store_support import record_decision
 from workers.metrics import Metrics
 
 DAVE = Principal("dave", roles=frozenset({"payments"}))
@@ -322,37 +324,41 @@ async def test_a_decision_or_vote_checked_against_a_stale_assignment_is_refused(
     unclaimed = await ctx.assignment()
     remind = AssignmentChange(action="remind", every_seconds=60.0)
     assert await store.change_assignment(*where, remind, default_group="payments") is not None
-    counted = await store.record_vote(
+    counted = await store.change_approval(
         *where,
-        voter="dave",
-        answer=answer,
-        approves=True,
-        required=2,
-        edit_seen=None,
-        assignment_seen=unclaimed,
-    )
-    assert [v.voter for v in counted.votes] == ["dave"] and counted.decided is None
-    await claim(ctx.app.banking_agent, ctx.approval, ERIN)
-    with pytest.raises(AssignmentChangedError, match="erin") as refused:
-        await store.record_vote(
-            *where,
-            voter="frank",
+        vote_rule(
+            voter="dave",
             answer=answer,
             approves=True,
             required=2,
             edit_seen=None,
             assignment_seen=unclaimed,
+        ),
+    )
+    assert [v.voter for v in counted.votes] == ["dave"] and counted.decided is None
+    await claim(ctx.app.banking_agent, ctx.approval, ERIN)
+    with pytest.raises(AssignmentChangedError, match="erin") as refused:
+        await store.change_approval(
+            *where,
+            vote_rule(
+                voter="frank",
+                answer=answer,
+                approves=True,
+                required=2,
+                edit_seen=None,
+                assignment_seen=unclaimed,
+            ),
         )
     assert refused.value.status == "ABORTED"  # HTTP 409
     with pytest.raises(AssignmentChangedError, match="erin"):
-        await store.record_decision(
-            *where, answer=answer, decided_by="dave", assignment_seen=unclaimed
+        await record_decision(
+            store, *where, answer=answer, decided_by="dave", assignment_seen=unclaimed
         )
     assert [v.voter for v in await store.list_votes(*where)] == ["dave"]
     assert (await paused_row(ctx)).decided_at is None
     claimed = await ctx.assignment()
-    decided = await store.record_decision(
-        *where, answer=answer, decided_by="erin", assignment_seen=claimed
+    decided = await record_decision(
+        store, *where, answer=answer, decided_by="erin", assignment_seen=claimed
     )
     assert decided.decided_by == "erin"
 

@@ -24,6 +24,7 @@ from sqlalchemy.engine import URL
 
 from engine.approval_policy import ApprovalPolicy, ApprovalRefusedError, role
 from engine.approvals.decide import Decision, decide, find_approval
+from engine.approvals.rules import vote_rule
 from engine.conversation.parts import Message, Part
 from engine.errors import ApprovalNotPendingError
 from engine.remote.auth import Principal
@@ -272,15 +273,11 @@ async def test_concurrent_last_votes_decide_once(store: SessionStore) -> None:
 
 async def last_vote(store: SqlSessionStore, ctx: Paused, voter: str) -> VoteOutcome:
     """``voter``'s approval, recorded straight through ``store``, under a quorum of three."""
-    return await store.record_vote(
+    return await store.change_approval(
         ctx.approval.turn_id,
         1,
         "approval-1",
-        voter=voter,
-        answer=True,
-        approves=True,
-        required=3,
-        edit_seen=None,
+        vote_rule(voter=voter, answer=True, approves=True, required=3, edit_seen=None),
     )
 
 

@@ -37,6 +37,7 @@ from tests.integration.store_support import (
     claim,
     new_turn,
     paused_turn,
+    record_decision,
     settle,
     tool_call,
 )
@@ -142,7 +143,7 @@ async def test_the_queue_follows_a_workload_through_the_store(kind: str) -> None
         assert assert_exact(store) == [("p1", "a"), ("p1", "b"), ("p1", "c"), ("q1", "r1")]
 
         # An inbox decision: still open (the view shows decided calls), decided_at copied.
-        await store.record_decision("p1", 1, "a", answer={"respond": 1}, decided_by="alice")
+        await record_decision(store, "p1", 1, "a", answer={"respond": 1}, decided_by="alice")
         assert len(assert_exact(store)) == 4
         assert [a.ref for a in await store.list_approvals(ApprovalQuery())] == ["b", "c", "r1"]
 

@@ -13,6 +13,7 @@ import pytest
 
 from engine.approval_policy import ApprovalRefusedError, role
 from engine.approvals.decide import Decision, DecisionOutcome, decide, find_approval
+from engine.approvals.rules import vote_rule
 from engine.conversation.parts import RESUMED, Message, Part
 from engine.errors import (
     DecisionConflictError,
@@ -37,6 +38,7 @@ from engine.turns.resume import edited_key
 from examples.banking import read_ledger
 from examples.guarded_banking import GuardedApp, build
 from tests.databases import sql_store
+from tests.integration.store_support import record_decision
 from tests.integration.test_approval_policies import (
     SLOW_VOTER,
     overlapping,
@@ -212,8 +214,13 @@ async def test_restart_with_changed_input_is_refused_without_an_edit(
         await app.agent.run_turn(restart_with(500))
     assert app.transfers == []
     # A decision recorded without an edit licenses no other arguments either.
-    await store.record_decision(
-        approval.turn_id, approval.round, approval.ref, answer={"restart": True}, decided_by="bob"
+    await record_decision(
+        store,
+        approval.turn_id,
+        approval.round,
+        approval.ref,
+        answer={"restart": True},
+        decided_by="bob",
     )
     with pytest.raises(ResumeValidationError, match="modified inputs"):
         await app.agent.run_turn(restart_with(500))
@@ -230,7 +237,8 @@ async def test_a_recorded_edit_licenses_exactly_its_arguments(store: SessionStor
         "by": "bob",
         "at": "2026-01-01T00:00:00+00:00",
     }
-    await store.record_decision(
+    await record_decision(
+        store,
         approval.turn_id,
         approval.round,
         approval.ref,
@@ -333,13 +341,9 @@ async def test_a_vote_on_a_replaced_edit_is_not_counted(store: SessionStore) -> 
 
     async def approve_having_read(edit_seen: dict[str, Any] | None, voter: str) -> None:
         answer = {"restart": True, **({"edit": edit_seen} if edit_seen else {})}
-        await book.record_vote(
+        await book.change_approval(
             *where(approval),
-            voter=voter,
-            answer=answer,
-            approves=True,
-            required=2,
-            edit_seen=edit_seen,
+            vote_rule(voter=voter, answer=answer, approves=True, required=2, edit_seen=edit_seen),
         )
 
     with pytest.raises(EditedMeanwhileError, match="500"):

@@ -37,6 +37,7 @@ from stores import SqlSessionStore
 from stores.postgres import PostgresSessionStore
 from stores.sqlite import SqliteSessionStore
 from tests.databases import sql_store
+from tests.integration.store_support import record_decision
 from tests.integration.test_round_trips import count_transactions
 
 
@@ -165,7 +166,7 @@ async def test_a_refused_answer_names_its_rule_and_writes_nothing(
         first = await store.claim_turn("first", owner="w", lease_seconds=30)
         await store.transition("first", settle(first.lease_token))
     elif recorded == "decided":
-        await store.record_decision("paused", 1, "r1", answer=approve.answer, decided_by="bob")
+        await record_decision(store, "paused", 1, "r1", answer=approve.answer, decided_by="bob")
     elif recorded == "unknown":
         approve = approve.model_copy(update={"ref": "r9"})
     journal = await store.list_calls("paused")

@@ -11,7 +11,14 @@ from engine.store import (
     DecisionQuery,
     SessionStore,
 )
-from tests.integration.store_support import AGENT, answer, new_turn, paused_turn, settle
+from tests.integration.store_support import (
+    AGENT,
+    answer,
+    new_turn,
+    paused_turn,
+    record_decision,
+    settle,
+)
 
 
 def history_of(store: SessionStore) -> ApprovalHistory:
@@ -43,14 +50,14 @@ async def test_decisions_list_who_decided_what_and_the_turn_that_followed(
     await paused_turn(store, "p2", "s2")
     assert await history.list_decisions(DecisionQuery()) == []
 
-    await store.record_decision("p1", 1, "a", answer={"respond": True}, decided_by="bob")
+    await record_decision(store, "p1", 1, "a", answer={"respond": True}, decided_by="bob")
     [entry] = await history.list_decisions(DecisionQuery())
     assert (entry.turn_id, entry.ref, entry.interrupt) == ("p1", "a", "transferMoney")
     assert (entry.session_id, entry.agent, entry.decided_by) == ("s1", AGENT, "bob")
     assert entry.answer == {"respond": True}
     assert entry.next_turn_id is None and entry.next_status is None
 
-    await store.record_decision("p1", 1, "b", answer={"respond": False}, decided_by="carol")
+    await record_decision(store, "p1", 1, "b", answer={"respond": False}, decided_by="carol")
     resume = new_turn("p1-resume", "s1", kind="resume", parent_id="p1")
     await store.create_turn(
         resume, answers=[answer("p1", "a", True, "bob"), answer("p1", "b", False, "carol")]
@@ -70,7 +77,7 @@ async def test_decisions_filter_and_page(store: SessionStore) -> None:
     history = history_of(store)
     await paused_turn(store, "p1", "s1", interrupted=("a", "b", "c"))
     for ref, who in (("a", "bob"), ("b", "carol"), ("c", "bob")):
-        await store.record_decision("p1", 1, ref, answer={"respond": ref}, decided_by=who)
+        await record_decision(store, "p1", 1, ref, answer={"respond": ref}, decided_by=who)
     everything = await history.list_decisions(DecisionQuery())
     assert [e.ref for e in everything] == ["c", "b", "a"]
     assert [e.ref for e in await history.list_decisions(DecisionQuery(decided_by="bob"))] == [
@@ -96,8 +103,8 @@ async def test_decisions_name_the_escalation_before_them(store: SessionStore) ->
     escalate = AssignmentChange(action="escalate", by="escalation", group="leads")
     moved = await store.change_assignment("p1", 1, "a", escalate, default_group="payments")
     assert moved is not None and moved.escalated_at is not None
-    await store.record_decision("p1", 1, "a", answer={"respond": True}, decided_by="lena")
-    await store.record_decision("p1", 1, "b", answer={"respond": True}, decided_by="dave")
+    await record_decision(store, "p1", 1, "a", answer={"respond": True}, decided_by="lena")
+    await record_decision(store, "p1", 1, "b", answer={"respond": True}, decided_by="dave")
     by_ref = {e.ref: e for e in await history.list_decisions(DecisionQuery())}
     escalated = by_ref["a"]
     assert escalated.escalated_at == moved.escalated_at

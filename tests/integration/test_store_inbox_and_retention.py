@@ -18,6 +18,7 @@ from tests.integration.store_support import (
     claim,
     new_turn,
     paused_turn,
+    record_decision,
     settle,
 )
 
@@ -73,15 +74,15 @@ async def test_a_decision_is_recorded_once_and_leaves_the_call_interrupted(
     """record_decision stores answer/decider/moment, drops the entry from the inbox, and a
     second decision on the same call is a conflict."""
     await paused_turn(store, "p1", "s1", interrupted=("a", "b"))
-    decided = await store.record_decision(
-        "p1", 1, "a", answer={"respond": {"ok": True}}, decided_by="alice"
+    decided = await record_decision(
+        store, "p1", 1, "a", answer={"respond": {"ok": True}}, decided_by="alice"
     )
     assert decided.status.value == "interrupted"
     assert decided.answer == {"respond": {"ok": True}}
     assert decided.decided_by == "alice" and decided.decided_at is not None
     assert [a.ref for a in await store.list_approvals(ApprovalQuery())] == ["b"]
     with pytest.raises(ApprovalNotPendingError):
-        await store.record_decision("p1", 1, "a", answer={"respond": {}}, decided_by="bob")
+        await record_decision(store, "p1", 1, "a", answer={"respond": {}}, decided_by="bob")
     rows = {c.ref: c for c in await store.list_calls("p1")}
     assert rows["a"].decided_by == "alice"
 
@@ -91,19 +92,19 @@ async def test_no_decision_on_a_call_that_is_not_open(store: SessionStore) -> No
     await paused_turn(store, "p1", "s1")
     for ref in ("nope", "done"):
         with pytest.raises(ApprovalNotPendingError):
-            await store.record_decision("p1", 1, ref, answer={"respond": 1}, decided_by=None)
+            await record_decision(store, "p1", 1, ref, answer={"respond": 1}, decided_by=None)
     answer = InterruptAnswer(turn_id="p1", round=1, ref="r1", answer={"respond": 1})
     resume = new_turn("p2", "s1", kind="resume", parent_id="p1")
     resume = resume.model_copy(update={"input": TurnInput(kind="resume")})
     await store.create_turn(resume, answers=[answer])
     with pytest.raises(ApprovalNotPendingError):
-        await store.record_decision("p1", 1, "r1", answer={"respond": 2}, decided_by=None)
+        await record_decision(store, "p1", 1, "r1", answer={"respond": 2}, decided_by=None)
 
 
 async def test_the_resume_keeps_the_recorded_decider_and_moment(store: SessionStore) -> None:
     """Answering a decided call keeps who decided it and when (the inbox's record)."""
     await paused_turn(store, "p1", "s1")
-    decided = await store.record_decision("p1", 1, "r1", answer={"respond": 1}, decided_by="alice")
+    decided = await record_decision(store, "p1", 1, "r1", answer={"respond": 1}, decided_by="alice")
     answer = InterruptAnswer(
         turn_id="p1", round=1, ref="r1", answer={"respond": 1}, decided_by="alice"
     )

@@ -10,9 +10,10 @@ import pytest
 from engine import Engine
 from engine.approvals.assignment import assigned_matches, may_act
 from engine.approvals.decide import NamedApprover
+from engine.approvals.rules import check_assignment_seen
 from engine.remote.wire import http_status
 from engine.store import Assignment, AssignmentChange, AssignmentChangedError
-from engine.store.rules import apply_change, check_assignment_seen
+from engine.store.rules import apply_change
 from tests.conftest import TEST_STATE_KEYS
 from tests.support import ListModel
 
