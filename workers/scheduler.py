@@ -4,7 +4,7 @@ Each worker process runs its own :class:`AsyncIOScheduler` with the default in-m
 store: APScheduler's job store is never shared between processes (its 3.x FAQ: "You can't"),
 so every process schedules the same jobs and the jobs themselves are idempotent guarded SQL.
 A job that should run once per cluster additionally holds the store's cluster lock (an
-advisory lock on PostgreSQL) when the store offers one.
+advisory lock on PostgreSQL; the in-memory store, of one process, always gets it).
 
 Jobs: the expiry of long-lived approvals (:func:`engine.approvals.expiry.expire_approvals`), which
 the store already guards — running it on every worker at once decides each approval once — with the
@@ -19,9 +19,8 @@ import asyncio
 import logging
 import math
 from collections.abc import Awaitable, Callable
-from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime, timedelta
-from typing import Any, cast
+from typing import Any
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler  # type: ignore[import-untyped]
 
@@ -34,14 +33,13 @@ __all__ = ["EXPIRY_LOCK", "RETENTION_LOCK", "MaintenanceScheduler"]
 
 logger = logging.getLogger("turnstile.worker.scheduler")
 
-#: Name of the cluster lock the expiry job takes when the store provides ``try_cluster_lock``.
+#: Name of the cluster lock the expiry job takes.
 EXPIRY_LOCK = "turnstile.expire_approvals"
 #: Name of the cluster lock the retention job takes.
 RETENTION_LOCK = "turnstile.prune_sessions"
 #: Sessions deleted per transaction by the retention job (short transactions, small locks).
 RETENTION_BATCH = 500
 
-ClusterLock = Callable[[str], AbstractAsyncContextManager[bool]]
 
 
 class MaintenanceScheduler:
@@ -145,11 +143,7 @@ class MaintenanceScheduler:
         ``False`` when another worker holds the lock or the run failed (logged)."""
         self._current = asyncio.current_task()  # what shutdown() gives its grace to
         try:
-            lock = _cluster_lock(self.store)
-            if lock is None:
-                await work()
-                return True
-            async with lock(lock_name) as acquired:
+            async with self.store.try_cluster_lock(lock_name) as acquired:
                 if not acquired:
                     logger.debug("%s: another worker holds the lock; skipping", lock_name)
                     return False
@@ -176,10 +170,3 @@ class MaintenanceScheduler:
                 logger.info("retention: deleted %d session(s) idle since %s", deleted, cutoff)
             if deleted < RETENTION_BATCH:
                 return
-
-
-def _cluster_lock(store: SessionStore) -> ClusterLock | None:
-    """The store's ``try_cluster_lock(name)`` if it has one (the SQL store's advisory lock);
-    without one every worker runs the job, which the store's guards make safe."""
-    method = getattr(store, "try_cluster_lock", None)
-    return cast(ClusterLock, method) if callable(method) else None

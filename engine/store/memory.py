@@ -10,8 +10,9 @@ is atomic — the same guarantee the SQL store gets from one transaction per cal
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from collections.abc import Collection, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -724,6 +725,12 @@ class InMemorySessionStore:
     async def wait_for_any_change(self, timeout: float) -> bool:
         """See :meth:`engine.store.ChangeFeed.wait_for_any_change`."""
         return await self._any_change.wait(timeout)
+
+    @contextlib.asynccontextmanager
+    async def try_cluster_lock(self, name: str) -> AsyncIterator[bool]:
+        """See :meth:`engine.store.Retention.try_cluster_lock`: this store lives in one
+        process, whose jobs take turns on its event loop, so the lock is always got."""
+        yield True
 
     async def prune_sessions(self, *, settled_before: datetime, limit: int = 500) -> int:
         """See :meth:`engine.store.SessionStore.prune_sessions`."""

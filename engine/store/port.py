@@ -243,7 +243,13 @@ class Inbox(Protocol):
 
 
 class Retention(Protocol):
-    """Deleting idle sessions with everything they hold."""
+    """Deleting idle sessions with everything they hold, and the lock that keeps a
+    maintenance job to one worker of a cluster."""
+
+    def try_cluster_lock(self, name: str) -> AbstractAsyncContextManager[bool]:
+        """Hold the cluster-wide lock ``name`` while the block runs, if it is free: yields
+        whether it got it, without waiting (a store of one process always gets it)."""
+        ...
 
     async def prune_sessions(self, *, settled_before: datetime, limit: int = 500) -> int:
         """Delete up to ``limit`` sessions idle since ``settled_before`` — no running turn, no
