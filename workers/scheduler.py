@@ -41,7 +41,6 @@ RETENTION_LOCK = "turnstile.prune_sessions"
 RETENTION_BATCH = 500
 
 
-
 class MaintenanceScheduler:
     """The worker process's APScheduler: an interval job expiring overdue approvals, and one
     pruning sessions idle for longer than ``retention`` seconds (when given).

@@ -277,8 +277,6 @@ async def claim_after(store: SessionStore, claim: FollowOnClaim) -> None:
     claim.ran = True
 
 
-
-
 def apply_change(current: Assignment, change: AssignmentChange, now: datetime) -> Assignment | None:
     """``current`` after ``change`` (``None``: the change's guard refuses it); the rules the
     SQL stores write as guarded UPDATEs, for the in-memory store."""
@@ -317,10 +315,6 @@ def apply_change(current: Assignment, change: AssignmentChange, now: datetime) -
     if last is not None and last > now - timedelta(seconds=change.every_seconds):
         return None
     return current.model_copy(update={"last_reminded_at": now, "reminders": current.reminders + 1})
-
-
-
-
 
 
 def check_recorded(row: ToolCallRecord, answer: Any, snapshot_id: str | None = None) -> None:

@@ -214,3 +214,22 @@ def test_a_flood_of_invalid_requests_is_logged_at_a_bounded_rate(tmp_path: Path)
                 assert sock.recv(65536).startswith(b"HTTP/1.1 400 ")
         assert timed_healthz(base) < PROMPT
     assert 1 <= count_lines(log, "Invalid HTTP request received") <= 6
+
+
+def test_a_static_path_with_a_nul_byte_is_a_404_logged_in_one_line(tmp_path: Path) -> None:
+    """``/ui/static/…%00`` is not found (404, no sign-in needed), and fifty of them leave no
+    traceback in the log: a path no file can have is not a server error."""
+    log = tmp_path / "serve.log"
+    with (
+        postgres_url() as url,
+        serve_process(url, log=log, args=["--log-level", "INFO"]) as (
+            base,
+            _process,
+        ),
+    ):
+        for n in range(50):
+            reply = httpx.get(f"{base}/ui/static/app.css%00{n}", timeout=10)
+            assert reply.status_code == 404
+        assert httpx.get(f"{base}/healthz", timeout=10).status_code == 200
+    assert count_lines(log, "Traceback") == 0
+    assert count_lines(log, "/ui/static/") <= 50

@@ -14,6 +14,7 @@ Pages are rendered on the server and work without JavaScript; a small script of 
 from __future__ import annotations
 
 import logging
+import os
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -39,6 +40,16 @@ from engine.remote.ui.turn_pages import TurnPages
 __all__ = ["SECRET_ENV", "InboxUI", "UiSettings"]
 
 logger = logging.getLogger("turnstile.ui")
+
+
+class StaticPages(StaticFiles):
+    """The pages' stylesheet and scripts. A path no file can have (a NUL byte) is simply not
+    found: the file system refuses it with ``ValueError``, which would be a 500."""
+
+    def lookup_path(self, path: str) -> tuple[str, os.stat_result | None]:
+        if "\x00" in path:
+            return "", None
+        return super().lookup_path(path)
 
 
 class InboxUI:
@@ -105,7 +116,7 @@ class InboxUI:
             Route(f"{turn}/retry", guarded(kit, turns.retry), methods=["POST"]),
             Route(f"{turn}/state", guarded_json(kit, turns.state), methods=["GET"]),
             Route(turn, guarded(kit, turns.show), methods=["GET"]),
-            Mount("/ui/static", StaticFiles(directory=STATIC), name="ui-static"),
+            Mount("/ui/static", StaticPages(directory=STATIC), name="ui-static"),
         ]
 
     async def _to_inbox(self, request: Request) -> Response:
