@@ -14,6 +14,7 @@ The recorded edit lives in the journal answer: ``{"restart": ..., "edit": {"inpu
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -82,6 +83,9 @@ def make_edit(
         raise FailedPreconditionError(
             f"The arguments of this '{name}' call are not an object: they cannot be edited."
         )
+    _check_fields(tool, name, original, changes)
+    for field, value in changes.items():
+        _check_finite(name, field, value)
     standing = current if isinstance(current, dict) else original
     edited = {k: v for k, v in standing.items() if k not in changes}
     edited.update({k: to_jsonable(v) for k, v in changes.items() if v is not None})
@@ -98,6 +102,37 @@ def make_edit(
     diff = diff_of(original, edited)
     when = at or datetime.now(UTC)
     return {"input": edited, "diff": diff, "by": by, "at": when.isoformat()}
+
+
+def _check_fields(tool: Tool, name: str, original: dict[str, Any], changes: dict[str, Any]) -> None:
+    """Refuse changes to fields the call cannot have: those its input schema does not declare
+    (a schema's silence is not permission: a pydantic model drops an unknown field, a JSON
+    schema lets it through, and either way the tool never reads it), or, for a tool without
+    a schema, fields the call does not already have."""
+    schema = tool.input.json_schema()
+    declared = schema.get("properties") if isinstance(schema, dict) else None
+    allowed = set(declared) if isinstance(declared, dict) else set(original)
+    unknown = sorted(k for k in changes if k not in allowed)
+    if unknown:
+        raise InvalidArgumentError(
+            f"The edit of '{name}' names fields its arguments do not have: "
+            f"{', '.join(unknown)} (it may change {', '.join(sorted(allowed)) or 'none'})."
+        )
+
+
+def _check_finite(name: str, path: str, value: Any) -> None:
+    """Refuse a number JSON cannot hold (``1e309`` reads as infinity, which would be stored
+    as null and then fail the tool)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InvalidArgumentError(
+            f"The edit of '{name}' sets {path} to {value!r}, which is not a finite number."
+        )
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_finite(name, f"{path}.{key}", item)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _check_finite(name, f"{path}[{index}]", item)
 
 
 def check_arguments_seen(name: str, seen: Any, current: Any) -> None:

@@ -46,14 +46,43 @@ def test_diff_names_added_fields_without_an_old_value() -> None:
 
 @pytest.mark.parametrize(
     "changes",
-    [{"amount": "500"}, {"amount": None}, {}, ["amount", 500], {"amount": 40}],
-    ids=["string-for-number", "required-removed", "empty", "not-an-object", "no-change"],
+    [
+        {"amount": "500"},
+        {"amount": None},
+        {},
+        ["amount", 500],
+        {"amount": 40},
+        {"amount": 50, "fee": 1},
+        {"amount": float("inf")},
+        {"amount": float("nan")},
+    ],
+    ids=[
+        "string-for-number",
+        "required-removed",
+        "empty",
+        "not-an-object",
+        "no-change",
+        "undeclared-field",
+        "infinite",
+        "not-a-number",
+    ],
 )
 def test_bad_edits_are_invalid_arguments(changes: object) -> None:
-    """Strict schema check (no coercion of "500"), required fields, and edits that are empty,
-    not an object or change nothing are refused."""
+    """Strict schema check (no coercion of "500"), required fields, fields the schema does not
+    declare, numbers JSON cannot hold, and edits that are empty, not an object or change
+    nothing are refused."""
     with pytest.raises(InvalidArgumentError):
         make_edit(transfer_tool(), "transferMoney", ORIGINAL, changes, by="bob")
+
+
+def test_a_tool_without_a_schema_may_change_only_the_fields_its_call_has() -> None:
+    """With no input schema to declare fields, an edit may not add one."""
+    loose = Tool(name="note", fn=lambda _: None, editable=True)
+    assert make_edit(loose, "note", {"text": "a"}, {"text": "b"}, by="bob")["input"] == {
+        "text": "b"
+    }
+    with pytest.raises(InvalidArgumentError):
+        make_edit(loose, "note", {"text": "a"}, {"other": 1}, by="bob")
 
 
 def test_only_editable_tools_may_be_edited() -> None:
