@@ -65,6 +65,8 @@ class AuthPages:
 
     async def login_form(self, request: Request) -> Response:
         """The sign-in form (straight on to the inbox for an open server or a signed-in one)."""
+        if self.kit.arrived_from_another_site(request):
+            return self.kit.same_site_again(request)
         viewer = await self.kit.anonymous(request)
         target = safe_next(query_of(request).get("next"))
         if self.kit.auth is None or viewer.principal is not None:

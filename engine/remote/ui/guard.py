@@ -29,6 +29,8 @@ def guarded(kit: PageKit, handler: Handler) -> Endpoint:
         # Another site's page posting here is refused before anything else is looked at.
         if request.method == "POST" and kit.cross_site(request):
             return kit.csrf_refused(request)
+        if kit.arrived_from_another_site(request):
+            return kit.same_site_again(request)
         try:
             viewer = await kit.viewer(request)
         except NotSignedInError:

@@ -7,6 +7,7 @@ code), is never cached, and may not be framed.
 
 from __future__ import annotations
 
+import html
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -29,6 +30,7 @@ from engine.remote.ui.login_limits import (
 )
 from engine.remote.ui.queries import Catalog
 from engine.remote.ui.sessions import (
+    COOKIE_NAME,
     CSRF_FIELD,
     DEFAULT_IDLE_SECONDS,
     BrowserSession,
@@ -275,6 +277,31 @@ class PageKit:
     def cross_site(self, request: Request) -> bool:
         """Whether the browser says another site's page sent this request."""
         return request.headers.get("sec-fetch-site") == "cross-site"
+
+    def arrived_from_another_site(self, request: Request) -> bool:
+        """Whether this is a link followed from another site's page that carries none of our
+        cookies: with ``SameSite=Strict`` the browser held the session cookie back, so the
+        request looks signed out although the browser is not."""
+        return (
+            request.method == "GET"
+            and self.cross_site(request)
+            and COOKIE_NAME not in request.cookies
+        )
+
+    def same_site_again(self, request: Request) -> Response:
+        """Ask the browser for the same page again, from this site: the page reloads itself,
+        and the reload carries the session cookie. Nothing is set on this response, so the
+        browser's cookie is left as it was (answering with the login page would have replaced
+        it with an anonymous one, signing the browser out)."""
+        query = f"?{request.url.query}" if request.url.query else ""
+        target = html.escape(request.url.path + query)
+        body = (
+            '<!doctype html><html lang="en"><head><meta charset="utf-8">'
+            f'<meta http-equiv="refresh" content="0;url={target}">'
+            "<title>Opening…</title></head><body>"
+            f'<p><a href="{target}">Continue to the approval inbox</a></p></body></html>'
+        )
+        return HTMLResponse(body, headers=_SECURITY_HEADERS)
 
     def csrf_refused(self, request: Request) -> Response:
         """The answer to a form without this session's CSRF token: 403, nothing changed (the
