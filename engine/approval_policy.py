@@ -21,6 +21,7 @@ every decision path (the JSON inbox, the web pages, the CLI), so a page or a cli
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -39,9 +40,11 @@ __all__ = [
     "ApproverCheck",
     "check_decided_by_inbox",
     "default_is_denial",
+    "identity_key",
     "policy_of",
     "principals",
     "role",
+    "same_principal",
 ]
 
 
@@ -139,7 +142,7 @@ class ApprovalPolicy:
             self.check(approver, requester=requester, approving=True)
         except ApprovalRefusedError:
             return False
-        return approver is not None and approver.id not in voted
+        return approver is not None and not any(same_principal(approver.id, v) for v in voted)
 
     def check(self, approver: Approver | None, *, requester: str | None, approving: bool) -> None:
         """Raise :class:`ApprovalRefusedError` when ``approver`` may not cast this vote."""
@@ -151,11 +154,25 @@ class ApprovalPolicy:
             raise ApprovalRefusedError(
                 f"'{approver.id}' may not decide this approval (approvers: {self.who()})."
             )
-        if approving and not self.requester_may_approve and approver.id == requester:
+        if approving and not self.requester_may_approve and same_principal(approver.id, requester):
             raise ApprovalRefusedError(
                 f"'{approver.id}' started this turn and may not approve it: another approver "
                 "must (maker-checker)."
             )
+
+
+def identity_key(principal_id: str) -> str:
+    """The form of a principal id that tells people apart: NFKC-normalised and case-folded,
+    so ``Bob``, ``bob`` and ``bob`` in full-width letters are one person to maker-checker and
+    to a quorum (an authenticator that issued several would otherwise let one person count
+    twice, or approve their own request). Only rules that refuse use it: an assignment to
+    ``bob`` is still held by ``bob`` alone, not by an account that looks like him."""
+    return unicodedata.normalize("NFKC", principal_id).casefold()
+
+
+def same_principal(one: str | None, other: str | None) -> bool:
+    """Whether two principal ids name the same person (see :func:`identity_key`)."""
+    return one is not None and other is not None and identity_key(one) == identity_key(other)
 
 
 def policy_of(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.approval_policy import same_principal
 from engine.approvals.edits import check_edit_seen
 from engine.store import (
     AlreadyVotedError,
@@ -67,7 +68,7 @@ def vote_rule(
         check_edit_seen(call.turn_id, call.ref, edit_seen, approval.votes)
         _check_assignment(approval, assignment_seen)
         counted = [] if resets else approval.votes
-        if any(vote.voter == voter for vote in counted):
+        if any(same_principal(vote.voter, voter) for vote in counted):
             raise AlreadyVotedError(
                 f"'{voter}' already voted on interrupt '{call.ref}' of snapshot "
                 f"{call.turn_id}; a vote counts once."

@@ -58,6 +58,9 @@ def test_who_may_vote() -> None:
         policy.check(ANN, requester="ann", approving=True)
     lifted = ApprovalPolicy(approvers=role("treasurer"), requester_may_approve=True)
     lifted.check(ANN, requester="ann", approving=True)
+    assert not policy.may_vote(BEN, requester="ann", voted={"Ben"}), "ids differing in case"
+    with pytest.raises(ApprovalRefusedError, match="maker-checker"):
+        policy.check(ANN, requester="\uff41nn", approving=True)  # full-width a: still ann
     named = ApprovalPolicy(approvers=principals("eve", "ann"))
     assert named.who() == "principals:ann,eve"
     assert named.may_vote(EVE, requester="ann")

@@ -106,3 +106,11 @@ def test_a_decision_after_a_reassignment_is_refused() -> None:
     with pytest.raises(AssignmentChangedError):
         rule(approval(assignment=now))
     assert rule(approval(assignment=seen)).decides
+
+
+def test_a_voter_whose_id_differs_only_in_case_or_width_counts_once() -> None:
+    """``Bob`` and a full-width ``bob`` are bob: their second vote is refused."""
+    for twin in ("Bob", "\uff42ob"):
+        rule = vote_rule(voter=twin, answer=APPROVE, approves=True, required=2, edit_seen=None)
+        with pytest.raises(AlreadyVotedError):
+            rule(approval(vote("bob")))
