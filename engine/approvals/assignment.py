@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from engine.approval_policy import ApprovalRefusedError, Approver
+from engine.approval_policy import ApprovalPolicy, ApprovalRefusedError, Approver, same_principal
 from engine.errors import AgentError, FailedPreconditionError, InvalidArgumentError
 from engine.store import (
     ApprovalClaimedError,
@@ -71,10 +71,12 @@ __all__ = [
     "assign",
     "assigned_matches",
     "check_may_decide",
+    "check_target",
     "claim",
     "current_assignment",
     "current_assignments",
     "may_act",
+    "needs_quorum",
     "release",
     "sweep_assignments",
 ]
@@ -139,12 +141,17 @@ async def current_assignments(
 
 
 def assigned_matches(
-    principal: Approver | None, assignment: Assignment, wanted: str | None
+    principal: Approver | None,
+    assignment: Assignment,
+    wanted: str | None,
+    *,
+    quorum: bool = False,
 ) -> bool:
     """Whether an approval so assigned belongs in ``principal``'s inbox under the assignment
-    filter ``wanted``: never one assigned to others (they alone may decide it), except on a
-    server without sign-in, whose viewers see everything."""
-    if principal is not None and not may_act(principal, assignment):
+    filter ``wanted``: never one assigned to others (they alone may decide it; under a
+    ``quorum``, see :func:`may_act`), except on a server without sign-in, whose viewers see
+    everything."""
+    if principal is not None and not may_act(principal, assignment, quorum=quorum):
         return False
     if wanted == "me":
         return principal is not None and assignment.assignee == principal.id
@@ -155,15 +162,21 @@ def assigned_matches(
     return True
 
 
-def may_act(approver: Approver | None, assignment: Assignment) -> bool:
-    """Whether ``approver`` may decide (claim, reassign) an approval so assigned."""
+def may_act(approver: Approver | None, assignment: Assignment, *, quorum: bool = False) -> bool:
+    """Whether ``approver`` may decide (claim, reassign) an approval so assigned.
+
+    ``quorum``: the approval needs several approvers. A person holding it without a group
+    (a claim, an assignment) then does not shut the others out, or the quorum could never be
+    reached: the approval stays open to everyone its policy admits."""
     if not assignment.is_assigned:
         return True
     if approver is None:
         return False
-    return approver.id == assignment.assignee or (
-        assignment.group is not None and assignment.group in approver.roles
-    )
+    if approver.id == assignment.assignee:
+        return True
+    if assignment.group is not None:
+        return assignment.group in approver.roles
+    return quorum
 
 
 def _refuse(approver: Approver | None, assignment: Assignment) -> ApprovalRefusedError:
@@ -177,22 +190,86 @@ def _refuse(approver: Approver | None, assignment: Assignment) -> ApprovalRefuse
     )
 
 
+def needs_quorum(agent: Agent | None, approval: PendingApproval) -> bool:
+    """Whether ``approval`` needs several approvers (its interrupt's policy says so)."""
+    policy = _policy(agent, approval) if agent is not None else None
+    return policy is not None and policy.required_approvals > 1
+
+
 async def check_may_decide(
     agent: Agent, approval: PendingApproval, approver: Approver | None
 ) -> Assignment:
     """Raise :class:`ApprovalRefusedError` when the approval's assignment excludes
     ``approver``; the assignment otherwise."""
     assignment = await current_assignment(agent, approval)
-    if not may_act(approver, assignment):
+    if not may_act(approver, assignment, quorum=needs_quorum(agent, approval)):
         raise _refuse(approver, assignment)
     return assignment
 
 
-def _check_policy(agent: Agent, approval: PendingApproval, approver: Approver | None) -> None:
-    """The interrupt's approval policy, for acting on the approval without approving."""
+def _policy(agent: Agent, approval: PendingApproval) -> ApprovalPolicy | None:
     policy = getattr(agent.tools.get(approval.interrupt), "approval_policy", None)
+    return policy if isinstance(policy, ApprovalPolicy) else None
+
+
+def _check_policy(
+    agent: Agent, approval: PendingApproval, approver: Approver | None, *, taking: bool
+) -> None:
+    """The interrupt's approval policy, for acting on the approval without deciding it.
+    ``taking`` (a claim, an assignment): the act of someone who may approve, so under
+    maker-checker the requester may not claim her own request or route it to a checker she
+    picks; she may still deny it, or release what she holds."""
+    policy = _policy(agent, approval)
     if policy is not None:
-        policy.check(approver, requester=approval.owner, approving=False)
+        policy.check(approver, requester=approval.owner, approving=taking)
+
+
+def check_target(
+    agent: Agent, approval: PendingApproval, assignee: str | None, group: str | None
+) -> None:
+    """Refuse an assignment to someone the interrupt's policy would refuse, so an approval
+    cannot be hidden from every inbox: the requester under maker-checker, a person the
+    policy refuses whatever roles they hold, a group whose role the policy does not admit.
+    What the policy cannot tell (who exists, who holds a role) is not checked."""
+    policy = _policy(agent, approval)
+    if policy is None:
+        return
+    if assignee is not None:
+        if not policy.requester_may_approve and same_principal(assignee, approval.owner):
+            raise ApprovalRefusedError(
+                f"'{assignee}' asked for this approval and may not approve it (maker-checker): "
+                "it cannot be assigned to them."
+            )
+        if policy.approvers is not None and not policy.approvers(_Candidate(assignee)):
+            raise ApprovalRefusedError(
+                f"'{assignee}' may not decide this approval (approvers: {policy.who()}): it "
+                "cannot be assigned to them."
+            )
+    if (
+        group is not None
+        and policy.approvers is not None
+        and not policy.approvers(_Candidate("", roles=frozenset({group})))
+    ):
+        raise ApprovalRefusedError(
+            f"Members of group '{group}' may not decide this approval (approvers: "
+            f"{policy.who()}): it cannot be assigned to that group."
+        )
+
+
+class _AnyRole(frozenset[str]):
+    """The roles of a person the engine knows only by id: every role, so a policy refuses
+    them only if no role would let them decide."""
+
+    def __contains__(self, item: object) -> bool:
+        return True
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    """Someone an approval would be assigned to, as a policy's predicate sees them."""
+
+    id: str
+    roles: frozenset[str] = field(default_factory=_AnyRole)
 
 
 async def _change(
@@ -229,7 +306,7 @@ async def claim(
     if approver is None:
         raise ApprovalRefusedError("Claiming an approval needs an authenticated approver.")
     if not operator:
-        _check_policy(agent, approval, approver)
+        _check_policy(agent, approval, approver, taking=True)
         await check_may_decide(agent, approval, approver)
     claimed = await _change(agent, approval, AssignmentChange(action="claim", by=approver.id))
     if claimed is None:
@@ -258,9 +335,10 @@ async def assign(
     """
     if assignee is None and group is None:
         raise InvalidArgumentError("Assign to a person, a group, or both.")
-    actor = _actor(agent, approval, by, operator)
+    actor = _actor(agent, approval, by, operator, taking=True)
     if not operator:
         await check_may_decide(agent, approval, by)
+        check_target(agent, approval, assignee, group)
     change = AssignmentChange(action="assign", by=actor, assignee=assignee, group=group)
     assigned = await _change(agent, approval, change)
     assert assigned is not None  # an assignment has no guard beyond the approval being open
@@ -296,13 +374,18 @@ async def release(
 
 
 def _actor(
-    agent: Agent, approval: PendingApproval, by: Approver | None, operator: str | None
+    agent: Agent,
+    approval: PendingApproval,
+    by: Approver | None,
+    operator: str | None,
+    *,
+    taking: bool = False,
 ) -> str:
     if operator:
         return operator
     if by is None:
         raise ApprovalRefusedError("Changing an assignment needs an authenticated approver.")
-    _check_policy(agent, approval, by)
+    _check_policy(agent, approval, by, taking=taking)
     return by.id
 
 

@@ -38,6 +38,7 @@ from engine.approvals.assignment import (
     claim,
     current_assignment,
     current_assignments,
+    needs_quorum,
     release,
 )
 from engine.approvals.decide import (
@@ -259,8 +260,12 @@ class InboxRoutes:
             seen += 1
             # The permission hook may hide rows the store returned: they are skipped, not
             # counted, and the cursor moves past them so the next page does not stop short.
+            quorum = needs_quorum(self.engine.agents.get(approval.agent), approval)
             if self.policy.can_decide(principal, approval) and assigned_matches(
-                principal, held[(approval.turn_id, approval.round, approval.ref)], assigned
+                principal,
+                held[(approval.turn_id, approval.round, approval.ref)],
+                assigned,
+                quorum=quorum,
             ):
                 page.append(approval)
         more = seen < len(known) or horizon is not None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from engine.approvals.assignment import current_assignment, may_act
+from engine.approvals.assignment import current_assignment, may_act, needs_quorum
 from engine.remote.auth import Principal
 from engine.remote.ui.queries import ApprovalFound
 
@@ -23,7 +23,9 @@ async def assignment_context(found: ApprovalFound, principal: Principal | None) 
         if target is not None and timeout is not None
         else None
     )
-    acts = principal is not None and may_act(principal, assignment) and found.is_open
+    quorum = needs_quorum(found.agent, found.approval)
+    acts = principal is not None and may_act(principal, assignment, quorum=quorum)
+    acts = acts and found.is_open
     return {
         "assignment": assignment,
         "holder": assignment.describe(),

@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, TypeVar
 
 from engine.agent import Agent
-from engine.approvals.assignment import assigned_matches, current_assignments
+from engine.approvals.assignment import assigned_matches, current_assignments, needs_quorum
 from engine.approvals.decide import find_approval
 from engine.engine import Engine
 from engine.errors import InvalidArgumentError
@@ -355,8 +355,9 @@ class Catalog:
 
         def visible(approval: PendingApproval) -> bool:
             assignment = held[(approval.turn_id, approval.round, approval.ref)]
+            quorum = needs_quorum(self.engine.agents.get(approval.agent), approval)
             return self.may_decide(principal, approval) and assigned_matches(
-                principal, assignment, filters.assigned
+                principal, assignment, filters.assigned, quorum=quorum
             )
 
         return await _merge(
