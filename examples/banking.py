@@ -24,11 +24,11 @@ from typing import Any
 from pydantic import BaseModel
 
 from engine import Agent, Engine, InterruptTool, Model, ScriptedModel, Tool, ToolContext
-from engine.models import model_from_env
 from engine.scripted import transaction_id
 from engine.store import SessionStore
 from engine.turns.executor import LeaseSettings
 from stores import InMemorySessionStore, SqlSessionStore, default_url
+from stores.settings import current_settings
 
 SYSTEM_PROMPT = (
     "You are a banking assistant. ALWAYS use the userApproval interrupt to "
@@ -209,7 +209,7 @@ def _durable_app() -> BankingApp:
     ledger = os.environ.get("TURNSTILE_LEDGER")
     return build(
         store=SqlSessionStore(default_url()),
-        model=model_from_env(),
+        model=current_settings().build_model(),
         state_keys=_example_keys(),
         lease=LeaseSettings(lease_seconds=lease_seconds, heartbeat_interval=lease_seconds / 3),
         ledger=Path(ledger) if ledger else None,

@@ -24,10 +24,15 @@ import json
 import math
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from engine.models.config import parse_model_spec
+
+if TYPE_CHECKING:
+    from engine.model import Model
 
 __all__ = [
     "DEFAULT_DATABASE_URL",
@@ -184,7 +189,6 @@ class Settings(BaseSettings):
         "pgconnect_timeout",
         "app_version",
         "ui_secret",
-        "model",
         "openai_api_key",
         "openai_base_url",
         "anthropic_api_key",
@@ -194,6 +198,17 @@ class Settings(BaseSettings):
     @classmethod
     def _blank_is_unset(cls, value: Any) -> str | None:
         return _text(value)
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _model(cls, value: Any, info: ValidationInfo) -> str | None:
+        spec = _text(value)
+        if spec is not None:
+            try:
+                parse_model_spec(spec)
+            except ValueError as exc:
+                raise ValueError(f"{_variable(cls, info)}={spec!r}: {exc}") from None
+        return spec
 
     @field_validator("database_url", mode="before")
     @classmethod
@@ -296,6 +311,36 @@ class Settings(BaseSettings):
                 f"{_variable(cls, info)} must be a JSON object of header names and values."
             )
         return {str(k): str(v) for k, v in headers.items()}
+
+    # -- what they configure ---------------------------------------------------------------
+
+    def build_model(self, **options: Any) -> Model | None:
+        """The model ``TURNSTILE_MODEL`` names, with the headers, timeout and its provider's
+        key and endpoint configured here (``options``, the adapter's keyword arguments, win);
+        ``None`` when no model is named (the application keeps its own default).
+
+        Raises ``ValueError`` for a missing key, ``ImportError`` naming the extra to install
+        when the provider's SDK is missing (:func:`engine.models.model_from_spec`).
+        """
+        if self.model is None:
+            return None
+        from engine.models.config import model_from_spec
+
+        provider, _ = parse_model_spec(self.model)
+        configured: dict[str, Any] = {}
+        if self.model_headers:
+            configured["headers"] = dict(self.model_headers)
+        if self.model_timeout is not None:
+            configured["timeout"] = self.model_timeout
+        if provider == "anthropic":
+            key, url = self.anthropic_api_key, self.anthropic_base_url
+        else:
+            key, url = self.openai_api_key, self.openai_base_url
+        if key is not None:
+            configured["api_key"] = key
+        if url is not None:
+            configured["base_url"] = url
+        return model_from_spec(self.model, **{**configured, **options})
 
     # -- what the variables are ------------------------------------------------------------
 
