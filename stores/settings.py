@@ -33,6 +33,7 @@ from engine.models.config import parse_model_spec
 
 if TYPE_CHECKING:
     from engine.model import Model
+    from engine.telemetry.tracing import TracingConfig
 
 __all__ = [
     "DEFAULT_DATABASE_URL",
@@ -183,6 +184,40 @@ class Settings(BaseSettings):
     anthropic_base_url: str | None = Field(None, validation_alias="ANTHROPIC_BASE_URL")
     """The Anthropic endpoint (``None``: Anthropic's)."""
 
+    # -- traces: OpenTelemetry's own variables (the SDK reads the rest itself) --------------
+
+    otel_traces_exporter: str | None = Field(None, validation_alias="OTEL_TRACES_EXPORTER")
+    """Comma-separated span exporters, or ``none``."""
+
+    otel_exporter_otlp_endpoint: str | None = Field(
+        None, validation_alias="OTEL_EXPORTER_OTLP_ENDPOINT"
+    )
+    """Where OTLP goes (``/v1/traces`` appended); set alone, it means ``otlp``."""
+
+    otel_exporter_otlp_traces_endpoint: str | None = Field(
+        None, validation_alias="OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+    )
+    """Where OTLP spans go, as is; set alone, it means ``otlp``."""
+
+    otel_exporter_otlp_protocol: str | None = Field(
+        None, validation_alias="OTEL_EXPORTER_OTLP_PROTOCOL"
+    )
+    """What ``otlp`` means: ``http/protobuf`` or ``grpc``."""
+
+    otel_exporter_otlp_traces_protocol: str | None = Field(
+        None, validation_alias="OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
+    )
+    """The same for spans; wins over the one above."""
+
+    otel_sdk_disabled: bool = Field(False, validation_alias="OTEL_SDK_DISABLED")
+    """``true``: no exporter, whatever the variables above say."""
+
+    otel_service_name: str | None = Field(None, validation_alias="OTEL_SERVICE_NAME")
+    """The service of every span (else ``turnstile``, unless the attributes name one)."""
+
+    otel_resource_attributes: str | None = Field(None, validation_alias="OTEL_RESOURCE_ATTRIBUTES")
+    """``key=value,…`` of every span's resource."""
+
     # -- the checks ----------------------------------------------------------------------
 
     @field_validator(
@@ -193,6 +228,13 @@ class Settings(BaseSettings):
         "openai_base_url",
         "anthropic_api_key",
         "anthropic_base_url",
+        "otel_traces_exporter",
+        "otel_exporter_otlp_endpoint",
+        "otel_exporter_otlp_traces_endpoint",
+        "otel_exporter_otlp_protocol",
+        "otel_exporter_otlp_traces_protocol",
+        "otel_service_name",
+        "otel_resource_attributes",
         mode="before",
     )
     @classmethod
@@ -228,6 +270,14 @@ class Settings(BaseSettings):
         if size < 1:
             raise ValueError(f"{_variable(cls, info)} must be a whole number >= 1, not {text!r}.")
         return size
+
+    @field_validator("otel_sdk_disabled", mode="before")
+    @classmethod
+    def _otel_disabled(cls, value: Any) -> bool:
+        if isinstance(value, bool):
+            return value
+        # OpenTelemetry's own reading: only "true", in any case, disables the SDK.
+        return str(value).strip().lower() == "true"
 
     @field_validator("pg_planner", mode="before")
     @classmethod
@@ -341,6 +391,21 @@ class Settings(BaseSettings):
         if url is not None:
             configured["base_url"] = url
         return model_from_spec(self.model, **{**configured, **options})
+
+    def tracing_config(self) -> TracingConfig:
+        """The ``OTEL_*`` values :func:`engine.telemetry.tracing.configure_tracing` acts on."""
+        from engine.telemetry.tracing import TracingConfig
+
+        return TracingConfig(
+            traces_exporter=self.otel_traces_exporter,
+            otlp_endpoint=self.otel_exporter_otlp_endpoint,
+            otlp_traces_endpoint=self.otel_exporter_otlp_traces_endpoint,
+            otlp_protocol=self.otel_exporter_otlp_protocol,
+            otlp_traces_protocol=self.otel_exporter_otlp_traces_protocol,
+            sdk_disabled=self.otel_sdk_disabled,
+            service_name=self.otel_service_name,
+            resource_attributes=self.otel_resource_attributes,
+        )
 
     # -- what the variables are ------------------------------------------------------------
 

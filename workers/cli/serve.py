@@ -41,6 +41,7 @@ from workers.cli.startup import (
     export_environment,
     load_app,
     load_attr,
+    load_settings,
     log_models,
     redact_url,
     resolve_db_url,
@@ -190,7 +191,8 @@ def run_serve(flags: ServeFlags) -> int:
     from workers.metrics import HttpMetrics
 
     configure_logging(flags.log_level, flags.log_format)
-    configure_tracing()
+    settings = load_settings()
+    configure_tracing(settings)
     limits = serve_limits(flags)
     url = resolve_db_url(flags.db)
     export_environment(url, flags.db_pool_size)  # read by the app module at import time

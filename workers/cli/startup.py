@@ -34,6 +34,8 @@ from workers.observers import PoolObserver
 if TYPE_CHECKING:
     from sqlalchemy.engine import URL
 
+    from stores.settings import Settings
+
 __all__ = [
     "CommandFailed",
     "DatabaseUnreachable",
@@ -50,6 +52,7 @@ __all__ = [
     "load_app",
     "load_attr",
     "load_observer",
+    "load_settings",
     "log_models",
     "redact_url",
     "resolve_db_url",
@@ -227,13 +230,25 @@ def apply_retry_defaults(app: Engine, max_attempts: int | None, backoff: float |
         agent.retry = policy
 
 
-def configure_tracing() -> None:
-    """Export spans as the standard ``OTEL_*`` variables say (nothing when none is set); a
-    configuration that cannot be served (an unknown exporter, a missing package) is refused."""
-    from engine.telemetry.tracing import TracingConfigError, configure_from_env
+def load_settings() -> Settings:
+    """The process's settings (:func:`stores.settings.current_settings`); a variable whose
+    value does not parse is a refusal naming it."""
+    from stores.settings import InvalidSettingsError, current_settings
 
     try:
-        configure_from_env()
+        return current_settings()
+    except InvalidSettingsError as exc:
+        raise Refused(str(exc)) from exc
+
+
+def configure_tracing(settings: Settings) -> None:
+    """Export spans as the settings' ``OTEL_*`` variables say (nothing when none is set); a
+    configuration that cannot be served (an unknown exporter, a missing package) is refused."""
+    from engine.telemetry.tracing import TracingConfigError
+    from engine.telemetry.tracing import configure_tracing as install
+
+    try:
+        install(settings.tracing_config())
     except TracingConfigError as exc:
         raise Refused(str(exc)) from exc
 

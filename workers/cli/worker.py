@@ -36,6 +36,7 @@ from workers.cli.startup import (
     export_environment,
     load_app,
     load_observer,
+    load_settings,
     log_models,
     redact_url,
     resolve_db_url,
@@ -130,7 +131,8 @@ def worker(**values: Any) -> int:
 def run_worker(flags: WorkerFlags) -> int:
     """Start, run and stop one worker process; its exit status."""
     configure_logging(flags.log_level, flags.log_format)
-    configure_tracing()
+    settings = load_settings()
+    configure_tracing(settings)
     url = resolve_db_url(flags.db)
     pool_size = flags.db_pool_size or worker_pool_size(flags.concurrency)
     export_environment(url, pool_size)  # read by the app module at import time
