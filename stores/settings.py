@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 from pydantic import Field, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from engine.agent import DEFAULT_UNCLAIMED_WARNING
+from engine.engine import EngineOptions
 from engine.models.config import parse_model_spec
 
 if TYPE_CHECKING:
@@ -51,8 +53,6 @@ __all__ = [
 DEFAULT_DATABASE_URL = "sqlite:///.turnstile/turnstile.db"
 #: ``pool_size`` of a store built without one.
 DEFAULT_POOL_SIZE = 10
-#: Seconds a queued turn may wait unclaimed before its waiting caller logs a warning.
-DEFAULT_UNCLAIMED_WARNING = 30.0
 #: How often the inbox's pages look for changes, in seconds.
 DEFAULT_UI_POLL_SECONDS = 3.0
 #: The inbox's pages never poll more often than this, whatever the variable says.
@@ -363,6 +363,17 @@ class Settings(BaseSettings):
         return {str(k): str(v) for k, v in headers.items()}
 
     # -- what they configure ---------------------------------------------------------------
+
+    def engine_options(self) -> EngineOptions:
+        """The keyword arguments of :class:`engine.Engine` configured here: signing keys,
+        their maximum age, the app version and the unclaimed-turn warning, as
+        ``Engine(model=..., **settings.engine_options())`` takes them."""
+        return EngineOptions(
+            state_keys=dict(self.state_keys) if self.state_keys else None,
+            state_max_age=self.state_max_age,
+            version=self.app_version,
+            unclaimed_warning=self.unclaimed_warning,
+        )
 
     def build_model(self, **options: Any) -> Model | None:
         """The model ``TURNSTILE_MODEL`` names, with the headers, timeout and its provider's

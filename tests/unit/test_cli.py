@@ -347,3 +347,26 @@ def test_the_store_pool_size_defaults_to_the_environment(monkeypatch: pytest.Mon
         monkeypatch.setenv(POOL_SIZE_ENV, bad)
         with pytest.raises(ValueError, match="TURNSTILE_DB_POOL_SIZE must be a whole number"):
             default_pool_size()
+
+
+def test_engine_settings_the_app_did_not_take_are_named(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A version or warning time set in the environment that the app's engine was built
+    without is logged as a warning naming the variable; an app passing its settings is not."""
+    from stores.settings import read_settings
+    from workers.cli.startup import warn_unused_settings
+
+    monkeypatch.setenv("TURNSTILE_APP_VERSION", "v2")
+    monkeypatch.setenv("TURNSTILE_UNCLAIMED_WARNING", "5")
+    monkeypatch.delenv("TURNSTILE_STATE_KEYS", raising=False)
+    settings = read_settings()
+    unaware = Engine(model=ScriptedModel())
+    with caplog.at_level(logging.WARNING, logger="turnstile.cli"):
+        assert warn_unused_settings(unaware, settings) == [
+            "TURNSTILE_APP_VERSION",
+            "TURNSTILE_UNCLAIMED_WARNING",
+        ]
+    assert "TURNSTILE_APP_VERSION is set, but the app's Engine was not given it" in caplog.text
+    passing = Engine(model=ScriptedModel(), **settings.engine_options())
+    assert warn_unused_settings(passing, settings) == []

@@ -45,6 +45,7 @@ from workers.cli.startup import (
     log_models,
     redact_url,
     resolve_db_url,
+    warn_unused_settings,
 )
 from workers.logs import configure_logging
 from workers.pool import WorkerPool
@@ -199,6 +200,7 @@ def run_serve(flags: ServeFlags) -> int:
     app = load_app(flags.app)
     apply_retry_defaults(app, flags.max_attempts, flags.retry_backoff)
     check_same_database(app, url)
+    warn_unused_settings(app, settings)
     check_keys(app, dev=flags.dev)
     if durable(app):
         check_at_head(url, flags.connect_timeout)

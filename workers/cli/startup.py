@@ -57,6 +57,7 @@ __all__ = [
     "redact_url",
     "resolve_db_url",
     "store_hook",
+    "warn_unused_settings",
     "worker_pool_size",
 ]
 
@@ -251,6 +252,34 @@ def configure_tracing(settings: Settings) -> None:
         install(settings.tracing_config())
     except TracingConfigError as exc:
         raise Refused(str(exc)) from exc
+
+
+def warn_unused_settings(app: Engine, settings: Settings) -> list[str]:
+    """Warn of each engine setting the environment gives that the app's engine did not take
+    (the engine reads no environment: the app passes them, as
+    ``Engine(model=..., **current_settings().engine_options())`` does); the variables named."""
+    given = settings.model_fields_set
+    unused: list[str] = []
+    client_managed = [agent for agent in app.agents.values() if agent.store is None]
+    if "state_keys" in given and any(agent.signer.generated for agent in client_managed):
+        unused.append("TURNSTILE_STATE_KEYS")
+    if "state_max_age" in given and any(
+        agent.signer.max_age != settings.state_max_age for agent in client_managed
+    ):
+        unused.append("TURNSTILE_STATE_MAX_AGE")
+    if "app_version" in given and app.version != settings.app_version:
+        unused.append("TURNSTILE_APP_VERSION")
+    if "unclaimed_warning" in given and app.unclaimed_warning != settings.unclaimed_warning:
+        unused.append("TURNSTILE_UNCLAIMED_WARNING")
+    for variable in unused:
+        logger.warning(
+            "%s is set, but the app's Engine was not given it: build the engine with "
+            "Engine(model=..., **current_settings().engine_options()) (stores.settings) to "
+            "use it",
+            variable,
+            extra={"variable": variable},
+        )
+    return unused
 
 
 def check_keys(app: Engine, *, dev: bool) -> list[str]:

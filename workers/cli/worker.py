@@ -40,6 +40,7 @@ from workers.cli.startup import (
     log_models,
     redact_url,
     resolve_db_url,
+    warn_unused_settings,
     worker_pool_size,
 )
 from workers.logs import configure_logging
@@ -139,6 +140,7 @@ def run_worker(flags: WorkerFlags) -> int:
     app = load_app(flags.app)
     apply_retry_defaults(app, flags.max_attempts, flags.retry_backoff)
     check_same_database(app, url)
+    warn_unused_settings(app, settings)
     check_keys(app, dev=flags.dev)
     check_at_head(url, flags.connect_timeout)
     try:
