@@ -35,6 +35,7 @@ from engine.models.config import parse_model_spec
 
 if TYPE_CHECKING:
     from engine.model import Model
+    from engine.remote.ui.kit import UiSettings
     from engine.telemetry.tracing import TracingConfig
 
 __all__ = [
@@ -374,6 +375,14 @@ class Settings(BaseSettings):
             version=self.app_version,
             unclaimed_warning=self.unclaimed_warning,
         )
+
+    def ui_settings(self, **options: Any) -> UiSettings:
+        """The inbox pages' :class:`~engine.remote.ui.UiSettings` with the secret and the
+        polling interval configured here (``options``, its other fields, are passed on):
+        ``create_app(engine, ui_settings=settings.ui_settings())``."""
+        from engine.remote.ui.kit import UiSettings
+
+        return UiSettings(secret=self.ui_secret, poll_seconds=self.ui_poll_seconds, **options)
 
     def build_model(self, **options: Any) -> Model | None:
         """The model ``TURNSTILE_MODEL`` names, with the headers, timeout and its provider's

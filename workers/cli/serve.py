@@ -186,7 +186,6 @@ def run_serve(flags: ServeFlags) -> int:
 
     from engine.remote import create_app
     from engine.remote.tracing import request_span_middleware
-    from engine.remote.ui import UiSettings
     from workers.health import health_routes
     from workers.http_limits import BodyDeadline, InFlightLimit
     from workers.metrics import HttpMetrics
@@ -220,7 +219,7 @@ def run_serve(flags: ServeFlags) -> int:
         app,
         auth=auth,
         inbox_policy=inbox_policy,
-        ui_settings=UiSettings(session_store=sessions),
+        ui_settings=settings.ui_settings(session_store=sessions),
         max_turns_per_principal=flags.max_turns_per_principal,
         max_body_bytes=flags.max_body_bytes,
         lifespan=_pool_lifespan(pool, readiness, sessions),
