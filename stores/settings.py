@@ -46,6 +46,7 @@ __all__ = [
     "InvalidSettingsError",
     "Settings",
     "current_settings",
+    "install_settings",
     "read_settings",
     "using_settings",
 ]
@@ -460,13 +461,21 @@ def current_settings() -> Settings:
     return _installed if _installed is not None else read_settings()
 
 
-@contextmanager
-def using_settings(settings: Settings) -> Iterator[Settings]:
-    """Make ``settings`` what :func:`current_settings` returns until the block ends (then
-    the previous ones are back)."""
+def install_settings(settings: Settings | None) -> Settings | None:
+    """Make ``settings`` what :func:`current_settings` returns from now on (``None``: read
+    the environment again); returns the ones installed before. A command installs its
+    settings before importing the app; :func:`using_settings` undoes it at the end."""
     global _installed
     previous, _installed = _installed, settings
+    return previous
+
+
+@contextmanager
+def using_settings(settings: Settings | None) -> Iterator[Settings | None]:
+    """Install ``settings`` (``None``: none) until the block ends, then put back the ones
+    installed before, whatever was installed meanwhile."""
+    previous = install_settings(settings)
     try:
         yield settings
     finally:
-        _installed = previous
+        install_settings(previous)

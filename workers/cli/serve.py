@@ -38,7 +38,7 @@ from workers.cli.startup import (
     check_same_database,
     configure_tracing,
     durable,
-    export_environment,
+    hand_down,
     load_app,
     load_attr,
     load_settings,
@@ -194,8 +194,8 @@ def run_serve(flags: ServeFlags) -> int:
     settings = load_settings()
     configure_tracing(settings)
     limits = serve_limits(flags)
-    url = resolve_db_url(flags.db)
-    export_environment(url, flags.db_pool_size)  # read by the app module at import time
+    url = resolve_db_url(flags.db, settings)
+    settings = hand_down(settings, url, flags.db_pool_size)  # what the app module reads
     app = load_app(flags.app)
     apply_retry_defaults(app, flags.max_attempts, flags.retry_backoff)
     check_same_database(app, url)

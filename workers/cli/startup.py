@@ -49,6 +49,7 @@ __all__ = [
     "describe_model",
     "durable",
     "export_environment",
+    "hand_down",
     "load_app",
     "load_attr",
     "load_observer",
@@ -101,14 +102,14 @@ class TurnstileCommand(click.Command):
             return 130
 
 
-def resolve_db_url(arg: str | None) -> str:
+def resolve_db_url(arg: str | None, settings: Settings | None = None) -> str:
     """The database URL: ``arg`` (``--db``, or ``TURNSTILE_DATABASE_URL`` through it), else
-    ``$TURNSTILE_DATABASE_URL``, else the SQLite default (whose ``.turnstile/`` folder is
-    created). Refuses a URL that is neither PostgreSQL nor SQLite."""
-    url = arg or os.environ.get(DATABASE_URL_ENV)
-    if not url:
+    the settings' (``settings``, else the process's: ``TURNSTILE_DATABASE_URL``, else the
+    SQLite default, whose ``.turnstile/`` folder is created). Refuses a URL that is neither
+    PostgreSQL nor SQLite."""
+    url = arg or (settings or load_settings()).database_url
+    if url == DEFAULT_DB_URL:
         Path(".turnstile").mkdir(exist_ok=True)
-        url = DEFAULT_DB_URL
     from stores.database import normalise_url
 
     try:
@@ -123,9 +124,28 @@ def redact_url(url: str) -> str:
     return re.sub(r"^([\w+.-]+://[^:/@]*):[^@]*@", r"\1:***@", url)
 
 
+def hand_down(settings: Settings, url: str, pool_size: int | None) -> Settings:
+    """Hand the command's settings to the app it is about to import: ``settings`` with the
+    resolved database URL (and, when chosen, the stores' default pool size) become the
+    process's (:func:`stores.settings.install_settings`), so ``current_settings()``,
+    ``SqlSessionStore()`` and ``stores.default_url()`` in the app module give them. Until
+    the command returns (``workers.cli.main`` puts back the ones before)."""
+    from stores.settings import install_settings
+
+    update: dict[str, object] = {"database_url": url}
+    if pool_size is not None:
+        update["db_pool_size"] = pool_size
+    handed = settings.model_copy(update=update)
+    install_settings(handed)
+    export_environment(url, pool_size)
+    return handed
+
+
 def export_environment(url: str, pool_size: int | None) -> None:
-    """Set what the app module reads at import time: the database URL and, when chosen, the
-    stores' default pool size (``TURNSTILE_DB_POOL_SIZE``)."""
+    """Set the variables of the database URL and, when chosen, the stores' default pool size
+    (``TURNSTILE_DB_POOL_SIZE``), for an app that reads them from ``os.environ`` itself (and
+    the processes it starts): the settings :func:`hand_down` installs are what the stores
+    read."""
     from stores.sql import POOL_SIZE_ENV
 
     os.environ[DATABASE_URL_ENV] = url
@@ -197,9 +217,10 @@ def check_same_database(app: Engine, url: str) -> None:
     if elsewhere:
         raise Refused(
             f"refusing to start: {'; '.join(elsewhere)}, not in the database of --db "
-            f"({redact_url(url)}). Build the app's store from {DATABASE_URL_ENV} (which the "
-            "command sets to --db before importing the app: SqlSessionStore() with no URL, or "
-            "stores.default_url()), or pass --db with the app's database."
+            f"({redact_url(url)}). Build the app's store from the settings the command hands "
+            "it (--db, installed before the app is imported: SqlSessionStore() with no URL, "
+            "stores.default_url() or current_settings().database_url; also exported as "
+            f"{DATABASE_URL_ENV}), or pass --db with the app's database."
         )
 
 
@@ -404,7 +425,7 @@ def _reason(exc: BaseException) -> str:
 def _attempt_timeout(seconds: float) -> Iterator[None]:
     """Bound each connection attempt by the wait left (at most 10 s, libpq's minimum 2 s):
     otherwise one attempt on a host that drops packets could outlast the whole wait."""
-    if "PGCONNECT_TIMEOUT" in os.environ:
+    if load_settings().pgconnect_timeout is not None:
         yield
         return
     os.environ["PGCONNECT_TIMEOUT"] = str(max(2, min(10, int(seconds + 1))))

@@ -33,7 +33,7 @@ from workers.cli.startup import (
     check_keys,
     check_same_database,
     configure_tracing,
-    export_environment,
+    hand_down,
     load_app,
     load_observer,
     load_settings,
@@ -134,9 +134,9 @@ def run_worker(flags: WorkerFlags) -> int:
     configure_logging(flags.log_level, flags.log_format)
     settings = load_settings()
     configure_tracing(settings)
-    url = resolve_db_url(flags.db)
+    url = resolve_db_url(flags.db, settings)
     pool_size = flags.db_pool_size or worker_pool_size(flags.concurrency)
-    export_environment(url, pool_size)  # read by the app module at import time
+    settings = hand_down(settings, url, pool_size)  # what the app module reads at import
     app = load_app(flags.app)
     apply_retry_defaults(app, flags.max_attempts, flags.retry_backoff)
     check_same_database(app, url)
