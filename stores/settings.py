@@ -12,7 +12,7 @@ It lives in ``stores`` rather than ``workers`` because the stores read their def
 it, and ``stores`` may not import ``workers`` (``docs/architecture.md``).
 
 ``turnstile worker`` and ``turnstile serve`` read the settings once, resolve ``--db`` (and
-the pool size) into them, and install them with :func:`using_settings` before they import
+the pool size) into them, and install them (:func:`install_settings`) before they import
 the app: :func:`current_settings` then returns those, so an app module that asks for them
 gets the command's database. Outside a command, :func:`current_settings` reads the
 environment when called.

@@ -133,3 +133,15 @@ def test_the_model_lists_its_variables() -> None:
     assert len(variables) == len(Settings.model_fields)
     assert variables["TURNSTILE_DATABASE_URL"] == "database_url"
     assert variables["OPENAI_API_KEY"] == "openai_api_key"
+
+
+def test_defaults_agree_with_the_engines_own() -> None:
+    """Where the engine has a default of its own for a setting, the model's is the same."""
+    from engine.agent import DEFAULT_UNCLAIMED_WARNING
+    from engine.remote.ui.kit import DEFAULT_POLL_SECONDS
+    from stores.database import DEFAULT_SQLITE_PATH
+
+    fields = Settings.model_fields
+    assert fields["unclaimed_warning"].default == DEFAULT_UNCLAIMED_WARNING
+    assert fields["ui_poll_seconds"].default == DEFAULT_POLL_SECONDS
+    assert fields["database_url"].default == f"sqlite:///{DEFAULT_SQLITE_PATH}"

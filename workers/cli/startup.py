@@ -279,18 +279,18 @@ def warn_unused_settings(app: Engine, settings: Settings) -> list[str]:
     """Warn of each engine setting the environment gives that the app's engine did not take
     (the engine reads no environment: the app passes them, as
     ``Engine(model=..., **current_settings().engine_options())`` does); the variables named."""
-    given = settings.model_fields_set
     unused: list[str] = []
     client_managed = [agent for agent in app.agents.values() if agent.store is None]
-    if "state_keys" in given and any(agent.signer.generated for agent in client_managed):
+    if settings.state_keys and any(agent.signer.generated for agent in client_managed):
         unused.append("TURNSTILE_STATE_KEYS")
-    if "state_max_age" in given and any(
+    if settings.state_max_age is not None and any(
         agent.signer.max_age != settings.state_max_age for agent in client_managed
     ):
         unused.append("TURNSTILE_STATE_MAX_AGE")
-    if "app_version" in given and app.version != settings.app_version:
+    if settings.app_version is not None and app.version != settings.app_version:
         unused.append("TURNSTILE_APP_VERSION")
-    if "unclaimed_warning" in given and app.unclaimed_warning != settings.unclaimed_warning:
+    set_here = "unclaimed_warning" in settings.model_fields_set  # its default is the engine's
+    if set_here and app.unclaimed_warning != settings.unclaimed_warning:
         unused.append("TURNSTILE_UNCLAIMED_WARNING")
     for variable in unused:
         logger.warning(
