@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
+import math
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -54,12 +54,11 @@ from engine.turns.waiting import timed_out, wait_settled
 __all__ = [
     "ABORT_WAIT",
     "DEFAULT_UNCLAIMED_WARNING",
-    "UNCLAIMED_WARNING_ENV",
     "Agent",
     "SessionSnapshot",
     "SessionState",
     "TurnRequest",
-    "unclaimed_warning_from_env",
+    "check_unclaimed_warning",
 ]
 
 logger = logging.getLogger("turnstile.agent")
@@ -68,26 +67,19 @@ logger = logging.getLogger("turnstile.agent")
 DEFAULT_UNCLAIMED_WARNING = 30.0
 #: Seconds :meth:`Agent.request_abort` waits for a running turn's runner to stop it.
 ABORT_WAIT = 5.0
-#: Overrides :data:`DEFAULT_UNCLAIMED_WARNING` for agents that do not set it (0: never warn).
-UNCLAIMED_WARNING_ENV = "TURNSTILE_UNCLAIMED_WARNING"
 
 
-def unclaimed_warning_from_env() -> float:
-    """``TURNSTILE_UNCLAIMED_WARNING`` in seconds, else the default; raises ``ValueError``
-    naming the variable when it is not a number of seconds."""
-    raw = os.environ.get(UNCLAIMED_WARNING_ENV, "").strip()
-    if not raw:
+def check_unclaimed_warning(seconds: float | None) -> float:
+    """``seconds`` (``None``: :data:`DEFAULT_UNCLAIMED_WARNING`); raises ``ValueError`` when
+    it is not a finite number of seconds >= 0 (0 turns the warning off)."""
+    if seconds is None:
         return DEFAULT_UNCLAIMED_WARNING
-    try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = -1.0
-    if not seconds >= 0 or seconds == float("inf"):
+    if not seconds >= 0 or math.isinf(seconds):
         raise ValueError(
-            f"{UNCLAIMED_WARNING_ENV} must be a number of seconds (0 turns the warning off); "
-            f"got {raw!r}."
+            f"unclaimed_warning must be a number of seconds (0 turns the warning off); "
+            f"got {seconds!r}."
         )
-    return seconds
+    return float(seconds)
 
 
 def _pending_response(turn: TurnRecord) -> AgentResponse:
@@ -157,11 +149,9 @@ class Agent:
         self.execution = execution
         self.poll_interval = poll_interval
         #: Seconds after which a caller waiting for a queued turn that no worker claimed
-        #: logs a warning (once per wait); 0 never. Default: ``TURNSTILE_UNCLAIMED_WARNING``,
-        #: else :data:`DEFAULT_UNCLAIMED_WARNING`.
-        self.unclaimed_warning = (
-            unclaimed_warning if unclaimed_warning is not None else unclaimed_warning_from_env()
-        )
+        #: logs a warning (once per wait); 0 never. Default: the engine's
+        #: (``Engine(unclaimed_warning=)``), else :data:`DEFAULT_UNCLAIMED_WARNING`.
+        self.unclaimed_warning = check_unclaimed_warning(unclaimed_warning)
         #: Who leases the turns this agent runs in the caller (inline and client-managed).
         self.lease_owner = owner
         self._local_aborts = local_aborts if local_aborts is not None else {}

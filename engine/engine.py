@@ -6,31 +6,49 @@ import os
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypedDict
 
-from engine.agent import Agent
+from engine.agent import Agent, check_unclaimed_warning
 from engine.approval_policy import ApprovalPolicy, ApproverCheck, policy_of
 from engine.conversation.schemas import SchemaSpec
 from engine.model import Model
 from engine.state.signing import StateSigner
-from engine.state.versioning import Migration, MigrationFn, app_version_from_env
+from engine.state.versioning import Migration, MigrationFn
 from engine.store import SessionStore
 from engine.store.signals import AbortSignal
 from engine.tools import InterruptTool, Tool, ToolFn
 from engine.turns.executor import LeaseSettings, RetryPolicy
 
-__all__ = ["Engine"]
+__all__ = ["Engine", "EngineOptions"]
+
+
+class EngineOptions(TypedDict, total=False):
+    """The options of :class:`Engine` a deployment configures, as keyword arguments:
+    ``Engine(model=..., **options)``. ``stores.settings.Settings.engine_options()`` makes
+    one from ``TURNSTILE_STATE_KEYS``, ``TURNSTILE_STATE_MAX_AGE``, ``TURNSTILE_APP_VERSION``
+    and ``TURNSTILE_UNCLAIMED_WARNING``."""
+
+    state_keys: Mapping[str, str | bytes] | None
+    state_max_age: float | None
+    version: str | None
+    unclaimed_warning: float | None
 
 
 class Engine:
     """Holds the default model and everything defined against it.
 
-    ``state_keys`` (key id → secret) sign client-managed state; without them the
-    ``TURNSTILE_STATE_KEYS`` environment variable is read (see :class:`StateSigner`).
+    ``state_keys`` (key id → secret) sign client-managed state; without them a random key
+    per process is made (see :class:`StateSigner`). ``state_max_age``: seconds after which
+    a signed state is refused (``None``: no limit).
 
     ``version`` is the application version every new turn is pinned to (workers claim only
-    the versions they serve); without it ``TURNSTILE_APP_VERSION`` is read, and without
-    that each agent's definition fingerprint stands in (see :mod:`engine.state.versioning`).
+    the versions they serve); without it each agent's definition fingerprint stands in (see
+    :mod:`engine.state.versioning`). ``unclaimed_warning``: the agents' seconds before a
+    caller waiting for a queued turn that no worker claimed warns (default 30; 0 never).
+
+    The engine reads no environment variable: a deployment's ``TURNSTILE_*`` values reach it
+    as these arguments, ``Engine(model=..., **current_settings().engine_options())``
+    (``stores.settings``).
     """
 
     def __init__(
@@ -40,12 +58,15 @@ class Engine:
         state_keys: Mapping[str, str | bytes] | None = None,
         state_max_age: float | None = None,
         version: str | None = None,
+        unclaimed_warning: float | None = None,
     ) -> None:
         if version is not None and not version.strip():
             raise ValueError("version must be a non-empty string (or None).")
         self.model = model
         #: The declared application version (``None``: each agent's fingerprint).
-        self.version = version.strip() if version is not None else app_version_from_env()
+        self.version = version.strip() if version is not None else None
+        #: Seconds before a caller waiting for an unclaimed queued turn warns, for every agent.
+        self.unclaimed_warning = check_unclaimed_warning(unclaimed_warning)
         #: Migrations registered with :meth:`migrate`, shared with every agent.
         self.migrations: list[Migration] = []
         self.signer = StateSigner(state_keys, max_age=state_max_age)
@@ -234,6 +255,7 @@ class Engine:
             owner=self.owner,
             local_aborts=self.local_aborts,
             execution=execution,
+            unclaimed_warning=self.unclaimed_warning,
             state_schema=state_schema,
             declared_version=self.version,
             migrations=self.migrations,

@@ -24,11 +24,12 @@ from typing import Any
 from pydantic import BaseModel
 
 from engine import Agent, Engine, InterruptTool, Model, ScriptedModel, Tool, ToolContext
-from engine.models import model_from_env
+from engine.engine import EngineOptions
 from engine.scripted import transaction_id
 from engine.store import SessionStore
 from engine.turns.executor import LeaseSettings
-from stores import InMemorySessionStore, SqlSessionStore, default_url
+from stores import InMemorySessionStore, SqlSessionStore
+from stores.settings import current_settings
 
 SYSTEM_PROMPT = (
     "You are a banking assistant. ALWAYS use the userApproval interrupt to "
@@ -82,6 +83,7 @@ def build(
     store: SessionStore | None = None,
     model: Model | None = None,
     state_keys: Mapping[str, str | bytes] | None = None,
+    options: EngineOptions | None = None,
     max_attempts: int = 3,
     execution: str = "auto",
     lease: LeaseSettings | None = None,
@@ -91,12 +93,17 @@ def build(
     """Define the engine, the interrupt, the tool and both agents.
 
     ``store`` defaults to a fresh :class:`~stores.InMemorySessionStore`; ``model`` to the
-    :class:`~engine.ScriptedModel`. With ``ledger``, each transfer is booked in that JSON-lines
-    file under its idempotency key — once, however often the call is executed (a worker
-    killed mid-transfer re-runs it with the same key). ``transfer_seconds`` makes a transfer
-    take that long (the demo kills a worker in the middle of one).
+    :class:`~engine.ScriptedModel`. ``options`` are the engine's other options (a deployment's
+    settings, ``Settings.engine_options()``); ``state_keys`` wins over theirs. With ``ledger``,
+    each transfer is booked in that JSON-lines file under its idempotency key — once, however
+    often the call is executed (a worker killed mid-transfer re-runs it with the same key).
+    ``transfer_seconds`` makes a transfer take that long (the demo kills a worker in the
+    middle of one).
     """
-    ai = Engine(model=model or ScriptedModel(), state_keys=state_keys)
+    engine_options = options.copy() if options is not None else EngineOptions()
+    if state_keys is not None:
+        engine_options["state_keys"] = state_keys
+    ai = Engine(model=model or ScriptedModel(), **engine_options)
     transfers: list[tuple[str, TransferRequest]] = []
 
     user_approval = ai.define_interrupt(
@@ -184,33 +191,39 @@ def _entries(text: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
-def _example_keys() -> Mapping[str, str | bytes] | None:
-    """``TURNSTILE_STATE_KEYS`` when set, else a fixed key that is only fit for the example.
+def _example_keys() -> Mapping[str, str | bytes]:
+    """The key the example signs with when ``TURNSTILE_STATE_KEYS`` is unset: fit only for
+    the example.
 
     The fixed key is public (it is right here), so anyone could sign a paused state with a
     forged approval: ``turnstile serve`` and ``turnstile worker`` refuse it unless ``--dev``
     is given (:func:`engine.state.signing.check_deployable_keys` knows its fingerprint). It stays
     so that ``--dev`` processes of the example verify each other's state.
     """
-    if os.environ.get("TURNSTILE_STATE_KEYS"):
-        return None
     return {"example-only": "turnstile-example-key-not-a-secret"}
 
 
 def _durable_app() -> BankingApp:
-    """The module-level app: durable, on ``TURNSTILE_DATABASE_URL`` (default: an SQLite file
-    under ``.turnstile/``), so ``turnstile worker --app examples.banking:ai`` serves it.
+    """The module-level app: durable, configured by the process's settings
+    (:func:`stores.settings.current_settings`), so ``turnstile worker --app
+    examples.banking:ai`` serves it on ``--db`` (or ``TURNSTILE_DATABASE_URL``; default: an
+    SQLite file under ``.turnstile/``).
 
     ``TURNSTILE_MODEL`` picks a real model (the scripted one when unset);
-    ``TURNSTILE_LEDGER``, ``TURNSTILE_TRANSFER_SECONDS`` and ``TURNSTILE_LEASE_SECONDS`` tune
-    it for the demo.
+    ``TURNSTILE_STATE_KEYS``, ``TURNSTILE_APP_VERSION`` and the engine's other settings are
+    passed on as they are; ``TURNSTILE_LEDGER``, ``TURNSTILE_TRANSFER_SECONDS`` and
+    ``TURNSTILE_LEASE_SECONDS``, the example's own variables, tune it for the demo.
     """
+    settings = current_settings()
+    options = settings.engine_options()
+    if not options.get("state_keys"):
+        options["state_keys"] = _example_keys()
     lease_seconds = float(os.environ.get("TURNSTILE_LEASE_SECONDS") or 30)
     ledger = os.environ.get("TURNSTILE_LEDGER")
     return build(
-        store=SqlSessionStore(default_url()),
-        model=model_from_env(),
-        state_keys=_example_keys(),
+        store=SqlSessionStore(settings.database_url),
+        model=settings.build_model(),
+        options=options,
         lease=LeaseSettings(lease_seconds=lease_seconds, heartbeat_interval=lease_seconds / 3),
         ledger=Path(ledger) if ledger else None,
         transfer_seconds=float(os.environ.get("TURNSTILE_TRANSFER_SECONDS") or 0),

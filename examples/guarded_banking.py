@@ -5,8 +5,8 @@ only when an approver restarts it; it is declared ``editable=True``, so the appr
 its arguments (the amount, the account) first. The model is the scripted one, except that a
 request for a transfer calls ``transferMoney`` directly instead of asking ``userApproval``.
 
-``--app examples.guarded_banking:ai`` serves the module-level app (database and ledger as
-``examples.banking`` reads them from the environment); tests build their own with
+``--app examples.guarded_banking:ai`` serves the module-level app (configured by the
+settings, and with the ledger, as ``examples.banking`` is); tests build their own with
 :func:`build`.
 """
 
@@ -20,11 +20,13 @@ from pathlib import Path
 from engine import Agent, Engine, ScriptedModel, Tool, ToolContext
 from engine.approval_policy import ApprovalPolicy, ApproverCheck
 from engine.conversation.parts import Message, Part
+from engine.engine import EngineOptions
 from engine.model import ChunkSink, ModelRequest, ModelResponse
 from engine.scripted import transaction_id
 from engine.store import SessionStore
 from examples.banking import TransferReceipt, TransferRequest, book
-from stores import InMemorySessionStore, SqlSessionStore, default_url
+from stores import InMemorySessionStore, SqlSessionStore
+from stores.settings import current_settings
 
 __all__ = ["GuardedApp", "TransferFirstModel", "build"]
 
@@ -79,9 +81,11 @@ def build(
     required_approvals: int | None = None,
     ledger: Path | None = None,
     execution: str = "auto",
+    options: EngineOptions | None = None,
 ) -> GuardedApp:
-    """Define the engine, the guarded ``transferMoney`` tool and ``guardedAgent``."""
-    ai = Engine(model=TransferFirstModel())
+    """Define the engine (with ``options``, a deployment's settings), the guarded
+    ``transferMoney`` tool and ``guardedAgent``."""
+    ai = Engine(model=TransferFirstModel(), **(options or EngineOptions()))
     transfers: list[tuple[str, TransferRequest]] = []
 
     def transfer(request: TransferRequest, ctx: ToolContext) -> TransferReceipt:
@@ -116,9 +120,14 @@ def build(
 
 
 def _durable_app() -> GuardedApp:
-    """The module-level app, on ``TURNSTILE_DATABASE_URL`` with ``TURNSTILE_LEDGER``."""
+    """The module-level app, configured by the process's settings, with ``TURNSTILE_LEDGER``."""
+    settings = current_settings()
     ledger = os.environ.get("TURNSTILE_LEDGER")
-    return build(store=SqlSessionStore(default_url()), ledger=Path(ledger) if ledger else None)
+    return build(
+        store=SqlSessionStore(settings.database_url),
+        ledger=Path(ledger) if ledger else None,
+        options=settings.engine_options(),
+    )
 
 
 app = _durable_app()

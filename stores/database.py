@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime
@@ -24,6 +23,7 @@ from sqlalchemy.engine import URL, Connection, Engine, make_url
 from engine.errors import StoreError, TurnstileError
 from stores import json_codec
 from stores.pg import PgConnections, StatementRefused
+from stores.settings import current_settings
 
 __all__ = [
     "DEFAULT_SQLITE_PATH",
@@ -45,8 +45,9 @@ T = TypeVar("T")
 
 
 def default_url() -> str:
-    """``TURNSTILE_DATABASE_URL``, else an SQLite file ``.turnstile/turnstile.db``."""
-    return os.environ.get(ENV_URL) or f"sqlite:///{DEFAULT_SQLITE_PATH}"
+    """The settings' database (``TURNSTILE_DATABASE_URL``, or ``--db`` under ``turnstile
+    worker`` and ``serve``), else an SQLite file ``.turnstile/turnstile.db``."""
+    return current_settings().database_url
 
 
 def normalise_url(url: str | URL) -> URL:

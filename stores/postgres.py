@@ -10,7 +10,6 @@ by LISTEN/NOTIFY, so waiters and subscribers in any process hear them.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
@@ -39,6 +38,7 @@ from stores import turns as turn_sql
 from stores.chunk_relay import ChunkBatcher
 from stores.notify import CHUNK_CHANNEL, Listener
 from stores.pg import PLANNER_SETTINGS, PgConnections, PgStatement
+from stores.settings import current_settings
 from stores.sql import SqlSessionStore, now_utc, round_and_transition_times
 
 __all__ = ["PLANNER_ENV", "PostgresSessionStore"]
@@ -65,7 +65,7 @@ class PostgresSessionStore(SqlSessionStore):
         planner_settings: Mapping[str, str] | None = None,
     ) -> None:
         if planner_settings is None:
-            planner_settings = {} if os.environ.get(PLANNER_ENV) == "off" else PLANNER_SETTINGS
+            planner_settings = PLANNER_SETTINGS if current_settings().pg_planner else {}
         super().__init__(
             url,
             pool_size=pool_size,

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime, timedelta
@@ -67,6 +66,7 @@ from stores import turn_versions as version_sql
 from stores import turns as turn_sql
 from stores.database import Database, default_url, normalise_url
 from stores.schema_check import SchemaCheck
+from stores.settings import DEFAULT_POOL_SIZE, current_settings
 
 __all__ = ["DEFAULT_POOL_SIZE", "POOL_SIZE_ENV", "SqlSessionStore", "default_pool_size"]
 
@@ -74,22 +74,13 @@ T = TypeVar("T")
 
 #: The environment variable holding the default ``pool_size`` (``turnstile worker`` sets it).
 POOL_SIZE_ENV = "TURNSTILE_DB_POOL_SIZE"
-#: ``pool_size`` when neither the constructor nor the environment gives one.
-DEFAULT_POOL_SIZE = 10
 
 
 def default_pool_size() -> int:
-    """``TURNSTILE_DB_POOL_SIZE`` (a whole number >= 1) when set, else 10."""
-    text = os.environ.get(POOL_SIZE_ENV, "").strip()
-    if not text:
-        return DEFAULT_POOL_SIZE
-    try:
-        size = int(text)
-    except ValueError:
-        size = 0
-    if size < 1:
-        raise ValueError(f"{POOL_SIZE_ENV} must be a whole number >= 1, not {text!r}.")
-    return size
+    """The settings' pool size: ``TURNSTILE_DB_POOL_SIZE`` (``--db-pool-size`` or the
+    worker's own under ``turnstile worker``) when set, else :data:`DEFAULT_POOL_SIZE` (10);
+    a bad value raises :class:`~stores.settings.InvalidSettingsError` naming the variable."""
+    return current_settings().db_pool_size
 
 
 def now_utc() -> datetime:

@@ -1,4 +1,4 @@
-"""Adapters for real LLM providers, and choosing one from the environment.
+"""Adapters for real LLM providers, and choosing one by name (``provider:model``).
 
 ``OpenAIChatModel`` (any OpenAI-compatible Chat Completions endpoint) and ``AnthropicModel``
 (the Messages API) implement :class:`engine.model.Model`. Their SDKs are optional extras
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from engine.models.config import model_from_env, model_from_spec
+from engine.models.config import model_from_spec, parse_model_spec
 from engine.models.errors import (
     ModelAuthenticationError,
     ModelContentPolicyError,
@@ -33,8 +33,8 @@ __all__ = [
     "ModelPermissionError",
     "ModelRequestError",
     "OpenAIChatModel",
-    "model_from_env",
     "model_from_spec",
+    "parse_model_spec",
 ]
 
 

@@ -97,8 +97,9 @@ class _Block:
 class AnthropicModel(ProviderModel):
     """A :class:`~engine.model.Model` on the Anthropic Messages API.
 
-    ``api_key`` defaults to ``ANTHROPIC_API_KEY``, ``base_url`` to ``ANTHROPIC_BASE_URL`` (or
-    Anthropic's). ``headers`` are sent with every request (a beta flag, a gateway's routing).
+    ``api_key`` and ``base_url`` left out are the SDK's own defaults (its
+    ``ANTHROPIC_API_KEY``; its ``ANTHROPIC_BASE_URL``, else Anthropic's); no key at all is a
+    ``ValueError``. ``headers`` are sent with every request (a beta flag, a gateway's routing).
     ``config`` holds default request parameters (``max_tokens`` defaults to 4096), which a
     request's own ``config`` overrides. ``stream=False`` asks for whole responses.
     ``max_retries`` is the SDK's own quick retry before an error reaches the engine.
@@ -125,20 +126,19 @@ class AnthropicModel(ProviderModel):
         self.defaults = {"max_tokens": DEFAULT_MAX_TOKENS, **(config or {})}
         self._sdk = import_sdk("anthropic", "AnthropicModel")
         if client is None:
-            import os
-
-            api_key = api_key or os.environ.get("ANTHROPIC_API_KEY")
-            if not api_key:
-                raise ValueError(
-                    "AnthropicModel needs an API key: pass api_key= or set ANTHROPIC_API_KEY."
-                )
+            # Without api_key / base_url the SDK reads its own ANTHROPIC_API_KEY and
+            # ANTHROPIC_BASE_URL; this module reads no environment.
             client = self._sdk.AsyncAnthropic(
-                api_key=api_key,
-                base_url=base_url or os.environ.get("ANTHROPIC_BASE_URL") or None,
+                api_key=api_key or None,
+                base_url=base_url or None,
                 default_headers=dict(headers or {}),
                 timeout=timeout,
                 max_retries=max_retries,
             )
+            if not client.api_key:
+                raise ValueError(
+                    "AnthropicModel needs an API key: pass api_key= or set ANTHROPIC_API_KEY."
+                )
         self.client = client
 
     # -- request --------------------------------------------------------------------

@@ -1,77 +1,54 @@
-"""Choosing a model from configuration: ``TURNSTILE_MODEL=provider:model``.
+"""Choosing a model by name: ``provider:model``, e.g. ``openai:gpt-4o-mini``.
 
-``TURNSTILE_MODEL`` names the provider and the model, e.g. ``openai:gpt-4o-mini`` or
-``anthropic:claude-sonnet-4-5``; ``ollama:llama3.1`` is the OpenAI adapter pointed at a local
-Ollama (``OPENAI_BASE_URL``, default ``http://localhost:11434/v1``). Credentials and endpoints
-come from each SDK's usual variables: ``OPENAI_API_KEY``, ``OPENAI_BASE_URL``,
-``ANTHROPIC_API_KEY``, ``ANTHROPIC_BASE_URL``. ``TURNSTILE_MODEL_HEADERS`` (a JSON object)
-adds headers to every request, ``TURNSTILE_MODEL_TIMEOUT`` sets the request timeout in seconds.
+``openai:`` and ``anthropic:`` are the two adapters; ``ollama:llama3.1`` is the OpenAI adapter
+pointed at a local Ollama (``http://localhost:11434/v1`` unless a ``base_url`` is given).
+Everything else — key, endpoint, headers, timeout — is passed in as the adapter's keyword
+arguments: this module reads no environment. ``stores.settings.Settings.build_model`` is
+what turns ``TURNSTILE_MODEL`` and the provider variables into such a call.
 """
 
 from __future__ import annotations
 
-import json
-import os
-from collections.abc import Mapping
 from typing import Any
 
 from engine.model import Model
 
-__all__ = ["DEFAULT_OLLAMA_URL", "PROVIDERS", "model_from_env", "model_from_spec"]
+__all__ = ["DEFAULT_OLLAMA_URL", "PROVIDERS", "model_from_spec", "parse_model_spec"]
 
 PROVIDERS = ("openai", "anthropic", "ollama")
 DEFAULT_OLLAMA_URL = "http://localhost:11434/v1"
 
 
-def model_from_spec(spec: str, *, env: Mapping[str, str] | None = None, **options: Any) -> Model:
-    """The model named by ``spec`` (``provider:model``), configured from ``env``.
-
-    ``options`` are passed to the adapter's constructor and win over the environment (e.g.
-    ``model_from_spec("openai:gpt-4o", base_url=..., api_key=...)``). Raises ``ValueError``
-    for a malformed spec or an unknown provider, ``ImportError`` naming the extra to install
-    when the provider's SDK is missing.
-    """
-    env = os.environ if env is None else env
+def parse_model_spec(spec: str) -> tuple[str, str]:
+    """``(provider, model)`` of ``spec``; raises ``ValueError`` for a spec that is not
+    ``provider:model`` or names an unknown provider."""
     provider, sep, name = spec.strip().partition(":")
     provider = provider.lower()
     if not sep or not name:
-        raise ValueError(f"TURNSTILE_MODEL must look like 'provider:model', not {spec!r}.")
+        raise ValueError(f"A model must be named as 'provider:model', not {spec!r}.")
     if provider not in PROVIDERS:
         raise ValueError(
             f"Unknown model provider {provider!r} in {spec!r}; use one of {', '.join(PROVIDERS)}."
         )
-    settings: dict[str, Any] = {}
-    if env.get("TURNSTILE_MODEL_HEADERS"):
-        headers = json.loads(env["TURNSTILE_MODEL_HEADERS"])
-        if not isinstance(headers, dict):
-            raise ValueError("TURNSTILE_MODEL_HEADERS must be a JSON object of header names.")
-        settings["headers"] = {str(k): str(v) for k, v in headers.items()}
-    if env.get("TURNSTILE_MODEL_TIMEOUT"):
-        settings["timeout"] = float(env["TURNSTILE_MODEL_TIMEOUT"])
+    return provider, name
+
+
+def model_from_spec(spec: str, **options: Any) -> Model:
+    """The model named by ``spec`` (``provider:model``), built with ``options``: the
+    adapter's keyword arguments (``api_key``, ``base_url``, ``headers``, ``timeout``, ...).
+
+    Options not given keep the adapter's defaults (whose SDK reads its own key variable).
+    Raises ``ValueError`` for a malformed spec, an unknown provider or a missing key,
+    ``ImportError`` naming the extra to install when the provider's SDK is missing.
+    """
+    provider, name = parse_model_spec(spec)
     if provider == "anthropic":
         from engine.models.anthropic import AnthropicModel
 
-        settings["api_key"] = env.get("ANTHROPIC_API_KEY")
-        settings["base_url"] = env.get("ANTHROPIC_BASE_URL")
-        return AnthropicModel(name, **{**settings, **options})
+        return AnthropicModel(name, **options)
 
     from engine.models.openai import OpenAIChatModel
 
-    base_url = env.get("OPENAI_BASE_URL")
-    if provider == "ollama":
-        base_url = base_url or DEFAULT_OLLAMA_URL
-    settings["base_url"] = base_url
-    settings["api_key"] = env.get("OPENAI_API_KEY")
-    return OpenAIChatModel(name, **{**settings, **options})
-
-
-def model_from_env(env: Mapping[str, str] | None = None, **options: Any) -> Model | None:
-    """The model ``TURNSTILE_MODEL`` names, or ``None`` when it is unset (use the scripted one).
-
-    See :func:`model_from_spec` for the variables read and ``options``.
-    """
-    env = os.environ if env is None else env
-    spec = env.get("TURNSTILE_MODEL", "").strip()
-    if not spec:
-        return None
-    return model_from_spec(spec, env=env, **options)
+    if provider == "ollama" and not options.get("base_url"):
+        options = {**options, "base_url": DEFAULT_OLLAMA_URL}
+    return OpenAIChatModel(name, **options)

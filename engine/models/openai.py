@@ -48,6 +48,8 @@ from engine.status import FinishReason
 __all__ = ["OpenAIChatModel"]
 
 PROVIDER = "OpenAI"
+#: OpenAI's own endpoint, which refuses a request without a real key.
+OPENAI_HOST = "api.openai.com"
 
 _FINISH = {
     "stop": FinishReason.STOP,
@@ -77,9 +79,10 @@ class _PendingCall:
 class OpenAIChatModel(ProviderModel):
     """A :class:`~engine.model.Model` on an OpenAI-compatible Chat Completions endpoint.
 
-    ``base_url`` points at the endpoint (default: ``OPENAI_BASE_URL``, else OpenAI);
-    ``api_key`` defaults to ``OPENAI_API_KEY`` (local servers that need none get a
-    placeholder). ``headers`` are sent with every request (Azure's ``api-key``, a proxy's
+    ``base_url`` points at the endpoint; ``api_key`` is its key. Either left out is the
+    SDK's own default (its ``OPENAI_BASE_URL``, else OpenAI; its ``OPENAI_API_KEY``), and an
+    endpoint other than OpenAI's that gets no key at all gets a placeholder (local servers
+    need none). ``headers`` are sent with every request (Azure's ``api-key``, a proxy's
     routing header). ``config`` holds default request parameters (``temperature``, ...), which
     a request's own ``config`` overrides. ``stream=False`` asks for whole responses (for
     servers without streaming). ``max_retries`` is the SDK's own quick retry before an error
@@ -111,24 +114,24 @@ class OpenAIChatModel(ProviderModel):
         self.defaults = dict(config or {})
         self._sdk = import_sdk("openai", "OpenAIChatModel")
         if client is None:
-            import os
-
-            base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
-            api_key = api_key or os.environ.get("OPENAI_API_KEY")
-            if not api_key:
-                if base_url is None:
+            options: dict[str, Any] = {
+                "base_url": base_url or None,
+                "default_headers": dict(headers or {}),
+                "timeout": timeout,
+                "max_retries": max_retries,
+            }
+            try:
+                # Without api_key / base_url the SDK reads its own OPENAI_API_KEY and
+                # OPENAI_BASE_URL; this module reads no environment.
+                client = self._sdk.AsyncOpenAI(api_key=api_key or None, **options)
+            except self._sdk.OpenAIError:
+                # No key anywhere. Ollama, vLLM and LM Studio accept any key, but the SDK
+                # insists on one; OpenAI's own endpoint would refuse every request.
+                client = self._sdk.AsyncOpenAI(api_key="not-needed", **options)
+                if client.base_url.host == OPENAI_HOST:
                     raise ValueError(
                         "OpenAIChatModel needs an API key: pass api_key= or set OPENAI_API_KEY."
-                    )
-                # Ollama, vLLM and LM Studio accept any key, but the SDK insists on one.
-                api_key = "not-needed"
-            client = self._sdk.AsyncOpenAI(
-                api_key=api_key,
-                base_url=base_url,
-                default_headers=dict(headers or {}),
-                timeout=timeout,
-                max_retries=max_retries,
-            )
+                    ) from None
         self.client = client
 
     # -- request --------------------------------------------------------------------

@@ -29,7 +29,7 @@ def request_span_middleware(*, tracer_provider: TracerProvider | None = None) ->
     """Middleware for :func:`engine.remote.server.create_app`'s ``middleware`` (put it first,
     so the span covers every other middleware): one server span per request, a child of the
     caller's when the request carries a ``traceparent``. ``tracer_provider``: default, the
-    process's global one (installed by :func:`engine.telemetry.tracing.configure_from_env`)."""
+    process's global one (installed by :func:`engine.telemetry.tracing.configure_tracing`)."""
     return Middleware(
         OpenTelemetryMiddleware,
         default_span_details=span_details,

@@ -29,7 +29,6 @@ import hmac
 import json
 import logging
 import math
-import os
 import re
 import secrets
 import time
@@ -53,8 +52,8 @@ logger = logging.getLogger("turnstile.signing")
 SIGNATURE_FIELD = "signature"
 _VERSION = "ts1"
 _DOMAIN = b"turnstile-client-state-v1"
+#: Where a deployment's keys usually come from (named in messages; read by ``stores.settings``).
 _ENV_KEYS = "TURNSTILE_STATE_KEYS"
-_ENV_MAX_AGE = "TURNSTILE_STATE_MAX_AGE"
 # JavaScript prints every integral double below 1e21 without a fraction (2.0**60 → digits).
 _JS_INTEGRAL_LIMIT = 1e21
 _KEY_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -82,7 +81,8 @@ PUBLISHED_KEY_FINGERPRINTS: frozenset[str] = frozenset(
 
 _HOW_TO_CONFIGURE = (
     f"Configure a secret key: {_ENV_KEYS}=<key id>:<secret> (a secret such as the output of "
-    "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`), or "
+    "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`), which the app passes "
+    "on as Engine(**current_settings().engine_options()) does, or "
     "Engine(state_keys={<key id>: <secret>}); --dev accepts it for local development only."
 )
 
@@ -121,47 +121,29 @@ def key_fingerprint(secret: str | bytes) -> str:
     return hashlib.sha256(raw).hexdigest()
 
 
-def _parse_keys(spec: str) -> dict[str, bytes]:
-    keys: dict[str, bytes] = {}
-    for item in spec.split(","):
-        item = item.strip()
-        if not item:
-            continue
-        kid, sep, secret = item.partition(":")
-        if not sep or not kid or not secret:
-            raise ValueError(
-                f"{_ENV_KEYS} must look like 'kid1:secret1,kid2:secret2'; got an entry {kid!r}."
-            )
-        keys[kid] = secret.encode()
-    return keys
-
-
 class StateSigner:
     """Signs and verifies client-managed state blobs.
 
     ``keys`` maps key ids to secrets; the first one signs, all of them verify (rotation: put
     the new key first, keep the old one until the blobs it signed have aged out). Without
-    keys, ``TURNSTILE_STATE_KEYS`` is read; without that, a random per-process key is made
-    and a warning logged (blobs then only verify in this process). ``max_age`` (seconds,
-    default ``TURNSTILE_STATE_MAX_AGE`` or unlimited) rejects blobs older than that.
+    keys a random per-process key is made and a warning logged (blobs then only verify in
+    this process). ``max_age`` (seconds; ``None``: unlimited) rejects blobs older than that.
+    Neither is read from the environment: ``TURNSTILE_STATE_KEYS`` and
+    ``TURNSTILE_STATE_MAX_AGE`` reach it through ``Engine(state_keys=, state_max_age=)``.
     """
 
     def __init__(
         self, keys: Mapping[str, str | bytes] | None = None, *, max_age: float | None = None
     ) -> None:
-        if keys is None:
-            spec = os.environ.get(_ENV_KEYS, "")
-            parsed = _parse_keys(spec) if spec else {}
-        else:
-            parsed = {kid: s.encode() if isinstance(s, str) else s for kid, s in keys.items()}
+        parsed = {kid: s.encode() if isinstance(s, str) else s for kid, s in (keys or {}).items()}
         #: Whether no key was configured and a random one was made for this process.
         self.generated = not parsed
         if not parsed:
             kid = "ephemeral-" + secrets.token_hex(4)
             parsed = {kid: secrets.token_bytes(32)}
             logger.warning(
-                "No state signing key configured (%s); using a random key %s, so "
-                "client-managed state only verifies in this process.",
+                "No state signing key configured (Engine got no state_keys, e.g. from %s); "
+                "using a random key %s, so client-managed state only verifies in this process.",
                 _ENV_KEYS,
                 kid,
             )
@@ -172,8 +154,6 @@ class StateSigner:
                 )
         self._keys = parsed
         self._active = next(iter(parsed))
-        if max_age is None and os.environ.get(_ENV_MAX_AGE):
-            max_age = float(os.environ[_ENV_MAX_AGE])
         self.max_age = max_age
 
     @property
@@ -280,9 +260,8 @@ def _key_problem(signer: StateSigner) -> str | None:
     """Why ``signer``'s keys are unfit to serve with, or ``None`` when they are fit."""
     if signer.generated:
         return (
-            f"with no configured key ({_ENV_KEYS} is unset and Engine got no state_keys): a "
-            "random key made at startup would not verify its state after a restart or in "
-            "another process"
+            "with no configured key (Engine got no state_keys): a random key made at startup "
+            "would not verify its state after a restart or in another process"
         )
     published = signer.published_key_ids()
     if published:

@@ -4,17 +4,17 @@ migrations an app registers to move paused turns onto new definitions.
 
 Every turn records the fingerprint of its agent's definition (model id, system prompt, tools
 and interrupts with their schemas, ``max_turns``) and a description of it, and the
-application version that created it: ``Engine(version=...)``, else ``TURNSTILE_APP_VERSION``,
-else the agent's fingerprint itself. Workers claim only the versions they serve; resuming a
-turn paused under another definition is refused (:class:`DefinitionChangedError`) unless a
-migration registered for its version maps it onto the current one.
+application version that created it: ``Engine(version=...)`` (``TURNSTILE_APP_VERSION`` when
+the app passes its settings), else the agent's fingerprint itself. Workers claim only the
+versions they serve; resuming a turn paused under another definition is refused
+(:class:`DefinitionChangedError`) unless a migration registered for its version maps it onto
+the current one.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,14 +26,12 @@ from engine.errors import DefinitionChangedError
 from engine.tools import InterruptTool, Tool
 
 __all__ = [
-    "APP_VERSION_ENV",
     "DefinitionChange",
     "DefinitionChangedError",
     "Migration",
     "MigrationFn",
     "PausedTurn",
     "Pinning",
-    "app_version_from_env",
     "describe_definition",
     "diff_definitions",
     "fingerprint_of",
@@ -41,18 +39,10 @@ __all__ = [
     "outline_definition",
 ]
 
-#: The environment variable declaring the application version (``Engine(version=)`` wins).
-APP_VERSION_ENV = "TURNSTILE_APP_VERSION"
 #: Prefix of a fingerprint used as a version, so the two are told apart at a glance.
 FINGERPRINT_PREFIX = "def-"
 #: Marks a description whose system prompt and tool elements are replaced by their digests.
 OUTLINE_MARK = "outline"
-
-
-def app_version_from_env() -> str | None:
-    """``TURNSTILE_APP_VERSION``, stripped, or ``None`` when unset or blank."""
-    raw = os.environ.get(APP_VERSION_ENV, "").strip()
-    return raw or None
 
 
 def _tool_description(tool: Tool) -> dict[str, Any]:

@@ -12,19 +12,20 @@ the database in between. The creating request's W3C trace context (``traceparent
         execute_tool {tool}       each tool call the round runs
 
 The engine depends on the OpenTelemetry API alone. Its default tracer provider is a no-op, so
-unless something installs one — :func:`configure_from_env` from the ``OTEL_*`` variables (the
-CLI calls it), the application itself, or :func:`use_tracer_provider` — every span here is a
-non-recording stand-in and no attribute is computed. The SDK is imported only by
-:func:`configure_from_env`, and only when an exporter is configured.
+unless something installs one — :func:`configure_tracing` from a :class:`TracingConfig` (the
+CLI passes the ``OTEL_*`` variables' values, read by ``stores.settings``), the application
+itself, or :func:`use_tracer_provider` — every span here is a non-recording stand-in and no
+attribute is computed. The SDK is imported only by :func:`configure_tracing`, and only when an
+exporter is configured.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from opentelemetry import trace
@@ -41,9 +42,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "TRACER_NAME",
+    "TracingConfig",
     "TracingConfigError",
     "capture_trace_context",
-    "configure_from_env",
+    "configure_tracing",
     "current_trace_id",
     "exporter_names",
     "model_answered",
@@ -303,28 +305,49 @@ _OTLP_PACKAGES = {
     "otlp_proto_http": "opentelemetry-exporter-otlp-proto-http",
     "otlp_proto_grpc": "opentelemetry-exporter-otlp-proto-grpc",
 }
-_ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 
 
-def _enabled(environ: Mapping[str, str], name: str) -> bool:
-    return environ.get(name, "").strip().lower() == "true"
+@dataclass(frozen=True)
+class TracingConfig:
+    """The OpenTelemetry configuration :func:`configure_tracing` acts on: the values of the
+    standard variables named beside each field (``stores.settings.Settings.tracing_config``
+    reads them). The SDK and the OTLP exporter read their other variables (batching,
+    sampler, headers, ...) themselves."""
+
+    traces_exporter: str | None = None
+    """``OTEL_TRACES_EXPORTER``: comma-separated exporter names, or ``none``."""
+    otlp_endpoint: str | None = None
+    """``OTEL_EXPORTER_OTLP_ENDPOINT``: set alone, it means the ``otlp`` exporter."""
+    otlp_traces_endpoint: str | None = None
+    """``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``: likewise."""
+    otlp_protocol: str | None = None
+    """``OTEL_EXPORTER_OTLP_PROTOCOL``: ``http/protobuf`` (the default) or ``grpc``."""
+    otlp_traces_protocol: str | None = None
+    """``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL``: wins over the one above."""
+    sdk_disabled: bool = False
+    """``OTEL_SDK_DISABLED``: no exporter, whatever the rest says."""
+    service_name: str | None = None
+    """``OTEL_SERVICE_NAME``: without it (or a ``service.name`` in the attributes) the
+    service is ``turnstile``."""
+    resource_attributes: str | None = None
+    """``OTEL_RESOURCE_ATTRIBUTES``: ``key=value,…`` of every span's resource."""
 
 
-def exporter_names(environ: Mapping[str, str] | None = None) -> list[str]:
-    """The span exporters the ``OTEL_*`` variables configure, as the SDK's entry point names
-    (``otlp_proto_http``, ``console``, ...); empty when they configure none.
+def exporter_names(config: TracingConfig) -> list[str]:
+    """The span exporters ``config`` configures, as the SDK's entry point names
+    (``otlp_proto_http``, ``console``, ...); empty when it configures none.
 
     ``OTEL_TRACES_EXPORTER`` names them (comma-separated; ``none`` for none); unset, an
     ``OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT`` means ``otlp``. ``otlp`` is OTLP over HTTP
     (protobuf) unless ``OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL`` says ``grpc``.
     ``OTEL_SDK_DISABLED=true`` turns everything off.
     """
-    env = os.environ if environ is None else environ
-    if _enabled(env, "OTEL_SDK_DISABLED"):
+    if config.sdk_disabled:
         return []
-    listed = env.get("OTEL_TRACES_EXPORTER", "").strip()
+    listed = (config.traces_exporter or "").strip()
     if not listed:
-        listed = "otlp" if any(env.get(name, "").strip() for name in _ENDPOINT_VARIABLES) else ""
+        endpoints = (config.otlp_traces_endpoint, config.otlp_endpoint)
+        listed = "otlp" if any((value or "").strip() for value in endpoints) else ""
     names = [name.strip() for name in listed.split(",") if name.strip()]
     if not names or [name.lower() for name in names] == ["none"]:
         return []
@@ -333,9 +356,7 @@ def exporter_names(environ: Mapping[str, str] | None = None) -> list[str]:
             f"OTEL_TRACES_EXPORTER={listed!r}: 'none' cannot be combined with exporters."
         )
     protocol = (
-        env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
-        or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
-        or ""
+        config.otlp_traces_protocol or config.otlp_protocol or ""
     ).strip() or "http/protobuf"
     resolved: list[str] = []
     for name in names:
@@ -351,17 +372,17 @@ def exporter_names(environ: Mapping[str, str] | None = None) -> list[str]:
     return resolved
 
 
-def configure_from_env() -> bool:
-    """Install the SDK's tracer provider when the ``OTEL_*`` variables configure an exporter
-    (see :func:`exporter_names`); ``True`` when it did.
+def configure_tracing(config: TracingConfig) -> bool:
+    """Install the SDK's tracer provider when ``config`` configures an exporter (see
+    :func:`exporter_names`); ``True`` when it did.
 
-    Each exporter gets a batch span processor (``OTEL_BSP_*``); the resource reads
-    ``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES`` (service name ``turnstile`` by
-    default), the sampler ``OTEL_TRACES_SAMPLER``. Nothing is installed when no exporter is
-    configured, or when the process already has a provider (the application's own is kept).
-    Raises :class:`TracingConfigError` for an exporter that is unknown or not installed.
+    Each exporter gets a batch span processor (``OTEL_BSP_*``, read by the SDK); the
+    resource is named ``turnstile`` unless ``config`` names the service; the SDK reads the
+    sampler (``OTEL_TRACES_SAMPLER``). Nothing is installed when no exporter is configured,
+    or when the process already has a provider (the application's own is kept). Raises
+    :class:`TracingConfigError` for an exporter that is unknown or not installed.
     """
-    names = exporter_names()
+    names = exporter_names(config)
     if not names:
         return False
     if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
@@ -372,9 +393,7 @@ def configure_from_env() -> bool:
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     exporters = [_load_exporter(name) for name in names]
-    named = os.environ.get("OTEL_SERVICE_NAME") or "service.name=" in os.environ.get(
-        "OTEL_RESOURCE_ATTRIBUTES", ""
-    )
+    named = bool(config.service_name) or "service.name=" in (config.resource_attributes or "")
     provider = SdkTracerProvider(
         resource=Resource.create({} if named else {SERVICE_NAME: TRACER_NAME})
     )

@@ -1,4 +1,5 @@
-"""A worker process that configures tracing from its ``OTEL_*`` environment, as
+"""A worker process that configures tracing from its ``OTEL_*`` environment (through the
+settings), as
 ``turnstile worker`` does, and runs one queued turn of the ``echo`` agent.
 
 ``python -m tests.acceptance.traced_worker DATABASE_URL TURN_ID`` runs a worker pool on the
@@ -18,6 +19,7 @@ from opentelemetry import trace
 from engine import Agent, Engine, ScriptedModel
 from engine.telemetry import tracing
 from stores import SqlSessionStore
+from stores.settings import current_settings
 from tests.conftest import TEST_STATE_KEYS
 from workers import WorkerPool
 
@@ -31,7 +33,7 @@ def echo_agent(store: SqlSessionStore) -> tuple[Engine, Agent]:
 
 
 async def run(url: str, turn_id: str) -> dict[str, object]:
-    configured = tracing.configure_from_env()
+    configured = tracing.configure_tracing(current_settings().tracing_config())
     store = SqlSessionStore(url)
     try:
         ai, agent = echo_agent(store)

@@ -347,3 +347,79 @@ def test_the_store_pool_size_defaults_to_the_environment(monkeypatch: pytest.Mon
         monkeypatch.setenv(POOL_SIZE_ENV, bad)
         with pytest.raises(ValueError, match="TURNSTILE_DB_POOL_SIZE must be a whole number"):
             default_pool_size()
+
+
+def test_engine_settings_the_app_did_not_take_are_named(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A version or warning time set in the environment that the app's engine was built
+    without is logged as a warning naming the variable; an app passing its settings is not."""
+    from stores.settings import read_settings
+    from workers.cli.startup import warn_unused_settings
+
+    monkeypatch.setenv("TURNSTILE_APP_VERSION", "v2")
+    monkeypatch.setenv("TURNSTILE_UNCLAIMED_WARNING", "5")
+    monkeypatch.delenv("TURNSTILE_STATE_KEYS", raising=False)
+    settings = read_settings()
+    unaware = Engine(model=ScriptedModel())
+    with caplog.at_level(logging.WARNING, logger="turnstile.cli"):
+        assert warn_unused_settings(unaware, settings) == [
+            "TURNSTILE_APP_VERSION",
+            "TURNSTILE_UNCLAIMED_WARNING",
+        ]
+    assert "TURNSTILE_APP_VERSION is set, but the app's Engine was not given it" in caplog.text
+    passing = Engine(model=ScriptedModel(), **settings.engine_options())
+    assert warn_unused_settings(passing, settings) == []
+
+
+def test_worker_hands_its_settings_to_the_app_until_it_returns(
+    app_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """At import the app module finds --db and the worker's pool size in current_settings()
+    and in the stores' defaults; once the command returns the environment rules again."""
+    from stores.settings import current_settings
+
+    monkeypatch.setenv("TURNSTILE_APP_VERSION", "v9")
+    monkeypatch.delenv("TURNSTILE_DB_POOL_SIZE", raising=False)
+    (app_dir / "probe_app.py").write_text(
+        textwrap.dedent(
+            """
+            import stores
+            from stores.settings import current_settings
+            from stores.sql import default_pool_size
+
+            SEEN = current_settings()
+            DEFAULTS = (stores.default_url(), default_pool_size())
+            ai = "not an engine"
+            """
+        )
+    )
+    argv = ["worker", "--app", "probe_app:ai", "--db", "sqlite:///probe.db", "--concurrency", "6"]
+    assert main(argv) == 2
+    seen = sys.modules["probe_app"].SEEN
+    assert (seen.database_url, seen.db_pool_size, seen.app_version) == (
+        "sqlite:///probe.db",
+        5,
+        "v9",
+    )
+    assert sys.modules["probe_app"].DEFAULTS == ("sqlite:///probe.db", 5)
+    monkeypatch.setenv("TURNSTILE_DATABASE_URL", "sqlite:///after.db")
+    assert current_settings().database_url == "sqlite:///after.db"
+    assert "not an engine.Engine" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["worker", "serve"])
+def test_a_bad_setting_stops_a_command_naming_its_variable(
+    app_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    command: str,
+) -> None:
+    """A variable of the settings that does not parse is a refusal (exit 2) that names it,
+    before the app is imported, without a traceback."""
+    monkeypatch.setenv("TURNSTILE_UNCLAIMED_WARNING", "soon")
+    assert main([command, "--app", "probe_app:ai", "--db", "sqlite:///probe.db"]) == 2
+    err = capsys.readouterr().err
+    assert "TURNSTILE_UNCLAIMED_WARNING must be a number of seconds" in err
+    assert "Traceback" not in err
+    assert "probe_app" not in sys.modules

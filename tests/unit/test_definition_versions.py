@@ -14,7 +14,6 @@ from engine import Engine, FinishReason
 from engine.conversation.parts import Message, Part
 from engine.errors import FailedPreconditionError
 from engine.state.versioning import (
-    APP_VERSION_ENV,
     DefinitionChangedError,
     PausedTurn,
     describe_definition,
@@ -23,6 +22,7 @@ from engine.state.versioning import (
 )
 from engine.store.memory import list_events
 from stores import InMemorySessionStore
+from stores.settings import read_settings
 from tests.support import ListModel, ask, say
 
 
@@ -130,16 +130,15 @@ def test_the_model_id_changes_the_fingerprint() -> None:
     assert change.line() == "model: 'm1' -> 'm2'"
 
 
-def test_the_version_is_declared_read_from_the_environment_or_the_fingerprint(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Engine(version=) wins over TURNSTILE_APP_VERSION, which wins over the fingerprint."""
-    monkeypatch.setenv(APP_VERSION_ENV, "from-env")
+def test_the_version_is_declared_or_the_fingerprint(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Engine(version=) pins turns to it, else to each agent's fingerprint; the engine reads
+    no TURNSTILE_APP_VERSION of its own, the settings hand it over."""
+    monkeypatch.setenv("TURNSTILE_APP_VERSION", "from-env")
     assert _engine(InMemorySessionStore(), [], version="v7").agents["bank"].version == "v7"
-    assert _engine(InMemorySessionStore(), []).agents["bank"].version == "from-env"
-    monkeypatch.delenv(APP_VERSION_ENV)
     agent = _engine(InMemorySessionStore(), []).agents["bank"]
     assert agent.version == agent.fingerprint
+    handed = read_settings().engine_options()["version"]
+    assert _engine(InMemorySessionStore(), [], version=handed).agents["bank"].version == "from-env"
 
 
 # -- resuming across versions -----------------------------------------------------------

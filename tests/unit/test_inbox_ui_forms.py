@@ -18,9 +18,10 @@ from starlette.responses import Response
 from engine.remote.auth import BearerTokenAuth, Principal, UnauthenticatedError
 from engine.remote.ui.forms import build_form
 from engine.remote.ui.history_pages import csv_cell
-from engine.remote.ui.kit import safe_next
+from engine.remote.ui.kit import UiSettings, safe_next
 from engine.remote.ui.sessions import COOKIE_NAME, SessionCookies, exchange_token
 from examples.banking import ApprovalDecision
+from stores.settings import read_settings
 
 
 class Risk(StrEnum):
@@ -200,11 +201,18 @@ def test_an_expired_session_is_no_session() -> None:
     assert cookies.read(_request(_cookie_of(response))) is None
 
 
-def test_secrets_are_checked_and_made_when_missing() -> None:
+def test_secrets_are_checked_and_made_when_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A short secret is refused; none given makes one for this process, whatever the
+    environment holds; the settings hand TURNSTILE_UI_SECRET and the polling interval over."""
     with pytest.raises(ValueError, match="at least 32 bytes"):
         SessionCookies("short")
-    assert SessionCookies(environ={}).ephemeral
-    assert not SessionCookies(environ={"TURNSTILE_UI_SECRET": "x" * 40}).ephemeral
+    monkeypatch.setenv("TURNSTILE_UI_SECRET", "x" * 40)
+    monkeypatch.setenv("TURNSTILE_UI_POLL_SECONDS", "7")
+    assert SessionCookies().ephemeral
+    ui = read_settings().ui_settings()
+    assert not SessionCookies(ui.secret).ephemeral
+    assert ui.poll_interval() == 7.0
+    assert UiSettings().poll_interval() == 3.0
 
 
 async def test_a_token_is_exchanged_through_the_authenticator() -> None:

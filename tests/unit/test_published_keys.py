@@ -25,6 +25,7 @@ from engine.state.signing import (
 from examples import banking, tour
 from examples.banking import build
 from stores import InMemorySessionStore
+from stores.settings import read_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 FRESH = {"prod-2025": "a-secret-nobody-has-seen-0123456789"}
@@ -32,9 +33,7 @@ STATELESS = "bankingAgentStateless"
 
 
 def _example_key() -> dict[str, str | bytes]:
-    keys = banking._example_keys()
-    assert keys is not None, "TURNSTILE_STATE_KEYS is set in the test environment"
-    return dict(keys)
+    return dict(banking._example_keys())
 
 
 def test_the_examples_key_is_refused_naming_the_agent_and_the_fix(
@@ -113,7 +112,7 @@ def test_every_client_managed_agent_is_named() -> None:
 def test_the_environments_keys_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
     """A published key pasted into TURNSTILE_STATE_KEYS is refused like one in code."""
     monkeypatch.setenv("TURNSTILE_STATE_KEYS", "kid1:secret1,kid2:secret2")
-    ai = Engine(model=ScriptedModel())
+    ai = Engine(model=ScriptedModel(), **read_settings().engine_options())
     ai.define_agent(name="clientSide", store=None)
     with pytest.raises(InsecureKeyError, match="'kid1', 'kid2'"):
         check_deployable_keys(ai, dev=False)

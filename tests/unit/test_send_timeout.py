@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from engine import Engine, ScriptedModel, TurnStatus
-from engine.agent import UNCLAIMED_WARNING_ENV, unclaimed_warning_from_env
 from engine.errors import InvalidArgumentError, TurnTimeoutError
 from stores import InMemorySessionStore
+from stores.settings import InvalidSettingsError, read_settings
 from tests.conftest import TEST_STATE_KEYS
 
 SLOW = "slow one two three four five six"
@@ -45,17 +45,25 @@ async def test_a_timeout_must_be_positive() -> None:
         await agent.chat().send("hi", timeout=0)
 
 
-def test_the_warning_time_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``TURNSTILE_UNCLAIMED_WARNING``: seconds, 0 for never; anything else is refused by
-    name; unset means 30 s."""
-    monkeypatch.delenv(UNCLAIMED_WARNING_ENV, raising=False)
-    assert unclaimed_warning_from_env() == 30.0
-    monkeypatch.setenv(UNCLAIMED_WARNING_ENV, "0")
-    assert unclaimed_warning_from_env() == 0.0
-    monkeypatch.setenv(UNCLAIMED_WARNING_ENV, "2.5")
-    ai = Engine(model=ScriptedModel(), state_keys=TEST_STATE_KEYS)
+def test_the_warning_time_comes_from_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``TURNSTILE_UNCLAIMED_WARNING``: seconds, 0 for never, handed to the engine's agents
+    by the settings; anything else is refused by name; unset means 30 s."""
+    monkeypatch.delenv("TURNSTILE_UNCLAIMED_WARNING", raising=False)
+    assert read_settings().unclaimed_warning == 30.0
+    assert Engine(model=ScriptedModel()).define_agent(name="a").unclaimed_warning == 30.0
+    monkeypatch.setenv("TURNSTILE_UNCLAIMED_WARNING", "0")
+    assert read_settings().unclaimed_warning == 0.0
+    monkeypatch.setenv("TURNSTILE_UNCLAIMED_WARNING", "2.5")
+    ai = Engine(model=ScriptedModel(), **read_settings().engine_options())
     assert ai.define_agent(name="a").unclaimed_warning == 2.5
     for bad in ("soon", "-1", "nan", "inf"):
-        monkeypatch.setenv(UNCLAIMED_WARNING_ENV, bad)
-        with pytest.raises(ValueError, match=UNCLAIMED_WARNING_ENV):
-            unclaimed_warning_from_env()
+        monkeypatch.setenv("TURNSTILE_UNCLAIMED_WARNING", bad)
+        with pytest.raises(InvalidSettingsError, match="TURNSTILE_UNCLAIMED_WARNING"):
+            read_settings()
+
+
+def test_an_engine_refuses_a_bad_warning_time() -> None:
+    """``Engine(unclaimed_warning=)`` must be a finite number of seconds >= 0."""
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="unclaimed_warning must be a number of seconds"):
+            Engine(model=ScriptedModel(), unclaimed_warning=bad)

@@ -13,8 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engine import Engine, ScriptedModel
 from engine.errors import InvalidStateError
 from engine.state.signing import SIGNATURE_FIELD, StateSigner, canonical_json
+from stores.settings import read_settings
 
 AGENT = "bankingAgentStateless"
 KEYS = {"k1": "secret-one-0123456789"}
@@ -433,18 +435,20 @@ def test_max_age_accepts_a_fresh_blob_and_rejects_an_old_one() -> None:
 
 
 def test_without_max_age_old_blobs_still_verify(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without `max_age` (and no environment default) a blob never expires."""
-    monkeypatch.delenv("TURNSTILE_STATE_MAX_AGE", raising=False)
+    """Without `max_age` a blob never expires, whatever the environment says."""
+    monkeypatch.setenv("TURNSTILE_STATE_MAX_AGE", "30")
     lenient = signer()
     assert lenient.max_age is None
     blob = lenient.sign(REALISTIC_STATE, agent=AGENT, now=NOW)
     assert lenient.verify(blob, agent=AGENT, now=NOW + 10 * 365 * 86400)
 
 
-def test_max_age_defaults_to_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`TURNSTILE_STATE_MAX_AGE` sets the expiry when none is passed."""
+def test_max_age_comes_from_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`TURNSTILE_STATE_MAX_AGE` sets the expiry of an engine given the settings' options."""
     monkeypatch.setenv("TURNSTILE_STATE_MAX_AGE", "30")
-    from_env = signer()
+    options = read_settings().engine_options()
+    options["state_keys"] = KEYS
+    from_env = Engine(model=ScriptedModel(), **options).signer
     assert from_env.max_age == 30
     blob = from_env.sign(REALISTIC_STATE, agent=AGENT, now=NOW)
     with pytest.raises(InvalidStateError, match="expired"):
@@ -530,11 +534,11 @@ def test_missing_session_id_is_rejected_even_when_signed(session_id: Any) -> Non
 # -- configuration --------------------------------------------------------------------------
 
 
-def test_keys_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`TURNSTILE_STATE_KEYS='new:s1, old:s2'` gives a signer that signs with `new` and
-    verifies `old`."""
+def test_keys_come_from_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`TURNSTILE_STATE_KEYS='new:s1, old:s2'`, handed over by the settings, gives a signer
+    that signs with `new` and verifies `old`."""
     monkeypatch.setenv("TURNSTILE_STATE_KEYS", " new:secret-new ,, old:secret:with:colons ")
-    from_env = StateSigner()
+    from_env = Engine(model=ScriptedModel(), **read_settings().engine_options()).signer
     assert from_env.active_key_id == "new"
     old_blob = StateSigner({"old": "secret:with:colons"}).sign(
         REALISTIC_STATE, agent=AGENT, now=NOW
@@ -544,10 +548,11 @@ def test_keys_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None
     assert StateSigner({"new": "secret-new"}).verify(new_blob, agent=AGENT, now=NOW)
 
 
-def test_explicit_keys_override_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Keys passed to the constructor win over `TURNSTILE_STATE_KEYS`."""
+def test_the_signer_reads_no_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keys passed to the constructor are the keys; `TURNSTILE_STATE_KEYS` alone gives none."""
     monkeypatch.setenv("TURNSTILE_STATE_KEYS", "envkey:env-secret")
     assert signer().active_key_id == "k1"
+    assert StateSigner().generated
 
 
 @pytest.mark.parametrize(
@@ -559,7 +564,7 @@ def test_malformed_environment_keys_raise_value_error(
     """A `TURNSTILE_STATE_KEYS` entry that is not `kid:secret` raises ValueError."""
     monkeypatch.setenv("TURNSTILE_STATE_KEYS", spec)
     with pytest.raises(ValueError, match="must look like 'kid1:secret1,kid2:secret2'"):
-        StateSigner()
+        read_settings()
 
 
 def test_without_keys_an_ephemeral_key_is_used_and_logged(

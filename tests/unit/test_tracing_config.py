@@ -7,15 +7,34 @@ None of these installs a tracer provider in the test process (exporting is teste
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from engine.telemetry import tracing
-from engine.telemetry.tracing import TracingConfigError, exporter_names
+from engine.telemetry.tracing import TracingConfig, TracingConfigError, exporter_names
+from stores.settings import Settings, read_settings
 
 PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+@pytest.fixture
+def config_of(monkeypatch: pytest.MonkeyPatch) -> Callable[[dict[str, str]], TracingConfig]:
+    """The tracing configuration the settings read from an environment holding exactly
+    these ``OTEL_*`` variables."""
+
+    def read(environ: dict[str, str]) -> TracingConfig:
+        for variable in Settings.variables():
+            if variable.startswith("OTEL_"):
+                monkeypatch.delenv(variable, raising=False)
+        for variable, value in environ.items():
+            monkeypatch.setenv(variable, value)
+        return read_settings().tracing_config()
+
+    return read
 
 
 @pytest.mark.parametrize(
@@ -50,11 +69,13 @@ PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     ],
 )
 def test_the_exporters_the_environment_configures(
-    environ: dict[str, str], expected: list[str]
+    config_of: Callable[[dict[str, str]], TracingConfig],
+    environ: dict[str, str],
+    expected: list[str],
 ) -> None:
     """OTEL_TRACES_EXPORTER names them; an OTLP endpoint alone means otlp (HTTP by default);
     none or OTEL_SDK_DISABLED turn them off."""
-    assert exporter_names(environ) == expected
+    assert exporter_names(config_of(environ)) == expected
 
 
 @pytest.mark.parametrize(
@@ -70,30 +91,31 @@ def test_the_exporters_the_environment_configures(
         ),
     ],
 )
-def test_a_contradictory_configuration_is_refused(environ: dict[str, str], message: str) -> None:
+def test_a_contradictory_configuration_is_refused(
+    config_of: Callable[[dict[str, str]], TracingConfig], environ: dict[str, str], message: str
+) -> None:
+    """An unsupported OTLP protocol, or none beside exporters, names what is wrong."""
     with pytest.raises(TracingConfigError) as refused:
-        exporter_names(environ)
+        exporter_names(config_of(environ))
     assert str(refused.value) == message
 
 
-def test_nothing_is_installed_without_exporter_variables(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_SDK_DISABLED"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", raising=False)
-    assert tracing.configure_from_env() is False
+def test_nothing_is_installed_without_exporter_variables(
+    config_of: Callable[[dict[str, str]], TracingConfig],
+) -> None:
+    """No exporter configured: no tracer provider is installed."""
+    assert tracing.configure_tracing(config_of({})) is False
+    assert tracing.configure_tracing(TracingConfig()) is False
     assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
 
 
-def test_an_exporter_that_is_not_installed_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_exporter_that_is_not_installed_is_named() -> None:
     """An unknown exporter, or OTLP over gRPC without its package: refused before anything
     is installed, naming what is missing and what there is."""
-    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "zipkin_json")
     with pytest.raises(TracingConfigError, match=r"No span exporter named 'zipkin_json'; "):
-        tracing.configure_from_env()
-    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "otlp")
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+        tracing.configure_tracing(TracingConfig(traces_exporter="zipkin_json"))
     with pytest.raises(TracingConfigError) as refused:
-        tracing.configure_from_env()
+        tracing.configure_tracing(TracingConfig(traces_exporter="otlp", otlp_protocol="grpc"))
     assert "(install opentelemetry-exporter-otlp-proto-grpc)" in str(refused.value)
     assert "console" in str(refused.value)
     assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)

@@ -11,11 +11,13 @@ probes and metrics in ``probes.py``, what the operator commands share in ``opera
 Every option also reads ``TURNSTILE_<OPTION>`` (``--db``: ``TURNSTILE_DATABASE_URL``); a flag
 wins over its variable, which wins over the default. Without ``--db`` the URL is
 ``TURNSTILE_DATABASE_URL``, else an SQLite file under ``.turnstile/``. ``turnstile worker`` and
-``turnstile serve`` export the resolved URL as ``TURNSTILE_DATABASE_URL`` (and ``worker`` the
-stores' pool size as ``TURNSTILE_DB_POOL_SIZE``) *before* importing the app, so the app builds
-its store from them; they refuse an app whose agents keep turns in another database, wait up to
-``--connect-timeout`` seconds for a database that cannot be reached yet, refuse one that is not
-at the head migration, and stop gracefully on SIGTERM/SIGINT.
+``turnstile serve`` read the settings (``stores.settings``) once, put the resolved URL (and
+``worker`` the stores' pool size) in them and install them *before* importing the app, so the
+app builds its store from them (``SqlSessionStore()``, ``current_settings()``); the two
+variables are exported as well, for an app that reads them itself. They refuse an app whose
+agents keep turns in another database, wait up to ``--connect-timeout`` seconds for a database
+that cannot be reached yet, refuse one that is not at the head migration, and stop gracefully
+on SIGTERM/SIGINT.
 
 Exit statuses: 0 after a clean stop; 1 when the database stayed unreachable (or a migration
 failed); 2 for a usage error or a refusal (its message on stderr, no traceback); 130 on Ctrl-C
@@ -29,6 +31,7 @@ from collections.abc import Sequence
 
 import click
 
+from stores.settings import using_settings
 from workers.cli.approvals import approvals
 from workers.cli.migrate import migrate
 from workers.cli.params import DATABASE_URL_ENV, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DB_URL
@@ -85,16 +88,18 @@ cli.add_command(ui)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ``turnstile`` command line; returns the process exit status."""
-    try:
-        result = cli.main(
-            args=list(argv) if argv is not None else None,
-            prog_name="turnstile",
-            standalone_mode=False,
-        )
-    except click.ClickException as exc:  # a usage error: Click's message, exit status 2
-        exc.show()
-        return exc.exit_code
-    except click.exceptions.Abort:
-        return 130
+    """Run the ``turnstile`` command line; returns the process exit status. The settings a
+    command hands down to its app (``startup.hand_down``) last until it returns."""
+    with using_settings(None):
+        try:
+            result = cli.main(
+                args=list(argv) if argv is not None else None,
+                prog_name="turnstile",
+                standalone_mode=False,
+            )
+        except click.ClickException as exc:  # a usage error: Click's message, exit status 2
+            exc.show()
+            return exc.exit_code
+        except click.exceptions.Abort:
+            return 130
     return result if isinstance(result, int) else 0

@@ -4,7 +4,6 @@ say where the database and the code stand."""
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any
 
@@ -12,11 +11,12 @@ import click
 
 from workers.cli.operator import OperatorCommand, json_option, named_option
 from workers.cli.output import console, emit_json, table
-from workers.cli.params import DATABASE_URL_ENV, db_option, log_options
+from workers.cli.params import db_option, log_options
 from workers.cli.startup import (
     CommandFailed,
     Refused,
     call_store_hook,
+    load_settings,
     redact_url,
     resolve_db_url,
     store_hook,
@@ -157,10 +157,12 @@ def history(ctx: click.Context, db: str | None, as_json: bool) -> int:
     from stores.migrate import current_revision, head_revision, migration_history
 
     migrations = migration_history()
-    given = _db(ctx, db) or os.environ.get(DATABASE_URL_ENV)
+    settings = load_settings()
+    configured = "database_url" in settings.model_fields_set  # TURNSTILE_DATABASE_URL is set
+    given = _db(ctx, db) or (settings.database_url if configured else None)
     revision: str | None = None
     if given:
-        url = resolve_db_url(given)
+        url = resolve_db_url(given, settings)
         try:
             revision = current_revision(url)
         except Exception as exc:

@@ -27,8 +27,9 @@ from workers.cli.startup import (
     Refused,
     TurnstileCommand,
     check_same_database,
-    export_environment,
+    hand_down,
     load_app,
+    load_settings,
     redact_url,
     resolve_db_url,
 )
@@ -249,10 +250,12 @@ def run_on_store(db: str | None, work: Callable[[SqlSessionStore], Awaitable[T]]
 
 
 def open_app(app_spec: str, db: str | None) -> tuple[Engine, str]:
-    """The app ``--app`` names, its agents' stores on ``--db``: the URL is exported before
-    the import (as ``worker`` does), and an app keeping turns elsewhere is refused."""
-    url = resolve_db_url(db)
-    export_environment(url, None)
+    """The app ``--app`` names, its agents' stores on ``--db``: the settings with that URL
+    are handed down before the import (as ``worker`` does), and an app keeping turns
+    elsewhere is refused."""
+    settings = load_settings()
+    url = resolve_db_url(db, settings)
+    hand_down(settings, url, None)
     app = load_app(app_spec)
     check_same_database(app, url)
     return app, url

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import click
 
+from stores.settings import DEFAULT_DATABASE_URL
 from workers.logs import LOG_FORMATS, LOG_LEVELS
 
 __all__ = [
@@ -41,7 +42,7 @@ ENV_PREFIX = "TURNSTILE_"
 #: The environment variable holding the database URL (``--db``).
 DATABASE_URL_ENV = "TURNSTILE_DATABASE_URL"
 #: The embedded default: an SQLite file in ``.turnstile/`` under the current directory.
-DEFAULT_DB_URL = "sqlite:///.turnstile/turnstile.db"
+DEFAULT_DB_URL = DEFAULT_DATABASE_URL
 #: How long a starting process waits, by default, for a database it cannot reach.
 DEFAULT_CONNECT_TIMEOUT = 60.0
 

@@ -38,12 +38,14 @@ from workers.cli.startup import (
     check_same_database,
     configure_tracing,
     durable,
-    export_environment,
+    hand_down,
     load_app,
     load_attr,
+    load_settings,
     log_models,
     redact_url,
     resolve_db_url,
+    warn_unused_settings,
 )
 from workers.logs import configure_logging
 from workers.pool import WorkerPool
@@ -184,19 +186,20 @@ def run_serve(flags: ServeFlags) -> int:
 
     from engine.remote import create_app
     from engine.remote.tracing import request_span_middleware
-    from engine.remote.ui import UiSettings
     from workers.health import health_routes
     from workers.http_limits import BodyDeadline, InFlightLimit
     from workers.metrics import HttpMetrics
 
     configure_logging(flags.log_level, flags.log_format)
-    configure_tracing()
+    settings = load_settings()
+    configure_tracing(settings)
     limits = serve_limits(flags)
-    url = resolve_db_url(flags.db)
-    export_environment(url, flags.db_pool_size)  # read by the app module at import time
+    url = resolve_db_url(flags.db, settings)
+    settings = hand_down(settings, url, flags.db_pool_size)  # what the app module reads
     app = load_app(flags.app)
     apply_retry_defaults(app, flags.max_attempts, flags.retry_backoff)
     check_same_database(app, url)
+    warn_unused_settings(app, settings)
     check_keys(app, dev=flags.dev)
     if durable(app):
         check_at_head(url, flags.connect_timeout)
@@ -216,7 +219,7 @@ def run_serve(flags: ServeFlags) -> int:
         app,
         auth=auth,
         inbox_policy=inbox_policy,
-        ui_settings=UiSettings(session_store=sessions),
+        ui_settings=settings.ui_settings(session_store=sessions),
         max_turns_per_principal=flags.max_turns_per_principal,
         max_body_bytes=flags.max_body_bytes,
         lifespan=_pool_lifespan(pool, readiness, sessions),

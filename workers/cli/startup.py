@@ -34,6 +34,8 @@ from workers.observers import PoolObserver
 if TYPE_CHECKING:
     from sqlalchemy.engine import URL
 
+    from stores.settings import Settings
+
 __all__ = [
     "CommandFailed",
     "DatabaseUnreachable",
@@ -47,13 +49,16 @@ __all__ = [
     "describe_model",
     "durable",
     "export_environment",
+    "hand_down",
     "load_app",
     "load_attr",
     "load_observer",
+    "load_settings",
     "log_models",
     "redact_url",
     "resolve_db_url",
     "store_hook",
+    "warn_unused_settings",
     "worker_pool_size",
 ]
 
@@ -97,14 +102,14 @@ class TurnstileCommand(click.Command):
             return 130
 
 
-def resolve_db_url(arg: str | None) -> str:
+def resolve_db_url(arg: str | None, settings: Settings | None = None) -> str:
     """The database URL: ``arg`` (``--db``, or ``TURNSTILE_DATABASE_URL`` through it), else
-    ``$TURNSTILE_DATABASE_URL``, else the SQLite default (whose ``.turnstile/`` folder is
-    created). Refuses a URL that is neither PostgreSQL nor SQLite."""
-    url = arg or os.environ.get(DATABASE_URL_ENV)
-    if not url:
+    the settings' (``settings``, else the process's: ``TURNSTILE_DATABASE_URL``, else the
+    SQLite default, whose ``.turnstile/`` folder is created). Refuses a URL that is neither
+    PostgreSQL nor SQLite."""
+    url = arg or (settings or load_settings()).database_url
+    if url == DEFAULT_DB_URL:
         Path(".turnstile").mkdir(exist_ok=True)
-        url = DEFAULT_DB_URL
     from stores.database import normalise_url
 
     try:
@@ -119,9 +124,28 @@ def redact_url(url: str) -> str:
     return re.sub(r"^([\w+.-]+://[^:/@]*):[^@]*@", r"\1:***@", url)
 
 
+def hand_down(settings: Settings, url: str, pool_size: int | None) -> Settings:
+    """Hand the command's settings to the app it is about to import: ``settings`` with the
+    resolved database URL (and, when chosen, the stores' default pool size) become the
+    process's (:func:`stores.settings.install_settings`), so ``current_settings()``,
+    ``SqlSessionStore()`` and ``stores.default_url()`` in the app module give them. Until
+    the command returns (``workers.cli.main`` puts back the ones before)."""
+    from stores.settings import install_settings
+
+    update: dict[str, object] = {"database_url": url}
+    if pool_size is not None:
+        update["db_pool_size"] = pool_size
+    handed = settings.model_copy(update=update)
+    install_settings(handed)
+    export_environment(url, pool_size)
+    return handed
+
+
 def export_environment(url: str, pool_size: int | None) -> None:
-    """Set what the app module reads at import time: the database URL and, when chosen, the
-    stores' default pool size (``TURNSTILE_DB_POOL_SIZE``)."""
+    """Set the variables of the database URL and, when chosen, the stores' default pool size
+    (``TURNSTILE_DB_POOL_SIZE``), for an app that reads them from ``os.environ`` itself (and
+    the processes it starts): the settings :func:`hand_down` installs are what the stores
+    read."""
     from stores.sql import POOL_SIZE_ENV
 
     os.environ[DATABASE_URL_ENV] = url
@@ -193,9 +217,10 @@ def check_same_database(app: Engine, url: str) -> None:
     if elsewhere:
         raise Refused(
             f"refusing to start: {'; '.join(elsewhere)}, not in the database of --db "
-            f"({redact_url(url)}). Build the app's store from {DATABASE_URL_ENV} (which the "
-            "command sets to --db before importing the app: SqlSessionStore() with no URL, or "
-            "stores.default_url()), or pass --db with the app's database."
+            f"({redact_url(url)}). Build the app's store from the settings the command hands "
+            "it (--db, installed before the app is imported: SqlSessionStore() with no URL, "
+            "stores.default_url() or current_settings().database_url; also exported as "
+            f"{DATABASE_URL_ENV}), or pass --db with the app's database."
         )
 
 
@@ -227,15 +252,55 @@ def apply_retry_defaults(app: Engine, max_attempts: int | None, backoff: float |
         agent.retry = policy
 
 
-def configure_tracing() -> None:
-    """Export spans as the standard ``OTEL_*`` variables say (nothing when none is set); a
-    configuration that cannot be served (an unknown exporter, a missing package) is refused."""
-    from engine.telemetry.tracing import TracingConfigError, configure_from_env
+def load_settings() -> Settings:
+    """The process's settings (:func:`stores.settings.current_settings`); a variable whose
+    value does not parse is a refusal naming it."""
+    from stores.settings import InvalidSettingsError, current_settings
 
     try:
-        configure_from_env()
+        return current_settings()
+    except InvalidSettingsError as exc:
+        raise Refused(str(exc)) from exc
+
+
+def configure_tracing(settings: Settings) -> None:
+    """Export spans as the settings' ``OTEL_*`` variables say (nothing when none is set); a
+    configuration that cannot be served (an unknown exporter, a missing package) is refused."""
+    from engine.telemetry.tracing import TracingConfigError
+    from engine.telemetry.tracing import configure_tracing as install
+
+    try:
+        install(settings.tracing_config())
     except TracingConfigError as exc:
         raise Refused(str(exc)) from exc
+
+
+def warn_unused_settings(app: Engine, settings: Settings) -> list[str]:
+    """Warn of each engine setting the environment gives that the app's engine did not take
+    (the engine reads no environment: the app passes them, as
+    ``Engine(model=..., **current_settings().engine_options())`` does); the variables named."""
+    unused: list[str] = []
+    client_managed = [agent for agent in app.agents.values() if agent.store is None]
+    if settings.state_keys and any(agent.signer.generated for agent in client_managed):
+        unused.append("TURNSTILE_STATE_KEYS")
+    if settings.state_max_age is not None and any(
+        agent.signer.max_age != settings.state_max_age for agent in client_managed
+    ):
+        unused.append("TURNSTILE_STATE_MAX_AGE")
+    if settings.app_version is not None and app.version != settings.app_version:
+        unused.append("TURNSTILE_APP_VERSION")
+    set_here = "unclaimed_warning" in settings.model_fields_set  # its default is the engine's
+    if set_here and app.unclaimed_warning != settings.unclaimed_warning:
+        unused.append("TURNSTILE_UNCLAIMED_WARNING")
+    for variable in unused:
+        logger.warning(
+            "%s is set, but the app's Engine was not given it: build the engine with "
+            "Engine(model=..., **current_settings().engine_options()) (stores.settings) to "
+            "use it",
+            variable,
+            extra={"variable": variable},
+        )
+    return unused
 
 
 def check_keys(app: Engine, *, dev: bool) -> list[str]:
@@ -360,7 +425,7 @@ def _reason(exc: BaseException) -> str:
 def _attempt_timeout(seconds: float) -> Iterator[None]:
     """Bound each connection attempt by the wait left (at most 10 s, libpq's minimum 2 s):
     otherwise one attempt on a host that drops packets could outlast the whole wait."""
-    if "PGCONNECT_TIMEOUT" in os.environ:
+    if load_settings().pgconnect_timeout is not None:
         yield
         return
     os.environ["PGCONNECT_TIMEOUT"] = str(max(2, min(10, int(seconds + 1))))

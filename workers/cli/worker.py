@@ -33,12 +33,14 @@ from workers.cli.startup import (
     check_keys,
     check_same_database,
     configure_tracing,
-    export_environment,
+    hand_down,
     load_app,
     load_observer,
+    load_settings,
     log_models,
     redact_url,
     resolve_db_url,
+    warn_unused_settings,
     worker_pool_size,
 )
 from workers.logs import configure_logging
@@ -130,13 +132,15 @@ def worker(**values: Any) -> int:
 def run_worker(flags: WorkerFlags) -> int:
     """Start, run and stop one worker process; its exit status."""
     configure_logging(flags.log_level, flags.log_format)
-    configure_tracing()
-    url = resolve_db_url(flags.db)
+    settings = load_settings()
+    configure_tracing(settings)
+    url = resolve_db_url(flags.db, settings)
     pool_size = flags.db_pool_size or worker_pool_size(flags.concurrency)
-    export_environment(url, pool_size)  # read by the app module at import time
+    settings = hand_down(settings, url, pool_size)  # what the app module reads at import
     app = load_app(flags.app)
     apply_retry_defaults(app, flags.max_attempts, flags.retry_backoff)
     check_same_database(app, url)
+    warn_unused_settings(app, settings)
     check_keys(app, dev=flags.dev)
     check_at_head(url, flags.connect_timeout)
     try:

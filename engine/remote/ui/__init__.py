@@ -78,8 +78,9 @@ class InboxUI:
         self.events = EventStream(self.kit, live_feeds(engine))
         if auth is not None and self.kit.cookies.ephemeral:
             logger.warning(
-                "%s is not set: browser sessions of /ui are signed with a key made by this "
-                "process, so they end when it restarts and other server processes refuse them",
+                "no UI secret was given (UiSettings(secret=...); turnstile serve passes %s): "
+                "browser sessions of /ui are signed with a key made by this process, so they "
+                "end when it restarts and other server processes refuse them",
                 SECRET_ENV,
             )
 

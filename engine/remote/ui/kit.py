@@ -8,7 +8,6 @@ code), is never cached, and may not be framed.
 from __future__ import annotations
 
 import html
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -48,8 +47,8 @@ STATIC = HERE / "static"
 FORM_TYPE = "application/x-www-form-urlencoded"
 #: Most fields a form may post; decision forms have one per schema property.
 MAX_FORM_FIELDS = 200
-#: The environment variable that sets how often the inbox looks for new approvals.
-POLL_ENV = "TURNSTILE_UI_POLL_SECONDS"
+#: How often the inbox looks for new approvals, in seconds, unless configured otherwise.
+DEFAULT_POLL_SECONDS = 3.0
 
 _SECURITY_HEADERS = {
     "content-security-policy": (
@@ -65,12 +64,16 @@ _SECURITY_HEADERS = {
 
 @dataclass(frozen=True)
 class UiSettings:
-    """How the inbox UI runs: the cookie secret (``None``: ``TURNSTILE_UI_SECRET``, else
-    one made per process), how long a signed-in session lasts at most and without a request,
-    how often pages look for changes (seconds), how many failed sign-ins a client address or
-    account may make per window, and where sessions are kept (``None``: this process's
-    memory; ``turnstile serve`` gives the SQL one of its database,
-    :class:`stores.ui_sessions.SqlBrowserSessions`)."""
+    """How the inbox UI runs: the cookie secret (``None``: one made per process), how long a
+    signed-in session lasts at most and without a request, how often pages look for changes
+    (seconds; ``None``: 3), how many failed sign-ins a client address or account may make per
+    window, and where sessions are kept (``None``: this process's memory; ``turnstile serve``
+    gives the SQL one of its database, :class:`stores.ui_sessions.SqlBrowserSessions`).
+
+    Nothing here is read from the environment: ``turnstile serve`` passes the secret and the
+    polling interval of its settings (``TURNSTILE_UI_SECRET``, ``TURNSTILE_UI_POLL_SECONDS``),
+    and an app serving :func:`engine.remote.create_app` itself passes
+    ``current_settings().ui_settings()`` (``stores.settings``)."""
 
     secret: str | bytes | None = None
     session_seconds: int = 8 * 3600
@@ -81,14 +84,8 @@ class UiSettings:
     session_store: BrowserSessionStore | None = field(default=None, compare=False)
 
     def poll_interval(self) -> float:
-        """The polling interval: configured, else ``TURNSTILE_UI_POLL_SECONDS``, else 3 s."""
-        if self.poll_seconds is not None:
-            return self.poll_seconds
-        raw = os.environ.get(POLL_ENV)
-        try:
-            return max(0.5, float(raw)) if raw else 3.0
-        except ValueError as exc:
-            raise ValueError(f"{POLL_ENV} must be a number of seconds, not {raw!r}.") from exc
+        """The polling interval: configured, else :data:`DEFAULT_POLL_SECONDS`."""
+        return self.poll_seconds if self.poll_seconds is not None else DEFAULT_POLL_SECONDS
 
 
 @dataclass(frozen=True)

@@ -25,10 +25,8 @@ import binascii
 import hashlib
 import hmac
 import json
-import os
 import secrets
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -61,7 +59,8 @@ __all__ = [
 COOKIE_NAME = "turnstile_ui"
 #: The hidden form field every state-changing form carries.
 CSRF_FIELD = "csrf_token"
-#: The environment variable holding the cookie-signing secret.
+#: The environment variable ``turnstile serve`` takes the cookie-signing secret from (named in
+#: messages; read by ``stores.settings``).
 SECRET_ENV = "TURNSTILE_UI_SECRET"
 #: How long a signed-in session lasts at most, unless configured otherwise.
 DEFAULT_SESSION_SECONDS = 8 * 3600
@@ -108,9 +107,8 @@ class SessionCookies:
         secret: str | bytes | None = None,
         *,
         session_seconds: int = DEFAULT_SESSION_SECONDS,
-        environ: Mapping[str, str] | None = None,
     ) -> None:
-        configured = secret if secret is not None else (environ or os.environ).get(SECRET_ENV)
+        configured = secret
         if configured is None or configured == "":
             #: Whether the secret was made here (sessions end with this process).
             self.ephemeral = True
