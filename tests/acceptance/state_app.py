@@ -15,7 +15,6 @@ custom agents of Genkit's conformance spec (``tests/specs/agent.yaml``) change i
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,6 +23,7 @@ from engine.conversation.parts import Message, Part
 from engine.model import ChunkSink, ModelRequest, ModelResponse
 from engine.store import SessionStore
 from stores import SqlSessionStore
+from stores.settings import current_settings
 
 __all__ = ["build"]
 
@@ -93,6 +93,10 @@ def __getattr__(name: str) -> Any:
     # Built on first access (PEP 562), so importing this module builds nothing.
     if name == "ai":
         if "ai" not in _built:
-            _built["ai"] = build(SqlSessionStore(os.environ["TURNSTILE_DATABASE_URL"]))
+            # The process's settings carry the signing keys, as `turnstile serve` hands them.
+            settings = current_settings()
+            _built["ai"] = build(
+                SqlSessionStore(settings.database_url), state_keys=settings.state_keys
+            )
         return _built["ai"]
     raise AttributeError(name)
