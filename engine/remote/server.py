@@ -47,6 +47,7 @@ from engine.errors import (
 )
 from engine.remote.admission import Reservation, TurnAdmission
 from engine.remote.auth import Authenticator, InboxPolicy, OwnerInboxPolicy, Principal
+from engine.remote.hosts import LOCAL_HOSTS, AllowedHosts
 from engine.remote.inbox_routes import InboxRoutes
 from engine.remote.logsafe import escaped, escaped_traceback
 from engine.remote.redirects import relative_slash_redirects
@@ -97,6 +98,7 @@ def create_app(
     max_turns_per_principal: int | None = None,
     ui: bool = True,
     ui_settings: UiSettings | None = None,
+    allowed_hosts: Sequence[str] | None = None,
 ) -> Starlette:
     """An ASGI app serving ``engine``'s agents (run it with uvicorn or ``turnstile serve``).
 
@@ -111,6 +113,11 @@ def create_app(
     slash too many or too few) are relative: the request's ``Host`` never comes back.
     ``ui`` serves the approval inbox's web pages at ``/ui`` (:mod:`engine.remote.ui`,
     ``docs/inbox.md``), with browser sessions signed per ``ui_settings``.
+    ``allowed_hosts``: the ``Host`` names it answers to (``*``, ``*.example.com``); by
+    default any with an authenticator, and only the local names
+    (:data:`~engine.remote.hosts.LOCAL_HOSTS`) without one, so a page that rebinds its name
+    to this machine cannot drive an open server (:mod:`engine.remote.hosts`). The ``routes``
+    given (probes, metrics) answer any ``Host``.
     """
     admission = (
         TurnAdmission(engine, max_turns_per_principal)
@@ -134,10 +141,16 @@ def create_app(
             engine, auth=auth, policy=policy, max_body_bytes=max_body_bytes, settings=ui_settings
         )
         served.extend(pages.routes())
+    hosts = allowed_hosts if allowed_hosts is not None else (LOCAL_HOSTS if auth is None else ["*"])
+    exempt = [route.path for route in routes if isinstance(route, Route)]
     app = Starlette(
         routes=served,
         lifespan=lifespan,
-        middleware=[*middleware, Middleware(_EscapedErrors)],
+        middleware=[
+            *middleware,
+            Middleware(AllowedHosts, hosts=hosts, exempt=exempt),
+            Middleware(_EscapedErrors),
+        ],
         exception_handlers={HTTPException: _http_error, Exception: _internal_error},
     )
     relative_slash_redirects(app)

@@ -130,7 +130,7 @@ def test_a_head_sent_a_line_at_a_time_is_cut_off_at_the_header_timeout() -> None
     with postgres_url() as url, serve_process(url, args=["--header-timeout", "2"]) as (base, _p):
         sock = raw_connection(base)
         with sock:
-            sock.sendall(b"POST /api/bankingAgent HTTP/1.1\r\nHost: test\r\n")
+            sock.sendall(b"POST /api/bankingAgent HTTP/1.1\r\nHost: localhost\r\n")
             started = time.monotonic()
             with contextlib.suppress(OSError):
                 while time.monotonic() - started < 10:
@@ -148,7 +148,7 @@ def test_a_body_that_stalls_gets_408_at_the_body_deadline() -> None:
         sock = raw_connection(base)
         with sock:
             sock.sendall(
-                b"POST /api/bankingAgent HTTP/1.1\r\nHost: test\r\n"
+                b"POST /api/bankingAgent HTTP/1.1\r\nHost: localhost\r\n"
                 b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
                 b'{"data": {'
             )
@@ -178,7 +178,7 @@ def test_requests_past_the_concurrency_limit_get_503_but_probes_answer() -> None
         slow = raw_connection(base)
         with slow:
             slow.sendall(
-                b"POST /api/bankingAgent HTTP/1.1\r\nHost: test\r\n"
+                b"POST /api/bankingAgent HTTP/1.1\r\nHost: localhost\r\n"
                 b"Content-Type: application/json\r\n"
                 + f"Content-Length: {len(body)}\r\n\r\n".encode()
                 + body[:10]

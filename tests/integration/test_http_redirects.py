@@ -10,14 +10,16 @@ import httpx
 import pytest
 
 from engine.remote.auth import inbox_policy_from_spec
-from tests.http_fixtures import Served, serve_banking, token_auth
+from tests.http_fixtures import Served, bearer, serve_banking, token_auth
 
 FORGED = {"host": "evil.example"}
 
 
 @pytest.fixture
 async def served() -> AsyncIterator[Served]:
-    async with serve_banking("memory") as one:
+    """With an authenticator, so the forged ``Host`` reaches routing (an open server answers
+    only local names: tests/acceptance/test_dns_rebinding.py)."""
+    async with serve_banking("memory", auth=token_auth()) as one:
         yield one
 
 
@@ -47,6 +49,7 @@ async def test_following_the_relative_redirect_reaches_the_route(served: Served)
     reply = await served.http.post(
         f"{served.url}/api/bankingAgent/getSnapshot/",
         json={"data": {"snapshotId": "missing"}},
+        headers=bearer("tok-alice"),
         follow_redirects=True,
     )
     assert reply.status_code == 404

@@ -75,6 +75,7 @@ class ServeFlags:
     inbox_policy: str | None
     max_turns_per_principal: int | None
     max_body_bytes: int
+    allowed_hosts: str | None
     connect_timeout: float
     log_level: str
     log_format: str
@@ -168,6 +169,13 @@ def _limit_options(function: Any) -> Any:
     help="turns one principal may have in flight; more get 429 [default: unlimited]",
 )
 @option("--max-body-bytes", type=WholeNumber(1), default=1_000_000, help="larger bodies get 413")
+@option(
+    "--allowed-hosts",
+    metavar="NAMES",
+    default=None,
+    help="Host names answered, comma-separated (*, *.example.com); others get 400 "
+    "[default: any with --auth, else localhost, 127.0.0.1, ::1]",
+)
 @connect_timeout_option
 @log_options
 @retry_options
@@ -222,6 +230,7 @@ def run_serve(flags: ServeFlags) -> int:
         ui_settings=settings.ui_settings(session_store=sessions),
         max_turns_per_principal=flags.max_turns_per_principal,
         max_body_bytes=flags.max_body_bytes,
+        allowed_hosts=_host_names(flags.allowed_hosts),
         lifespan=_pool_lifespan(pool, readiness, sessions),
         routes=health_routes(readiness, metrics),
         middleware=[
@@ -314,6 +323,16 @@ def serve_limits(flags: ServeFlags) -> ConnectionLimits:
         max_header_bytes=flags.max_header_bytes,
         backlog=flags.backlog,
     )
+
+
+def _host_names(spec: str | None) -> list[str] | None:
+    """``--allowed-hosts``'s names (``None``: the default of ``create_app``)."""
+    if spec is None:
+        return None
+    names = [name.strip() for name in spec.split(",") if name.strip()]
+    if not names:
+        raise Refused("--allowed-hosts names no host: give names, or * for any.")
+    return names
 
 
 def _browser_sessions(app: Engine, url: str) -> SqlBrowserSessions | None:
