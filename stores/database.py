@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import unquote
 
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine, make_url
@@ -54,6 +55,15 @@ def normalise_url(url: str | URL) -> URL:
     """Pick our drivers: ``postgresql://`` (or ``postgres://``) → psycopg 3; ``sqlite://``
     stays the stdlib one."""
     parsed = make_url(url)
+    if parsed.get_backend_name() == "postgresql" and isinstance(url, str):
+        location = url.partition("://")[2].partition("?")[0]
+        if location.count("@") > 1:
+            # The parser would split at the first ``@`` and take the password's tail for the
+            # host name, which connection errors then print.
+            raise ValueError(
+                "the database URL's user name or password holds a raw '@': "
+                "percent-encode it as %40."
+            )
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
     if parsed.get_backend_name() not in ("postgresql", "sqlite"):
@@ -61,9 +71,34 @@ def normalise_url(url: str | URL) -> URL:
     return parsed
 
 
+#: Query parameters libpq reads as secrets (``?password=`` works as well as ``user:pw@``).
+_SECRET_PARAMETERS = frozenset({"password", "sslpassword"})
+
+
 def redact(url: str | URL) -> str:
-    """The URL with its password hidden, for logs and messages."""
-    return make_url(url).render_as_string(hide_password=True)
+    """``url`` as text with its secrets replaced by ``***``, for every log line and message.
+
+    The text is read as written rather than parsed, so a password with a raw ``@`` (which a
+    URL parser splits at the first ``@``) is hidden up to the last ``@`` before the query,
+    and the ``password`` and ``sslpassword`` query parameters are hidden too.
+    """
+    text = url.render_as_string(hide_password=False) if isinstance(url, URL) else url
+    scheme, separator, rest = text.partition("://")
+    if not separator:
+        return text
+    location, question, query = rest.partition("?")
+    userinfo, at, host_and_path = location.rpartition("@")
+    if at:
+        user, colon, _password = userinfo.partition(":")
+        location = f"{user}:***@{host_and_path}" if colon else location
+    if question:
+        query = "&".join(_redacted_parameter(pair) for pair in query.split("&"))
+    return f"{scheme}://{location}{question}{query}"
+
+
+def _redacted_parameter(pair: str) -> str:
+    name, equals, _value = pair.partition("=")
+    return f"{name}=***" if equals and unquote(name).lower() in _SECRET_PARAMETERS else pair
 
 
 def _configure_sqlite(engine: Engine) -> None:

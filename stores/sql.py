@@ -64,7 +64,7 @@ from stores import tool_calls as call_sql
 from stores import turn_claims as claim_sql
 from stores import turn_versions as version_sql
 from stores import turns as turn_sql
-from stores.database import Database, default_url, normalise_url
+from stores.database import Database, default_url, normalise_url, redact
 from stores.schema_check import SchemaCheck
 from stores.settings import DEFAULT_POOL_SIZE, current_settings
 
@@ -151,7 +151,7 @@ class SqlSessionStore:
         return self.db.url
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.db.url.render_as_string(hide_password=True)!r})"
+        return f"{type(self).__name__}({redact(self.db.url)!r})"
 
     # -- what each database does its own way (each dialect class defines all of these) --
 

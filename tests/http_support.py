@@ -71,6 +71,19 @@ def _turnstile(*args: str) -> list[str]:
     return [sys.executable, "-m", "workers.cli", *args]
 
 
+def run_turnstile(*args: str, db_url: str) -> subprocess.CompletedProcess[str]:
+    """A ``turnstile`` command run to its end with the processes' environment for ``db_url``."""
+    return subprocess.run(
+        _turnstile(*args),
+        cwd=ROOT,
+        env=_env(db_url, None),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
 def _stop(process: subprocess.Popen[bytes]) -> None:
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)

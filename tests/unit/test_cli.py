@@ -21,7 +21,7 @@ from engine.models.openai import OpenAIChatModel
 from stores import InMemorySessionStore, SqlSessionStore
 from stores.database import normalise_url
 from stores.sql import POOL_SIZE_ENV, default_pool_size
-from workers.cli import DATABASE_URL_ENV, cli, main, redact_url, resolve_db_url
+from workers.cli import DATABASE_URL_ENV, cli, main, resolve_db_url
 from workers.cli.params import env_name
 from workers.cli.startup import (
     Refused,
@@ -74,14 +74,6 @@ def test_db_url_prefers_the_flag_then_the_environment_then_sqlite(
     monkeypatch.setenv(DATABASE_URL_ENV, "postgresql://from-env/db")
     assert resolve_db_url(None) == "postgresql://from-env/db"
     assert resolve_db_url("postgresql://from-flag/db") == "postgresql://from-flag/db"
-
-
-def test_redact_url_hides_only_the_password() -> None:
-    """A URL's password is masked and everything else is kept."""
-    assert redact_url("postgresql+psycopg://u:s3cr%40t@h:5432/db") == (
-        "postgresql+psycopg://u:***@h:5432/db"
-    )
-    assert redact_url("sqlite:///.turnstile/turnstile.db") == "sqlite:///.turnstile/turnstile.db"
 
 
 def test_worker_with_an_unknown_app_module_exits_with_a_clear_message() -> None:

@@ -36,7 +36,7 @@ from workers.cli.approvals import approvals
 from workers.cli.migrate import migrate
 from workers.cli.params import DATABASE_URL_ENV, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DB_URL
 from workers.cli.serve import serve
-from workers.cli.startup import redact_url, resolve_db_url
+from workers.cli.startup import resolve_db_url
 from workers.cli.stats import stats
 from workers.cli.turns import turns
 from workers.cli.ui import ui
@@ -49,7 +49,6 @@ __all__ = [
     "DEFAULT_DB_URL",
     "cli",
     "main",
-    "redact_url",
     "resolve_db_url",
 ]
 

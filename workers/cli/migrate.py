@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from stores.database import redact
 from workers.cli.operator import OperatorCommand, json_option, named_option
 from workers.cli.output import console, emit_json, table
 from workers.cli.params import db_option, log_options
@@ -17,7 +18,6 @@ from workers.cli.startup import (
     Refused,
     call_store_hook,
     load_settings,
-    redact_url,
     resolve_db_url,
     store_hook,
 )
@@ -90,9 +90,9 @@ def migrate(
     try:
         call_store_hook(hook, url)
     except Exception as exc:
-        print(f"turnstile migrate: failed on {redact_url(url)}: {exc}", file=sys.stderr)
+        print(f"turnstile migrate: failed on {redact(url)}: {exc}", file=sys.stderr)
         return 1
-    print(f"database at head: {redact_url(url)}")
+    print(f"database at head: {redact(url)}")
     return 0
 
 
@@ -106,11 +106,11 @@ def _print_sql(url: str, start: str | None) -> int:
             start = current_revision(url) or "base"
         except Exception as exc:
             raise CommandFailed(
-                f"cannot read the revision of {redact_url(url)} ({' '.join(str(exc).split())}); "
+                f"cannot read the revision of {redact(url)} ({' '.join(str(exc).split())}); "
                 "give --from base (or a revision) to print the SQL without a database."
             ) from exc
     if start == head_revision():
-        click.echo(f"{redact_url(url)} is at head already: no SQL to run.", err=True)
+        click.echo(f"{redact(url)} is at head already: no SQL to run.", err=True)
         return 0
     try:
         text = migration_sql(url, None if start == "base" else start)
@@ -133,7 +133,7 @@ def current(ctx: click.Context, db: str | None, as_json: bool) -> int:
         revision = current_revision(url)
     except Exception as exc:
         raise CommandFailed(
-            f"cannot read {redact_url(url)}: {' '.join(str(exc).split())} (check --db)"
+            f"cannot read {redact(url)}: {' '.join(str(exc).split())} (check --db)"
         ) from exc
     head = head_revision()
     if as_json:
@@ -167,7 +167,7 @@ def history(ctx: click.Context, db: str | None, as_json: bool) -> int:
             revision = current_revision(url)
         except Exception as exc:
             raise CommandFailed(
-                f"cannot read {redact_url(url)}: {' '.join(str(exc).split())} (check --db, "
+                f"cannot read {redact(url)}: {' '.join(str(exc).split())} (check --db, "
                 "or leave it out to list the code's migrations only)"
             ) from exc
     order = [m.revision for m in migrations]

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from engine.errors import AgentError, InvalidArgumentError, NotFoundError, StoreError
+from stores.database import redact
 from workers.cli.params import env_name, option
 from workers.cli.startup import (
     CommandFailed,
@@ -30,7 +31,6 @@ from workers.cli.startup import (
     hand_down,
     load_app,
     load_settings,
-    redact_url,
     resolve_db_url,
 )
 
@@ -221,13 +221,13 @@ def _explain(exc: BaseException, url: str) -> CommandFailed:
         return Refused(str(exc))
     if isinstance(exc, StoreError):
         return CommandFailed(
-            f"cannot read {redact_url(url)}: {' '.join(str(exc).split())} (check --db, and "
+            f"cannot read {redact(url)}: {' '.join(str(exc).split())} (check --db, and "
             "that `turnstile migrate` has run)"
         )
     if isinstance(exc, AgentError):
         return Declined(str(exc))
     return CommandFailed(
-        f"cannot use {redact_url(url)}: {' '.join(str(exc).split())} (check --db and that "
+        f"cannot use {redact(url)}: {' '.join(str(exc).split())} (check --db and that "
         "the database is up)"
     )
 

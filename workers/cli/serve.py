@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from stores.database import redact
 from workers.cli.params import (
     Port,
     Seconds,
@@ -43,7 +44,6 @@ from workers.cli.startup import (
     load_attr,
     load_settings,
     log_models,
-    redact_url,
     resolve_db_url,
     warn_unused_settings,
 )
@@ -249,11 +249,11 @@ def run_serve(flags: ServeFlags) -> int:
         ", ".join(app.agents),
         flags.host,
         flags.port,
-        redact_url(url),
+        redact(url),
         flags.workers,
         limits.max_connections,
         limits.max_requests,
-        extra={"database": redact_url(url), "concurrency": flags.workers},
+        extra={"database": redact(url), "concurrency": flags.workers},
     )
     config = uvicorn.Config(
         asgi,

@@ -15,7 +15,6 @@ import dataclasses
 import inspect
 import logging
 import os
-import re
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -28,6 +27,7 @@ import click
 from engine import Engine
 from engine.model import Model
 from engine.remote.imports import import_attribute
+from stores.database import redact
 from workers.cli.params import DATABASE_URL_ENV, DEFAULT_DB_URL
 from workers.observers import PoolObserver
 
@@ -55,7 +55,6 @@ __all__ = [
     "load_observer",
     "load_settings",
     "log_models",
-    "redact_url",
     "resolve_db_url",
     "store_hook",
     "warn_unused_settings",
@@ -115,13 +114,8 @@ def resolve_db_url(arg: str | None, settings: Settings | None = None) -> str:
     try:
         normalise_url(url)
     except Exception as exc:  # SQLAlchemy's ArgumentError for text that is no URL at all
-        raise Refused(f"--db {redact_url(url)}: {exc}") from exc
+        raise Refused(f"--db {redact(url)}: {exc}") from exc
     return url
-
-
-def redact_url(url: str) -> str:
-    """``url`` with its password replaced by ``***`` (for messages and logs)."""
-    return re.sub(r"^([\w+.-]+://[^:/@]*):[^@]*@", r"\1:***@", url)
 
 
 def hand_down(settings: Settings, url: str, pool_size: int | None) -> Settings:
@@ -205,7 +199,7 @@ def durable(app: Engine) -> bool:
 def check_same_database(app: Engine, url: str) -> None:
     """Refuse an app whose agents keep their turns in another database than ``url``: the
     process would check, claim from and report on one database while the app writes another."""
-    from stores.database import normalise_url, redact
+    from stores.database import normalise_url
 
     wanted = _database_identity(normalise_url(url))
     elsewhere: list[str] = []
@@ -217,7 +211,7 @@ def check_same_database(app: Engine, url: str) -> None:
     if elsewhere:
         raise Refused(
             f"refusing to start: {'; '.join(elsewhere)}, not in the database of --db "
-            f"({redact_url(url)}). Build the app's store from the settings the command hands "
+            f"({redact(url)}). Build the app's store from the settings the command hands "
             "it (--db, installed before the app is imported: SqlSessionStore() with no URL, "
             "stores.default_url() or current_settings().database_url; also exported as "
             f"{DATABASE_URL_ENV}), or pass --db with the app's database."
@@ -455,13 +449,13 @@ def check_at_head(url: str, connect_timeout: float) -> None:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise DatabaseUnreachable(
-                    f"database {redact_url(url)} not reachable after {connect_timeout:g}s "
+                    f"database {redact(url)} not reachable after {connect_timeout:g}s "
                     f"({_reason(exc)}); giving up (see --connect-timeout)"
                 ) from exc
             pause = min(delay, left)
             logger.warning(
                 "database %s not reachable (%s); retrying in %.1fs",
-                redact_url(url),
+                redact(url),
                 _reason(exc),
                 pause,
             )
@@ -471,6 +465,6 @@ def check_at_head(url: str, connect_timeout: float) -> None:
             continue
         if waited:
             logger.info(
-                "database %s reachable after %.1fs", redact_url(url), time.monotonic() - started
+                "database %s reachable after %.1fs", redact(url), time.monotonic() - started
             )
         return

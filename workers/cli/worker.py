@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from stores.database import redact
 from workers.cli.params import (
     Port,
     Seconds,
@@ -38,7 +39,6 @@ from workers.cli.startup import (
     load_observer,
     load_settings,
     log_models,
-    redact_url,
     resolve_db_url,
     warn_unused_settings,
     worker_pool_size,
@@ -164,11 +164,11 @@ def run_worker(flags: WorkerFlags) -> int:
     logger.info(
         "worker %s on %s: concurrency %d, database pool size %d",
         pool.owner,
-        redact_url(url),
+        redact(url),
         flags.concurrency,
         pool_size,
         extra={
-            "database": redact_url(url),
+            "database": redact(url),
             "concurrency": flags.concurrency,
             "db_pool_size": pool_size,
         },
