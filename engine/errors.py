@@ -155,9 +155,9 @@ class InvalidStateError(InvalidArgumentError):
 
 
 class InsecureKeyError(TurnstileError):
-    """A client-managed agent would sign its state with no configured key or with a key
-    published in Turnstile's examples or docs, so anyone could forge its state; raised at
-    startup by :func:`engine.state.signing.check_deployable_keys`."""
+    """A client-managed agent would sign its state with no configured key, a key published in
+    Turnstile's examples, docs or tests, or one too short, so anyone could forge its state;
+    raised at startup by :func:`engine.state.signing.check_deployable_keys`."""
 
 
 class TooManyTurnsError(AgentError):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -54,8 +55,9 @@ async def serve_in_loop(app: Starlette) -> AsyncIterator[str]:
 
 
 #: A signing key for the processes' client-managed agents: `serve` and `worker` refuse the
-#: example's published key (and a missing one) without --dev, as they would in production.
-DEPLOYABLE_STATE_KEYS = "test-key:test-secret-0123456789abcdef"
+#: example's published key, the suite's and a missing or short one without --dev, as they
+#: would in production, so the key is made for this run and written nowhere.
+DEPLOYABLE_STATE_KEYS = f"test-run:{secrets.token_urlsafe(32)}"
 
 
 def _env(db_url: str, extra: dict[str, str] | None) -> dict[str, str]:

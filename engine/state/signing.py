@@ -38,6 +38,7 @@ from typing import Any, Protocol
 from engine.errors import InsecureKeyError, InvalidStateError
 
 __all__ = [
+    "MIN_SECRET_BYTES",
     "PUBLISHED_KEY_FINGERPRINTS",
     "SIGNATURE_FIELD",
     "SignedAgents",
@@ -61,10 +62,11 @@ _KEY_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 # so that no two spellings of one signature exist.
 _SIGNATURE = re.compile(r"ts1\.([A-Za-z0-9_-]{1,64})\.(0|[1-9][0-9]{0,15})\.([A-Za-z0-9_-]{43})")
 
-#: SHA-256 (hex) of every signing secret written in this repository's examples and docs: the
-#: example apps' fixed keys and the placeholder secrets of the configuration examples. Only
-#: fingerprints are kept, so the secrets themselves are written in one place each;
-#: ``tests/unit/test_published_keys.py`` checks that every key in examples/ and docs/ is here.
+#: SHA-256 (hex) of every signing secret written in this repository's examples, docs and
+#: tests: the example apps' fixed keys, the placeholder secrets of the configuration
+#: examples and the test suite's keys. Only fingerprints are kept, so the secrets themselves
+#: are written in one place each; ``tests/unit/test_published_keys.py`` checks that every
+#: key in examples/ and docs/ is here, and every one in tests/ here or too short to serve.
 PUBLISHED_KEY_FINGERPRINTS: frozenset[str] = frozenset(
     {
         # examples/banking.py (the example's key when TURNSTILE_STATE_KEYS is unset)
@@ -76,8 +78,17 @@ PUBLISHED_KEY_FINGERPRINTS: frozenset[str] = frozenset(
         "35224d0d3465d74e855f8d69a136e79c744ea35a675d3393360a327cbf6359a2",
         # docs/decisions.md: kid:secret
         "2bb80d537b1da3e38bd30361aa855686bde0eacd7162fef6a25fe97bf527a25b",
+        # tests/: the suite's fixed keys of 32 bytes or more (shorter ones are refused anyway)
+        "6585e3f19811ecac1314a14262459a87156bd7b801a30356f494f5837380f13e",
+        "a542176c9195b3e2cbf4113ef3ff15cf8eaaa39d145128759cafcdd42e2915c5",
+        "85766095b61de6d94116f51ef3aec4b4ce73ba0e8d17603cd8e15387ad1a5b0c",
+        "bc237f7dc07968a927ffe763899cfb4a41ec777a3ba0a7ee09c79b8090e011c1",
     }
 )
+
+#: The shortest secret a deployment may sign with: the size of an HMAC-SHA256 output, so
+#: that guessing the secret is never easier than forging a MAC.
+MIN_SECRET_BYTES = 32
 
 _HOW_TO_CONFIGURE = (
     f"Configure a secret key: {_ENV_KEYS}=<key id>:<secret> (a secret such as the output of "
@@ -174,6 +185,10 @@ class StateSigner:
             if key_fingerprint(secret) in PUBLISHED_KEY_FINGERPRINTS
         ]
 
+    def short_key_ids(self) -> list[str]:
+        """The ids of keys whose secret is shorter than :data:`MIN_SECRET_BYTES`."""
+        return [kid for kid, secret in self._keys.items() if len(secret) < MIN_SECRET_BYTES]
+
     def _mac(self, secret: bytes, agent: str, issued_at: int, body: Mapping[str, Any]) -> str:
         message = b"\n".join(
             [_DOMAIN, agent.encode(), str(issued_at).encode(), canonical_json(body)]
@@ -267,8 +282,15 @@ def _key_problem(signer: StateSigner) -> str | None:
     if published:
         which = ", ".join(repr(kid) for kid in published)
         return (
-            f"with a key published in Turnstile's examples or docs ({which}): anyone can sign "
-            "a state it accepts, such as a paused transfer with a forged approval"
+            f"with a key published in Turnstile's examples, docs or tests ({which}): anyone "
+            "can sign a state it accepts, such as a paused transfer with a forged approval"
+        )
+    short = signer.short_key_ids()
+    if short:
+        which = ", ".join(repr(kid) for kid in short)
+        return (
+            f"with a key shorter than {MIN_SECRET_BYTES} bytes ({which}): a short secret can "
+            "be guessed, and whoever guesses it signs any state"
         )
     return None
 
@@ -277,8 +299,9 @@ def check_deployable_keys(app: SignedAgents, *, dev: bool) -> list[str]:
     """Refuse to serve client-managed agents whose state anyone could forge.
 
     For every agent of ``app`` (an :class:`~engine.Engine`) without a store (its state
-    travels signed with the client), the signing keys must be configured and none may be a
-    key published in this repository's examples or docs. Otherwise raises
+    travels signed with the client), the signing keys must be configured, none may be a
+    key published in this repository's examples, docs or tests, and none may be shorter
+    than :data:`MIN_SECRET_BYTES`. Otherwise raises
     :class:`~engine.errors.InsecureKeyError` naming each such agent and how to configure a
     key — unless ``dev`` is true, when a warning is logged instead. Returns the key ids in
     use (signing key first, then the keys kept only to verify), never key material; empty

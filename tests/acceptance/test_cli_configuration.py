@@ -27,6 +27,7 @@ from sqlalchemy.engine import make_url
 
 from engine import Engine, ScriptedModel
 from stores import SqlSessionStore
+from tests.acceptance import durable_app
 from tests.databases import new_sqlite_database, postgres_url
 from tests.http_support import free_port, serve_process
 
@@ -364,6 +365,26 @@ def test_the_example_key_is_refused_without_dev(tmp_path: Path) -> None:
         assert done.returncode == 2, done.stderr
         assert "'example-only'" in done.stderr and "bankingAgentStateless" in done.stderr
         assert "Traceback" not in done.stderr
+
+
+def test_a_short_key_or_one_of_the_suites_is_refused_without_dev(tmp_path: Path) -> None:
+    """A one-byte key, and the keys written in this test suite (public like the examples'),
+    stop ``serve`` naming the key and why; ``--dev`` lets the short key serve."""
+    url = new_sqlite_database()
+    suite_key = ",".join(f"{kid}:{secret}" for kid, secret in durable_app.STATE_KEYS.items())
+    serve = ("serve", "--app", "examples.banking:ai", "--db", url)
+    for keys, why in (("tiny:x", "shorter than 32 bytes ('tiny')"), (suite_key, "published")):
+        done = run_turnstile(tmp_path, *serve, env=_env(tmp_path, TURNSTILE_STATE_KEYS=keys))
+        assert done.returncode == 2, done.stderr
+        assert why in done.stderr and "bankingAgentStateless" in done.stderr
+        assert "Traceback" not in done.stderr
+        assert keys.partition(":")[2] not in done.stderr
+
+    port = free_port()
+    env = _env(tmp_path, TURNSTILE_STATE_KEYS="tiny:x", TURNSTILE_DEV="1")
+    with running(tmp_path, *serve, "--port", str(port), env=env) as server:
+        server.wait_for("the server", lambda: "Uvicorn running" in server.output())
+        assert "client-managed state signed with key tiny" in server.output()
 
 
 def test_max_turns_per_principal_from_the_environment_refuses_the_next_turn(

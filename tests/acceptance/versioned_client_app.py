@@ -9,9 +9,9 @@ definitions differ as :mod:`tests.acceptance.versioned_app`'s do.
 from __future__ import annotations
 
 from engine import Engine
+from stores.settings import current_settings
 from tests.acceptance.versioned_app import (
     INTERRUPT,
-    STATE_KEYS,
     Decision,
     SignedModel,
     TransferV1,
@@ -25,8 +25,10 @@ AGENT = "paymentsStateless"
 
 
 def build(version: str, *, migration: bool = False) -> Engine:
-    """The client-managed app at ``version`` (``v1`` or ``v2``)."""
-    ai = Engine(model=SignedModel(version), version=version, state_keys=STATE_KEYS)
+    """The client-managed app at ``version`` (``v1`` or ``v2``), signing with the keys of the
+    process's settings as `turnstile serve` hands them (the three processes share them)."""
+    keys = current_settings().state_keys
+    ai = Engine(model=SignedModel(version), version=version, state_keys=keys)
     approval = ai.define_interrupt(name=INTERRUPT[version], output_schema=Decision)
     transfer = ai.define_tool(
         name="transfer",

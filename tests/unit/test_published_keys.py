@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import logging
 import re
+import secrets
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ import pytest
 from engine import Engine, ScriptedModel
 from engine.errors import InsecureKeyError, TurnstileError
 from engine.state.signing import (
+    MIN_SECRET_BYTES,
     PUBLISHED_KEY_FINGERPRINTS,
     StateSigner,
     check_deployable_keys,
@@ -26,9 +28,12 @@ from examples import banking, tour
 from examples.banking import build
 from stores import InMemorySessionStore
 from stores.settings import read_settings
+from tests.acceptance import durable_app
+from tests.conftest import TEST_STATE_KEYS
 
 ROOT = Path(__file__).resolve().parents[2]
-FRESH = {"prod-2025": "a-secret-nobody-has-seen-0123456789"}
+#: A key nobody has seen: made for this run, so it is written nowhere.
+FRESH = {"prod-2025": secrets.token_urlsafe(32)}
 STATELESS = "bankingAgentStateless"
 
 
@@ -78,7 +83,7 @@ def test_a_configured_key_passes_and_ids_come_signing_key_first(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Fresh keys: no refusal, no warning; the ids (never secrets) with the signing one first."""
-    keys = {"new": "fresh-secret-new-0123456789", "old": "fresh-secret-old-0123456789"}
+    keys = {"new": secrets.token_urlsafe(32), "old": secrets.token_urlsafe(32)}
     app = build(state_keys=keys)
     with caplog.at_level(logging.WARNING):
         assert check_deployable_keys(app.ai, dev=False) == ["new", "old"]
@@ -196,11 +201,60 @@ def _example_secrets() -> set[str]:
     return found
 
 
+def _spec_secrets(spec: str) -> set[str]:
+    """The secrets of a ``kid:secret,kid:secret`` value (none if it is not one)."""
+    if not _SPEC.fullmatch(spec):
+        return set()
+    return {pair.partition(":")[2] for pair in spec.split(",") if pair != "…"}
+
+
+def _env_specs(tree: ast.AST) -> list[str]:
+    """String values given to ``TURNSTILE_STATE_KEYS``: in a dict literal, as a keyword
+    (``dict(TURNSTILE_STATE_KEYS=...)``) or as the second argument of a call (``setenv``)."""
+    name = "TURNSTILE_STATE_KEYS"
+    found: list[ast.expr] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Dict):
+            found.extend(
+                value
+                for key, value in zip(node.keys, node.values, strict=True)
+                if isinstance(key, ast.Constant) and key.value == name
+            )
+        elif isinstance(node, ast.keyword) and node.arg == name:
+            found.append(node.value)
+        elif isinstance(node, ast.Call) and len(node.args) >= 2:
+            first = node.args[0]
+            if isinstance(first, ast.Constant) and first.value == name:
+                found.append(node.args[1])
+    return [
+        value.value
+        for value in found
+        if isinstance(value, ast.Constant) and isinstance(value.value, str)
+    ]
+
+
+def _suite_secrets() -> set[str]:
+    """Secrets written in tests/: dict literals as in the examples, and the values the tests
+    give ``TURNSTILE_STATE_KEYS``."""
+    found: set[str] = set()
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for literal in _dict_literals(tree):
+            found.update(literal.values())
+        for spec in _env_specs(tree):
+            found.update(_spec_secrets(spec))
+    return found
+
+
 def test_the_scans_find_the_known_examples() -> None:
     """The scanners below are not vacuous: they find the keys known to be written down."""
     assert set(_example_key().values()) <= _example_secrets()
     assert set(tour.DEMO_STATE_KEYS.values()) <= _example_secrets()
     assert {"secret1", "secret2"} <= _doc_secrets()
+    suite = _suite_secrets()
+    assert set(TEST_STATE_KEYS.values()) <= suite
+    assert set(durable_app.STATE_KEYS.values()) <= suite
+    assert "kid:state-secret".partition(":")[2] in suite  # tests/unit/test_settings.py
 
 
 def test_every_key_in_the_examples_and_docs_is_a_published_key() -> None:
@@ -211,6 +265,19 @@ def test_every_key_in_the_examples_and_docs_is_a_published_key() -> None:
         if key_fingerprint(secret) not in PUBLISHED_KEY_FINGERPRINTS
     )
     assert unknown == []
+
+
+def test_no_key_written_in_the_suite_can_sign_in_production() -> None:
+    """The suite's keys are public too: each is published or shorter than the minimum, so
+    serve and worker refuse it without --dev (the processes the suite starts use a key made
+    for the run: tests.http_support.DEPLOYABLE_STATE_KEYS)."""
+    deployable = sorted(
+        secret
+        for secret in _suite_secrets()
+        if len(secret.encode()) >= MIN_SECRET_BYTES
+        and key_fingerprint(secret) not in PUBLISHED_KEY_FINGERPRINTS
+    )
+    assert deployable == []
 
 
 def test_fingerprints_not_keys_are_stored() -> None:
