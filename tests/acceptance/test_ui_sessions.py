@@ -150,8 +150,32 @@ def test_failed_sign_ins_are_limited_across_two_server_processes(tmp_path: Path)
         assert 'turnstile_ui_login_failures_total{reason="limited"} 1.0' in metrics
 
 
-def _sign_in_over_http(base: str, token: str) -> httpx.Response:
-    with httpx.Client(base_url=base, timeout=30) as client:
+def test_a_forged_forwarded_for_does_not_escape_the_sign_in_limit(tmp_path: Path) -> None:
+    """Each guess claiming another ``X-Forwarded-For`` still counts against the connection's
+    address: the sixth is limited. Naming the sender with ``--forwarded-allow-ips`` makes
+    its header believed, so each claimed address is counted on its own."""
+    settings = {"TURNSTILE_UI_SECRET": "limits-acceptance-secret-0123456789abcdef"}
+    with postgres_url() as url:
+        args = ["--auth", AUTH_SPEC]
+        with serve_process(url, args=args, env=settings) as (base, _process):
+            answers = [
+                _sign_in_over_http(base, "wrong-token", forwarded=f"203.0.113.{n}")
+                for n in range(1, 7)
+            ]
+            assert [a.status_code for a in answers] == [401] * 5 + [429]
+
+        trusting = [*args, "--forwarded-allow-ips", "127.0.0.1"]
+        with serve_process(url, args=trusting, env=settings) as (base, _process):
+            answers = [
+                _sign_in_over_http(base, "wrong-token", forwarded=f"198.51.100.{n}")
+                for n in range(1, 7)
+            ]
+            assert [a.status_code for a in answers] == [401] * 6
+
+
+def _sign_in_over_http(base: str, token: str, *, forwarded: str | None = None) -> httpx.Response:
+    headers = {"x-forwarded-for": forwarded} if forwarded else {}
+    with httpx.Client(base_url=base, timeout=30, headers=headers) as client:
         form = client.get("/ui/login")
         found = re.search(r'name="csrf_token" value="([^"]+)"', form.text)
         assert found is not None

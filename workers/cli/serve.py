@@ -76,6 +76,7 @@ class ServeFlags:
     max_turns_per_principal: int | None
     max_body_bytes: int
     allowed_hosts: str | None
+    forwarded_allow_ips: str | None
     connect_timeout: float
     log_level: str
     log_format: str
@@ -176,6 +177,13 @@ def _limit_options(function: Any) -> Any:
     help="Host names answered, comma-separated (*, *.example.com); others get 400 "
     "[default: any with --auth, else localhost, 127.0.0.1, ::1]",
 )
+@option(
+    "--forwarded-allow-ips",
+    metavar="IPS",
+    default=None,
+    help="proxies (comma-separated addresses, * for any) whose X-Forwarded-For and "
+    "-Proto are believed [default: none]",
+)
 @connect_timeout_option
 @log_options
 @retry_options
@@ -262,6 +270,10 @@ def run_serve(flags: ServeFlags) -> int:
         log_level=flags.log_level.lower(),
         # Its records go through the handler configure_logging installed, in our format.
         log_config=None,
+        # X-Forwarded-For names the client the sign-in limits count, so a header anyone can
+        # send is believed only from the proxies the operator names.
+        proxy_headers=flags.forwarded_allow_ips is not None,
+        forwarded_allow_ips=flags.forwarded_allow_ips,
         **limits.uvicorn_options(),
     )
     hold_back_floods()
