@@ -8,6 +8,7 @@ problem (HTTP 400), never a 500 and never a half-started turn. See ``docs/http.m
 from __future__ import annotations
 
 import json
+import logging
 from typing import Annotated, Any, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, StrictBool, StrictStr, ValidationError
@@ -16,11 +17,15 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 
 from engine.conversation.parts import Message, Part
-from engine.errors import AgentError, InvalidArgumentError
+from engine.errors import AgentError, InvalidArgumentError, StoreError
+from engine.remote.logsafe import escaped
 
 M = TypeVar("M", bound=BaseModel)
 
+logger = logging.getLogger("turnstile.http")
+
 __all__ = [
+    "DATABASE_UNAVAILABLE",
     "DEFAULT_CHALLENGE",
     "IDEMPOTENCY_HEADER",
     "ID_RULE",
@@ -34,6 +39,7 @@ __all__ = [
     "check_id",
     "check_storable",
     "check_text",
+    "client_error",
     "error_response",
     "frame",
     "http_status",
@@ -82,10 +88,29 @@ def http_status(error: AgentError) -> int:
     return HTTP_STATUS.get(error.status, 500)
 
 
+#: What a client is told of a failed database call.
+DATABASE_UNAVAILABLE = "The database is unavailable; try again shortly."
+
+
+def client_error(error: AgentError) -> AgentError:
+    """``error`` as a client may see it: a database failure loses the driver's words, which
+    name the database's host, port and name (they go to the server's log instead)."""
+    if type(error) is not StoreError:
+        return error
+    logger.warning("database error answered as %s: %s", error.status, escaped(error.message))
+    return StoreError(
+        DATABASE_UNAVAILABLE,
+        may_have_applied=error.may_have_applied,
+        status=error.status,
+        snapshot_id=error.snapshot_id,
+    )
+
+
 def wire_error(error: AgentError) -> dict[str, Any]:
     """``{"status", "message", "details"}``; ``details.type`` names the error class when the
     error carries no details of its own, so a Python client can raise the same typed error
-    (Genkit clients just show it)."""
+    (Genkit clients just show it). A database failure is told as :func:`client_error` does."""
+    error = client_error(error)
     wire = error.to_wire()
     if error.details is None:
         wire["details"] = {"type": type(error).__name__}

@@ -14,7 +14,7 @@ from starlette.responses import Response
 
 from engine.errors import AgentError
 from engine.remote.ui.kit import CsrfRefusedError, NotSignedInError, PageKit, Viewer
-from engine.remote.wire import http_status
+from engine.remote.wire import client_error, http_status
 
 __all__ = ["Endpoint", "Handler", "guarded", "guarded_json"]
 
@@ -58,6 +58,7 @@ def guarded_json(kit: PageKit, handler: Handler) -> Endpoint:
         try:
             return await handler(request, viewer)
         except AgentError as error:
-            return kit.json(request, viewer, error.to_wire(), status=http_status(error))
+            shown = client_error(error)
+            return kit.json(request, viewer, shown.to_wire(), status=http_status(shown))
 
     return endpoint

@@ -36,7 +36,12 @@ from engine.remote.ui.sessions import (
     SessionBook,
     SessionCookies,
 )
-from engine.remote.wire import BodyTooLargeError, UnsupportedMediaTypeError, http_status
+from engine.remote.wire import (
+    BodyTooLargeError,
+    UnsupportedMediaTypeError,
+    client_error,
+    http_status,
+)
 
 __all__ = ["CsrfRefusedError", "NotSignedInError", "PageKit", "UiSettings", "Viewer"]
 
@@ -247,6 +252,7 @@ class PageKit:
 
     def agent_error(self, request: Request, viewer: Viewer | None, error: AgentError) -> Response:
         """The error page of an engine error, with its HTTP status (never a 500 for input)."""
+        error = client_error(error)
         status = http_status(error)
         titles = {
             400: "That request cannot be used",
