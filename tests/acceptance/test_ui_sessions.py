@@ -13,22 +13,26 @@ from pathlib import Path
 import httpx
 import pytest
 from playwright._impl._api_structures import SetCookieParam
-from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import Browser, Page, Route, expect
 
 from tests.acceptance.inbox_ui_auth import TOKENS
 from tests.acceptance.inbox_ui_support import (
     AUTH_SPEC,
     Stack,
+    eventually,
     evidence,
     open_stack,
     screenshot,
     sign_in,
 )
 from tests.databases import postgres_url
-from tests.http_support import ROOT, serve_process
+from tests.http_support import ROOT, serve_process, worker_process
 
 pytestmark = pytest.mark.postgres
 expect.set_options(timeout=15_000)
+
+#: The inbox pages' event stream, whatever its query string.
+EVENTS = re.compile(r"/ui/events(\?.*)?$")
 
 
 def test_a_cookie_replayed_after_logout_or_revoke_is_refused(
@@ -99,6 +103,43 @@ def test_a_new_approval_arrives_through_the_event_stream(tmp_path: Path, page: P
         assert row.get_attribute("data-approval") == f"{turn_id}:approval-1"
         expect(page).to_have_title("(1) Inbox · Turnstile")
         screenshot(page, "inbox-live-by-events")
+
+
+def test_a_change_before_the_event_stream_opens_still_reloads_the_page(
+    tmp_path: Path, page: Page
+) -> None:
+    """The resumed turn settles after the approval page rendered but before its event
+    stream opened (held back here, as a slow network or a busy server would): the page
+    looks once when the stream opens and shows the turn completed, without polling."""
+    with (
+        open_stack(tmp_path, env={"TURNSTILE_UI_POLL_SECONDS": "600"}) as stack,
+        evidence(page, "sessions-sse-late"),
+    ):
+        turn_id = stack.ask("Transfer $21 to gus")
+        approval = stack.wait_for_approval(turn_id)
+        for worker in stack.workers:  # nothing may run the resume until the page is shown
+            worker.terminate()
+            worker.wait(timeout=30)
+        # The inbox's stream starts the server's listener, so the approval page's stream
+        # below joins a listener that is already up and announces nothing on its own.
+        with page.expect_response(EVENTS):
+            sign_in(page, stack.base, "bob")
+        held: list[Route] = []
+        page.route(EVENTS, lambda route: held.append(route))
+        page.goto(f"{stack.base}/ui/approvals/{approval['id']}")
+        page.get_by_role("group", name=re.compile("Approved")).get_by_label("Yes").check()
+        page.get_by_role("button", name="Submit decision").click()
+        expect(page.get_by_role("status").first).to_contain_text("Your decision was recorded.")
+        result = page.locator("section.result")
+        expect(result).to_contain_text("queued or running")
+
+        with worker_process(stack.db_url, env=stack.env):
+            eventually(stack.transfers, timeout=30, what="the resumed turn's transfer")
+        assert held, "the page opened no event stream"
+        for route in held:
+            route.continue_()
+        page.unroute(EVENTS)
+        expect(result).to_contain_text("completed", timeout=15_000)
 
 
 def test_on_sqlite_the_page_falls_back_to_polling(tmp_path: Path, page: Page) -> None:

@@ -76,12 +76,9 @@
     if (!refreshers.length) { return; }
     if (!url || !window.EventSource) { pollAll(); return; }
     var source = new window.EventSource(url);
-    var opened = 0;
-    source.addEventListener("open", function () {
-      // After a reconnect, changes made while the stream was down were not announced.
-      opened += 1;
-      if (opened > 1) { refreshAll(); }
-    });
+    // Changes made between the page's rendering and the stream's opening, or while it
+    // reconnects, were announced to nobody: look once whenever it opens.
+    source.addEventListener("open", refreshAll);
     source.addEventListener("change", refreshAll);
     source.addEventListener("signed-out", function () { source.close(); signedOut(); });
     source.addEventListener("error", function () {
