@@ -6,8 +6,9 @@ event loop. Serving probes from the loop that runs the turns is deliberate: a lo
 longer answers its probes is a process to restart.
 
 * ``/healthz`` — the process is alive and its event loop answers; touches nothing else.
-* ``/readyz`` — the database is reachable and at the code's migration head, and the worker
-  pool (when the process runs one) is claiming. Otherwise 503 with the reason, in JSON.
+* ``/readyz`` — the database is reachable and at the code's migration head, the worker
+  pool (when the process runs one) is claiming, and (on ``turnstile serve``) a request slot is
+  free. Otherwise 503 with the reason, in JSON.
 * ``/metrics`` — Prometheus' text format (:mod:`workers.metrics`).
 
 No probe answers 500: whatever fails is a 503 with its reason.
@@ -31,7 +32,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from stores.monitoring import MonitoringDatabase
-from workers.http_limits import BodyDeadline, ConnectionLimits
+from workers.http_limits import BodyDeadline, ConnectionLimits, RequestSlots
 from workers.metrics import CONTENT_TYPE_LATEST, HttpMetrics, Metrics
 from workers.pool import WorkerPool
 
@@ -64,12 +65,18 @@ class Readiness:
         self.pool = pool
         self.timeout = timeout
         self._pool_task: asyncio.Task[Any] | None = None
+        self._slots: RequestSlots | None = None
         self._check: asyncio.Future[str | None] | None = None
         self._checked_at = -READINESS_CACHE_SECONDS
 
     def watch(self, task: asyncio.Task[Any]) -> None:
         """The task that runs the pool: the pool is ready while it runs."""
         self._pool_task = task
+
+    def watch_requests(self, slots: RequestSlots) -> None:
+        """The server's request slots: it is not ready while every one is busy (a balancer
+        then sends the next requests elsewhere)."""
+        self._slots = slots
 
     async def check(self) -> tuple[bool, dict[str, str]]:
         """``(ready, {check: what was found})``; never raises."""
@@ -82,6 +89,10 @@ class Readiness:
         if self.database is not None:
             problem = await self._database_problem()
             checks["database"] = problem or f"at head {self.head}"
+            ready = ready and problem is None
+        if self._slots is not None:
+            problem = self._slots.saturation()
+            checks["requests"] = problem or self._slots.describe()
             ready = ready and problem is None
         return ready, checks
 

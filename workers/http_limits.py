@@ -12,7 +12,8 @@ real request — health probes included — with 503 until the file descriptors 
   can therefore never lock out a request.
 * :class:`BodyDeadline` — a deadline on reading a request's whole body: 408, then the
   connection is closed.
-* :class:`InFlightLimit` — requests served at once; past it, 503 with ``Retry-After``.
+* :class:`RequestLimits` — requests served at once, in three budgets (sign-in, event streams,
+  the rest), each in all and per client address; past them, 503 or 429 with ``Retry-After``.
   Probes and ``/metrics`` are exempt.
 * :class:`RateLimitedLog` — a logging filter that lets a burst of each kind of line through
   and then one line per interval with the count of those it held back.
@@ -24,7 +25,7 @@ import asyncio
 import logging
 import resource
 import time
-from collections.abc import Collection
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,8 +38,10 @@ __all__ = [
     "PROBE_PATHS",
     "BodyDeadline",
     "ConnectionLimits",
-    "InFlightLimit",
     "RateLimitedLog",
+    "RequestLimits",
+    "RequestSlots",
+    "SlotBudget",
     "default_connection_limit",
     "guarded_protocol",
 ]
@@ -51,6 +54,15 @@ PROBE_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 DEFAULT_MAX_CONNECTIONS = 1000
 #: Seconds between two log lines about the same kind of refused or closed connections.
 FLOOD_LOG_INTERVAL = 10.0
+#: The sign-in form's path: anyone may post to it, so it has a budget of its own.
+SIGN_IN_PATH = "/ui/login"
+#: The web UI's event streams: each lasts minutes, so they have a budget of their own.
+EVENT_STREAM_PATH = "/ui/events"
+#: Sign-ins served at once, in all and per client address (a form post takes milliseconds).
+SIGN_IN_SLOTS = 16
+SIGN_IN_SLOTS_PER_CLIENT = 4
+#: Seconds a sign-in may take to send its body (a few hundred bytes).
+SIGN_IN_BODY_SECONDS = 5.0
 
 
 def default_connection_limit() -> int:
@@ -63,16 +75,51 @@ def default_connection_limit() -> int:
 
 
 @dataclass(frozen=True)
+class SlotBudget:
+    """How many requests of one kind are served at once: in all, and from one client address
+    (the connection's, or the one a trusted proxy names in ``X-Forwarded-For``)."""
+
+    total: int
+    per_client: int
+
+
+@dataclass(frozen=True)
 class ConnectionLimits:
     """The limits of one HTTP listener (``docs/configuration.md`` explains each flag)."""
 
     max_connections: int
     max_requests: int
+    #: Requests one client address may have in flight (``None``: a quarter of max_requests).
+    max_requests_per_client: int | None = None
+    #: Event streams open at once (``None``: a quarter of max_connections).
+    max_streams: int | None = None
     header_timeout: float = 10.0
     body_timeout: float = 30.0
     keep_alive: int = 5
     max_header_bytes: int = 16384
     backlog: int = 2048
+
+    @property
+    def requests(self) -> SlotBudget:
+        """The budget of ordinary requests."""
+        per_client = self.max_requests_per_client or max(1, self.max_requests // 4)
+        return SlotBudget(self.max_requests, min(per_client, self.max_requests))
+
+    @property
+    def streams(self) -> SlotBudget:
+        """The budget of ``/ui/events`` streams (a client address may hold a quarter)."""
+        total = self.max_streams or max(1, self.max_connections // 4)
+        return SlotBudget(total, max(1, total // 4))
+
+    @property
+    def sign_ins(self) -> SlotBudget:
+        """The budget of ``/ui/login`` requests."""
+        return SlotBudget(SIGN_IN_SLOTS, SIGN_IN_SLOTS_PER_CLIENT)
+
+    @property
+    def body_deadlines(self) -> dict[str, float]:
+        """Paths whose bodies must arrive sooner than :attr:`body_timeout`."""
+        return {SIGN_IN_PATH: min(SIGN_IN_BODY_SECONDS, self.body_timeout)}
 
     def uvicorn_options(self) -> dict[str, Any]:
         """The ``uvicorn.Config`` options these limits set."""
@@ -204,19 +251,24 @@ class BodyDeadline:
     """ASGI middleware: a request's body must arrive whole within ``seconds`` of its head.
 
     Past the deadline the client gets 408 with ``Connection: close`` (unless a response has
-    started), and the app reads a disconnect, as if the client had gone away.
+    started), and the app reads a disconnect, as if the client had gone away. ``per_path``
+    gives some paths a deadline of their own.
     """
 
-    def __init__(self, app: ASGIApp, seconds: float) -> None:
+    def __init__(
+        self, app: ASGIApp, seconds: float, per_path: Mapping[str, float] | None = None
+    ) -> None:
         self.app = app
         self.seconds = seconds
+        self.per_path = dict(per_path or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        seconds = self.per_path.get(scope.get("path", ""), self.seconds)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.seconds
+        deadline = loop.time() + seconds
         body_done = False
         started = expired = False
 
@@ -239,7 +291,7 @@ class BodyDeadline:
                     timeout = _error(
                         408,
                         "DEADLINE_EXCEEDED",
-                        f"The request body did not arrive within {self.seconds:g}s.",
+                        f"The request body did not arrive within {seconds:g}s.",
                         connection="close",
                     )
                     await timeout(scope, receive, send)
@@ -252,36 +304,130 @@ class BodyDeadline:
         await self.app(scope, timed_receive, guarded_send)
 
 
-class InFlightLimit:
-    """ASGI middleware: at most ``limit`` requests are served at once; the next get 503 with
-    ``Retry-After``. ``exempt`` paths (the probes) are always served."""
+class _Slots:
+    """The requests of one kind being served, counted in all and per client address."""
 
-    def __init__(self, app: ASGIApp, limit: int, exempt: Collection[str] = PROBE_PATHS) -> None:
-        self.app = app
-        self.limit = limit
-        self.exempt = exempt
+    def __init__(self, kind: str, budget: SlotBudget) -> None:
+        self.kind = kind
+        self.budget = budget
         self.active = 0
-        self.refused = _Throttled(f"request limit {limit} reached: refused %d request(s) with 503")
+        self.by_client: dict[str, int] = {}
+        self.busy_refusals = _Throttled(
+            f"{kind} limit {budget.total} reached: refused %d request(s) with 503"
+        )
+        self.client_refusals = _Throttled(
+            f"{kind} limit {budget.per_client} per client address reached: "
+            "refused %d request(s) with 429"
+        )
+
+    def take(self, client: str) -> int | None:
+        """Take a slot for ``client``; or the status refusing it (503: every slot is busy,
+        429: this client holds its share)."""
+        if self.active >= self.budget.total:
+            self.busy_refusals.add()
+            return 503
+        held = self.by_client.get(client, 0)
+        if held >= self.budget.per_client:
+            self.client_refusals.add()
+            return 429
+        self.active += 1
+        self.by_client[client] = held + 1
+        return None
+
+    def give_back(self, client: str) -> None:
+        self.active -= 1
+        held = self.by_client[client] - 1
+        if held:
+            self.by_client[client] = held
+        else:  # the table holds only clients with a request in flight
+            del self.by_client[client]
+
+
+class RequestSlots:
+    """The request slots of one server, shared by :class:`RequestLimits` (which takes them)
+    and the readiness probe (which reports them).
+
+    Requests fall into three kinds, each with its own budget, so that one kind cannot take
+    the others' room: sign-in (``/ui/login``: anyone may send it, before any authentication),
+    event streams (``/ui/events``: each lasts minutes) and every other request. Probes and
+    ``/metrics`` take no slot.
+    """
+
+    def __init__(self, limits: ConnectionLimits) -> None:
+        self.requests = _Slots("request", limits.requests)
+        self.sign_in = _Slots("sign-in", limits.sign_ins)
+        self.streams = _Slots("event stream", limits.streams)
+
+    def for_path(self, path: str) -> _Slots | None:
+        """The slots a request for ``path`` takes (``None``: a probe, which takes none)."""
+        if path in PROBE_PATHS:
+            return None
+        if path == SIGN_IN_PATH:
+            return self.sign_in
+        if path == EVENT_STREAM_PATH:
+            return self.streams
+        return self.requests
+
+    def saturation(self) -> str | None:
+        """Why this server cannot take another ordinary request now (``None``: it can)."""
+        if self.requests.active >= self.requests.budget.total:
+            return f"all {self.requests.budget.total} request slots are busy"
+        return None
+
+    def describe(self) -> str:
+        """The slots in use, for the readiness probe."""
+        return (
+            f"{self.requests.active} of {self.requests.budget.total} request slots busy, "
+            f"{self.streams.active} event stream(s), {self.sign_in.active} sign-in(s)"
+        )
+
+
+def _client_address(scope: Scope) -> str:
+    client = scope.get("client")
+    return str(client[0]) if client else "unknown"
+
+
+class RequestLimits:
+    """ASGI middleware taking a slot of ``slots`` for each request (see :class:`RequestSlots`).
+
+    A request that finds every slot of its kind busy gets 503 with ``Retry-After``; one whose
+    client address already holds its share gets 429 with ``Retry-After``.
+    """
+
+    def __init__(self, app: ASGIApp, slots: RequestSlots) -> None:
+        self.app = app
+        self.slots = slots
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope.get("path") in self.exempt:
+        slots = self.slots.for_path(scope.get("path", "")) if scope["type"] == "http" else None
+        if slots is None:
             await self.app(scope, receive, send)
             return
-        if self.active >= self.limit:
-            self.refused.add()
-            busy = _error(
-                503,
-                "UNAVAILABLE",
-                "The server is serving as many requests as it may; retry shortly.",
-                **{"retry-after": "1"},
-            )
-            await busy(scope, receive, send)
+        client = _client_address(scope)
+        refusal = slots.take(client)
+        if refusal is not None:
+            await _refusal(refusal, slots.kind)(scope, receive, send)
             return
-        self.active += 1
         try:
             await self.app(scope, receive, send)
         finally:
-            self.active -= 1
+            slots.give_back(client)
+
+
+def _refusal(status: int, kind: str) -> JSONResponse:
+    if status == 429:
+        return _error(
+            429,
+            "RESOURCE_EXHAUSTED",
+            f"This address has as many {kind}s in progress as it may; retry shortly.",
+            **{"retry-after": "1"},
+        )
+    return _error(
+        503,
+        "UNAVAILABLE",
+        f"The server is serving as many {kind}s as it may; retry shortly.",
+        **{"retry-after": "1"},
+    )
 
 
 class RateLimitedLog(logging.Filter):

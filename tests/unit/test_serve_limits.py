@@ -14,7 +14,14 @@ from prometheus_client import CollectorRegistry
 from engine.status import TurnStatus
 from engine.store import TurnInput, TurnRecord
 from workers.cli import main
-from workers.http_limits import DEFAULT_MAX_CONNECTIONS, RateLimitedLog, default_connection_limit
+from workers.http_limits import (
+    DEFAULT_MAX_CONNECTIONS,
+    ConnectionLimits,
+    RateLimitedLog,
+    RequestSlots,
+    SlotBudget,
+    default_connection_limit,
+)
 from workers.metrics import PoolMetrics
 
 
@@ -25,6 +32,8 @@ from workers.metrics import PoolMetrics
         (["--header-timeout", "0"], "expected a finite number of seconds > 0"),
         (["--body-timeout", "-1"], "expected a number of seconds >= 0"),
         (["--limit-connections", "0"], "expected a whole number >= 1"),
+        (["--limit-concurrency", "4", "--limit-per-client", "5"], "exceeds --limit-concurrency"),
+        (["--limit-streams", "0"], "expected a whole number >= 1"),
         (["--max-header-bytes", "lots"], "expected a whole number >= 1"),
     ],
 )
@@ -55,6 +64,47 @@ def test_default_connection_limit_leaves_half_the_open_files() -> None:
     if soft != resource.RLIM_INFINITY:
         expected = max(16, min(DEFAULT_MAX_CONNECTIONS, soft // 2))
     assert default_connection_limit() == expected
+
+
+def test_request_budgets_default_to_shares_of_the_connection_limits() -> None:
+    """A client address may hold a quarter of the request slots, streams get a quarter of
+    the connections (a client a quarter of those), and sign-in a small budget of its own."""
+    limits = ConnectionLimits(max_connections=1000, max_requests=500)
+    assert limits.requests == SlotBudget(total=500, per_client=125)
+    assert limits.streams == SlotBudget(total=250, per_client=62)
+    assert limits.sign_ins == SlotBudget(total=16, per_client=4)
+    assert limits.body_deadlines == {"/ui/login": 5.0}
+    tiny = ConnectionLimits(max_connections=2, max_requests=1, max_requests_per_client=3)
+    assert tiny.requests == SlotBudget(total=1, per_client=1)
+    assert tiny.streams == SlotBudget(total=1, per_client=1)
+
+
+def test_each_path_takes_the_slots_of_its_kind() -> None:
+    """Probes take no slot; sign-in and event streams take their own, the rest the shared."""
+    slots = RequestSlots(ConnectionLimits(max_connections=100, max_requests=8))
+    assert slots.for_path("/healthz") is None
+    assert slots.for_path("/metrics") is None
+    assert slots.for_path("/ui/login") is slots.sign_in
+    assert slots.for_path("/ui/events") is slots.streams
+    assert slots.for_path("/api/bankingAgent") is slots.requests
+    assert slots.for_path("/ui/inbox/live") is slots.requests
+
+
+def test_a_client_past_its_share_gets_429_and_a_full_server_503() -> None:
+    """A client holding its share gets 429 while slots are free; once every slot is busy
+    every newcomer gets 503; giving slots back frees them and forgets idle clients."""
+    limits = ConnectionLimits(max_connections=100, max_requests=4, max_requests_per_client=2)
+    slots = RequestSlots(limits)
+    shared = slots.requests
+    assert [shared.take("a"), shared.take("a"), shared.take("a")] == [None, None, 429]
+    assert [shared.take("b"), shared.take("c")] == [None, None]
+    assert slots.saturation() == "all 4 request slots are busy"
+    assert [shared.take("d"), shared.take("a")] == [503, 503]
+    for client in ("a", "b", "c"):
+        shared.give_back(client)
+    assert slots.saturation() is None
+    assert shared.by_client == {"a": 1}
+    assert slots.describe() == "1 of 4 request slots busy, 0 event stream(s), 0 sign-in(s)"
 
 
 def _record(message: str, *args: object) -> logging.LogRecord:

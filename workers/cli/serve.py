@@ -86,6 +86,8 @@ class ServeFlags:
     dev: bool
     limit_connections: int | None
     limit_concurrency: int | None
+    limit_per_client: int | None
+    limit_streams: int | None
     header_timeout: float
     body_timeout: float
     timeout_keep_alive: int
@@ -109,6 +111,20 @@ def _limit_options(function: Any) -> Any:
             default=None,
             help="requests served at once; the next get 503 (probes and /metrics are exempt) "
             "[default: half of --limit-connections]",
+        ),
+        option(
+            "--limit-per-client",
+            type=WholeNumber(1),
+            default=None,
+            help="requests one client address may have in flight; the next get 429 "
+            "[default: a quarter of --limit-concurrency]",
+        ),
+        option(
+            "--limit-streams",
+            type=WholeNumber(1),
+            default=None,
+            help="/ui/events streams open at once, outside --limit-concurrency "
+            "[default: a quarter of --limit-connections]",
         ),
         option(
             "--header-timeout",
@@ -203,7 +219,7 @@ def run_serve(flags: ServeFlags) -> int:
     from engine.remote import create_app
     from engine.remote.tracing import request_span_middleware
     from workers.health import health_routes
-    from workers.http_limits import BodyDeadline, InFlightLimit
+    from workers.http_limits import BodyDeadline, RequestLimits, RequestSlots
     from workers.metrics import HttpMetrics
 
     configure_logging(flags.log_level, flags.log_format)
@@ -230,6 +246,8 @@ def run_serve(flags: ServeFlags) -> int:
         except ValueError as exc:
             raise Refused(str(exc)) from exc
     readiness, metrics = observability(app, url, pool)
+    slots = RequestSlots(limits)
+    readiness.watch_requests(slots)
     sessions = _browser_sessions(app, url)
     asgi = create_app(
         app,
@@ -246,8 +264,8 @@ def run_serve(flags: ServeFlags) -> int:
             # to the turn it creates (recorded only when tracing is configured).
             request_span_middleware(),
             Middleware(HttpMetrics, metrics=metrics),
-            Middleware(InFlightLimit, limit=limits.max_requests),
-            Middleware(BodyDeadline, seconds=limits.body_timeout),
+            Middleware(RequestLimits, slots=slots),
+            Middleware(BodyDeadline, seconds=limits.body_timeout, per_path=limits.body_deadlines),
         ],
     )
     log_models(app.agents.values())
@@ -326,9 +344,16 @@ def serve_limits(flags: ServeFlags) -> ConnectionLimits:
             f"--limit-concurrency {requests} exceeds --limit-connections {connections}: "
             "requests beyond the connections could never arrive, and probes need room."
         )
+    if flags.limit_per_client is not None and flags.limit_per_client > requests:
+        raise Refused(
+            f"--limit-per-client {flags.limit_per_client} exceeds --limit-concurrency "
+            f"{requests}: one client could never have that many requests in flight."
+        )
     return ConnectionLimits(
         max_connections=connections,
         max_requests=requests,
+        max_requests_per_client=flags.limit_per_client,
+        max_streams=flags.limit_streams,
         header_timeout=flags.header_timeout,
         body_timeout=flags.body_timeout,
         keep_alive=flags.timeout_keep_alive,

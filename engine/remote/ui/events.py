@@ -9,6 +9,9 @@ few seconds keeps proxies from closing an idle stream.
 
 A store without notifications (SQLite) answers ``204 No Content``: the browser's
 ``EventSource`` gives up and the page polls, as it does without JavaScript's ``EventSource``.
+So does a browser session past :data:`STREAMS_PER_SESSION` open streams, or a principal past
+:data:`STREAMS_PER_PRINCIPAL`: it gets ``429``, so one user's tabs or scripts cannot hold the
+server's connections.
 """
 
 from __future__ import annotations
@@ -16,10 +19,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from engine.engine import Engine
 from engine.remote.ui.kit import PageKit, Viewer
@@ -35,6 +40,10 @@ GATHER_SECONDS = 0.25
 MAX_STREAM_SECONDS = 600.0
 #: How often a stream looks whether the server is stopping (seconds).
 _CLOSING_CHECK_SECONDS = 1.0
+#: Streams one browser session may hold open at once (a few tabs); the next get 429.
+STREAMS_PER_SESSION = 4
+#: Streams one principal may hold open at once, across all their browsers.
+STREAMS_PER_PRINCIPAL = 16
 
 _closing = False
 
@@ -69,23 +78,47 @@ async def _any_change(feeds: Sequence[ChangeFeed], timeout: float) -> bool:
             task.cancel()
 
 
+class _HeldStream(StreamingResponse):
+    """A stream that gives its holds back when it ends, however it ends."""
+
+    def __init__(self, content: AsyncIterator[str], holds: Counter[str], keys: list[str]) -> None:
+        super().__init__(content, media_type="text/event-stream")
+        self.headers["x-accel-buffering"] = "no"
+        self.holds, self.keys = holds, keys
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.holds.subtract(self.keys)
+            for key in self.keys:
+                if self.holds[key] <= 0:
+                    del self.holds[key]
+
+
 class EventStream:
     """The ``/ui/events`` endpoint of one app."""
 
     def __init__(self, kit: PageKit, feeds: Sequence[ChangeFeed]) -> None:
         self.kit = kit
         self.feeds = list(feeds)
+        #: Open streams per browser session and per principal (this process's).
+        self.holds: Counter[str] = Counter()
 
     async def events(self, request: Request, viewer: Viewer) -> Response:
-        """The event stream of ``viewer`` (204 when the stores cannot announce changes)."""
+        """The event stream of ``viewer`` (204 when the stores cannot announce changes, 429
+        when its session or principal holds as many streams as it may)."""
         if not self.feeds:
             return self.kit.finish(Response(status_code=204), request, viewer)
-        response = StreamingResponse(
-            self._stream(viewer),
-            media_type="text/event-stream",
-            headers={"x-accel-buffering": "no"},
-        )
-        return self.kit.finish(response, request, viewer)
+        caps = {f"session:{viewer.session.id or viewer.session.csrf}": STREAMS_PER_SESSION}
+        if viewer.id is not None:
+            caps[f"principal:{viewer.id}"] = STREAMS_PER_PRINCIPAL
+        if any(self.holds[key] >= cap for key, cap in caps.items()):
+            refused = Response(status_code=429, headers={"retry-after": "60"})
+            return self.kit.finish(refused, request, viewer)
+        keys = list(caps)
+        self.holds.update(keys)
+        return self.kit.finish(_HeldStream(self._stream(viewer), self.holds, keys), request, viewer)
 
     async def _stream(self, viewer: Viewer) -> AsyncIterator[str]:
         yield "retry: 2000\n\nevent: ready\ndata: {}\n\n"
