@@ -52,7 +52,7 @@ from engine.approvals.decide import (
 from engine.engine import Engine
 from engine.errors import AgentError, ApprovalNotPendingError, InvalidArgumentError, NotFoundError
 from engine.remote.auth import InboxPolicy, Principal
-from engine.remote.cursors import decode_cursor, encode_cursor
+from engine.remote.cursors import CursorSeal
 from engine.remote.wire import check_id, check_text, error_response, read_json
 from engine.store import ApprovalQuery, Assignment, PendingApproval, SessionStore, Vote
 
@@ -156,10 +156,6 @@ def _key(approval: PendingApproval) -> tuple[datetime, str, str]:
     return approval.created_at, approval.turn_id, approval.ref
 
 
-def _encode_cursor(approval: PendingApproval) -> str:
-    return encode_cursor(_key(approval))
-
-
 def _number(request: Request, name: str, default: float, low: float, high: float) -> float:
     raw = request.query_params.get(name)
     if raw is None:
@@ -182,11 +178,13 @@ class InboxRoutes:
         authenticate: Callable[[Request], Awaitable[Principal | None]],
         policy: InboxPolicy,
         max_body_bytes: int,
+        cursors: CursorSeal,
     ) -> None:
         self.engine = engine
         self.authenticate = authenticate
         self.policy = policy
         self.max_body_bytes = max_body_bytes
+        self.cursors = cursors
 
     def routes(self) -> list[Route]:
         """The Starlette routes (the decision route first: ids may hold slashes)."""
@@ -231,7 +229,7 @@ class InboxRoutes:
                 interrupt=params.get("interrupt"),
                 owner=owner or allowed,
                 created_before=now - timedelta(seconds=min_age) if min_age else None,
-                after=decode_cursor(params["cursor"]) if params.get("cursor") else None,
+                after=self.cursors.open(params["cursor"]) if params.get("cursor") else None,
                 limit=limit,
             )
             examined: list[PendingApproval] = []
@@ -280,7 +278,7 @@ class InboxRoutes:
         return JSONResponse(
             {
                 "items": items,
-                "nextCursor": _encode_cursor(known[seen - 1]) if more and seen else None,
+                "nextCursor": self.cursors.seal(_key(known[seen - 1])) if more and seen else None,
             }
         )
 

@@ -47,6 +47,7 @@ from engine.errors import (
 )
 from engine.remote.admission import Reservation, TurnAdmission
 from engine.remote.auth import Authenticator, InboxPolicy, OwnerInboxPolicy, Principal
+from engine.remote.cursors import CursorSeal
 from engine.remote.hosts import LOCAL_HOSTS, AllowedHosts
 from engine.remote.inbox_routes import InboxRoutes
 from engine.remote.logsafe import escaped, escaped_traceback
@@ -125,8 +126,11 @@ def create_app(
         else None
     )
     server = _Server(engine, auth, max_body_bytes, admission)
+    ui_settings = ui_settings or UiSettings()
+    # One seal for the JSON inbox and the pages, so either's cursors work on the other.
+    cursors = CursorSeal(ui_settings.secret)
     inbox = InboxRoutes(
-        engine, server.authenticate, inbox_policy or OwnerInboxPolicy(), max_body_bytes
+        engine, server.authenticate, inbox_policy or OwnerInboxPolicy(), max_body_bytes, cursors
     )
     served: list[BaseRoute] = [
         *routes,
@@ -138,7 +142,12 @@ def create_app(
     if ui:
         policy = inbox_policy or OwnerInboxPolicy()
         pages = InboxUI(
-            engine, auth=auth, policy=policy, max_body_bytes=max_body_bytes, settings=ui_settings
+            engine,
+            auth=auth,
+            policy=policy,
+            max_body_bytes=max_body_bytes,
+            settings=ui_settings,
+            cursors=cursors,
         )
         served.extend(pages.routes())
     hosts = allowed_hosts if allowed_hosts is not None else (LOCAL_HOSTS if auth is None else ["*"])

@@ -7,6 +7,7 @@ Alice asks for transfers, Bob holds the ``approver`` role (the server runs with
 from __future__ import annotations
 
 from engine.remote.auth import BearerTokenAuth, Principal
+from engine.store import PendingApproval
 
 TOKENS = {
     "alice": "alice-token-0123456789",
@@ -21,3 +22,17 @@ auth = BearerTokenAuth(
         TOKENS["mallory"]: Principal(id="mallory"),
     }
 )
+
+
+class HidesAlicesApprovals:
+    """An inbox permission hook no owner filter expresses: every signed-in principal sees
+    every approval except those of Alice's sessions (``--inbox-policy`` with this module)."""
+
+    def owner_filter(self, principal: Principal | None) -> str | None:
+        return None
+
+    def can_decide(self, principal: Principal | None, approval: PendingApproval) -> bool:
+        return principal is not None and approval.owner != "alice"
+
+
+hides_alices_approvals = HidesAlicesApprovals()

@@ -25,6 +25,7 @@ from starlette.staticfiles import StaticFiles
 import engine.remote.inbox_routes  # noqa: F401
 from engine.engine import Engine
 from engine.remote.auth import Authenticator, InboxPolicy
+from engine.remote.cursors import CursorSeal
 from engine.remote.ui.assignment_pages import AssignmentForms
 from engine.remote.ui.auth_pages import AuthPages
 from engine.remote.ui.browser_sessions import InMemoryBrowserSessions
@@ -64,6 +65,7 @@ class InboxUI:
         policy: InboxPolicy,
         max_body_bytes: int,
         settings: UiSettings | None = None,
+        cursors: CursorSeal | None = None,
     ) -> None:
         settings = settings or UiSettings()
         store = settings.session_store
@@ -74,7 +76,8 @@ class InboxUI:
                     "no store for browser sessions was given (UiSettings.session_store): "
                     "/ui sessions and sign-in limits live in this process only"
                 )
-        self.kit = PageKit(Catalog(engine, policy), auth, settings, max_body_bytes, store)
+        catalog = Catalog(engine, policy, cursors or CursorSeal(settings.secret))
+        self.kit = PageKit(catalog, auth, settings, max_body_bytes, store)
         self.events = EventStream(self.kit, live_feeds(engine))
         if auth is not None and self.kit.cookies.ephemeral:
             logger.warning(

@@ -19,7 +19,7 @@ from engine.approvals.decide import find_approval
 from engine.engine import Engine
 from engine.errors import InvalidArgumentError
 from engine.remote.auth import InboxPolicy, Principal
-from engine.remote.cursors import CursorKey, decode_cursor, encode_cursor
+from engine.remote.cursors import MAX_CURSOR_LENGTH, CursorKey, CursorSeal
 from engine.remote.wire import check_id, check_text
 from engine.store import (
     ApprovalHistory,
@@ -116,8 +116,9 @@ def _id_filter(params: Mapping[str, str], name: str, label: str) -> str | None:
 
 def _cursor(params: Mapping[str, str]) -> str | None:
     value = params.get("cursor") or None
-    if value is not None:
-        decode_cursor(value)  # refuse a bad one before any read
+    # Opened by the catalog, which holds the seal; one too long to be ours is refused here.
+    if value is not None and len(value) > MAX_CURSOR_LENGTH:
+        raise InvalidArgumentError("The page cursor is not one this server handed out.")
     return value
 
 
@@ -244,6 +245,7 @@ async def _merge(
     limit: int,
     descending: bool,
     visible: Callable[[T], bool],
+    cursors: CursorSeal,
 ) -> Page[T]:
     """One page over several stores: each is asked for a row more than a page, and rows past
     the nearest last key of a store that has more stay for the next page (that store may
@@ -273,16 +275,17 @@ async def _merge(
         if visible(row):
             page.append(row)
     more = seen < len(examined) or horizon is not None
-    cursor = encode_cursor(key(examined[seen - 1])) if more and seen else None
+    cursor = cursors.seal(key(examined[seen - 1])) if more and seen else None
     return Page(items=page, next_cursor=cursor)
 
 
 class Catalog:
     """The reads of the pages, over the stores of one engine's agents."""
 
-    def __init__(self, engine: Engine, policy: InboxPolicy) -> None:
+    def __init__(self, engine: Engine, policy: InboxPolicy, cursors: CursorSeal) -> None:
         self.engine = engine
         self.policy = policy
+        self.cursors = cursors
 
     # -- who sees what -------------------------------------------------------------------
 
@@ -327,7 +330,7 @@ class Catalog:
             interrupt=filters.interrupt,
             owner=filters.requester or allowed,
             created_before=now - timedelta(seconds=filters.min_age) if filters.min_age else None,
-            after=decode_cursor(filters.cursor) if filters.cursor else None,
+            after=self.cursors.open(filters.cursor) if filters.cursor else None,
             descending=filters.newest_first,
         )
 
@@ -366,6 +369,7 @@ class Catalog:
             limit=limit,
             descending=filters.newest_first,
             visible=visible,
+            cursors=self.cursors,
         )
 
     async def assignments(
@@ -403,7 +407,7 @@ class Catalog:
             interrupt=filters.interrupt,
             owner=filters.requester or allowed,
             decided_by=filters.decided_by,
-            before=decode_cursor(filters.cursor) if filters.cursor else None,
+            before=self.cursors.open(filters.cursor) if filters.cursor else None,
         )
 
         def fetcher(
@@ -423,6 +427,7 @@ class Catalog:
             limit=limit,
             descending=True,
             visible=lambda entry: self.may_decide(principal, _pending_of(entry)),
+            cursors=self.cursors,
         )
 
     # -- one approval, one turn ----------------------------------------------------------
