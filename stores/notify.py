@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from contextlib import AbstractContextManager
 from typing import Any
 
 import psycopg
@@ -18,7 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection
 
 from engine.store.relay import ChunkBroker
-from engine.store.signals import BroadcastSignal, KeyedSignals, WakeEvent
+from engine.store.signals import ChangeSubscription, ChangeSubscriptions, KeyedSignals, WakeEvent
 from stores.chunk_relay import read_chunk_payload
 
 __all__ = [
@@ -76,8 +77,8 @@ class Listener:
         self._hints: dict[str, None] = {}
         self._hints_complete = True
         self._changes = KeyedSignals()
-        # Wakes whoever waits for any turn's creation or change (the inbox UI's events).
-        self._any_change = BroadcastSignal()
+        # Tells every subscriber which turns were created or changed (the inbox UI's events).
+        self._any_change = ChangeSubscriptions()
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.connected = asyncio.Event()
@@ -89,7 +90,7 @@ class Listener:
             self._work = WakeEvent()
             self._hints, self._hints_complete = {}, False
             self._changes = KeyedSignals()
-            self._any_change = BroadcastSignal()
+            self._any_change = ChangeSubscriptions()
             self.connected = asyncio.Event()
             self._task = loop.create_task(self._listen(), name="turnstile-listener")
 
@@ -122,12 +123,12 @@ class Listener:
         async for note in connection.notifies():
             if note.channel == WORK_CHANNEL:
                 self._hint(note.payload)
-                self._any_change.fire()
+                self._any_change.fire(note.payload)
             elif note.channel == CHUNK_CHANNEL:
                 self._relay(note.payload)
             else:
                 self._changes.fire(note.payload)
-                self._any_change.fire()
+                self._any_change.fire(note.payload)
         raise psycopg.OperationalError("the LISTEN connection was closed")
 
     def _hint(self, turn_id: str) -> None:
@@ -167,7 +168,7 @@ class Listener:
         self._hints_complete = False
         self._work.set()
         self._changes.fire_all()
-        self._any_change.fire()
+        self._any_change.fire(None)
 
     async def wait_for_work(self, timeout: float) -> None:
         """Until a work notification arrives, or ``timeout``."""
@@ -180,11 +181,11 @@ class Listener:
         self._ensure_started()
         await self._changes.wait(turn_id, timeout)
 
-    async def wait_for_any_change(self, timeout: float) -> bool:
-        """Until a work or change notification for any turn arrives (``True``), or
-        ``timeout`` (``False``)."""
+    def watch_changes(self) -> AbstractContextManager[ChangeSubscription]:
+        """A subscription to the ids of turns announced on the work and change channels
+        (everything, after a reconnect); starts listening if needed."""
         self._ensure_started()
-        return await self._any_change.wait(timeout)
+        return self._any_change.subscribe()
 
     async def close(self) -> None:
         """Stop listening."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 import sqlalchemy as sa
@@ -30,6 +31,7 @@ from engine.store import (
 )
 from engine.store.relay import ChunkSubscription
 from engine.store.rules import check_answers, check_transition
+from engine.store.signals import ChangeSubscription
 from stores import fenced as fenced_sql
 from stores import snapshots as snapshot_sql
 from stores import turn_claims as claim_sql
@@ -180,9 +182,9 @@ class PostgresSessionStore(SqlSessionStore):
     #: Every process's changes arrive by NOTIFY (see :class:`engine.store.ChangeFeed`).
     live_changes = True
 
-    async def wait_for_any_change(self, timeout: float) -> bool:
-        """See :meth:`engine.store.ChangeFeed.wait_for_any_change`."""
-        return await self._listener.wait_for_any_change(timeout)
+    def watch_changes(self) -> AbstractContextManager[ChangeSubscription]:
+        """See :meth:`engine.store.ChangeFeed.watch_changes`."""
+        return self._listener.watch_changes()
 
     async def publish_chunk(self, turn_id: str, chunk: dict[str, Any]) -> None:
         """See :meth:`engine.store.SessionStore.publish_chunk`.

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -52,6 +52,7 @@ from engine.store import (
 )
 from engine.store.relay import ChunkBroker, ChunkSubscription
 from engine.store.rules import abort_target
+from engine.store.signals import ChangeSubscription
 from stores import admission as admission_sql
 from stores import approvals as approval_sql
 from stores import assignments as assignment_sql
@@ -495,11 +496,11 @@ class SqlSessionStore:
 
     # -- the change feed: each dialect's store says how it hears changes ------------------
 
-    #: Whether :meth:`wait_for_any_change` hears the changes of every process.
+    #: Whether :meth:`watch_changes` hears the changes of every process.
     live_changes: bool
 
-    async def wait_for_any_change(self, timeout: float) -> bool:
-        """See :meth:`engine.store.ChangeFeed.wait_for_any_change` (each dialect's store
+    def watch_changes(self) -> AbstractContextManager[ChangeSubscription]:
+        """See :meth:`engine.store.ChangeFeed.watch_changes` (each dialect's store
         implements it)."""
         raise NotImplementedError
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 import sqlalchemy as sa
@@ -27,6 +28,7 @@ from engine.store import (
     TurnRecord,
 )
 from engine.store.rules import check_answers, claim_after
+from engine.store.signals import ChangeSubscription, ChangeSubscriptions
 from stores import messages as message_sql
 from stores import snapshots as snapshot_sql
 from stores import tool_calls as call_sql
@@ -141,11 +143,10 @@ class SqliteSessionStore(SqlSessionStore):
     #: No notifications: other processes' changes are only seen by polling.
     live_changes = False
 
-    async def wait_for_any_change(self, timeout: float) -> bool:
-        """See :meth:`engine.store.ChangeFeed.wait_for_any_change` (a sleep: SQLite
-        cannot announce changes, so callers poll)."""
-        await asyncio.sleep(timeout)
-        return False
+    def watch_changes(self) -> AbstractContextManager[ChangeSubscription]:
+        """See :meth:`engine.store.ChangeFeed.watch_changes`: a subscription that hears
+        nothing (SQLite cannot announce changes, so callers poll)."""
+        return ChangeSubscriptions().subscribe()
 
     async def publish_chunk(self, turn_id: str, chunk: dict[str, Any]) -> None:
         """See :meth:`engine.store.SessionStore.publish_chunk`: only subscribers in this

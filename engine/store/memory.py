@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import copy
 from collections.abc import AsyncIterator, Collection, Sequence
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -67,7 +67,12 @@ from engine.store.rules import (
     claim_after,
     transition_changes,
 )
-from engine.store.signals import BroadcastSignal, KeyedSignals, WakeEvent
+from engine.store.signals import (
+    ChangeSubscription,
+    ChangeSubscriptions,
+    KeyedSignals,
+    WakeEvent,
+)
 
 __all__ = ["InMemorySessionStore", "list_events"]
 
@@ -93,7 +98,7 @@ class InMemorySessionStore:
 
     def __init__(self) -> None:
         super().__init__()
-        self._any_change = BroadcastSignal()
+        self._any_change = ChangeSubscriptions()
         # Sticky: a wake-up that fires between a worker's empty claim and its wait is kept.
         self._work = WakeEvent()
         self._changes = KeyedSignals()
@@ -185,7 +190,7 @@ class InMemorySessionStore:
                 round=0, messages=[m.copy_deep() for m in turn.initial_messages], committed=True
             )
         self._work.set()
-        self._any_change.fire()
+        self._any_change.fire(turn.id)
         self._events[turn.id] = [
             TurnEvent(
                 turn_id=turn.id,
@@ -333,7 +338,7 @@ class InMemorySessionStore:
         moved = turn.model_copy(update=transition_changes(change, turn.lease_token, now))
         self._turns[turn_id] = moved
         self._changes.fire(turn_id)
-        self._any_change.fire()
+        self._any_change.fire(turn_id)
         if change.new is TurnStatus.PENDING:
             self._work.set()
         self._events[turn_id].append(
@@ -636,7 +641,7 @@ class InMemorySessionStore:
             self._calls[turn_id][(round, ref)] = decided
         elif change.vote is not None:
             # No turn changed status: open inbox pages still re-read the vote count.
-            self._any_change.fire()
+            self._any_change.fire(turn_id)
         return VoteOutcome(
             votes=[v.model_copy() for v in votes],
             decided=decided.model_copy(deep=True) if decided is not None else None,
@@ -672,7 +677,7 @@ class InMemorySessionStore:
             self._assignments.setdefault(key, current)
             return None
         self._assignments[key] = changed
-        self._any_change.fire()
+        self._any_change.fire(turn_id)
         return changed.model_copy()
 
     async def list_due_approvals(self, query: DueQuery) -> list[PendingApproval]:
@@ -722,9 +727,9 @@ class InMemorySessionStore:
             for event in self._events.get(turn_id, [])
         ]
 
-    async def wait_for_any_change(self, timeout: float) -> bool:
-        """See :meth:`engine.store.ChangeFeed.wait_for_any_change`."""
-        return await self._any_change.wait(timeout)
+    def watch_changes(self) -> AbstractContextManager[ChangeSubscription]:
+        """See :meth:`engine.store.ChangeFeed.watch_changes`."""
+        return self._any_change.subscribe()
 
     @contextlib.asynccontextmanager
     async def try_cluster_lock(self, name: str) -> AsyncIterator[bool]:

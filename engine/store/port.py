@@ -10,7 +10,7 @@ the contract suite in ``tests/integration/test_store_*.py`` runs unchanged again
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
@@ -42,6 +42,7 @@ from engine.store.records import (
     VoteOutcome,
 )
 from engine.store.relay import ChunkSubscription
+from engine.store.signals import ChangeSubscription
 
 #: What to write on an open approval, given it as its store read it under its lock; raises a
 #: typed error (nothing written) to refuse the change.
@@ -343,17 +344,17 @@ class ApprovalHistory(Protocol):
 
 
 class ChangeFeed(Protocol):
-    """Waking a waiter when any turn may have changed."""
+    """Telling a subscriber which turns may have changed."""
 
     @property
     def live_changes(self) -> bool:
-        """Whether :meth:`wait_for_any_change` hears changes made by every process (else it
-        only sleeps, and callers should poll instead)."""
+        """Whether :meth:`watch_changes` hears changes made by every process (else it hears
+        nothing, and callers should poll instead)."""
         ...
 
-    async def wait_for_any_change(self, timeout: float) -> bool:
-        """Return ``True`` when any turn may have been created or changed, ``False`` after
-        ``timeout`` seconds without. A hint only: callers re-read what they show."""
+    def watch_changes(self) -> AbstractContextManager[ChangeSubscription]:
+        """A subscription to the ids of turns created or changed (a status, a vote, an
+        assignment) while the block runs. Hints only: callers re-read what they show."""
         ...
 
 

@@ -8,9 +8,19 @@ costs a fraction of that.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
-__all__ = ["AbortSignal", "BroadcastSignal", "KeyedSignals", "WakeEvent"]
+__all__ = [
+    "AbortSignal",
+    "BroadcastSignal",
+    "ChangeSubscription",
+    "ChangeSubscriptions",
+    "KeyedSignals",
+    "TurnChanges",
+    "WakeEvent",
+]
 
 
 class AbortSignal:
@@ -149,3 +159,82 @@ class WakeEvent:
 def _release(waiter: asyncio.Future[bool], fired: bool) -> None:
     if not waiter.done():
         waiter.set_result(fired)
+
+
+#: Turn ids a subscription gathers before it just says "everything may have changed".
+MAX_GATHERED_CHANGES = 1_000
+
+
+@dataclass(frozen=True)
+class TurnChanges:
+    """What a change subscription heard since it was last asked: the ids of the turns
+    announced, or ``everything`` when announcements may have been lost (a reconnect) or were
+    too many to keep, so that any turn may have changed."""
+
+    turn_ids: frozenset[str] = frozenset()
+    everything: bool = False
+
+    def __bool__(self) -> bool:
+        return self.everything or bool(self.turn_ids)
+
+    def __or__(self, other: TurnChanges) -> TurnChanges:
+        everything = self.everything or other.everything
+        return TurnChanges(
+            frozenset() if everything else self.turn_ids | other.turn_ids, everything
+        )
+
+
+class ChangeSubscription:
+    """The turn changes announced to one subscriber (an open page's event stream), gathered
+    between its reads so that none is missed while it acts on the previous ones."""
+
+    def __init__(self) -> None:
+        self._turn_ids: set[str] = set()
+        self._everything = False
+        self._heard = asyncio.Event()
+
+    def add(self, turn_id: str | None) -> None:
+        """Note a change of ``turn_id`` (``None``: any turn may have changed)."""
+        if turn_id is None or len(self._turn_ids) >= MAX_GATHERED_CHANGES:
+            self._everything = True
+            self._turn_ids.clear()
+        elif not self._everything:
+            self._turn_ids.add(turn_id)
+        self._heard.set()
+
+    async def next(self, timeout: float) -> TurnChanges:
+        """The changes heard since the previous call, waiting up to ``timeout`` seconds for
+        the first (empty: none came)."""
+        if not self._heard.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._heard.wait(), timeout)
+        return self.take()
+
+    def take(self) -> TurnChanges:
+        """The changes heard since the previous call, without waiting."""
+        changes = TurnChanges(frozenset(self._turn_ids), self._everything)
+        self._turn_ids, self._everything = set(), False
+        self._heard.clear()
+        return changes
+
+
+class ChangeSubscriptions:
+    """Hands every announced turn change to each current subscriber."""
+
+    def __init__(self) -> None:
+        self._subscriptions: set[ChangeSubscription] = set()
+
+    def fire(self, turn_id: str | None) -> None:
+        """Announce a change of ``turn_id`` (``None``: any turn may have changed)."""
+        for subscription in self._subscriptions:
+            subscription.add(turn_id)
+
+    @contextlib.contextmanager
+    def subscribe(self) -> Iterator[ChangeSubscription]:
+        """A subscription for as long as the block runs."""
+        subscription = ChangeSubscription()
+        self._subscriptions.add(subscription)
+        try:
+            yield subscription
+        finally:
+            self._subscriptions.discard(subscription)

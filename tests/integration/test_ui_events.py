@@ -6,6 +6,7 @@ and a browser that is not signed in gets 401."""
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator
 
 import httpx
@@ -163,3 +164,42 @@ async def test_a_vote_or_a_claim_is_announced_on_the_stream(
             assert await asyncio.wait_for(events.get(), 5) == "change"
         finally:
             reader.cancel()
+
+
+async def test_a_stream_hears_only_of_turns_its_viewer_may_see(
+    notifying_store: SessionStore,
+) -> None:
+    """Under the default policy (a principal sees the turns of their own sessions), Bob's
+    stream stays silent while Alice's transfer runs and pauses, and announces Bob's own."""
+    tokens = {"tok-alice": Principal("alice"), "tok-bob": Principal("bob")}
+    app = build(store=notifying_store, state_keys=TEST_STATE_KEYS, execution="inline")
+    asgi = create_app(app.ai, auth=BearerTokenAuth(tokens), ui_settings=SETTINGS)
+    events: asyncio.Queue[str] = asyncio.Queue()
+    async with (
+        serve_in_loop(asgi) as base,
+        httpx.AsyncClient(base_url=base, timeout=30) as browser,
+        httpx.AsyncClient(base_url=base, timeout=30) as api,
+    ):
+        login = await browser.get("/ui/login")
+        csrf = re.search(r'name="csrf_token" value="([^"]+)"', login.text)
+        assert csrf is not None
+        signed = await browser.post("/ui/login", data={"csrf_token": csrf[1], "token": "tok-bob"})
+        assert signed.status_code == 303
+        async with browser.stream("GET", "/ui/events") as stream:
+            reader = asyncio.create_task(read_events(stream, events))
+            try:
+                assert await asyncio.wait_for(events.get(), 5) == "ready"
+                await settle(events)
+                for who in ("alice", "bob"):
+                    paused = await api.post(
+                        "/api/bankingAgent",
+                        json={"data": {"message": Message.user("transfer $7 to x").to_wire()}},
+                        headers={"authorization": f"Bearer tok-{who}"},
+                    )
+                    assert paused.json()["result"]["finishReason"] == "interrupted", paused.text
+                    if who == "alice":
+                        with pytest.raises(TimeoutError):
+                            await asyncio.wait_for(events.get(), 1.5)
+                assert await asyncio.wait_for(events.get(), 5) == "change"
+            finally:
+                reader.cancel()

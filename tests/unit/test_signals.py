@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import asyncio
 
-from engine.store.signals import AbortSignal, BroadcastSignal, KeyedSignals, WakeEvent
+from engine.store.signals import (
+    MAX_GATHERED_CHANGES,
+    AbortSignal,
+    BroadcastSignal,
+    ChangeSubscriptions,
+    KeyedSignals,
+    TurnChanges,
+    WakeEvent,
+)
 
 
 async def test_a_fire_wakes_every_current_waiter_and_not_later_ones() -> None:
@@ -99,3 +107,40 @@ def test_an_abort_signal_calls_each_listener_once_and_late_ones_at_once() -> Non
     signal.add_listener(lambda: calls.append("late"))
     assert calls == ["early", "late"]
     signal.remove_listener(removed)  # not there any more: no error
+
+
+async def test_a_subscription_gathers_the_turns_announced_between_its_reads() -> None:
+    """Changes announced while the subscriber is busy are kept for its next read, each turn
+    once; a read with nothing heard waits out its timeout and comes back empty."""
+    feed = ChangeSubscriptions()
+    with feed.subscribe() as first, feed.subscribe() as second:
+        feed.fire("t1")
+        feed.fire("t2")
+        feed.fire("t1")
+        assert await first.next(1.0) == TurnChanges(frozenset({"t1", "t2"}))
+        assert not await first.next(0.05)
+        waiting = asyncio.create_task(first.next(5.0))
+        await asyncio.sleep(0)
+        feed.fire("t3")
+        assert await asyncio.wait_for(waiting, 1.0) == TurnChanges(frozenset({"t3"}))
+        assert second.take() == TurnChanges(frozenset({"t1", "t2", "t3"}))
+    feed.fire("t4")  # nobody subscribes any more: nothing is kept
+    assert not first.take()
+
+
+async def test_a_lost_or_overflowing_announcement_means_everything_may_have_changed() -> None:
+    """A fire without an id (a reconnect) and more ids than a subscription keeps both read
+    as "everything"; merging with everything gives everything."""
+    feed = ChangeSubscriptions()
+    with feed.subscribe() as subscription:
+        feed.fire("t1")
+        feed.fire(None)
+        assert subscription.take() == TurnChanges(everything=True)
+        for n in range(MAX_GATHERED_CHANGES + 1):
+            feed.fire(f"t{n}")
+        assert subscription.take() == TurnChanges(everything=True)
+    merged = TurnChanges(frozenset({"a"})) | TurnChanges(everything=True)
+    assert merged == TurnChanges(everything=True)
+    assert TurnChanges(frozenset({"a"})) | TurnChanges(frozenset({"b"})) == TurnChanges(
+        frozenset({"a", "b"})
+    )

@@ -1,9 +1,11 @@
 """``GET /ui/events``: server-sent events telling an open page that something changed.
 
-The stream carries no data of its own, only word: ``change`` when a turn may have been
-created or changed (the store's notifications: LISTEN/NOTIFY on PostgreSQL, in-process for
-the in-memory store), so the page re-reads what it shows through the same JSON endpoints it
-polls otherwise (and the inbox policy applies there, as always); ``signed-out`` when the
+The stream carries no data of its own, only word: ``change`` when a turn the viewer may see
+may have been created or changed (the store's notifications: LISTEN/NOTIFY on PostgreSQL,
+in-process for the in-memory store), so the page re-reads what it shows through the same
+JSON endpoints it polls otherwise (and the inbox policy applies there, as always). A viewer
+whose policy shows only their own sessions' turns hears only of those: the stream must not
+tell Bob when Alice acts; ``signed-out`` when the
 session ended (logout, revoke, idle, expiry), after which the stream closes. A comment every
 few seconds keeps proxies from closing an idle stream.
 
@@ -19,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Sequence
 
 from starlette.requests import Request
@@ -27,8 +29,11 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from engine.engine import Engine
+from engine.remote.auth import Principal
 from engine.remote.ui.kit import PageKit, Viewer
+from engine.remote.ui.queries import Catalog
 from engine.store import ChangeFeed
+from engine.store.signals import ChangeSubscription, TurnChanges
 
 __all__ = ["EventStream", "close_event_streams", "live_feeds"]
 
@@ -40,6 +45,8 @@ GATHER_SECONDS = 0.25
 MAX_STREAM_SECONDS = 600.0
 #: How often a stream looks whether the server is stopping (seconds).
 _CLOSING_CHECK_SECONDS = 1.0
+#: Turns whose owner a process remembers for its streams.
+_OWNERS_KEPT = 10_000
 #: Streams one browser session may hold open at once (a few tabs); the next get 429.
 STREAMS_PER_SESSION = 4
 #: Streams one principal may hold open at once, across all their browsers.
@@ -65,17 +72,62 @@ def live_feeds(engine: Engine) -> list[ChangeFeed]:
     return list(feeds.values())
 
 
-async def _any_change(feeds: Sequence[ChangeFeed], timeout: float) -> bool:
-    """Whether any feed announced a change within ``timeout`` seconds."""
-    if len(feeds) == 1:
-        return await feeds[0].wait_for_any_change(timeout)
-    waits = [asyncio.ensure_future(feed.wait_for_any_change(timeout)) for feed in feeds]
+async def _next_changes(subscriptions: Sequence[ChangeSubscription], timeout: float) -> TurnChanges:
+    """What any subscription heard, waiting up to ``timeout`` seconds for the first."""
+    if len(subscriptions) == 1:
+        return await subscriptions[0].next(timeout)
+    waits = [asyncio.ensure_future(sub.next(timeout)) for sub in subscriptions]
     try:
         done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        return any(task.result() for task in done)
     finally:
         for task in waits:
             task.cancel()
+    return _merged([task.result() for task in done])
+
+
+def _merged(heard: Sequence[TurnChanges]) -> TurnChanges:
+    changes = TurnChanges()
+    for more in heard:
+        changes = changes | more
+    return changes
+
+
+class _TurnOwners:
+    """Who owns the session of a turn, remembered (an owner never changes) for the most
+    recently asked turns."""
+
+    def __init__(self, catalog: Catalog) -> None:
+        self.catalog = catalog
+        self.known: OrderedDict[str, str | None] = OrderedDict()
+
+    async def owner(self, turn_id: str) -> tuple[bool, str | None]:
+        """``(found, owner)``: whether a served agent holds the turn, and its owner."""
+        if turn_id in self.known:
+            self.known.move_to_end(turn_id)
+            return True, self.known[turn_id]
+        for store, agents in self.catalog.stores():
+            turn = await store.get_turn(turn_id)
+            if turn is None or turn.agent not in agents:
+                continue
+            session = await store.get_session(turn.session_id)
+            owner = session.owner if session is not None else None
+            self.known[turn_id] = owner
+            if len(self.known) > _OWNERS_KEPT:
+                self.known.popitem(last=False)
+            return True, owner
+        return False, None
+
+    async def any_visible(self, principal: Principal | None, changes: TurnChanges) -> bool:
+        """Whether ``principal``'s pages may show one of the turns ``changes`` names."""
+        if changes.everything:
+            return True
+        if principal is not None and self.catalog.policy.owner_filter(principal) is None:
+            return True  # a policy that shows others' turns: any change may show
+        for turn_id in changes.turn_ids:
+            found, owner = await self.owner(turn_id)
+            if found and self.catalog.may_view_turn(principal, owner):
+                return True
+        return False
 
 
 class _HeldStream(StreamingResponse):
@@ -104,6 +156,7 @@ class EventStream:
         self.feeds = list(feeds)
         #: Open streams per browser session and per principal (this process's).
         self.holds: Counter[str] = Counter()
+        self.owners = _TurnOwners(kit.catalog)
 
     async def events(self, request: Request, viewer: Viewer) -> Response:
         """The event stream of ``viewer`` (204 when the stores cannot announce changes, 429
@@ -123,29 +176,23 @@ class EventStream:
     async def _stream(self, viewer: Viewer) -> AsyncIterator[str]:
         yield "retry: 2000\n\nevent: ready\ndata: {}\n\n"
         started = last_beat = time.monotonic()
-        # Armed before every event is sent, so a change arriving meanwhile is not missed.
-        waiting = asyncio.ensure_future(self._next_change())
-        try:
+        with contextlib.ExitStack() as stack:
+            # Subscribed before the first wait, and read between events, so a change arriving
+            # while an event is being sent is kept for the next.
+            heard = [stack.enter_context(feed.watch_changes()) for feed in self.feeds]
             while not _closing and time.monotonic() - started < MAX_STREAM_SECONDS:
-                done, _ = await asyncio.wait({waiting}, timeout=_CLOSING_CHECK_SECONDS)
-                if done:
-                    waiting = asyncio.ensure_future(self._next_change())
+                changes = await _next_changes(heard, _CLOSING_CHECK_SECONDS)
+                if changes:
                     await asyncio.sleep(GATHER_SECONDS)
-                    yield "event: change\ndata: {}\n\n"
+                    changes = _merged([changes, *(sub.take() for sub in heard)])
+                    if await self.owners.any_visible(viewer.principal, changes):
+                        yield "event: change\ndata: {}\n\n"
                 if time.monotonic() - last_beat >= HEARTBEAT_SECONDS:
                     last_beat = time.monotonic()
                     if not await self._still_signed_in(viewer):
                         yield "event: signed-out\ndata: {}\n\n"
                         return
                     yield ": still here\n\n"
-        finally:
-            waiting.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await waiting
-
-    async def _next_change(self) -> None:
-        while not await _any_change(self.feeds, HEARTBEAT_SECONDS):
-            pass
 
     async def _still_signed_in(self, viewer: Viewer) -> bool:
         if viewer.open_server:
