@@ -111,14 +111,8 @@ class SqlSessionStore:
 
     durable = True
 
-    def __new__(
-        cls,
-        url: str | URL | None = None,
-        *,
-        pool_size: int | None = None,
-        poll_interval: float = 0.05,
-        planner_settings: Mapping[str, str] | None = None,
-    ) -> SqlSessionStore:
+    def __new__(cls, url: str | URL | None = None, **options: object) -> SqlSessionStore:
+        # Only the URL picks the class; the options are __init__'s, which mypy checks calls against.
         if cls is SqlSessionStore:
             cls = _dialect_class(normalise_url(url or default_url()))
         return super().__new__(cls)
