@@ -17,13 +17,10 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
 from engine.errors import StaleTransitionError
-from engine.model import ModelUsage
 from engine.store import (
     InterruptAnswer,
     NewTurn,
-    RoundRecord,
     StoredSnapshot,
-    ToolCallRecord,
     Transition,
     TurnProgress,
     TurnRecord,
@@ -39,7 +36,7 @@ from stores.chunk_relay import ChunkBatcher
 from stores.notify import CHUNK_CHANNEL, Listener
 from stores.pg import PLANNER_SETTINGS, PgConnections, PgStatement
 from stores.settings import current_settings
-from stores.sql import SqlSessionStore, now_utc, round_and_transition_times
+from stores.sql import FencedWrite, SqlSessionStore, now_utc, round_and_transition_times
 
 __all__ = ["PLANNER_ENV", "PostgresSessionStore"]
 
@@ -134,25 +131,16 @@ class PostgresSessionStore(SqlSessionStore):
 
     # -- rounds and journal ------------------------------------------------------------
 
-    async def _save_fenced(
-        self,
-        turn_id: str,
-        lease_token: int,
-        *,
-        round: RoundRecord | None,
-        calls: Sequence[ToolCallRecord],
-        usage: ModelUsage | None,
-        earlier: RoundRecord | None = None,
-    ) -> None:
+    async def _save_fenced(self, write: FencedWrite) -> None:
         await fenced_sql.save_fenced(
             self._pg,
-            turn_id,
-            lease_token,
-            round=round,
-            calls=calls,
-            usage=usage,
+            write.turn_id,
+            write.lease_token,
+            round=write.round,
+            calls=write.calls,
+            usage=write.usage,
             now=now_utc(),
-            earlier=earlier,
+            earlier=write.earlier,
         )
 
     async def read_progress(self, turn_id: str) -> TurnProgress | None:

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -96,6 +97,20 @@ def round_and_transition_times() -> tuple[datetime, datetime]:
     return saved_at, max(now_utc(), saved_at + timedelta(microseconds=1))
 
 
+@dataclass(frozen=True)
+class FencedWrite:
+    """A lease holder's journal write: a round (and ``earlier``, a round the runner deferred
+    to it), journal rows and token usage, kept only while ``lease_token`` holds the running
+    turn."""
+
+    turn_id: str
+    lease_token: int
+    round: RoundRecord | None
+    calls: Sequence[ToolCallRecord]
+    usage: ModelUsage | None
+    earlier: RoundRecord | None = None
+
+
 class SqlSessionStore:
     """A :class:`~engine.store.SessionStore` in PostgreSQL or SQLite.
 
@@ -167,18 +182,9 @@ class SqlSessionStore:
         """See :meth:`engine.store.SessionStore.transition`."""
         raise NotImplementedError
 
-    async def _save_fenced(
-        self,
-        turn_id: str,
-        lease_token: int,
-        *,
-        round: RoundRecord | None,
-        calls: Sequence[ToolCallRecord],
-        usage: ModelUsage | None,
-        earlier: RoundRecord | None = None,
-    ) -> None:
-        """A lease holder's journal write: rounds, journal rows and token usage, written
-        only while ``lease_token`` holds the running turn (else the fence's error)."""
+    async def _save_fenced(self, write: FencedWrite) -> None:
+        """Save ``write`` only while its lease token holds the running turn (else raise the
+        fence's error)."""
         raise NotImplementedError
 
     async def read_progress(self, turn_id: str) -> TurnProgress | None:
@@ -307,12 +313,16 @@ class SqlSessionStore:
     ) -> None:
         """See :meth:`engine.store.SessionStore.save_round`."""
         await self._save_fenced(
-            turn_id, lease_token, round=round, calls=calls, usage=usage, earlier=earlier
+            FencedWrite(
+                turn_id, lease_token, round=round, calls=calls, usage=usage, earlier=earlier
+            )
         )
 
     async def record_call(self, turn_id: str, *, lease_token: int, call: ToolCallRecord) -> None:
         """See :meth:`engine.store.SessionStore.record_call`."""
-        await self._save_fenced(turn_id, lease_token, round=None, calls=[call], usage=None)
+        await self._save_fenced(
+            FencedWrite(turn_id, lease_token, round=None, calls=[call], usage=None)
+        )
 
     async def load_rounds(self, turn_id: str) -> list[RoundRecord]:
         """See :meth:`engine.store.SessionStore.load_rounds`."""
