@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import URL
 
 from engine.errors import StaleTransitionError
 from engine.store import (
@@ -53,26 +52,18 @@ class PostgresSessionStore(SqlSessionStore):
     """The :class:`SqlSessionStore` of a PostgreSQL database (``SqlSessionStore(url)`` makes
     it for a ``postgresql://`` URL)."""
 
-    def __init__(
-        self,
-        url: str | URL | None = None,
-        *,
-        pool_size: int | None = None,
-        poll_interval: float = 0.05,
-        planner_settings: Mapping[str, str] | None = None,
-    ) -> None:
-        if planner_settings is None:
-            planner_settings = PLANNER_SETTINGS if current_settings().pg_planner else {}
-        super().__init__(
-            url,
-            pool_size=pool_size,
-            poll_interval=poll_interval,
-            planner_settings=planner_settings,
-        )
+    #: Relayed chunks waiting to be published together (see publish_chunk).
+    relay: ChunkBatcher
+
+    def _default_planner_settings(self) -> Mapping[str, str]:
+        """:data:`~stores.pg.PLANNER_SETTINGS`, or none under ``TURNSTILE_PG_PLANNER=off``."""
+        return PLANNER_SETTINGS if current_settings().pg_planner else {}
+
+    def _start(self) -> None:
+        """Keep the hot path's async connections; make the NOTIFY listener and the chunk relay."""
         assert self.db.pg is not None, "a PostgreSQL database has async connections"
         self._pg: PgConnections = self.db.pg
         self._listener = Listener(self.db.url, self._chunks)
-        #: Relayed chunks waiting to be published together (see publish_chunk).
         self.relay = ChunkBatcher(self._notify_chunks)
 
     # -- turns -------------------------------------------------------------------------

@@ -143,7 +143,11 @@ class SqlSessionStore:
         self.db = Database(
             url or default_url(),
             pool_size=pool_size if pool_size is not None else default_pool_size(),
-            planner_settings=planner_settings,
+            planner_settings=(
+                planner_settings
+                if planner_settings is not None
+                else self._default_planner_settings()
+            ),
         )
         self.poll_interval = poll_interval
         self._chunks = ChunkBroker()
@@ -153,6 +157,17 @@ class SqlSessionStore:
         self.db.explain_error = SchemaCheck(self.db.url)
         if self.db.pg is not None:
             self.db.pg.explain_error = self.db.explain_error
+        self._start()
+
+    def _default_planner_settings(self) -> Mapping[str, str] | None:
+        """The hot path's server settings when the caller names none (only PostgreSQL's
+        store has any)."""
+        return None
+
+    def _start(self) -> None:
+        """Set up what the dialect's store keeps beside its database, once the database is
+        open (nothing by default): the last step of ``__init__``, so dialects restate none
+        of its options."""
 
     @property
     def url(self) -> URL:
