@@ -15,16 +15,12 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import URL
 
 from engine.errors import StaleTransitionError
-from engine.model import ModelUsage
 from engine.store import (
     InterruptAnswer,
     NewTurn,
-    RoundRecord,
     StoredSnapshot,
-    ToolCallRecord,
     Transition,
     TurnProgress,
     TurnRecord,
@@ -41,7 +37,7 @@ from stores.chunk_relay import ChunkBatcher
 from stores.notify import CHUNK_CHANNEL, Listener
 from stores.pg import PLANNER_SETTINGS, PgConnections, PgStatement
 from stores.settings import current_settings
-from stores.sql import SqlSessionStore, now_utc, round_and_transition_times
+from stores.sql import FencedWrite, SqlSessionStore, now_utc, round_and_transition_times
 
 __all__ = ["PLANNER_ENV", "PostgresSessionStore"]
 
@@ -58,26 +54,18 @@ class PostgresSessionStore(SqlSessionStore):
     """The :class:`SqlSessionStore` of a PostgreSQL database (``SqlSessionStore(url)`` makes
     it for a ``postgresql://`` URL)."""
 
-    def __init__(
-        self,
-        url: str | URL | None = None,
-        *,
-        pool_size: int | None = None,
-        poll_interval: float = 0.05,
-        planner_settings: Mapping[str, str] | None = None,
-    ) -> None:
-        if planner_settings is None:
-            planner_settings = PLANNER_SETTINGS if current_settings().pg_planner else {}
-        super().__init__(
-            url,
-            pool_size=pool_size,
-            poll_interval=poll_interval,
-            planner_settings=planner_settings,
-        )
+    #: Relayed chunks waiting to be published together (see publish_chunk).
+    relay: ChunkBatcher
+
+    def _default_planner_settings(self) -> Mapping[str, str]:
+        """:data:`~stores.pg.PLANNER_SETTINGS`, or none under ``TURNSTILE_PG_PLANNER=off``."""
+        return PLANNER_SETTINGS if current_settings().pg_planner else {}
+
+    def _start(self) -> None:
+        """Keep the hot path's async connections; make the NOTIFY listener and the chunk relay."""
         assert self.db.pg is not None, "a PostgreSQL database has async connections"
         self._pg: PgConnections = self.db.pg
         self._listener = Listener(self.db.url, self._chunks)
-        #: Relayed chunks waiting to be published together (see publish_chunk).
         self.relay = ChunkBatcher(self._notify_chunks)
 
     # -- turns -------------------------------------------------------------------------
@@ -136,25 +124,16 @@ class PostgresSessionStore(SqlSessionStore):
 
     # -- rounds and journal ------------------------------------------------------------
 
-    async def _save_fenced(
-        self,
-        turn_id: str,
-        lease_token: int,
-        *,
-        round: RoundRecord | None,
-        calls: Sequence[ToolCallRecord],
-        usage: ModelUsage | None,
-        earlier: RoundRecord | None = None,
-    ) -> None:
+    async def _save_fenced(self, write: FencedWrite) -> None:
         await fenced_sql.save_fenced(
             self._pg,
-            turn_id,
-            lease_token,
-            round=round,
-            calls=calls,
-            usage=usage,
+            write.turn_id,
+            write.lease_token,
+            round=write.round,
+            calls=write.calls,
+            usage=write.usage,
             now=now_utc(),
-            earlier=earlier,
+            earlier=write.earlier,
         )
 
     async def read_progress(self, turn_id: str) -> TurnProgress | None:

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -97,6 +98,20 @@ def round_and_transition_times() -> tuple[datetime, datetime]:
     return saved_at, max(now_utc(), saved_at + timedelta(microseconds=1))
 
 
+@dataclass(frozen=True)
+class FencedWrite:
+    """A lease holder's journal write: a round (and ``earlier``, a round the runner deferred
+    to it), journal rows and token usage, kept only while ``lease_token`` holds the running
+    turn."""
+
+    turn_id: str
+    lease_token: int
+    round: RoundRecord | None
+    calls: Sequence[ToolCallRecord]
+    usage: ModelUsage | None
+    earlier: RoundRecord | None = None
+
+
 class SqlSessionStore:
     """A :class:`~engine.store.SessionStore` in PostgreSQL or SQLite.
 
@@ -112,14 +127,8 @@ class SqlSessionStore:
 
     durable = True
 
-    def __new__(
-        cls,
-        url: str | URL | None = None,
-        *,
-        pool_size: int | None = None,
-        poll_interval: float = 0.05,
-        planner_settings: Mapping[str, str] | None = None,
-    ) -> SqlSessionStore:
+    def __new__(cls, url: str | URL | None = None, **options: object) -> SqlSessionStore:
+        # Only the URL picks the class; the options are __init__'s, which mypy checks calls against.
         if cls is SqlSessionStore:
             cls = _dialect_class(normalise_url(url or default_url()))
         return super().__new__(cls)
@@ -135,7 +144,11 @@ class SqlSessionStore:
         self.db = Database(
             url or default_url(),
             pool_size=pool_size if pool_size is not None else default_pool_size(),
-            planner_settings=planner_settings,
+            planner_settings=(
+                planner_settings
+                if planner_settings is not None
+                else self._default_planner_settings()
+            ),
         )
         self.poll_interval = poll_interval
         self._chunks = ChunkBroker()
@@ -145,6 +158,17 @@ class SqlSessionStore:
         self.db.explain_error = SchemaCheck(self.db.url)
         if self.db.pg is not None:
             self.db.pg.explain_error = self.db.explain_error
+        self._start()
+
+    def _default_planner_settings(self) -> Mapping[str, str] | None:
+        """The hot path's server settings when the caller names none (only PostgreSQL's
+        store has any)."""
+        return None
+
+    def _start(self) -> None:
+        """Set up what the dialect's store keeps beside its database, once the database is
+        open (nothing by default): the last step of ``__init__``, so dialects restate none
+        of its options."""
 
     @property
     def url(self) -> URL:
@@ -174,18 +198,9 @@ class SqlSessionStore:
         """See :meth:`engine.store.SessionStore.transition`."""
         raise NotImplementedError
 
-    async def _save_fenced(
-        self,
-        turn_id: str,
-        lease_token: int,
-        *,
-        round: RoundRecord | None,
-        calls: Sequence[ToolCallRecord],
-        usage: ModelUsage | None,
-        earlier: RoundRecord | None = None,
-    ) -> None:
-        """A lease holder's journal write: rounds, journal rows and token usage, written
-        only while ``lease_token`` holds the running turn (else the fence's error)."""
+    async def _save_fenced(self, write: FencedWrite) -> None:
+        """Save ``write`` only while its lease token holds the running turn (else raise the
+        fence's error)."""
         raise NotImplementedError
 
     async def read_progress(self, turn_id: str) -> TurnProgress | None:
@@ -314,12 +329,16 @@ class SqlSessionStore:
     ) -> None:
         """See :meth:`engine.store.SessionStore.save_round`."""
         await self._save_fenced(
-            turn_id, lease_token, round=round, calls=calls, usage=usage, earlier=earlier
+            FencedWrite(
+                turn_id, lease_token, round=round, calls=calls, usage=usage, earlier=earlier
+            )
         )
 
     async def record_call(self, turn_id: str, *, lease_token: int, call: ToolCallRecord) -> None:
         """See :meth:`engine.store.SessionStore.record_call`."""
-        await self._save_fenced(turn_id, lease_token, round=None, calls=[call], usage=None)
+        await self._save_fenced(
+            FencedWrite(turn_id, lease_token, round=None, calls=[call], usage=None)
+        )
 
     async def load_rounds(self, turn_id: str) -> list[RoundRecord]:
         """See :meth:`engine.store.SessionStore.load_rounds`."""

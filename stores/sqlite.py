@@ -16,13 +16,10 @@ from typing import Any
 import sqlalchemy as sa
 
 from engine.errors import InvalidArgumentError
-from engine.model import ModelUsage
 from engine.store import (
     InterruptAnswer,
     NewTurn,
-    RoundRecord,
     StoredSnapshot,
-    ToolCallRecord,
     Transition,
     TurnProgress,
     TurnRecord,
@@ -36,7 +33,7 @@ from stores import turn_claims as claim_sql
 from stores import turn_creation as creation_sql
 from stores import turns as turn_sql
 from stores.pg import StatementRefused
-from stores.sql import SqlSessionStore, now_utc, round_and_transition_times
+from stores.sql import FencedWrite, SqlSessionStore, now_utc, round_and_transition_times
 
 __all__ = ["SqliteSessionStore"]
 
@@ -93,28 +90,21 @@ class SqliteSessionStore(SqlSessionStore):
             await claim_after(self, change.then_claim)
         return moved
 
-    async def _save_fenced(
-        self,
-        turn_id: str,
-        lease_token: int,
-        *,
-        round: RoundRecord | None,
-        calls: Sequence[ToolCallRecord],
-        usage: ModelUsage | None,
-        earlier: RoundRecord | None = None,
-    ) -> None:
+    async def _save_fenced(self, write: FencedWrite) -> None:
+        turn_id = write.turn_id
+
         def save(connection: sa.Connection) -> None:
             now = now_utc()
-            if usage is not None:
+            if write.usage is not None:
                 # First, so the turn row is locked exclusively before the fence's share lock:
                 # upgrading share to exclusive could deadlock with a concurrent heartbeat.
-                turn_sql.add_usage(connection, turn_id, usage)
-            turn_sql.fence(connection, turn_id, lease_token)
-            turn_sql.set_state(connection, turn_id, [earlier, round])
-            for written in (earlier, round):
+                turn_sql.add_usage(connection, turn_id, write.usage)
+            turn_sql.fence(connection, turn_id, write.lease_token)
+            turn_sql.set_state(connection, turn_id, [write.earlier, write.round])
+            for written in (write.earlier, write.round):
                 if written is not None:
                     message_sql.save_round(connection, turn_id, written, now)
-            call_sql.upsert_calls(connection, turn_id, calls, now)
+            call_sql.upsert_calls(connection, turn_id, write.calls, now)
 
         await self._write(save)
 

@@ -302,19 +302,25 @@ class TurnEvent(BaseModel):
     note: str | None = None
 
 
-class PendingApproval(BaseModel):
-    """An unanswered, undecided interrupt of a session's latest turn (an inbox entry)."""
+class ApprovalEntry(BaseModel):
+    """What every list of approvals shows of one, open or decided: the paused call, what it
+    asked, and whose session it is."""
 
     turn_id: str
     session_id: str
     agent: str
-    #: The principal the session belongs to (``None`` for sessions created locally).
+    #: The principal the session belongs to, who asked (``None`` for local sessions).
     owner: str | None = None
     round: int
     interrupt: str
     ref: str
     input: Any = None
     metadata: Any = None
+
+
+class PendingApproval(ApprovalEntry):
+    """An unanswered, undecided interrupt of a session's latest turn (an inbox entry)."""
+
     deadline: datetime | None = None
     created_at: datetime
     #: The application version the paused turn is pinned to (``None``: created unpinned).
@@ -591,19 +597,9 @@ class DueQuery(BaseModel):
     limit: int = 100
 
 
-class DecidedApproval(BaseModel):
+class DecidedApproval(ApprovalEntry):
     """One decided interrupt, with the turn that continued from its paused turn."""
 
-    turn_id: str
-    session_id: str
-    agent: str
-    #: The principal the session belongs to, who asked (``None`` for local sessions).
-    owner: str | None = None
-    round: int
-    interrupt: str
-    ref: str
-    input: Any = None
-    metadata: Any = None
     #: ``{"respond": output}`` or ``{"restart": metadata}``, as recorded (a restart with
     #: edited arguments also holds ``"edit"``, see :attr:`edit`).
     answer: Any = None
