@@ -21,6 +21,7 @@ __all__ = [
     "InvalidArgumentError",
     "InvalidStateError",
     "LeaseLostError",
+    "NoWorkerError",
     "NotFoundError",
     "ResumeValidationError",
     "SessionBusyError",
@@ -210,6 +211,14 @@ class TurnTimeoutError(AgentError, TimeoutError):
     :class:`TimeoutError`."""
 
     default_status = "DEADLINE_EXCEEDED"
+
+
+class NoWorkerError(AgentError):
+    """No worker claimed a queued turn within the time its caller would wait
+    (``turnstile serve --worker-wait``). The turn is not failed: it stays queued, runs when a
+    worker is free, and ``snapshot_id`` names it (wait for it or abort it). ``UNAVAILABLE``."""
+
+    default_status = "UNAVAILABLE"
 
 
 class StoreError(AgentError):

@@ -101,12 +101,13 @@ def serve_process(
     db_url: str,
     *,
     app: str = "examples.banking:ai",
-    workers: int = 0,
+    workers: int | None = 0,
     args: Sequence[str] = (),
     env: dict[str, str] | None = None,
     log: Path | None = None,
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """``turnstile serve`` in its own process; yields ``(base_url, process)`` once it answers."""
+    """``turnstile serve`` in its own process; yields ``(base_url, process)`` once it answers
+    (``workers=None``: no ``--workers`` flag, the server's default)."""
     port = free_port()
     out = open(log, "wb") if log else subprocess.DEVNULL  # noqa: SIM115 - closed below
     process = subprocess.Popen(
@@ -118,8 +119,7 @@ def serve_process(
             db_url,
             "--port",
             str(port),
-            "--workers",
-            str(workers),
+            *(["--workers", str(workers)] if workers is not None else []),
             "--log-level",
             "WARNING",
             *args,

@@ -22,6 +22,7 @@ import logging
 import socket
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import uvicorn
@@ -66,12 +67,18 @@ class Readiness:
         self.timeout = timeout
         self._pool_task: asyncio.Task[Any] | None = None
         self._slots: RequestSlots | None = None
-        self._check: asyncio.Future[str | None] | None = None
+        self._check: asyncio.Future[tuple[str | None, str | None]] | None = None
+        self._worker_wait: float | None = None
         self._checked_at = -READINESS_CACHE_SECONDS
 
     def watch(self, task: asyncio.Task[Any]) -> None:
         """The task that runs the pool: the pool is ready while it runs."""
         self._pool_task = task
+
+    def watch_queue(self, worker_wait: float) -> None:
+        """Not ready while a claimable turn has waited longer than ``worker_wait`` seconds
+        for a worker: requests for new turns would only be answered 503."""
+        self._worker_wait = worker_wait
 
     def watch_requests(self, slots: RequestSlots) -> None:
         """The server's request slots: it is not ready while every one is busy (a balancer
@@ -87,9 +94,12 @@ class Readiness:
             checks["workers"] = problem or f"running ({self.pool.concurrency} slots)"
             ready = problem is None
         if self.database is not None:
-            problem = await self._database_problem()
+            problem, queue = await self._database_problem()
             checks["database"] = problem or f"at head {self.head}"
             ready = ready and problem is None
+            if self._worker_wait is not None and problem is None:
+                checks["queue"] = queue or f"no turn waits over {self._worker_wait:g}s for a worker"
+                ready = ready and queue is None
         if self._slots is not None:
             problem = self._slots.saturation()
             checks["requests"] = problem or self._slots.describe()
@@ -107,7 +117,7 @@ class Readiness:
             return "stopping"
         return None
 
-    async def _database_problem(self) -> str | None:
+    async def _database_problem(self) -> tuple[str | None, str | None]:
         """One check at a time, shared by every probe that arrives while it runs, and reused
         for :data:`READINESS_CACHE_SECONDS`; a check that outlasts ``timeout`` is a 503 (it
         goes on in its thread, and the next probe waits for it instead of starting another)."""
@@ -119,21 +129,40 @@ class Readiness:
         try:
             return await asyncio.wait_for(asyncio.shield(self._check), self.timeout)
         except TimeoutError:
-            return f"database did not answer within {self.timeout:g}s"
+            return f"database did not answer within {self.timeout:g}s", None
 
-    def _note_checked(self, _done: asyncio.Future[str | None]) -> None:
+    def _note_checked(self, _done: asyncio.Future[tuple[str | None, str | None]]) -> None:
         self._checked_at = asyncio.get_running_loop().time()
 
-    def _probe_database(self) -> str | None:
+    def _probe_database(self) -> tuple[str | None, str | None]:
+        """``(database problem, queue problem)``, ``None`` where there is none."""
         assert self.database is not None
         try:
             current = self.database.schema_revision()
+            if current != self.head:
+                state = "empty (never migrated)" if current is None else f"at revision {current}"
+                need = f"this code needs {self.head} (run: turnstile migrate)"
+                return f"database is {state}; {need}", None
+            return None, self._queue_problem()
         except Exception as exc:
             reason = " ".join(str(getattr(exc, "orig", None) or exc).split())
-            return f"database unreachable: {reason}"
-        if current != self.head:
-            state = "empty (never migrated)" if current is None else f"at revision {current}"
-            return f"database is {state}; this code needs {self.head} (run: turnstile migrate)"
+            return f"database unreachable: {reason}", None
+
+    def _queue_problem(self) -> str | None:
+        """Which agent's claimable turns have waited longer than the worker wait."""
+        if self._worker_wait is None:
+            return None
+        assert self.database is not None
+        now = datetime.now(UTC)
+        for agent, gauges in self.database.read_gauges(now).agents.items():
+            oldest = gauges.oldest_queued
+            if oldest is not None and (now - oldest).total_seconds() > self._worker_wait:
+                waited = (now - oldest).total_seconds()
+                versions = ", ".join(sorted(v or "(unpinned)" for v in gauges.queued_by_version))
+                return (
+                    f"{gauges.queued} turn(s) of {agent} wait for a worker, the oldest for "
+                    f"{waited:.0f}s; is a worker running for version {versions}?"
+                )
         return None
 
 

@@ -43,6 +43,7 @@ from engine.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
+    NoWorkerError,
     TurnFailedError,
 )
 from engine.remote.admission import Reservation, TurnAdmission
@@ -71,6 +72,7 @@ from engine.remote.wire import (
 from engine.response import AgentChunk, AgentResponse
 from engine.status import FinishReason, TurnStatus
 from engine.store import SessionStore, TurnInput, TurnRecord
+from engine.turns.waiting import never_claimed
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "create_app"]
 
@@ -100,6 +102,7 @@ def create_app(
     ui: bool = True,
     ui_settings: UiSettings | None = None,
     allowed_hosts: Sequence[str] | None = None,
+    worker_wait: float | None = None,
 ) -> Starlette:
     """An ASGI app serving ``engine``'s agents (run it with uvicorn or ``turnstile serve``).
 
@@ -118,14 +121,16 @@ def create_app(
     default any with an authenticator, and only the local names
     (:data:`~engine.remote.hosts.LOCAL_HOSTS`) without one, so a page that rebinds its name
     to this machine cannot drive an open server (:mod:`engine.remote.hosts`). The ``routes``
-    given (probes, metrics) answer any ``Host``.
+    given (probes, metrics) answer any ``Host``. ``worker_wait``: seconds a turn request
+    waits for a worker to claim its queued turn before it is answered 503 ``UNAVAILABLE``
+    (:class:`~engine.errors.NoWorkerError`; the turn stays queued); ``None``: for ever.
     """
     admission = (
         TurnAdmission(engine, max_turns_per_principal)
         if max_turns_per_principal is not None
         else None
     )
-    server = _Server(engine, auth, max_body_bytes, admission)
+    server = _Server(engine, auth, max_body_bytes, admission, worker_wait)
     ui_settings = ui_settings or UiSettings()
     # One seal for the JSON inbox and the pages, so either's cursors work on the other.
     cursors = CursorSeal(ui_settings.secret)
@@ -235,11 +240,14 @@ class _Server:
         auth: Authenticator | None,
         max_body_bytes: int,
         admission: TurnAdmission | None = None,
+        worker_wait: float | None = None,
     ) -> None:
         self.engine = engine
         self.auth = auth
         self.max_body_bytes = max_body_bytes
         self.admission = admission
+        #: Seconds a request waits for a worker to claim its queued turn (``None``: forever).
+        self.worker_wait = worker_wait
         # Turns outlive the request that started them (a client may disconnect, a detached
         # turn runs on): keep a reference so they are not garbage-collected mid-run.
         self._background: set[asyncio.Task[Any]] = set()
@@ -395,34 +403,25 @@ class _Server:
         )
         self._keep(task)
         task.add_done_callback(_log_unexpected)
+        unclaimed = asyncio.ensure_future(_unclaimed(agent, started, self.worker_wait))
         try:
-            async for chunk in _chunks_until_done(chunks, task):
+            async for chunk in _chunks_until_done(chunks, task, unclaimed):
                 yield "message", chunk
         finally:
-            # Only a streaming response is cancelled when its client disconnects.
-            if stream and not task.done():
+            # Only a streaming response is cancelled when its client disconnects (a turn no
+            # worker claimed stays queued: it is answered, not abandoned).
+            if stream and not task.done() and not unclaimed.done():
                 self._keep(asyncio.create_task(_abort_abandoned(agent, started, task)))
+            if not unclaimed.done():
+                unclaimed.cancel()
+        if unclaimed.done() and not unclaimed.cancelled() and not task.done():
+            task.cancel()  # only this request's wait: the queued turn is in the store
+            yield "error", unclaimed.result()
+            return
         while not chunks.empty():
             yield "message", chunks.get_nowait()
-        try:
-            response = task.result()
-        except TurnFailedError as failure:
-            settled = failure.response if isinstance(failure.response, AgentResponse) else None
-            if settled is None:  # pragma: no cover - run_turn always attaches the response
-                yield "error", failure
-                return
-            response = settled
-        except AgentError as refused:
-            # Refused before a turn existed (bad resume, busy, unknown snapshot): a graceful
-            # failed result, as Genkit answers; the chat keeps its snapshot and can retry.
-            yield "result", _refused(refused, agent, echo_state)
-            return
-        except Exception:
-            yield "error", AgentError("Internal error; see the server log.", status="INTERNAL")
-            return
-        for extra in _closing_chunks(response):
-            yield "message", extra
-        yield "result", response.to_wire()
+        for event in _settled_events(agent, task, echo_state):
+            yield event
 
     async def _foreign_snapshot(self, agent: Agent, request: TurnRequest) -> _Misuse | None:
         """The misuse of naming a snapshot with the id of another session (Genkit throws it:
@@ -574,19 +573,75 @@ async def _frames(events: AsyncIterator[tuple[str, Any]]) -> AsyncIterator[bytes
 
 
 async def _chunks_until_done(
-    chunks: asyncio.Queue[dict[str, Any]], task: asyncio.Task[Any]
+    chunks: asyncio.Queue[dict[str, Any]], task: asyncio.Task[Any], stop: asyncio.Future[Any]
 ) -> AsyncIterator[dict[str, Any]]:
-    """The chunks queued while ``task`` runs (the ones left after it ends are the caller's)."""
-    while not task.done():
+    """The chunks queued while ``task`` runs, until it ends or ``stop`` resolves (the ones
+    left then are the caller's)."""
+    while not task.done() and not stop.done():
         getter = asyncio.ensure_future(chunks.get())
         try:
             # The turn is not cancelled with this wait (asyncio.wait shields it).
-            await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({getter, task, stop}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             if not getter.done():
                 getter.cancel()
         if getter.done() and not getter.cancelled():
             yield getter.result()
+
+
+def _settled_events(
+    agent: Agent, task: asyncio.Task[AgentResponse], echo_state: Any
+) -> list[tuple[str, Any]]:
+    """The closing events of a request whose turn task ended: its closing chunks and result,
+    a graceful failed result for a request refused before its turn existed, or an error."""
+    try:
+        response = task.result()
+    except TurnFailedError as failure:
+        settled = failure.response if isinstance(failure.response, AgentResponse) else None
+        if settled is None:  # pragma: no cover - run_turn always attaches the response
+            return [("error", failure)]
+        response = settled
+    except AgentError as refused:
+        # Refused before a turn existed (bad resume, busy, unknown snapshot): a graceful
+        # failed result, as Genkit answers; the chat keeps its snapshot and can retry.
+        return [("result", _refused(refused, agent, echo_state))]
+    except Exception:
+        return [("error", AgentError("Internal error; see the server log.", status="INTERNAL"))]
+    return [
+        *(("message", extra) for extra in _closing_chunks(response)),
+        ("result", response.to_wire()),
+    ]
+
+
+async def _unclaimed(
+    agent: Agent,
+    started: asyncio.Future[tuple[SessionStore, TurnRecord]],
+    seconds: float | None,
+) -> NoWorkerError:
+    """The error for the request whose queued turn no worker claimed within ``seconds``;
+    never returns while one did (or when the server waits for ever, ``None``)."""
+    if seconds is None or not agent.queued:
+        await asyncio.Future()  # the turn runs in this process, or the caller waits
+    assert seconds is not None
+    store, turn = await started
+    await asyncio.sleep(seconds)
+    current = await store.get_turn(turn.id)
+    if current is None or not never_claimed(current):
+        await asyncio.Future()  # a worker has it: the request waits for its end as usual
+    logger.warning(
+        "turn %s of agent %s: no worker claimed it within %gs; answered 503, still queued",
+        turn.id,
+        agent.name,
+        seconds,
+    )
+    return NoWorkerError(
+        f"No worker claimed turn {turn.id} within {seconds:g}s. It is not failed: it stays "
+        "queued and runs when a worker serving this agent is free (fetch it later with "
+        "getSnapshot, or abort it). Is a worker running (turnstile worker, or turnstile serve "
+        "--workers N)?",
+        snapshot_id=turn.id,
+        details={"snapshotId": turn.id},
+    )
 
 
 async def _abort_abandoned(

@@ -61,6 +61,9 @@ __all__ = ["ServeFlags", "run_serve", "serve"]
 
 logger = logging.getLogger("turnstile.cli")
 
+#: Worker slots ``serve --dev`` runs in its own process unless ``--workers`` says otherwise.
+DEV_WORKERS = 2
+
 
 @dataclass(frozen=True)
 class ServeFlags:
@@ -70,7 +73,8 @@ class ServeFlags:
     db: str | None
     host: str
     port: int
-    workers: int
+    workers: int | None
+    worker_wait: float
     auth: str | None
     inbox_policy: str | None
     max_turns_per_principal: int | None
@@ -170,8 +174,16 @@ def _limit_options(function: Any) -> Any:
 @option(
     "--workers",
     type=WholeNumber(0),
-    default=0,
-    help="also run a worker pool with this many slots in this process",
+    default=None,
+    help="also run a worker pool with this many slots in this process "
+    f"[default: 0; {DEV_WORKERS} with --dev]",
+)
+@option(
+    "--worker-wait",
+    type=Seconds(),
+    default=60.0,
+    help="seconds a turn request waits for a worker to claim its turn; then 503, the turn "
+    "stays queued (0: wait for ever)",
 )
 @option("--auth", metavar="MODULE:ATTR", help="an Authenticator [default: none, an open server]")
 @option(
@@ -239,15 +251,18 @@ def run_serve(flags: ServeFlags) -> int:
     if auth is not None and not callable(auth):
         raise Refused(f"--auth {flags.auth} is not callable (an Authenticator).")
     inbox_policy = _inbox_policy(flags.inbox_policy)
+    worker_slots = embedded_slots(flags)
     pool: WorkerPool | None = None
-    if flags.workers > 0:
+    if worker_slots > 0:
         try:
-            pool = WorkerPool(app, concurrency=flags.workers)
+            pool = WorkerPool(app, concurrency=worker_slots)
         except ValueError as exc:
             raise Refused(str(exc)) from exc
     readiness, metrics = observability(app, url, pool)
-    slots = RequestSlots(limits)
-    readiness.watch_requests(slots)
+    request_slots = RequestSlots(limits)
+    readiness.watch_requests(request_slots)
+    if pool is None and flags.worker_wait and durable(app):
+        readiness.watch_queue(flags.worker_wait)
     sessions = _browser_sessions(app, url)
     asgi = create_app(
         app,
@@ -257,6 +272,7 @@ def run_serve(flags: ServeFlags) -> int:
         max_turns_per_principal=flags.max_turns_per_principal,
         max_body_bytes=flags.max_body_bytes,
         allowed_hosts=_host_names(flags.allowed_hosts),
+        worker_wait=flags.worker_wait or None,
         lifespan=_pool_lifespan(pool, readiness, sessions),
         routes=health_routes(readiness, metrics),
         middleware=[
@@ -264,7 +280,7 @@ def run_serve(flags: ServeFlags) -> int:
             # to the turn it creates (recorded only when tracing is configured).
             request_span_middleware(),
             Middleware(HttpMetrics, metrics=metrics),
-            Middleware(RequestLimits, slots=slots),
+            Middleware(RequestLimits, slots=request_slots),
             Middleware(BodyDeadline, seconds=limits.body_timeout, per_path=limits.body_deadlines),
         ],
     )
@@ -276,10 +292,10 @@ def run_serve(flags: ServeFlags) -> int:
         flags.host,
         flags.port,
         redact(url),
-        flags.workers,
+        worker_slots,
         limits.max_connections,
         limits.max_requests,
-        extra={"database": redact(url), "concurrency": flags.workers},
+        extra={"database": redact(url), "concurrency": worker_slots},
     )
     config = uvicorn.Config(
         asgi,
@@ -331,6 +347,19 @@ def _inbox_policy(spec: str | None) -> InboxPolicy | None:
         return inbox_policy_from_spec(spec)
     except ValueError as exc:
         raise Refused(f"--inbox-policy: {exc}") from exc
+
+
+def embedded_slots(flags: ServeFlags) -> int:
+    """The worker slots this server runs itself: ``--workers``, else :data:`DEV_WORKERS`
+    with ``--dev`` (a local server answers its own turns and decisions), else none."""
+    if flags.workers is not None:
+        return flags.workers
+    if flags.dev:
+        logger.info(
+            "--dev: running %d worker slots in this process (--workers 0: none)", DEV_WORKERS
+        )
+        return DEV_WORKERS
+    return 0
 
 
 def serve_limits(flags: ServeFlags) -> ConnectionLimits:
