@@ -9,7 +9,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from engine.store import PendingApproval
-from stores.database import utc
+from stores.database import record_from_row
 from stores.schema import approval_queue, sessions, turns
 
 __all__ = ["pending_approval", "select_pending"]
@@ -40,17 +40,6 @@ def select_pending(source: sa.FromClause) -> sa.Select[Any]:
 
 def pending_approval(row: sa.Row[Any]) -> PendingApproval:
     """A row of :func:`select_pending` as the engine's record."""
-    return PendingApproval(
-        turn_id=row.turn_id,
-        session_id=row.session_id,
-        agent=row.agent,
-        owner=row.owner,
-        round=row.round,
-        interrupt=row.name,
-        ref=row.ref,
-        input=row.input,
-        metadata=row.interrupt,
-        deadline=utc(row.deadline),
-        created_at=utc(row.created_at),
-        app_version=row.app_version,
-    )
+    # The queue's columns keep the journal's names: its ``name`` is the interrupt, its
+    # ``interrupt`` the interrupt's metadata.
+    return record_from_row(PendingApproval, row, interrupt=row.name, metadata=row.interrupt)

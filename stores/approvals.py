@@ -36,7 +36,7 @@ from engine.store import (
 )
 from stores.approval_rows import pending_approval, select_pending
 from stores.assignments import stored_assignment
-from stores.database import utc
+from stores.database import record_from_row
 from stores.notify import CHANGE_CHANNEL, notify
 from stores.schema import (
     approval_assignments,
@@ -173,31 +173,17 @@ def list_decisions(connection: Connection, query: DecisionQuery) -> list[Decided
     for r in rows:
         outcome = outcomes.get(r.next_turn_id)
         decided.append(
-            DecidedApproval(
-                turn_id=r.turn_id,
-                session_id=r.session_id,
-                agent=r.agent,
-                owner=r.owner,
-                round=r.round,
+            record_from_row(
+                DecidedApproval,
+                r,
                 interrupt=r.name,
-                ref=r.ref,
-                input=r.input,
                 metadata=r.interrupt,
-                answer=r.answer,
-                decided_by=r.decided_by,
-                decided_at=utc(r.decided_at),
-                created_at=utc(r.created_at),
-                next_turn_id=r.next_turn_id,
                 next_status=TurnStatus(outcome.status) if outcome is not None else None,
                 next_finish_reason=(
                     FinishReason(outcome.finish_reason)
                     if outcome is not None and outcome.finish_reason
                     else None
                 ),
-                escalated_at=utc(r.escalated_at),
-                escalated_from_group=r.escalated_from_group,
-                escalated_from_assignee=r.escalated_from_assignee,
-                escalated_to=r.escalated_to,
             )
         )
     return decided
@@ -211,18 +197,7 @@ def list_votes(connection: Connection, turn_id: str, round: int, ref: str) -> li
         .where(v.turn_id == turn_id, v.round == round, v.ref == ref)
         .order_by(v.voted_at, v.voter)
     ).all()
-    return [
-        Vote(
-            turn_id=r.turn_id,
-            round=r.round,
-            ref=r.ref,
-            voter=r.voter,
-            answer=r.answer,
-            approves=r.approves,
-            voted_at=utc(r.voted_at),
-        )
-        for r in rows
-    ]
+    return [record_from_row(Vote, r) for r in rows]
 
 
 def change_approval(

@@ -29,7 +29,7 @@ from sqlalchemy.engine import Connection
 
 from engine.store import Assignment, AssignmentChange, DueQuery, PendingApproval
 from stores.approval_rows import pending_approval, select_pending
-from stores.database import utc
+from stores.database import record_from_row
 from stores.notify import CHANGE_CHANNEL, notify
 from stores.schema import approval_assignments, approval_queue
 from stores.tool_calls import lock_open_call, refuse_not_pending
@@ -45,22 +45,7 @@ Key = tuple[str, int, str]
 
 
 def _assignment_of(row: sa.Row[Any]) -> Assignment:
-    m = row._mapping
-    return Assignment(
-        turn_id=m["turn_id"],
-        round=m["round"],
-        ref=m["ref"],
-        assignee=m["assignee"],
-        group=m["assigned_group"],
-        assigned_by=m["assigned_by"],
-        assigned_at=utc(m["assigned_at"]),
-        escalated_at=utc(m["escalated_at"]),
-        escalated_from_assignee=m["escalated_from_assignee"],
-        escalated_from_group=m["escalated_from_group"],
-        escalated_to=m["escalated_to"],
-        last_reminded_at=utc(m["last_reminded_at"]),
-        reminders=m["reminders"],
-    )
+    return record_from_row(Assignment, row, group=row.assigned_group)
 
 
 def get_assignments(connection: Connection, keys: Sequence[Key]) -> dict[Key, Assignment]:

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from urllib.parse import unquote
 
 import sqlalchemy as sa
+from pydantic import BaseModel
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 
 from engine.errors import StoreError, TurnstileError
@@ -32,6 +33,7 @@ __all__ = [
     "Database",
     "default_url",
     "normalise_url",
+    "record_from_row",
     "redact",
     "upsert_statement",
     "utc",
@@ -43,6 +45,7 @@ ENV_URL = "TURNSTILE_DATABASE_URL"
 DEFAULT_SQLITE_PATH = Path(".turnstile") / "turnstile.db"
 
 T = TypeVar("T")
+RecordT = TypeVar("RecordT", bound=BaseModel)
 
 
 def default_url() -> str:
@@ -298,6 +301,22 @@ def utc(value: Any) -> Any:
     if isinstance(value, datetime) and value.tzinfo is None:
         return value.replace(tzinfo=UTC)
     return value
+
+
+def record_from_row(
+    record: type[RecordT], row: sa.Row[Any] | Mapping[str, Any], /, **fields: Any
+) -> RecordT:
+    """``record`` built from ``row`` (SQLAlchemy's, or psycopg's as a dict): each field that
+    ``fields`` does not give takes the column of its name, timestamps marked UTC (:func:`utc`),
+    and a field with no such column keeps its default. The record's own validation turns the
+    stored text and JSON into its enums and nested models."""
+    columns = row._mapping if isinstance(row, sa.Row) else row
+    stored = {
+        name: utc(columns[name])
+        for name in record.model_fields
+        if name not in fields and name in columns
+    }
+    return record(**stored, **fields)
 
 
 def upsert_statement(

@@ -24,7 +24,7 @@ from engine.store import RoundRecord, ToolCallRecord, TurnError, TurnRecord
 from stores import messages as message_sql
 from stores import tool_calls as call_sql
 from stores import turns as turn_sql
-from stores.database import utc
+from stores.database import record_from_row, utc
 from stores.schema import ACTIVE, TIMESTAMP, approval_queue, turns
 
 __all__ = [
@@ -229,23 +229,7 @@ def list_turns(connection: Connection, query: TurnQuery) -> list[TurnRow]:
     ).all()
     waiting = _waiting(connection, [r.id for r in rows])
     return [
-        TurnRow(
-            id=r.id,
-            session_id=r.session_id,
-            seq=r.seq,
-            agent=r.agent,
-            parent_id=r.parent_id,
-            status=TurnStatus(r.status),
-            finish_reason=FinishReason(r.finish_reason) if r.finish_reason else None,
-            input_kind=str(r.input_kind),
-            attempts=r.attempts,
-            max_attempts=r.max_attempts,
-            error=TurnError.model_validate(r.error) if r.error is not None else None,
-            created_at=utc(r.created_at),
-            updated_at=utc(r.updated_at),
-            settled_at=utc(r.settled_at),
-            waiting=waiting.get(r.id, []),
-        )
+        record_from_row(TurnRow, r, input_kind=str(r.input_kind), waiting=waiting.get(r.id, []))
         for r in rows
     ]
 
@@ -264,9 +248,7 @@ def _waiting(connection: Connection, turn_ids: list[str]) -> dict[str, list[Wait
         )
         for r in rows:
             found.setdefault(r.turn_id, []).append(
-                WaitingApproval(
-                    turn_id=r.turn_id, ref=r.ref, interrupt=r.name, created_at=utc(r.created_at)
-                )
+                record_from_row(WaitingApproval, r, interrupt=r.name)
             )
     return found
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
+from sqlalchemy.schema import SchemaItem
 
 from engine.status import TurnStatus
 from engine.store import ToolCallStatus
@@ -63,6 +64,34 @@ tool_call_status = sa.Enum(
 )
 
 ACTIVE = (TurnStatus.PENDING.value, TurnStatus.ABORTING.value)
+
+
+def _partial_index(name: str, *columns: str, where: str, unique: bool = False) -> sa.Index:
+    """An index of the rows ``where`` holds for, with that condition on both databases."""
+    return sa.Index(
+        name,
+        *columns,
+        unique=unique,
+        postgresql_where=sa.text(where),
+        sqlite_where=sa.text(where),
+    )
+
+
+def _approval_key() -> tuple[SchemaItem, ...]:
+    """The key of a table about approvals: the journal row's ``(turn_id, round, ref)``, whose
+    foreign key makes retention (and any delete of a journal row) take the table's rows with
+    it."""
+    return (
+        sa.Column("turn_id", sa.Text, primary_key=True),
+        sa.Column("round", sa.Integer, primary_key=True),
+        sa.Column("ref", sa.Text, primary_key=True),
+        sa.ForeignKeyConstraint(
+            ["turn_id", "round", "ref"],
+            ["tool_calls.turn_id", "tool_calls.round", "tool_calls.ref"],
+            ondelete="CASCADE",
+        ),
+    )
+
 
 sessions = sa.Table(
     "sessions",
@@ -138,39 +167,26 @@ turns = sa.Table(
     ),
     sa.UniqueConstraint("session_id", "seq"),
     # Claiming scans only pending rows, oldest run_after first.
-    sa.Index(
-        "ix_turns_claimable",
-        "run_after",
-        "id",
-        postgresql_where=sa.text("status = 'pending'"),
-        sqlite_where=sa.text("status = 'pending'"),
-    ),
+    _partial_index("ix_turns_claimable", "run_after", "id", where="status = 'pending'"),
     # At most one running (pending/aborting) turn per session: the database enforces it.
-    sa.Index(
+    _partial_index(
         "ux_turns_one_active_per_session",
         "session_id",
+        where="status IN ('pending', 'aborting')",
         unique=True,
-        postgresql_where=sa.text("status IN ('pending', 'aborting')"),
-        sqlite_where=sa.text("status IN ('pending', 'aborting')"),
     ),
     # Aborting turns whose worker died are settled by the next claim: find them cheaply. Their
     # ids only: indexing lease_expires_at made every claim and heartbeat a non-HOT update
     # (migration 0004).
-    sa.Index(
-        "ix_turns_aborting",
-        "id",
-        postgresql_where=sa.text("status = 'aborting'"),
-        sqlite_where=sa.text("status = 'aborting'"),
-    ),
+    _partial_index("ix_turns_aborting", "id", where="status = 'aborting'"),
     sa.Index("ix_turns_parent_id", "parent_id"),
     # The queued and paused turns of one version: `turnstile turns migrate`, queue depth by
     # version.
-    sa.Index(
+    _partial_index(
         "ix_turns_version_waiting",
         "app_version",
         "agent",
-        postgresql_where=sa.text("status = 'pending' OR finish_reason = 'interrupted'"),
-        sqlite_where=sa.text("status = 'pending' OR finish_reason = 'interrupted'"),
+        where="status = 'pending' OR finish_reason = 'interrupted'",
     ),
     # PostgreSQL: fillfactor = 80 (migration 0004; SQLAlchemy's Table has no storage
     # parameters), room on each page for a lease update's new row version (a HOT update).
@@ -218,26 +234,19 @@ tool_calls = sa.Table(
         comment="What the call changed: [{customPatch: [ops]} | {artifact: {...}}], in order.",
     ),
     # Open approvals and expiry only ever look at interrupted calls.
-    sa.Index(
-        "ix_tool_calls_open",
-        "created_at",
-        postgresql_where=sa.text("status = 'interrupted'"),
-        sqlite_where=sa.text("status = 'interrupted'"),
-    ),
-    sa.Index(
+    _partial_index("ix_tool_calls_open", "created_at", where="status = 'interrupted'"),
+    _partial_index(
         "ix_tool_calls_deadline",
         "deadline",
-        postgresql_where=sa.text("status = 'interrupted' AND deadline IS NOT NULL"),
-        sqlite_where=sa.text("status = 'interrupted' AND deadline IS NOT NULL"),
+        where="status = 'interrupted' AND deadline IS NOT NULL",
     ),
     # The history of decisions (migration 0007) reads it backwards: newest decision first.
-    sa.Index(
+    _partial_index(
         "ix_tool_calls_decided",
         "decided_at",
         "turn_id",
         "ref",
-        postgresql_where=sa.text("decided_at IS NOT NULL"),
-        sqlite_where=sa.text("decided_at IS NOT NULL"),
+        where="decided_at IS NOT NULL",
     ),
     comment="The journal: one row per tool request, keyed by (turn, round, ref).",
 )
@@ -270,9 +279,7 @@ turn_events = sa.Table(
 approval_queue = sa.Table(
     "approval_queue",
     metadata,
-    sa.Column("turn_id", sa.Text, primary_key=True),
-    sa.Column("round", sa.Integer, primary_key=True),
-    sa.Column("ref", sa.Text, primary_key=True),
+    *_approval_key(),
     sa.Column("session_id", sa.Text, nullable=False, comment="The turn's session (copied)."),
     sa.Column("agent", sa.Text, nullable=False, comment="The turn's agent (copied)."),
     sa.Column("name", sa.Text, nullable=False, comment="The interrupt's name."),
@@ -285,12 +292,6 @@ approval_queue = sa.Table(
         comment="Set by an inbox decision (the inbox hides decided entries).",
     ),
     sa.Column("created_at", TIMESTAMP, nullable=False, comment="When the call was journaled."),
-    # Retention (and any delete of a journal row) takes the entry with it.
-    sa.ForeignKeyConstraint(
-        ["turn_id", "round", "ref"],
-        [tool_calls.c.turn_id, tool_calls.c.round, tool_calls.c.ref],
-        ondelete="CASCADE",
-    ),
     # The view's order and the inbox's keyset pages.
     sa.Index("ix_approval_queue_created_at", "created_at", "turn_id", "ref"),
     # A new turn deletes its session's older entries (the supersede trigger).
@@ -304,9 +305,7 @@ approval_queue = sa.Table(
 approval_votes = sa.Table(
     "approval_votes",
     metadata,
-    sa.Column("turn_id", sa.Text, primary_key=True),
-    sa.Column("round", sa.Integer, primary_key=True),
-    sa.Column("ref", sa.Text, primary_key=True),
+    *_approval_key(),
     # One vote per approver and approval: the key makes a second vote by the same approver fail.
     sa.Column("voter", sa.Text, primary_key=True, comment="The approver's principal id."),
     sa.Column("answer", JSON, comment="The vote's answer ({'respond': ...} or {'restart': ...})."),
@@ -317,12 +316,6 @@ approval_votes = sa.Table(
         comment="Counts towards the quorum; any other vote decided the approval.",
     ),
     sa.Column("voted_at", TIMESTAMP, nullable=False),
-    # Retention (and any delete of a journal row) takes the votes with it.
-    sa.ForeignKeyConstraint(
-        ["turn_id", "round", "ref"],
-        [tool_calls.c.turn_id, tool_calls.c.round, tool_calls.c.ref],
-        ondelete="CASCADE",
-    ),
     comment="Votes on approvals whose interrupt has an approval policy (migration 0006).",
 )
 
@@ -362,9 +355,7 @@ ui_login_failures = sa.Table(
 approval_assignments = sa.Table(
     "approval_assignments",
     metadata,
-    sa.Column("turn_id", sa.Text, primary_key=True),
-    sa.Column("round", sa.Integer, primary_key=True),
-    sa.Column("ref", sa.Text, primary_key=True),
+    *_approval_key(),
     sa.Column("assignee", sa.Text, comment="The principal holding the approval (claimed)."),
     sa.Column("assigned_group", sa.Text, comment="The group (role) the approval is assigned to."),
     sa.Column(
@@ -381,11 +372,5 @@ approval_assignments = sa.Table(
         comment="When the last reminder was logged (one per interval across workers).",
     ),
     sa.Column("reminders", sa.Integer, nullable=False, server_default="0"),
-    # Retention (and any delete of a journal row) takes the assignment with it.
-    sa.ForeignKeyConstraint(
-        ["turn_id", "round", "ref"],
-        [tool_calls.c.turn_id, tool_calls.c.round, tool_calls.c.ref],
-        ondelete="CASCADE",
-    ),
     comment="Assignment, escalation and reminders of approvals (migration 0010).",
 )

@@ -8,21 +8,14 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from engine.store import SessionRecord
-from stores.database import upsert_statement, utc
+from stores.database import record_from_row, upsert_statement
 from stores.schema import sessions
 
 __all__ = ["get_session", "lock_or_create_session"]
 
 
 def _record(row: sa.Row[tuple[object, ...]]) -> SessionRecord:
-    m = row._mapping
-    return SessionRecord(
-        id=m["id"],
-        agent=m["agent"],
-        owner=m["owner"],
-        created_at=utc(m["created_at"]),
-        updated_at=utc(m["updated_at"]),
-    )
+    return record_from_row(SessionRecord, row)
 
 
 def get_session(connection: Connection, session_id: str) -> SessionRecord | None:

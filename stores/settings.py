@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -60,6 +60,9 @@ DEFAULT_UI_POLL_SECONDS = 3.0
 #: The inbox's pages never poll more often than this, whatever the variable says.
 MIN_UI_POLL_SECONDS = 0.5
 
+#: What :func:`_seconds` returns for a blank value.
+_UnsetT = TypeVar("_UnsetT", float, None)
+
 
 class InvalidSettingsError(ValueError):
     """A variable holds a value its setting refuses; the message names each such variable."""
@@ -94,6 +97,21 @@ def _number(value: Any) -> float | None:
         return float(str(value))
     except ValueError:
         return None
+
+
+def _seconds(
+    value: Any, variable: str, unset: _UnsetT, accepts: Callable[[float], bool], must_be: str
+) -> float | _UnsetT:
+    """The number of seconds ``value`` holds (``unset`` when it is blank); one that is not a
+    number, or that ``accepts`` refuses, raises ``ValueError``: "``variable`` must be
+    ``must_be`` ``value``" (``must_be`` ends with the word that introduces the value)."""
+    text = _text(value)
+    if text is None:
+        return unset
+    seconds = _number(text)
+    if seconds is None or not accepts(seconds):
+        raise ValueError(f"{variable} must be {must_be} {text!r}.")
+    return seconds
 
 
 class Settings(BaseSettings):
@@ -310,39 +328,35 @@ class Settings(BaseSettings):
     @field_validator("state_max_age", "model_timeout", mode="before")
     @classmethod
     def _positive_seconds(cls, value: Any, info: ValidationInfo) -> float | None:
-        text = _text(value)
-        if text is None:
-            return None
-        seconds = _number(text)
-        if seconds is None or not seconds > 0 or math.isinf(seconds):
-            raise ValueError(
-                f"{_variable(cls, info)} must be a number of seconds > 0, not {text!r}."
-            )
-        return seconds
+        return _seconds(
+            value,
+            _variable(cls, info),
+            None,
+            lambda seconds: seconds > 0 and not math.isinf(seconds),
+            "a number of seconds > 0, not",
+        )
 
     @field_validator("unclaimed_warning", mode="before")
     @classmethod
     def _unclaimed_warning(cls, value: Any, info: ValidationInfo) -> float:
-        text = _text(value)
-        if text is None:
-            return DEFAULT_UNCLAIMED_WARNING
-        seconds = _number(text)
-        if seconds is None or not seconds >= 0 or math.isinf(seconds):
-            raise ValueError(
-                f"{_variable(cls, info)} must be a number of seconds (0 turns the warning "
-                f"off); got {text!r}."
-            )
-        return seconds
+        return _seconds(
+            value,
+            _variable(cls, info),
+            DEFAULT_UNCLAIMED_WARNING,
+            lambda seconds: seconds >= 0 and not math.isinf(seconds),
+            "a number of seconds (0 turns the warning off); got",
+        )
 
     @field_validator("ui_poll_seconds", mode="before")
     @classmethod
     def _ui_poll_seconds(cls, value: Any, info: ValidationInfo) -> float:
-        text = _text(value)
-        if text is None:
-            return DEFAULT_UI_POLL_SECONDS
-        seconds = _number(text)
-        if seconds is None:
-            raise ValueError(f"{_variable(cls, info)} must be a number of seconds, not {text!r}.")
+        seconds = _seconds(
+            value,
+            _variable(cls, info),
+            DEFAULT_UI_POLL_SECONDS,
+            lambda _: True,
+            "a number of seconds, not",
+        )
         # Faster polling would be a flood of requests, not a livelier page (nan: the floor too).
         return max(MIN_UI_POLL_SECONDS, seconds)
 

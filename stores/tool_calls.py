@@ -11,9 +11,9 @@ from sqlalchemy.engine import Connection
 
 from engine.errors import ApprovalNotPendingError
 from engine.status import FinishReason, TurnStatus
-from engine.store import InterruptAnswer, ToolCallRecord, ToolCallStatus, TurnError
+from engine.store import InterruptAnswer, ToolCallRecord, ToolCallStatus
 from engine.store.rules import check_answerable
-from stores.database import upsert_statement, utc
+from stores.database import record_from_row, upsert_statement
 from stores.schema import approval_queue, tool_calls, turns
 
 __all__ = [
@@ -55,28 +55,7 @@ def _row(turn_id: str, call: ToolCallRecord, now: datetime) -> dict[str, Any]:
 
 def record_of(row: sa.Row[tuple[object, ...]]) -> ToolCallRecord:
     """The journal record of a ``tool_calls`` row."""
-    m = row._mapping
-    return ToolCallRecord(
-        turn_id=m["turn_id"],
-        round=m["round"],
-        ref=m["ref"],
-        name=m["name"],
-        input=m["input"],
-        status=ToolCallStatus(m["status"]),
-        output=m["output"],
-        interrupt=m["interrupt"],
-        error=TurnError.model_validate(m["error"]) if m["error"] is not None else None,
-        idempotency_key=m["idempotency_key"],
-        resumed=m["resumed"],
-        answer=m["answer"],
-        decided_by=m["decided_by"],
-        decided_at=utc(m["decided_at"]),
-        started_at=utc(m["started_at"]),
-        finished_at=utc(m["finished_at"]),
-        deadline=utc(m["deadline"]),
-        created_at=utc(m["created_at"]),
-        effects=m["effects"],
-    )
+    return record_from_row(ToolCallRecord, row)
 
 
 def upsert_calls(

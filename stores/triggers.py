@@ -28,11 +28,49 @@ exactly these.
 
 from __future__ import annotations
 
+from textwrap import indent
+
 __all__ = ["definitions"]
+
+
+# -- The entries' INSERTs, the same in PostgreSQL's functions and SQLite's trigger bodies -----
+
+_INSERT_ENTRY = """INSERT INTO approval_queue (turn_id, round, ref, session_id, agent, name, input,
+                            interrupt, deadline, decided_at, created_at)"""
+
+
+def _add_call(guard: str = "") -> str:
+    """The INSERT giving the journal row ``NEW`` its entry when its turn is paused and still its
+    session's latest; ``guard`` (ending in ``AND``) is put first in its WHERE clause."""
+    return f"""{_INSERT_ENTRY}
+SELECT NEW.turn_id, NEW.round, NEW.ref, t.session_id, t.agent, NEW.name, NEW.input,
+       NEW.interrupt, NEW.deadline, NEW.decided_at, NEW.created_at
+FROM turns t
+WHERE {guard}t.id = NEW.turn_id
+  AND t.status = 'completed' AND t.finish_reason = 'interrupted'
+  AND NOT EXISTS (
+      SELECT 1 FROM turns later
+      WHERE later.session_id = t.session_id AND later.seq > t.seq)
+-- The turn's trigger may have added it already: when one statement settles the turn
+-- and writes its calls (the store's one-statement settle), both triggers fire at its
+-- end and both see the call interrupted on a paused turn.
+ON CONFLICT DO NOTHING;"""
+
+
+# The paused turn NEW's interrupted calls as entries, unless a later turn superseded it; each
+# user ends the statement (a conflict clause or a further condition).
+_ADD_TURN_CALLS = f"""{_INSERT_ENTRY}
+SELECT c.turn_id, c.round, c.ref, NEW.session_id, NEW.agent, c.name, c.input,
+       c.interrupt, c.deadline, c.decided_at, c.created_at
+FROM tool_calls c
+WHERE c.turn_id = NEW.id AND c.status = 'interrupted'
+  AND NOT EXISTS (
+      SELECT 1 FROM turns later
+      WHERE later.session_id = NEW.session_id AND later.seq > NEW.seq)"""
 
 # -- PostgreSQL: the functions first, as each trigger names the function it calls -------------
 
-_FROM_CALL = """
+_FROM_CALL = f"""
 CREATE FUNCTION approval_queue_from_call() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
   IF TG_OP = 'UPDATE' THEN
@@ -46,38 +84,17 @@ BEGIN
     WHERE turn_id = OLD.turn_id AND round = OLD.round AND ref = OLD.ref;
   END IF;
   IF NEW.status = 'interrupted' THEN
-    INSERT INTO approval_queue (turn_id, round, ref, session_id, agent, name, input,
-                                interrupt, deadline, decided_at, created_at)
-    SELECT NEW.turn_id, NEW.round, NEW.ref, t.session_id, t.agent, NEW.name, NEW.input,
-           NEW.interrupt, NEW.deadline, NEW.decided_at, NEW.created_at
-    FROM turns t
-    WHERE t.id = NEW.turn_id
-      AND t.status = 'completed' AND t.finish_reason = 'interrupted'
-      AND NOT EXISTS (
-          SELECT 1 FROM turns later
-          WHERE later.session_id = t.session_id AND later.seq > t.seq)
-    -- The turn's trigger may have added it already: when one statement settles the turn
-    -- and writes its calls (the store's one-statement settle), both triggers fire at its
-    -- end and both see the call interrupted on a paused turn.
-    ON CONFLICT DO NOTHING;
+{indent(_add_call(), "    ")}
   END IF;
   RETURN NULL;
 END
 $$"""
 
-_FROM_TURN = """
+_FROM_TURN = f"""
 CREATE FUNCTION approval_queue_from_turn() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
   IF NEW.status = 'completed' AND NEW.finish_reason = 'interrupted' THEN
-    INSERT INTO approval_queue (turn_id, round, ref, session_id, agent, name, input,
-                                interrupt, deadline, decided_at, created_at)
-    SELECT c.turn_id, c.round, c.ref, NEW.session_id, NEW.agent, c.name, c.input,
-           c.interrupt, c.deadline, c.decided_at, c.created_at
-    FROM tool_calls c
-    WHERE c.turn_id = NEW.id AND c.status = 'interrupted'
-      AND NOT EXISTS (
-          SELECT 1 FROM turns later
-          WHERE later.session_id = NEW.session_id AND later.seq > NEW.seq)
+{indent(_ADD_TURN_CALLS, "    ")}
     ON CONFLICT DO NOTHING;
   ELSE
     DELETE FROM approval_queue WHERE turn_id = OLD.id;
@@ -142,69 +159,35 @@ _POSTGRESQL = {
 
 # -- SQLite: the same rules as trigger bodies ---------------------------------------------------
 
-_SQLITE_CALL_INSERTED = """
+_SQLITE_CALL_INSERTED = f"""
 CREATE TRIGGER tool_calls_queue_insert
 AFTER INSERT ON tool_calls FOR EACH ROW WHEN NEW.status = 'interrupted'
 BEGIN
-  INSERT INTO approval_queue (turn_id, round, ref, session_id, agent, name, input,
-                              interrupt, deadline, decided_at, created_at)
-  SELECT NEW.turn_id, NEW.round, NEW.ref, t.session_id, t.agent, NEW.name, NEW.input,
-         NEW.interrupt, NEW.deadline, NEW.decided_at, NEW.created_at
-  FROM turns t
-  WHERE t.id = NEW.turn_id
-    AND t.status = 'completed' AND t.finish_reason = 'interrupted'
-    AND NOT EXISTS (
-        SELECT 1 FROM turns later
-        WHERE later.session_id = t.session_id AND later.seq > t.seq)
-  -- The turn's trigger may have added it already: when one statement settles the turn
-  -- and writes its calls (the store's one-statement settle), both triggers fire at its
-  -- end and both see the call interrupted on a paused turn.
-  ON CONFLICT DO NOTHING;
+{indent(_add_call(), "  ")}
 END"""
 
 # The entry is always removed; `NEW.status = 'interrupted'` in the WHERE clause stands for the
 # IF of PostgreSQL's function around adding it again.
-_SQLITE_CALL_UPDATED = """
+_SQLITE_CALL_UPDATED = f"""
 CREATE TRIGGER tool_calls_queue_update
 AFTER UPDATE ON tool_calls FOR EACH ROW
 WHEN OLD.status = 'interrupted' OR NEW.status = 'interrupted'
 BEGIN
   DELETE FROM approval_queue
   WHERE turn_id = OLD.turn_id AND round = OLD.round AND ref = OLD.ref;
-  INSERT INTO approval_queue (turn_id, round, ref, session_id, agent, name, input,
-                              interrupt, deadline, decided_at, created_at)
-  SELECT NEW.turn_id, NEW.round, NEW.ref, t.session_id, t.agent, NEW.name, NEW.input,
-         NEW.interrupt, NEW.deadline, NEW.decided_at, NEW.created_at
-  FROM turns t
-  WHERE NEW.status = 'interrupted' AND t.id = NEW.turn_id
-    AND t.status = 'completed' AND t.finish_reason = 'interrupted'
-    AND NOT EXISTS (
-        SELECT 1 FROM turns later
-        WHERE later.session_id = t.session_id AND later.seq > t.seq)
-  -- The turn's trigger may have added it already: when one statement settles the turn
-  -- and writes its calls (the store's one-statement settle), both triggers fire at its
-  -- end and both see the call interrupted on a paused turn.
-  ON CONFLICT DO NOTHING;
+{indent(_add_call("NEW.status = 'interrupted' AND "), "  ")}
 END"""
 
 # SQLite's `IS` is PostgreSQL's `IS NOT DISTINCT FROM`; the last condition of the INSERT makes
 # a turn that stops being paused only lose its entries.
-_SQLITE_TURN_UPDATED = """
+_SQLITE_TURN_UPDATED = f"""
 CREATE TRIGGER turns_queue_update
 AFTER UPDATE OF status, finish_reason ON turns FOR EACH ROW
 WHEN (NEW.status = 'completed' AND NEW.finish_reason IS 'interrupted')
   <> (OLD.status = 'completed' AND OLD.finish_reason IS 'interrupted')
 BEGIN
   DELETE FROM approval_queue WHERE turn_id = OLD.id;
-  INSERT INTO approval_queue (turn_id, round, ref, session_id, agent, name, input,
-                              interrupt, deadline, decided_at, created_at)
-  SELECT c.turn_id, c.round, c.ref, NEW.session_id, NEW.agent, c.name, c.input,
-         c.interrupt, c.deadline, c.decided_at, c.created_at
-  FROM tool_calls c
-  WHERE c.turn_id = NEW.id AND c.status = 'interrupted'
-    AND NOT EXISTS (
-        SELECT 1 FROM turns later
-        WHERE later.session_id = NEW.session_id AND later.seq > NEW.seq)
+{indent(_ADD_TURN_CALLS, "  ")}
     AND NEW.status = 'completed' AND NEW.finish_reason = 'interrupted';
 END"""
 

@@ -16,18 +16,16 @@ from sqlalchemy.engine import Connection
 
 from engine.errors import LeaseLostError, StaleTransitionError
 from engine.model import ModelUsage
-from engine.status import FinishReason, TurnStatus
+from engine.status import TurnStatus
 from engine.store import (
     NewTurn,
     RoundRecord,
     Transition,
-    TurnError,
     TurnEvent,
-    TurnInput,
     TurnRecord,
 )
 from engine.store.rules import LeaseState, check_lease, check_transition, transition_changes
-from stores.database import utc
+from stores.database import record_from_row
 from stores.notify import CHANGE_CHANNEL, WORK_CHANNEL
 from stores.pg import PgConnections, PgStatement
 from stores.schema import ACTIVE, turn_events, turns
@@ -48,34 +46,7 @@ __all__ = [
 
 def record(row: sa.Row[tuple[object, ...]] | Mapping[str, Any]) -> TurnRecord:
     """A :class:`TurnRecord` from a ``turns`` row (SQLAlchemy's, or psycopg's as a dict)."""
-    m = row._mapping if isinstance(row, sa.Row) else row
-    return TurnRecord(
-        id=m["id"],
-        session_id=m["session_id"],
-        agent=m["agent"],
-        parent_id=m["parent_id"],
-        status=TurnStatus(m["status"]),
-        finish_reason=FinishReason(m["finish_reason"]) if m["finish_reason"] else None,
-        input=TurnInput.model_validate(m["input"]),
-        error=TurnError.model_validate(m["error"]) if m["error"] is not None else None,
-        history_length=m["history_length"],
-        attempts=m["attempts"],
-        max_attempts=m["max_attempts"],
-        lease_token=m["lease_token"],
-        lease_owner=m["lease_owner"],
-        lease_expires_at=utc(m["lease_expires_at"]),
-        run_after=utc(m["run_after"]),
-        created_at=utc(m["created_at"]),
-        updated_at=utc(m["updated_at"]),
-        settled_at=utc(m["settled_at"]),
-        input_tokens=m["input_tokens"],
-        output_tokens=m["output_tokens"],
-        trace_context=m["trace_context"],
-        custom=m["custom"],
-        artifacts=m["artifacts"],
-        app_version=m["app_version"],
-        definition_fingerprint=m["definition_fingerprint"],
-    )
+    return record_from_row(TurnRecord, row)
 
 
 #: Built once: the most frequent read (waiters, status checks) skips statement construction.
@@ -341,19 +312,7 @@ def list_events(connection: Connection, turn_id: str) -> list[TurnEvent]:
     rows = connection.execute(
         sa.select(turn_events).where(turn_events.c.turn_id == turn_id).order_by(turn_events.c.id)
     ).all()
-    return [
-        TurnEvent(
-            turn_id=r._mapping["turn_id"],
-            from_status=TurnStatus(r._mapping["from_status"])
-            if r._mapping["from_status"]
-            else None,
-            to_status=TurnStatus(r._mapping["to_status"]),
-            attempt=r._mapping["attempt"],
-            at=utc(r._mapping["at"]),
-            note=r._mapping["note"],
-        )
-        for r in rows
-    ]
+    return [record_from_row(TurnEvent, r) for r in rows]
 
 
 def set_state(connection: Connection, turn_id: str, rounds: Sequence[RoundRecord | None]) -> None:
