@@ -12,19 +12,20 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import httpx
 
 from engine import errors
-from engine.chat import ChatAPI, ChunkSink, MessageLike
+from engine.chat import ChatAPI, ChunkSink, MessageLike, TurnCall
 from engine.conversation.parts import Message, Part
 from engine.conversation.schemas import Schema, SchemaSpec
 from engine.conversation.session_state import Artifact, SessionData, apply_patch
 from engine.errors import AgentError, InvalidArgumentError, TurnFailedError
 from engine.remote.wire import IDEMPOTENCY_HEADER
 from engine.response import AgentChunk, AgentInterrupt, AgentResponse, refused_response
-from engine.state.snapshots import SessionSnapshot, coerce_message
+from engine.state.snapshots import SessionSnapshot, coerce_message, coerce_part
 from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus
 from engine.store import AbortOutcome
 
@@ -381,17 +382,12 @@ class RemoteChat(ChatAPI):
         snapshot_id: str | None,
         state: Mapping[str, Any] | None,
     ) -> None:
+        super().__init__(session_id=session_id, snapshot_id=snapshot_id, state=state)
         self.agent = agent
-        self.session_id = session_id
-        self.snapshot_id = snapshot_id
-        self.state: dict[str, Any] | None = dict(state) if state is not None else None
-        if self.state is not None:
-            self.session_id = str(self.state.get("sessionId"))
         #: The conversation as this client knows it.
         self.messages: list[Message] = list(_state_messages(self.state))
-        #: The session's custom state and artifacts as this client knows them: from the
+        #: The session's artifacts (and ``custom``) as this client knows them: from the
         #: state blob, the snapshot, or (as Genkit's client does) the streamed patches.
-        self.custom: Any = self.state.get("custom") if self.state is not None else None
         self.artifacts: list[Artifact] = (
             SessionData.of(None, self.state.get("artifacts")).artifacts if self.state else []
         )
@@ -447,7 +443,7 @@ class RemoteChat(ChatAPI):
             data["message"] = user.to_wire()
         if resume is not None:
             data["resume"] = {
-                key: [_part(p).to_wire() for p in resume.get(key, ()) or ()]
+                key: [coerce_part(p).to_wire() for p in resume.get(key, ()) or ()]
                 for key in ("respond", "restart")
                 if resume.get(key)
             }
@@ -455,24 +451,16 @@ class RemoteChat(ChatAPI):
             data["detach"] = True
         return data, user
 
-    async def _turn(
-        self,
-        message: MessageLike | None,
-        resume: Mapping[str, Sequence[Part]] | None,
-        sink: ChunkSink | None,
-        wait: bool,
-        idempotency_key: str | None = None,
-        timeout: float | None = None,
-    ) -> AgentResponse:
-        if timeout is not None and wait:
+    async def _turn(self, call: TurnCall) -> AgentResponse:
+        if call.timeout is not None and call.wait:
             # Detached, then polled: a streaming request given up would abort its turn,
             # and an expired timeout must leave it pending (needs an agent with a store).
-            await self._turn(message, resume, None, False, idempotency_key)
-            return await self.wait(timeout=timeout)
-        data, user = self._data(message, resume, wait)
+            await self._turn(replace(call, sink=None, wait=False, timeout=None))
+            return await self.wait(timeout=call.timeout)
+        data, user = self._data(call.message, call.resume, call.wait)
         live = _PatchedState(self.custom)
         result = await self.agent.run(
-            data, self._init(), sink, idempotency_key, on_state=live.apply
+            data, self._init(), call.sink, call.idempotency_key, on_state=live.apply
         )
         history = None
         settled = (
@@ -575,7 +563,3 @@ def _state_messages(state: Mapping[str, Any] | None) -> list[Message]:
     if not state:
         return []
     return [Message.model_validate(m) for m in state.get("messages") or []]
-
-
-def _part(value: Part | Mapping[str, Any]) -> Part:
-    return value if isinstance(value, Part) else Part.model_validate(dict(value))
