@@ -24,7 +24,13 @@ from engine.conversation.schemas import Schema, SchemaSpec
 from engine.conversation.session_state import Artifact, SessionData, apply_patch
 from engine.errors import AgentError, InvalidArgumentError, TurnFailedError
 from engine.remote.wire import IDEMPOTENCY_HEADER
-from engine.response import AgentChunk, AgentInterrupt, AgentResponse, refused_response
+from engine.response import (
+    AgentChunk,
+    AgentResponse,
+    failed_turn,
+    interrupts_of,
+    refused_response,
+)
 from engine.state.snapshots import SessionSnapshot, coerce_message, coerce_part
 from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus
 from engine.store import AbortOutcome
@@ -339,32 +345,20 @@ def _response_of_snapshot(
         status=snapshot.status,
         finish_reason=snapshot.finish_reason,
         messages=messages,
-        interrupts=_interrupts(messages[-1] if messages else None, schemas),
+        interrupts=interrupts_of(messages[-1] if messages else None, schemas),
         custom=snapshot.state.custom,
         artifacts=SessionData.of(None, snapshot.state.artifacts).artifacts,
     )
     if snapshot.status is TurnStatus.FAILED:
         error = snapshot.error or {}
-        failure = TurnFailedError(
+        raise failed_turn(
+            response,
             str(error.get("message") or "The turn failed."),
             status=str(error.get("status") or "INTERNAL"),
             details=error.get("details"),
             snapshot_id=snapshot.snapshot_id,
-            response=response,
         )
-        response.error = failure
-        raise failure
     return response
-
-
-def _interrupts(message: Message | None, schemas: Mapping[str, Schema]) -> list[AgentInterrupt]:
-    if message is None or message.role != "model":
-        return []
-    return [
-        AgentInterrupt(p, schemas.get(p.tool_request.name))
-        for p in message.content
-        if p.tool_request is not None and (p.metadata or {}).get("interrupt")
-    ]
 
 
 class RemoteChat(ChatAPI):
@@ -518,7 +512,7 @@ class RemoteChat(ChatAPI):
             finish_reason=finish,
             messages=list(self.messages),
             interrupts=(
-                _interrupts(self.messages[-1] if self.messages else None, self.agent.schemas)
+                interrupts_of(self.messages[-1] if self.messages else None, self.agent.schemas)
                 if finish is FinishReason.INTERRUPTED
                 else []
             ),
@@ -528,15 +522,13 @@ class RemoteChat(ChatAPI):
         )
         if finish is FinishReason.FAILED and error_wire is not None:
             failure = _error_from(error_wire, snapshot_id=result.get("snapshotId"))
-            turn_failed = TurnFailedError(
+            raise failed_turn(
+                response,
                 failure.message,
                 status=failure.status,
                 details=failure.details,
                 snapshot_id=result.get("snapshotId"),
-                response=response,
             )
-            response.error = turn_failed
-            raise turn_failed
         return response
 
     def _follow_snapshot(self, response: AgentResponse) -> None:
