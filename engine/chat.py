@@ -9,18 +9,27 @@ from __future__ import annotations
 import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from engine.conversation.parts import Message, Part
 from engine.conversation.session_state import Artifact
 from engine.errors import SessionBusyError, TurnFailedError, TurnTimeoutError
 from engine.response import AgentChunk, AgentResponse
-from engine.state.snapshots import coerce_message
+from engine.state.snapshots import coerce_message, coerce_part
 from engine.status import TurnStatus
 from engine.store import AbortOutcome, SessionStore, TurnInput, TurnRecord
 from engine.turns.request import TurnRequest
 
-__all__ = ["END_OF_STREAM", "AgentTurn", "Chat", "ChatAPI", "ChatAgent", "MessageLike"]
+__all__ = [
+    "END_OF_STREAM",
+    "AgentTurn",
+    "Chat",
+    "ChatAPI",
+    "ChatAgent",
+    "MessageLike",
+    "TurnCall",
+]
 
 MessageLike = str | Message | Sequence[Part] | Mapping[str, Any]
 ChunkSink = Callable[[AgentChunk], Awaitable[None]]
@@ -81,13 +90,44 @@ class AgentTurn:
         return self._task.__await__()
 
 
+@dataclass(frozen=True)
+class TurnCall:
+    """One ``send`` or ``resume`` as a chat runs it: the message or the answers to the
+    paused interrupts, where chunks go (``None``: not streamed), and the call's options."""
+
+    message: MessageLike | None
+    resume: Mapping[str, Sequence[Part]] | None
+    sink: ChunkSink | None = None
+    wait: bool = True
+    idempotency_key: str | None = None
+    timeout: float | None = None
+
+
 class ChatAPI(ABC):
     """What every chat offers — a local :class:`Chat` and a remote one alike: ``send`` and
     ``resume``, their streaming forms, one turn at a time. Subclasses run one turn in
-    :meth:`_turn`."""
+    :meth:`_turn`.
 
-    snapshot_id: str | None = None
+    A chat opens on a session id, a snapshot id or a client-managed state blob (whose
+    session it then continues), or on nothing: a new session.
+    """
+
     _busy = False
+
+    def __init__(
+        self,
+        *,
+        session_id: str | None,
+        snapshot_id: str | None,
+        state: Mapping[str, Any] | None,
+    ) -> None:
+        self.session_id = session_id
+        self.snapshot_id = snapshot_id
+        self.state: dict[str, Any] | None = dict(state) if state is not None else None
+        if self.state is not None:
+            self.session_id = str(self.state.get("sessionId"))
+        #: The session's custom state as this chat knows it (the blob's, until a turn ends).
+        self.custom: Any = self.state.get("custom") if self.state is not None else None
 
     # -- sending --------------------------------------------------------------------------
 
@@ -117,7 +157,7 @@ class ChatAPI(ABC):
         same key — after a timeout or a lost answer — answers with the turn the first one
         created rather than creating a second; another request under it is refused.
         """
-        return await self._guarded(message, resume, None, wait, idempotency_key, timeout)
+        return await self._guarded(TurnCall(message, resume, None, wait, idempotency_key, timeout))
 
     def send_stream(
         self,
@@ -133,7 +173,7 @@ class ChatAPI(ABC):
 
         async def run() -> AgentResponse:
             try:
-                return await self._guarded(message, resume, sink, True, None, None)
+                return await self._guarded(TurnCall(message, resume, sink))
             finally:
                 queue.put_nowait(END_OF_STREAM)
 
@@ -162,15 +202,7 @@ class ChatAPI(ABC):
         """Streaming :meth:`resume`."""
         return self.send_stream(resume={"respond": respond, "restart": restart})
 
-    async def _guarded(
-        self,
-        message: MessageLike | None,
-        resume: Mapping[str, Sequence[Part]] | None,
-        sink: ChunkSink | None,
-        wait: bool,
-        idempotency_key: str | None,
-        timeout: float | None,
-    ) -> AgentResponse:
+    async def _guarded(self, call: TurnCall) -> AgentResponse:
         if self._busy:
             raise SessionBusyError(
                 "This chat already has a turn in flight; wait for it (or abort it) first.",
@@ -178,20 +210,12 @@ class ChatAPI(ABC):
             )
         self._busy = True
         try:
-            return await self._turn(message, resume, sink, wait, idempotency_key, timeout)
+            return await self._turn(call)
         finally:
             self._busy = False
 
     @abstractmethod
-    async def _turn(
-        self,
-        message: MessageLike | None,
-        resume: Mapping[str, Sequence[Part]] | None,
-        sink: ChunkSink | None,
-        wait: bool,
-        idempotency_key: str | None = None,
-        timeout: float | None = None,
-    ) -> AgentResponse:
+    async def _turn(self, call: TurnCall) -> AgentResponse:
         """Run one turn (the busy guard is already held)."""
 
 
@@ -212,14 +236,9 @@ class Chat(ChatAPI):
         snapshot_id: str | None = None,
         state: Mapping[str, Any] | None = None,
     ) -> None:
+        super().__init__(session_id=session_id, snapshot_id=snapshot_id, state=state)
         self.agent = agent
-        self.session_id = session_id
-        self.snapshot_id = snapshot_id
-        self.state: dict[str, Any] | None = dict(state) if state is not None else None
-        if self.state is not None:
-            self.session_id = str(self.state.get("sessionId"))
-        #: The session's custom state and artifacts as of the last settled turn.
-        self.custom: Any = self.state.get("custom") if self.state is not None else None
+        #: The session's artifacts as of the last settled turn.
         self.artifacts: list[Artifact] = []
         self._running: tuple[SessionStore, TurnRecord] | None = None
 
@@ -243,29 +262,21 @@ class Chat(ChatAPI):
     ) -> TurnInput:
         user = coerce_message(message)
         if resume is not None:
-            respond = [_as_part(p) for p in resume.get("respond", ()) or ()]
-            restart = [_as_part(p) for p in resume.get("restart", ()) or ()]
+            respond = [coerce_part(p) for p in resume.get("respond", ()) or ()]
+            restart = [coerce_part(p) for p in resume.get("restart", ()) or ()]
             return TurnInput(kind="resume", message=user, respond=respond, restart=restart)
         if user is not None:
             return TurnInput(kind="message", message=user)
         return TurnInput(kind="retry")
 
-    async def _turn(
-        self,
-        message: MessageLike | None,
-        resume: Mapping[str, Sequence[Part]] | None,
-        sink: ChunkSink | None,
-        wait: bool,
-        idempotency_key: str | None = None,
-        timeout: float | None = None,
-    ) -> AgentResponse:
+    async def _turn(self, call: TurnCall) -> AgentResponse:
         try:
             request = TurnRequest(
-                input=self._input(message, resume),
+                input=self._input(call.message, call.resume),
                 session_id=self.session_id,
                 snapshot_id=self.snapshot_id,
                 state=self.state,
-                idempotency_key=idempotency_key,
+                idempotency_key=call.idempotency_key,
             )
 
             def started(store: SessionStore, turn: TurnRecord) -> None:
@@ -274,7 +285,11 @@ class Chat(ChatAPI):
 
             try:
                 response = await self.agent.run_turn(
-                    request, on_chunk=sink, on_started=started, wait=wait, timeout=timeout
+                    request,
+                    on_chunk=call.sink,
+                    on_started=started,
+                    wait=call.wait,
+                    timeout=call.timeout,
                 )
             except TurnFailedError as failure:
                 if isinstance(failure.response, AgentResponse):
@@ -297,7 +312,3 @@ class Chat(ChatAPI):
             self.state = response.state
         else:
             self.snapshot_id = response.snapshot_id
-
-
-def _as_part(value: Part | Mapping[str, Any]) -> Part:
-    return value if isinstance(value, Part) else Part.model_validate(dict(value))

@@ -65,13 +65,14 @@ class AgentError(TurnstileError):
         status: str | None = None,
         details: Any = None,
         snapshot_id: str | None = None,
+        response: Any = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.status = status or self.default_status
         self.details = details
         self.snapshot_id = snapshot_id
-        self.response: Any = None
+        self.response = response
 
     def to_wire(self) -> dict[str, Any]:
         """The ``{status, message, details?}`` object Genkit puts in ``AgentOutput.error``."""
@@ -190,18 +191,6 @@ class TurnFailedError(AgentError):
     ``response`` is the :class:`~engine.chat.AgentResponse` of the settled turn, so callers can
     still read its conversation; ``chat.send()`` with no arguments retries from it.
     """
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        status: str | None = None,
-        details: Any = None,
-        snapshot_id: str | None = None,
-        response: Any = None,
-    ) -> None:
-        super().__init__(message, status=status, details=details, snapshot_id=snapshot_id)
-        self.response = response
 
 
 class TurnTimeoutError(AgentError, TimeoutError):

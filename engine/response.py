@@ -18,6 +18,8 @@ __all__ = [
     "AgentInterrupt",
     "AgentResponse",
     "ChunkEmitter",
+    "failed_turn",
+    "interrupts_of",
     "refused_response",
     "settled_response",
 ]
@@ -211,16 +213,31 @@ def settled_response(
     )
     if turn.status is TurnStatus.FAILED:
         error = turn.error
-        failure = TurnFailedError(
+        raise failed_turn(
+            response,
             error.message if error else "The turn failed.",
             status=error.status if error else "INTERNAL",
             details=error.details if error else None,
             snapshot_id=turn.id,
-            response=response,
         )
-        response.error = failure
-        raise failure
     return response
+
+
+def failed_turn(
+    response: AgentResponse,
+    message: str,
+    *,
+    status: str,
+    details: Any,
+    snapshot_id: str | None,
+) -> TurnFailedError:
+    """The :class:`TurnFailedError` of a turn that settled ``failed`` with ``response``,
+    set as that response's ``error`` (each names the other, as for a refusal)."""
+    failure = TurnFailedError(
+        message, status=status, details=details, snapshot_id=snapshot_id, response=response
+    )
+    response.error = failure
+    return failure
 
 
 def refused_response(error: AgentError, *, session_id: str | None) -> AgentResponse:

@@ -97,17 +97,21 @@ class Part(_Wire):
         cls, name: str, ref: str | None, input: Any, metadata: dict[str, Any] | None = None
     ) -> Part:
         """A ``toolRequest`` part (``metadata`` only set when given)."""
-        part = cls(tool_request=ToolRequest(name=name, ref=ref, input=input))
-        if metadata is not None:
-            part.metadata = metadata
-        return part
+        return cls._carrying(metadata, tool_request=ToolRequest(name=name, ref=ref, input=input))
 
     @classmethod
     def of_response(
         cls, name: str, ref: str | None, output: Any, metadata: dict[str, Any] | None = None
     ) -> Part:
         """A ``toolResponse`` part (``metadata`` only set when given)."""
-        part = cls(tool_response=ToolResponse(name=name, ref=ref, output=output))
+        return cls._carrying(
+            metadata, tool_response=ToolResponse(name=name, ref=ref, output=output)
+        )
+
+    @classmethod
+    def _carrying(cls, metadata: dict[str, Any] | None, **payload: Any) -> Part:
+        part = cls(**payload)
+        # Set only when given: an unset key stays off the wire, a set ``None`` would not.
         if metadata is not None:
             part.metadata = metadata
         return part

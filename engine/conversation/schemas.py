@@ -22,6 +22,14 @@ class SchemaViolation(ValueError):
     """A value does not match its schema; the message says where and why."""
 
 
+def _violation(exc: ValidationError) -> SchemaViolation:
+    """Pydantic's errors as one :class:`SchemaViolation`: ``where: why`` per problem."""
+    problems = "; ".join(
+        f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}" for err in exc.errors()
+    )
+    return SchemaViolation(problems)
+
+
 def to_jsonable(value: Any) -> Any:
     """Turn pydantic instances (anywhere inside ``value``) into plain JSON data."""
     if isinstance(value, BaseModel):
@@ -87,11 +95,7 @@ class Schema:
         try:
             return self.spec.model_validate(to_jsonable(value))
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}"
-                for err in exc.errors()
-            )
-            raise SchemaViolation(problems) from exc
+            raise _violation(exc) from exc
 
     def check_json(self, value: Any) -> None:
         """Validate JSON data *as the JSON it is*: strictly, with no coercion.
@@ -107,11 +111,7 @@ class Schema:
             try:
                 spec.model_validate_json(json.dumps(to_jsonable(value)), strict=True)
             except ValidationError as exc:
-                problems = "; ".join(
-                    f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}"
-                    for err in exc.errors()
-                )
-                raise SchemaViolation(problems) from exc
+                raise _violation(exc) from exc
 
     def dump(self, value: Any) -> Any:
         """Validate and return plain JSON data (what is stored and sent on the wire)."""

@@ -31,27 +31,24 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
 from engine.conversation.parts import MALFORMED_INPUT, Message, Part
 from engine.model import ChunkSink, ModelRequest, ModelResponse, ModelUsage, ToolSpec
 from engine.models.common import (
     EMPTY_OBJECT_SCHEMA,
     GENKIT_CONFIG_KEYS,
     ProviderModel,
+    finish_reason,
     import_sdk,
     is_tool_error,
     json_text,
     provider_config,
     request_part,
+    streamed_response,
     tool_description,
 )
-from engine.models.errors import ProviderFailure, classify, provider_message
 from engine.status import FinishReason
 
 __all__ = ["AnthropicModel", "tool_use_id"]
-
-PROVIDER = "Anthropic"
 
 #: The API requires max_tokens; a generous default that callers override with config.
 DEFAULT_MAX_TOKENS = 4096
@@ -64,13 +61,6 @@ _FINISH = {
     "refusal": FinishReason.BLOCKED,
     "pause_turn": FinishReason.OTHER,
 }
-
-
-def _finish(stop: str | None) -> FinishReason:
-    """Our finish reason for the provider's stop reason (``unknown`` when it gave none)."""
-    if not stop:
-        return FinishReason.UNKNOWN
-    return _FINISH.get(stop, FinishReason.OTHER)
 
 
 _NAMES = {**GENKIT_CONFIG_KEYS, "stopSequences": "stop_sequences"}
@@ -106,6 +96,7 @@ class AnthropicModel(ProviderModel):
     """
 
     provider = "anthropic"
+    provider_label = "Anthropic"
     sdk_error = "AnthropicError"
 
     def __init__(
@@ -198,37 +189,13 @@ class AnthropicModel(ProviderModel):
                     if event.usage.output_tokens is not None:
                         output_tokens = event.usage.output_tokens
                     input_tokens = _input_tokens(event.usage) or input_tokens
-        content: list[Part] = []
         text = "".join("".join(b.text) for _, b in sorted(blocks.items()) if b.kind == "text")
-        if text:
-            content.append(Part.of_text(text))
         requests = [_request_of(b) for _, b in sorted(blocks.items()) if b.kind == "tool_use"]
-        if requests:
-            await on_chunk([p.model_copy(deep=True) for p in requests])
-        content.extend(requests)
         usage = None
         if input_tokens is not None or output_tokens is not None:
             usage = ModelUsage(input_tokens=input_tokens, output_tokens=output_tokens)
-        return ModelResponse(
-            message=Message(role="model", content=content),
-            finish_reason=_finish(stop),
-            usage=usage,
-        )
-
-    def _classify(self, exc: Exception) -> Exception:
-        sdk = self._sdk
-        fallback = str(exc) or type(exc).__name__
-        if isinstance(exc, sdk.APITimeoutError | httpx.TimeoutException):
-            return classify(ProviderFailure(PROVIDER, fallback, timeout=True))
-        if isinstance(exc, sdk.APIConnectionError | httpx.TransportError):
-            return classify(ProviderFailure(PROVIDER, fallback, connection=True))
-        message, kind, code = provider_message(
-            getattr(exc, "body", None), getattr(exc, "message", fallback)
-        )
-        status = exc.status_code if isinstance(exc, sdk.APIStatusError) else None
-        return classify(
-            ProviderFailure(PROVIDER, message, http_status=status, error_type=kind, code=code)
-        )
+        finished = finish_reason(_FINISH, stop)
+        return await streamed_response(text, requests, on_chunk, finished, usage)
 
 
 # -- mapping helpers ----------------------------------------------------------------------
@@ -317,7 +284,7 @@ def _response(message: Any) -> ModelResponse:
     usage = message.usage
     return ModelResponse(
         message=Message(role="model", content=content),
-        finish_reason=_finish(stop),
+        finish_reason=finish_reason(_FINISH, stop),
         usage=ModelUsage(
             input_tokens=_input_tokens(usage), output_tokens=getattr(usage, "output_tokens", None)
         )

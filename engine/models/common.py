@@ -1,5 +1,6 @@
 """Pieces both provider adapters share: the call itself (:class:`ProviderModel`), loading the
-optional SDK, tool arguments, tool descriptions, request config."""
+optional SDK, tool arguments, tool descriptions, request config, finish reasons and the
+response a stream builds."""
 
 from __future__ import annotations
 
@@ -11,19 +12,23 @@ from typing import Any, ClassVar
 
 import httpx
 
-from engine.conversation.parts import MALFORMED_INPUT, TOOL_ERROR, Part
-from engine.model import ChunkSink, ModelRequest, ModelResponse, ToolSpec
+from engine.conversation.parts import MALFORMED_INPUT, TOOL_ERROR, Message, Part
+from engine.model import ChunkSink, ModelRequest, ModelResponse, ModelUsage, ToolSpec
+from engine.models.errors import ProviderFailure, classify, provider_message
+from engine.status import FinishReason
 
 __all__ = [
     "EMPTY_OBJECT_SCHEMA",
     "GENKIT_CONFIG_KEYS",
     "ProviderModel",
     "arguments_text",
+    "finish_reason",
     "import_sdk",
     "is_tool_error",
     "json_text",
     "provider_config",
     "request_part",
+    "streamed_response",
     "tool_description",
 ]
 
@@ -106,6 +111,33 @@ def provider_config(
     return merged
 
 
+def finish_reason(reasons: Mapping[str, FinishReason], reason: str | None) -> FinishReason:
+    """Our finish reason for the provider's ``reason``, as its table ``reasons`` maps it
+    (``unknown`` when it gave none, ``other`` for one the table does not know)."""
+    if not reason:
+        return FinishReason.UNKNOWN
+    return reasons.get(reason, FinishReason.OTHER)
+
+
+async def streamed_response(
+    text: str,
+    requests: list[Part],
+    on_chunk: ChunkSink,
+    finish: FinishReason,
+    usage: ModelUsage | None,
+) -> ModelResponse:
+    """The response a stream built: its ``text`` (already sent to ``on_chunk`` delta by
+    delta), then the tool ``requests``, which are complete only now and go to ``on_chunk``
+    as one chunk."""
+    if requests:
+        await on_chunk([p.model_copy(deep=True) for p in requests])
+    content = [Part.of_text(text)] if text else []
+    content.extend(requests)
+    return ModelResponse(
+        message=Message(role="model", content=content), finish_reason=finish, usage=usage
+    )
+
+
 def import_sdk(module: str, adapter: str) -> Any:
     """The provider SDK ``module``, or an ImportError naming the extra that installs it."""
     try:
@@ -122,6 +154,8 @@ class ProviderModel(ABC):
 
     #: ``<provider>`` in :attr:`name`, and the SDK module (and extra) that provides it.
     provider: ClassVar[str]
+    #: The provider's name in error messages and error details.
+    provider_label: ClassVar[str]
     #: The SDK's base exception class, by name within its module.
     sdk_error: ClassVar[str]
 
@@ -170,6 +204,27 @@ class ProviderModel(ABC):
     async def _streamed(self, params: dict[str, Any], on_chunk: ChunkSink) -> ModelResponse:
         """One streamed call, text deltas to ``on_chunk`` as they arrive."""
 
-    @abstractmethod
     def _classify(self, exc: Exception) -> Exception:
-        """The engine error for an SDK or transport error."""
+        """The engine error for an SDK or transport error (both SDKs name their errors
+        alike): transient for timeouts and lost connections, else as the status and the
+        error body say (see :func:`~engine.models.errors.classify`)."""
+        sdk = self._sdk
+        label = self.provider_label
+        fallback = str(exc) or type(exc).__name__
+        if isinstance(exc, sdk.APITimeoutError | httpx.TimeoutException):
+            return classify(ProviderFailure(label, fallback, timeout=True))
+        if isinstance(exc, sdk.APIConnectionError | httpx.TransportError):
+            return classify(ProviderFailure(label, fallback, connection=True))
+        message, kind, code = provider_message(
+            getattr(exc, "body", None), getattr(exc, "message", fallback)
+        )
+        status = exc.status_code if isinstance(exc, sdk.APIStatusError) else None
+        kind = self._error_type(exc, status, kind)
+        return classify(
+            ProviderFailure(label, message, http_status=status, error_type=kind, code=code)
+        )
+
+    def _error_type(self, exc: Exception, status: int | None, kind: str | None) -> str | None:
+        """The error type :meth:`_classify` judges ``exc`` by: the body's ``kind`` unless
+        the provider knows better."""
+        return kind

@@ -28,26 +28,24 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
 from engine.conversation.parts import Message, Part
 from engine.model import ChunkSink, ModelRequest, ModelResponse, ModelUsage, ToolSpec
 from engine.models.common import (
     EMPTY_OBJECT_SCHEMA,
     ProviderModel,
     arguments_text,
+    finish_reason,
     import_sdk,
     json_text,
     provider_config,
     request_part,
+    streamed_response,
     tool_description,
 )
-from engine.models.errors import ProviderFailure, classify, provider_message
 from engine.status import FinishReason
 
 __all__ = ["OpenAIChatModel"]
 
-PROVIDER = "OpenAI"
 #: OpenAI's own endpoint, which refuses a request without a real key.
 OPENAI_HOST = "api.openai.com"
 
@@ -58,13 +56,6 @@ _FINISH = {
     "length": FinishReason.LENGTH,
     "content_filter": FinishReason.BLOCKED,
 }
-
-
-def _finish(reason: str | None) -> FinishReason:
-    """Our finish reason for the provider's (``unknown`` when it gave none)."""
-    if not reason:
-        return FinishReason.UNKNOWN
-    return _FINISH.get(reason, FinishReason.OTHER)
 
 
 @dataclass
@@ -92,6 +83,7 @@ class OpenAIChatModel(ProviderModel):
     """
 
     provider = "openai"
+    provider_label = "OpenAI"
     sdk_error = "OpenAIError"
 
     def __init__(
@@ -179,39 +171,17 @@ class OpenAIChatModel(ProviderModel):
                     _merge_fragment(calls, fragment)
                 if choice.finish_reason:
                     finish = choice.finish_reason
-        content: list[Part] = []
-        if texts:
-            content.append(Part.of_text("".join(texts)))
         requests = [
             request_part(c.name, c.ref, "".join(c.arguments)) for _, c in sorted(calls.items())
         ]
-        if requests:
-            await on_chunk([p.model_copy(deep=True) for p in requests])
-        content.extend(requests)
-        return ModelResponse(
-            message=Message(role="model", content=content),
-            finish_reason=FinishReason.BLOCKED if refused else _finish(finish),
-            usage=usage,
-        )
+        finished = FinishReason.BLOCKED if refused else finish_reason(_FINISH, finish)
+        return await streamed_response("".join(texts), requests, on_chunk, finished, usage)
 
-    def _classify(self, exc: Exception) -> Exception:
-        sdk = self._sdk
-        fallback = str(exc) or type(exc).__name__
-        if isinstance(exc, sdk.APITimeoutError):
-            return classify(ProviderFailure(PROVIDER, fallback, timeout=True))
-        if isinstance(exc, httpx.TimeoutException):
-            return classify(ProviderFailure(PROVIDER, fallback, timeout=True))
-        if isinstance(exc, sdk.APIConnectionError | httpx.TransportError):
-            return classify(ProviderFailure(PROVIDER, fallback, connection=True))
-        body = getattr(exc, "body", None)
-        message, kind, code = provider_message(body, getattr(exc, "message", fallback))
-        status = exc.status_code if isinstance(exc, sdk.APIStatusError) else None
-        if status is None and isinstance(exc, sdk.APIError):
+    def _error_type(self, exc: Exception, status: int | None, kind: str | None) -> str | None:
+        if status is None and isinstance(exc, self._sdk.APIError):
             # An error object inside a 200 stream: the server broke off mid-answer.
-            kind = kind or "server_error"
-        return classify(
-            ProviderFailure(PROVIDER, message, http_status=status, error_type=kind, code=code)
-        )
+            return kind or "server_error"
+        return kind
 
 
 # -- mapping helpers ----------------------------------------------------------------------
@@ -298,9 +268,10 @@ def _response(completion: Any) -> ModelResponse:
         content.append(Part.of_text(str(choice.message.content or refusal)))
     for call in choice.message.tool_calls or []:
         content.append(request_part(call.function.name, call.id, call.function.arguments))
+    finished = FinishReason.BLOCKED if refusal else finish_reason(_FINISH, choice.finish_reason)
     return ModelResponse(
         message=Message(role="model", content=content),
-        finish_reason=FinishReason.BLOCKED if refusal else _finish(choice.finish_reason),
+        finish_reason=finished,
         usage=_usage(completion.usage) if completion.usage is not None else None,
     )
 

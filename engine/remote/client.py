@@ -12,19 +12,26 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import httpx
 
 from engine import errors
-from engine.chat import ChatAPI, ChunkSink, MessageLike
+from engine.chat import ChatAPI, ChunkSink, MessageLike, TurnCall
 from engine.conversation.parts import Message, Part
 from engine.conversation.schemas import Schema, SchemaSpec
 from engine.conversation.session_state import Artifact, SessionData, apply_patch
 from engine.errors import AgentError, InvalidArgumentError, TurnFailedError
 from engine.remote.wire import IDEMPOTENCY_HEADER
-from engine.response import AgentChunk, AgentInterrupt, AgentResponse, refused_response
-from engine.state.snapshots import SessionSnapshot, coerce_message
+from engine.response import (
+    AgentChunk,
+    AgentResponse,
+    failed_turn,
+    interrupts_of,
+    refused_response,
+)
+from engine.state.snapshots import SessionSnapshot, coerce_message, coerce_part
 from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus
 from engine.store import AbortOutcome
 
@@ -338,32 +345,20 @@ def _response_of_snapshot(
         status=snapshot.status,
         finish_reason=snapshot.finish_reason,
         messages=messages,
-        interrupts=_interrupts(messages[-1] if messages else None, schemas),
+        interrupts=interrupts_of(messages[-1] if messages else None, schemas),
         custom=snapshot.state.custom,
         artifacts=SessionData.of(None, snapshot.state.artifacts).artifacts,
     )
     if snapshot.status is TurnStatus.FAILED:
         error = snapshot.error or {}
-        failure = TurnFailedError(
+        raise failed_turn(
+            response,
             str(error.get("message") or "The turn failed."),
             status=str(error.get("status") or "INTERNAL"),
             details=error.get("details"),
             snapshot_id=snapshot.snapshot_id,
-            response=response,
         )
-        response.error = failure
-        raise failure
     return response
-
-
-def _interrupts(message: Message | None, schemas: Mapping[str, Schema]) -> list[AgentInterrupt]:
-    if message is None or message.role != "model":
-        return []
-    return [
-        AgentInterrupt(p, schemas.get(p.tool_request.name))
-        for p in message.content
-        if p.tool_request is not None and (p.metadata or {}).get("interrupt")
-    ]
 
 
 class RemoteChat(ChatAPI):
@@ -381,17 +376,12 @@ class RemoteChat(ChatAPI):
         snapshot_id: str | None,
         state: Mapping[str, Any] | None,
     ) -> None:
+        super().__init__(session_id=session_id, snapshot_id=snapshot_id, state=state)
         self.agent = agent
-        self.session_id = session_id
-        self.snapshot_id = snapshot_id
-        self.state: dict[str, Any] | None = dict(state) if state is not None else None
-        if self.state is not None:
-            self.session_id = str(self.state.get("sessionId"))
         #: The conversation as this client knows it.
         self.messages: list[Message] = list(_state_messages(self.state))
-        #: The session's custom state and artifacts as this client knows them: from the
+        #: The session's artifacts (and ``custom``) as this client knows them: from the
         #: state blob, the snapshot, or (as Genkit's client does) the streamed patches.
-        self.custom: Any = self.state.get("custom") if self.state is not None else None
         self.artifacts: list[Artifact] = (
             SessionData.of(None, self.state.get("artifacts")).artifacts if self.state else []
         )
@@ -447,7 +437,7 @@ class RemoteChat(ChatAPI):
             data["message"] = user.to_wire()
         if resume is not None:
             data["resume"] = {
-                key: [_part(p).to_wire() for p in resume.get(key, ()) or ()]
+                key: [coerce_part(p).to_wire() for p in resume.get(key, ()) or ()]
                 for key in ("respond", "restart")
                 if resume.get(key)
             }
@@ -455,24 +445,16 @@ class RemoteChat(ChatAPI):
             data["detach"] = True
         return data, user
 
-    async def _turn(
-        self,
-        message: MessageLike | None,
-        resume: Mapping[str, Sequence[Part]] | None,
-        sink: ChunkSink | None,
-        wait: bool,
-        idempotency_key: str | None = None,
-        timeout: float | None = None,
-    ) -> AgentResponse:
-        if timeout is not None and wait:
+    async def _turn(self, call: TurnCall) -> AgentResponse:
+        if call.timeout is not None and call.wait:
             # Detached, then polled: a streaming request given up would abort its turn,
             # and an expired timeout must leave it pending (needs an agent with a store).
-            await self._turn(message, resume, None, False, idempotency_key)
-            return await self.wait(timeout=timeout)
-        data, user = self._data(message, resume, wait)
+            await self._turn(replace(call, sink=None, wait=False, timeout=None))
+            return await self.wait(timeout=call.timeout)
+        data, user = self._data(call.message, call.resume, call.wait)
         live = _PatchedState(self.custom)
         result = await self.agent.run(
-            data, self._init(), sink, idempotency_key, on_state=live.apply
+            data, self._init(), call.sink, call.idempotency_key, on_state=live.apply
         )
         history = None
         settled = (
@@ -530,7 +512,7 @@ class RemoteChat(ChatAPI):
             finish_reason=finish,
             messages=list(self.messages),
             interrupts=(
-                _interrupts(self.messages[-1] if self.messages else None, self.agent.schemas)
+                interrupts_of(self.messages[-1] if self.messages else None, self.agent.schemas)
                 if finish is FinishReason.INTERRUPTED
                 else []
             ),
@@ -540,15 +522,13 @@ class RemoteChat(ChatAPI):
         )
         if finish is FinishReason.FAILED and error_wire is not None:
             failure = _error_from(error_wire, snapshot_id=result.get("snapshotId"))
-            turn_failed = TurnFailedError(
+            raise failed_turn(
+                response,
                 failure.message,
                 status=failure.status,
                 details=failure.details,
                 snapshot_id=result.get("snapshotId"),
-                response=response,
             )
-            response.error = turn_failed
-            raise turn_failed
         return response
 
     def _follow_snapshot(self, response: AgentResponse) -> None:
@@ -575,7 +555,3 @@ def _state_messages(state: Mapping[str, Any] | None) -> list[Message]:
     if not state:
         return []
     return [Message.model_validate(m) for m in state.get("messages") or []]
-
-
-def _part(value: Part | Mapping[str, Any]) -> Part:
-    return value if isinstance(value, Part) else Part.model_validate(dict(value))

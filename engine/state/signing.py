@@ -278,20 +278,23 @@ def _key_problem(signer: StateSigner) -> str | None:
             "with no configured key (Engine got no state_keys): a random key made at startup "
             "would not verify its state after a restart or in another process"
         )
-    published = signer.published_key_ids()
-    if published:
-        which = ", ".join(repr(kid) for kid in published)
-        return (
-            f"with a key published in Turnstile's examples, docs or tests ({which}): anyone "
-            "can sign a state it accepts, such as a paused transfer with a forged approval"
-        )
-    short = signer.short_key_ids()
-    if short:
-        which = ", ".join(repr(kid) for kid in short)
-        return (
-            f"with a key shorter than {MIN_SECRET_BYTES} bytes ({which}): a short secret can "
-            "be guessed, and whoever guesses it signs any state"
-        )
+    # Each check: what finds the unfit keys' ids, and why they are unfit ({which}: those ids).
+    checks = (
+        (
+            signer.published_key_ids,
+            "with a key published in Turnstile's examples, docs or tests ({which}): anyone "
+            "can sign a state it accepts, such as a paused transfer with a forged approval",
+        ),
+        (
+            signer.short_key_ids,
+            f"with a key shorter than {MIN_SECRET_BYTES} bytes "
+            "({which}): a short secret can be guessed, and whoever guesses it signs any state",
+        ),
+    )
+    for unfit_key_ids, problem in checks:
+        unfit = unfit_key_ids()
+        if unfit:
+            return problem.format(which=", ".join(repr(kid) for kid in unfit))
     return None
 
 

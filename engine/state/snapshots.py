@@ -24,7 +24,13 @@ from engine.store import (
     TurnRecord,
 )
 
-__all__ = ["SessionSnapshot", "SessionState", "coerce_message", "restore_client_state"]
+__all__ = [
+    "SessionSnapshot",
+    "SessionState",
+    "coerce_message",
+    "coerce_part",
+    "restore_client_state",
+]
 
 
 class BlobPinning(Protocol):
@@ -135,6 +141,11 @@ def coerce_message(
         return coerce_message(parsed)
     parts = [p if isinstance(p, Part) else Part.model_validate(p) for p in message]
     return Message(role="user", content=parts)
+
+
+def coerce_part(value: Part | Mapping[str, Any]) -> Part:
+    """A part a caller passes (a resume's answer): a :class:`Part`, or its wire mapping."""
+    return value if isinstance(value, Part) else Part.model_validate(dict(value))
 
 
 async def restore_client_state(

@@ -205,36 +205,25 @@ async def execute_claimed(
     The attempt runs in its span (:func:`engine.telemetry.tracing.turn_span`), a child of the span
     that created the turn: the runner's task starts inside it, so its spans are the span's children.
     """
+    lease = lease or LeaseSettings()
+    retry = retry or RetryPolicy(max_attempts=turn.max_attempts)
     with tracing.turn_span(turn) as span:
-        settled = await _run_attempt(
-            config,
-            store,
-            turn,
-            on_chunk=on_chunk,
-            abort_signal=abort_signal,
-            lease=lease,
-            retry=retry,
-            then_claim=then_claim,
-        )
+        runner = TurnRunner(config, store, turn, on_chunk)
+        outcome, stop_reason = await _run_watched(runner, store, turn, lease, abort_signal)
+        settled = await _settle(store, turn, outcome, stop_reason, retry, then_claim)
         tracing.turn_settled(span, settled)
         return settled
 
 
-async def _run_attempt(
-    config: RunnerConfig,
+async def _run_watched(
+    runner: TurnRunner,
     store: SessionStore,
     turn: TurnRecord,
-    *,
-    on_chunk: ChunkCallback | None,
+    lease: LeaseSettings,
     abort_signal: AbortSignal | None,
-    lease: LeaseSettings | None,
-    retry: RetryPolicy | None,
-    then_claim: FollowOnClaim | None,
-) -> TurnRecord:
-    """:func:`execute_claimed`'s work, in the attempt's span."""
-    lease = lease or LeaseSettings()
-    retry = retry or RetryPolicy(max_attempts=turn.max_attempts)
-    runner = TurnRunner(config, store, turn, on_chunk)
+) -> tuple[TurnOutcome | None, list[str]]:
+    """Run ``runner`` while the heartbeat, the store watch and ``abort_signal`` may stop it:
+    its outcome, or ``None`` with why it was stopped (``stop_reason[0]``)."""
     work: asyncio.Task[TurnOutcome] = asyncio.create_task(runner.run())
     stop_reason: list[str] = []
 
@@ -285,8 +274,7 @@ async def _run_attempt(
             helper.cancel()
         # A helper's own failure must never replace the turn's outcome.
         await asyncio.gather(*helpers, return_exceptions=True)
-
-    return await _settle(store, turn, outcome, stop_reason, retry, then_claim)
+    return outcome, stop_reason
 
 
 async def _settle(

@@ -147,7 +147,7 @@ def plan_resume(
     answers: dict[str, tuple[str, Any]] = {}
     edits: dict[str, dict[str, Any]] = {}
 
-    def locate(kind: str, part: Part, payload_name: str, ref: str | None) -> Part:
+    def locate(kind: str, payload_name: str, ref: str | None) -> Part:
         found = by_key.get((payload_name, ref))
         if found is None:
             raise ResumeValidationError(
@@ -167,11 +167,8 @@ def plan_resume(
     for part in respond:
         response = part.tool_response
         if response is None:
-            raise ResumeValidationError(
-                "resume.respond entries must be toolResponse parts (use interrupt.respond()).",
-                snapshot_id=snapshot_id,
-            )
-        locate("respond", part, response.name, response.ref)
+            raise _wrong_part("respond", "toolResponse", snapshot_id)
+        locate("respond", response.name, response.ref)
         tool = tools.get(response.name)
         # Validated against the schema, but kept verbatim: the model sees exactly what the
         # answering client sent (as Genkit passes respond parts through unchanged).
@@ -190,11 +187,8 @@ def plan_resume(
     for part in restart:
         request = part.tool_request
         if request is None:
-            raise ResumeValidationError(
-                "resume.restart entries must be toolRequest parts (use interrupt.restart()).",
-                snapshot_id=snapshot_id,
-            )
-        original = locate("restart", part, request.name, request.ref)
+            raise _wrong_part("restart", "toolRequest", snapshot_id)
+        original = locate("restart", request.name, request.ref)
         assert original.tool_request is not None
         edit = None
         if canonical_json(request.input) != canonical_json(original.tool_request.input):
@@ -218,6 +212,14 @@ def plan_resume(
 
     closed = _answered_rows(paused, answers, edits, rows, snapshot_id, require_pending)
     return ResumePlan(answers=answers, journal=closed, edits=edits)
+
+
+def _wrong_part(kind: str, wanted: str, snapshot_id: str) -> ResumeValidationError:
+    """The error for a ``resume.<kind>`` entry that is not a ``wanted`` part."""
+    return ResumeValidationError(
+        f"resume.{kind} entries must be {wanted} parts (use interrupt.{kind}()).",
+        snapshot_id=snapshot_id,
+    )
 
 
 def _answered_rows(
