@@ -43,6 +43,7 @@ __all__ = [
     "Page",
     "TimelineRow",
     "TurnFound",
+    "optional_id",
 ]
 
 T = TypeVar("T")
@@ -106,8 +107,10 @@ class TurnFound:
     owner: str | None
 
 
-def _id_filter(params: Mapping[str, str], name: str, label: str) -> str | None:
-    value = params.get(name, "").strip()
+def optional_id(fields: Mapping[str, str], name: str, label: str) -> str | None:
+    """The id in field ``name`` of a query string or form (``None`` when empty), checked as
+    the wire checks ids (:class:`InvalidArgumentError` naming ``label``: a 400)."""
+    value = fields.get(name, "").strip()
     if not value:
         return None
     check_text(value, label)
@@ -154,9 +157,9 @@ class InboxFilters:
             raise InvalidArgumentError("assigned must be 'me', 'groups' or 'unassigned'.")
         return cls(
             assigned=assigned,
-            agent=_id_filter(params, "agent", "The agent filter"),
-            interrupt=_id_filter(params, "interrupt", "The interrupt filter"),
-            requester=_id_filter(params, "requester", "The requester filter"),
+            agent=optional_id(params, "agent", "The agent filter"),
+            interrupt=optional_id(params, "interrupt", "The interrupt filter"),
+            requester=optional_id(params, "requester", "The requester filter"),
             min_age=min_age,
             newest_first=order == "newest",
             cursor=_cursor(params),
@@ -192,10 +195,10 @@ class HistoryFilters:
     def from_query(cls, params: Mapping[str, str]) -> HistoryFilters:
         """Read and check the query string (:class:`InvalidArgumentError`: a 400)."""
         return cls(
-            agent=_id_filter(params, "agent", "The agent filter"),
-            interrupt=_id_filter(params, "interrupt", "The interrupt filter"),
-            requester=_id_filter(params, "requester", "The requester filter"),
-            decided_by=_id_filter(params, "decided_by", "The decided-by filter"),
+            agent=optional_id(params, "agent", "The agent filter"),
+            interrupt=optional_id(params, "interrupt", "The interrupt filter"),
+            requester=optional_id(params, "requester", "The requester filter"),
+            decided_by=optional_id(params, "decided_by", "The decided-by filter"),
             cursor=_cursor(params),
         )
 
