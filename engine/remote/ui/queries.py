@@ -125,15 +125,38 @@ def _cursor(params: Mapping[str, str]) -> str | None:
 
 
 @dataclass(frozen=True)
-class InboxFilters:
-    """The inbox's filters, order and page, as the query string gives them."""
+class _ListFilters:
+    """What the inbox's and the history's filters share: agent, interrupt, requester, page."""
 
     agent: str | None = None
     interrupt: str | None = None
     requester: str | None = None
+    cursor: str | None = None
+
+    def query(self, **changes: Any) -> dict[str, str]:
+        """The query string of these filters (with ``changes``), without empty values."""
+        current = replace(self, **changes)
+        values = {
+            "agent": current.agent,
+            "interrupt": current.interrupt,
+            "requester": current.requester,
+            **current._own_query(),
+            "cursor": current.cursor,
+        }
+        return {k: v for k, v in values.items() if v}
+
+    def _own_query(self) -> dict[str, str | None]:
+        """The query values of the filters only this list has (between the shared ones and
+        the cursor, the order links have always had)."""
+        return {}
+
+
+@dataclass(frozen=True)
+class InboxFilters(_ListFilters):
+    """The inbox's filters, order and page, as the query string gives them."""
+
     min_age: int = 0
     newest_first: bool = False
-    cursor: str | None = None
     #: ``me``, ``groups`` or ``unassigned`` (``None``: every approval the viewer may decide).
     assigned: str | None = None
 
@@ -165,31 +188,19 @@ class InboxFilters:
             cursor=_cursor(params),
         )
 
-    def query(self, **changes: Any) -> dict[str, str]:
-        """The query string of these filters (with ``changes``), without empty values."""
-        current = replace(self, **changes)
-        return _present(
-            {
-                "agent": current.agent,
-                "interrupt": current.interrupt,
-                "requester": current.requester,
-                "age": str(current.min_age) if current.min_age else None,
-                "order": "newest" if current.newest_first else None,
-                "assigned": current.assigned,
-                "cursor": current.cursor,
-            }
-        )
+    def _own_query(self) -> dict[str, str | None]:
+        return {
+            "age": str(self.min_age) if self.min_age else None,
+            "order": "newest" if self.newest_first else None,
+            "assigned": self.assigned,
+        }
 
 
 @dataclass(frozen=True)
-class HistoryFilters:
+class HistoryFilters(_ListFilters):
     """The history's filters and page."""
 
-    agent: str | None = None
-    interrupt: str | None = None
-    requester: str | None = None
     decided_by: str | None = None
-    cursor: str | None = None
 
     @classmethod
     def from_query(cls, params: Mapping[str, str]) -> HistoryFilters:
@@ -202,22 +213,8 @@ class HistoryFilters:
             cursor=_cursor(params),
         )
 
-    def query(self, **changes: Any) -> dict[str, str]:
-        """The query string of these filters (with ``changes``), without empty values."""
-        current = replace(self, **changes)
-        return _present(
-            {
-                "agent": current.agent,
-                "interrupt": current.interrupt,
-                "requester": current.requester,
-                "decided_by": current.decided_by,
-                "cursor": current.cursor,
-            }
-        )
-
-
-def _present(values: Mapping[str, str | None]) -> dict[str, str]:
-    return {k: v for k, v in values.items() if v}
+    def _own_query(self) -> dict[str, str | None]:
+        return {"decided_by": self.decided_by}
 
 
 def _pending_of(entry: DecidedApproval) -> PendingApproval:
