@@ -8,7 +8,7 @@ is visible to its session's owner and to principals the policy lets see every ap
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, TypeVar
@@ -19,7 +19,8 @@ from engine.approvals.decide import find_approval
 from engine.engine import Engine
 from engine.errors import InvalidArgumentError
 from engine.remote.auth import InboxPolicy, Principal
-from engine.remote.cursors import CursorKey, decode_cursor, encode_cursor
+from engine.remote.cursors import CursorKey, decode_cursor
+from engine.remote.inbox_routes import gather_rows, served_stores, take_page
 from engine.remote.wire import check_id, check_text
 from engine.store import (
     ApprovalHistory,
@@ -237,46 +238,6 @@ def _approval_key(approval: PendingApproval) -> Key:
     return approval.created_at, approval.turn_id, approval.ref
 
 
-async def _merge(
-    fetchers: Sequence[Callable[[int], Awaitable[list[T]]]],
-    key: Callable[[T], Key],
-    *,
-    limit: int,
-    descending: bool,
-    visible: Callable[[T], bool],
-) -> Page[T]:
-    """One page over several stores: each is asked for a row more than a page, and rows past
-    the nearest last key of a store that has more stay for the next page (that store may
-    hold rows before them). Rows the viewer may not see are skipped, and the cursor moves
-    past them."""
-    examined: list[T] = []
-    horizon: Key | None = None
-    for fetch in fetchers:
-        rows = await fetch(limit + 1)
-        if len(rows) > limit:
-            last = key(rows[-1])
-            if horizon is None:
-                horizon = last
-            else:
-                horizon = max(horizon, last) if descending else min(horizon, last)
-        examined.extend(rows)
-    examined.sort(key=key, reverse=descending)
-    if horizon is not None:
-        bound = horizon
-        examined = [r for r in examined if (key(r) >= bound if descending else key(r) <= bound)]
-    page: list[T] = []
-    seen = 0
-    for row in examined:
-        if len(page) == limit:
-            break
-        seen += 1
-        if visible(row):
-            page.append(row)
-    more = seen < len(examined) or horizon is not None
-    cursor = encode_cursor(key(examined[seen - 1])) if more and seen else None
-    return Page(items=page, next_cursor=cursor)
-
-
 class Catalog:
     """The reads of the pages, over the stores of one engine's agents."""
 
@@ -300,12 +261,7 @@ class Catalog:
 
     def stores(self, agent: str | None = None) -> list[tuple[SessionStore, tuple[str, ...]]]:
         """Each store of the served agents (or of ``agent``), with the agents it holds."""
-        grouped: dict[int, tuple[SessionStore, list[str]]] = {}
-        for name, served in self.engine.agents.items():
-            if served.store is None or (agent is not None and name != agent):
-                continue
-            grouped.setdefault(id(served.store), (served.store, []))[1].append(name)
-        return [(store, tuple(names)) for store, names in grouped.values()]
+        return served_stores(self.engine.agents, agent)
 
     def agent_names(self) -> list[str]:
         """The served agents that keep turns in a store (the inbox's agent filter)."""
@@ -341,17 +297,14 @@ class Catalog:
 
         held: dict[tuple[str, int, str], Assignment] = {}
 
-        def fetcher(
-            store: SessionStore, agents: tuple[str, ...]
-        ) -> Callable[[int], Awaitable[list[PendingApproval]]]:
-            async def fetch(count: int) -> list[PendingApproval]:
-                rows = await store.list_approvals(
-                    query.model_copy(update={"agents": agents, "limit": count})
-                )
-                held.update(await current_assignments(self.engine.agents, rows))
-                return rows
-
-            return fetch
+        async def fetch(
+            store: SessionStore, agents: tuple[str, ...], count: int
+        ) -> list[PendingApproval]:
+            rows = await store.list_approvals(
+                query.model_copy(update={"agents": agents, "limit": count})
+            )
+            held.update(await current_assignments(self.engine.agents, rows))
+            return rows
 
         def visible(approval: PendingApproval) -> bool:
             assignment = held[(approval.turn_id, approval.round, approval.ref)]
@@ -360,12 +313,15 @@ class Catalog:
                 principal, assignment, filters.assigned, quorum=quorum
             )
 
-        return await _merge(
-            [fetcher(store, agents) for store, agents in self.stores(filters.agent)],
+        rows, held_back = await gather_rows(
+            self.stores(filters.agent),
+            fetch,
             _approval_key,
             limit=limit,
             descending=filters.newest_first,
-            visible=visible,
+        )
+        return Page(
+            *take_page(rows, _approval_key, limit=limit, visible=visible, held_back=held_back)
         )
 
     async def assignments(
@@ -406,24 +362,22 @@ class Catalog:
             before=decode_cursor(filters.cursor) if filters.cursor else None,
         )
 
-        def fetcher(
-            store: ApprovalHistory, agents: tuple[str, ...]
-        ) -> Callable[[int], Awaitable[list[DecidedApproval]]]:
-            async def fetch(count: int) -> list[DecidedApproval]:
-                return await store.list_decisions(
-                    query.model_copy(update={"agents": agents, "limit": count})
-                )
+        async def fetch(
+            store: ApprovalHistory, agents: tuple[str, ...], count: int
+        ) -> list[DecidedApproval]:
+            return await store.list_decisions(
+                query.model_copy(update={"agents": agents, "limit": count})
+            )
 
-            return fetch
+        def key(entry: DecidedApproval) -> Key:
+            return entry.key
 
-        fetchers = [fetcher(store, agents) for store, agents in self.stores(filters.agent)]
-        return await _merge(
-            fetchers,
-            lambda entry: entry.key,
-            limit=limit,
-            descending=True,
-            visible=lambda entry: self.may_decide(principal, _pending_of(entry)),
-        )
+        def visible(entry: DecidedApproval) -> bool:
+            return self.may_decide(principal, _pending_of(entry))
+
+        stores = self.stores(filters.agent)
+        rows, held_back = await gather_rows(stores, fetch, key, limit=limit, descending=True)
+        return Page(*take_page(rows, key, limit=limit, visible=visible, held_back=held_back))
 
     # -- one approval, one turn ----------------------------------------------------------
 
