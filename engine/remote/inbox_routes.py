@@ -21,9 +21,9 @@ anything else is a 404, so the inbox does not reveal other principals' approvals
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 from starlette.convertors import Convertor, register_url_convertor
@@ -52,11 +52,21 @@ from engine.approvals.decide import (
 from engine.engine import Engine
 from engine.errors import AgentError, ApprovalNotPendingError, InvalidArgumentError, NotFoundError
 from engine.remote.auth import InboxPolicy, Principal
-from engine.remote.cursors import CursorSeal
+from engine.remote.cursors import CursorKey, CursorSeal
 from engine.remote.wire import check_id, check_text, error_response, read_json
 from engine.store import ApprovalQuery, Assignment, PendingApproval, SessionStore, Vote
 
-__all__ = ["InboxRoutes", "assignment_wire", "policy_wire", "vote_wire"]
+__all__ = [
+    "InboxRoutes",
+    "assignment_wire",
+    "gather_rows",
+    "policy_wire",
+    "served_stores",
+    "take_page",
+    "vote_wire",
+]
+
+T = TypeVar("T")
 
 MAX_PAGE = 200
 #: The filters that name an agent, an interrupt or a principal: ids, bounded as ids are.
@@ -169,6 +179,80 @@ def _number(request: Request, name: str, default: float, low: float, high: float
     return value
 
 
+def served_stores(
+    agents: Mapping[str, Agent], agent: str | None = None
+) -> list[tuple[SessionStore, tuple[str, ...]]]:
+    """Each store of the served ``agents`` (or of the one named ``agent``), with the agents it
+    holds."""
+    grouped: dict[int, tuple[SessionStore, list[str]]] = {}
+    for name, served in agents.items():
+        if served.store is None or (agent is not None and name != agent):
+            continue
+        grouped.setdefault(id(served.store), (served.store, []))[1].append(name)
+    return [(store, tuple(names)) for store, names in grouped.values()]
+
+
+async def gather_rows(
+    stores: Sequence[tuple[SessionStore, tuple[str, ...]]],
+    fetch: Callable[[SessionStore, tuple[str, ...], int], Awaitable[list[T]]],
+    key: Callable[[T], CursorKey],
+    *,
+    limit: int,
+    descending: bool,
+) -> tuple[list[T], bool]:
+    """The rows of several stores for one page of ``limit``, in ``key`` order, and whether
+    rows were held back for the next page.
+
+    ``fetch`` reads up to a count of rows of the given agents from one store. Each store is
+    asked for one row more than a page, to know whether it has more. Rows past the nearest
+    last key of a store that has more are not known to be complete (that store may hold rows
+    before them): they are held back.
+    """
+    examined: list[T] = []
+    horizon: CursorKey | None = None
+    for store, agents in stores:
+        rows = await fetch(store, agents, limit + 1)
+        if len(rows) > limit:
+            last = key(rows[-1])
+            if horizon is None:
+                horizon = last
+            else:
+                horizon = max(horizon, last) if descending else min(horizon, last)
+        examined.extend(rows)
+    examined.sort(key=key, reverse=descending)
+    if horizon is None:
+        return examined, False
+    bound = horizon
+    return [r for r in examined if (key(r) >= bound if descending else key(r) <= bound)], True
+
+
+def take_page(
+    rows: Sequence[T],
+    key: Callable[[T], CursorKey],
+    *,
+    limit: int,
+    visible: Callable[[T], bool],
+    held_back: bool,
+    cursors: CursorSeal,
+) -> tuple[list[T], str | None]:
+    """Up to ``limit`` of ``rows`` (from :func:`gather_rows`) that ``visible`` keeps, and the
+    cursor of the next page, sealed by ``cursors`` (``None``: this is the last).
+
+    The permission hook may hide rows the store returned: they are skipped, not counted, and
+    the cursor moves past them so the next page does not stop short.
+    """
+    page: list[T] = []
+    seen = 0
+    for row in rows:
+        if len(page) == limit:
+            break
+        seen += 1
+        if visible(row):
+            page.append(row)
+    more = seen < len(rows) or held_back
+    return page, cursors.seal(key(rows[seen - 1])) if more and seen else None
+
+
 class InboxRoutes:
     """The inbox endpoints of one app."""
 
@@ -197,15 +281,6 @@ class InboxRoutes:
             Route("/inbox/{approval_id:turnstile_any}", self.show, methods=["GET"]),
         ]
 
-    def _stores(self, agent: str | None) -> list[tuple[SessionStore, tuple[str, ...]]]:
-        """Each store of the served agents, with the agents it holds."""
-        grouped: dict[int, tuple[SessionStore, list[str]]] = {}
-        for name, served in self.engine.agents.items():
-            if served.store is None or (agent is not None and name != agent):
-                continue
-            grouped.setdefault(id(served.store), (served.store, []))[1].append(name)
-        return [(store, tuple(names)) for store, names in grouped.values()]
-
     async def list(self, request: Request) -> Response:
         try:
             principal = await self.authenticate(request)
@@ -232,41 +307,37 @@ class InboxRoutes:
                 after=self.cursors.open(params["cursor"]) if params.get("cursor") else None,
                 limit=limit,
             )
-            examined: list[PendingApproval] = []
-            # Each store is asked for one row more than a page, to know whether it has more.
-            # Rows past the smallest last key of a store that has more are not known to be
-            # complete (that store may hold rows before them): this page stops there.
-            horizon: tuple[datetime, str, str] | None = None
-            for store, agents in self._stores(params.get("agent")):
-                rows = await store.list_approvals(
-                    query.model_copy(update={"agents": agents, "limit": limit + 1})
+
+            async def fetch(
+                store: SessionStore, agents: tuple[str, ...], count: int
+            ) -> list[PendingApproval]:
+                return await store.list_approvals(
+                    query.model_copy(update={"agents": agents, "limit": count})
                 )
-                if len(rows) > limit:
-                    last = _key(rows[-1])
-                    horizon = last if horizon is None else min(horizon, last)
-                examined.extend(rows)
+
+            known, held_back = await gather_rows(
+                served_stores(self.engine.agents, params.get("agent")),
+                fetch,
+                _key,
+                limit=limit,
+                descending=False,
+            )
         except AgentError as error:
             return error_response(error)
-        examined.sort(key=_key)
-        known = [a for a in examined if horizon is None or _key(a) <= horizon]
         held = await current_assignments(self.engine.agents, known)
-        page: list[PendingApproval] = []
-        seen = 0
-        for approval in known:
-            if len(page) == limit:
-                break
-            seen += 1
-            # The permission hook may hide rows the store returned: they are skipped, not
-            # counted, and the cursor moves past them so the next page does not stop short.
+
+        def visible(approval: PendingApproval) -> bool:
             quorum = needs_quorum(self.engine.agents.get(approval.agent), approval)
-            if self.policy.can_decide(principal, approval) and assigned_matches(
+            return self.policy.can_decide(principal, approval) and assigned_matches(
                 principal,
                 held[(approval.turn_id, approval.round, approval.ref)],
                 assigned,
                 quorum=quorum,
-            ):
-                page.append(approval)
-        more = seen < len(known) or horizon is not None
+            )
+
+        page, next_cursor = take_page(
+            known, _key, limit=limit, visible=visible, held_back=held_back, cursors=self.cursors
+        )
         items = []
         for approval in page:
             item = _wire(approval, now)
@@ -275,12 +346,7 @@ class InboxRoutes:
                 held[(approval.turn_id, approval.round, approval.ref)]
             )
             items.append(item)
-        return JSONResponse(
-            {
-                "items": items,
-                "nextCursor": self.cursors.seal(_key(known[seen - 1])) if more and seen else None,
-            }
-        )
+        return JSONResponse({"items": items, "nextCursor": next_cursor})
 
     async def _policy(
         self, approval: PendingApproval, principal: Principal | None
@@ -296,7 +362,7 @@ class InboxRoutes:
         turn_id, ref = parse_approval_id(request.path_params["approval_id"])
         check_id(turn_id, "The turn id of the approval id")
         check_id(ref, "The ref of the approval id")
-        for store, _agents in self._stores(None):
+        for store, _agents in served_stores(self.engine.agents):
             found = await find_approval(store, turn_id, ref)
             if found is None:
                 continue

@@ -18,18 +18,10 @@ from engine.approvals.decide import approval_id
 from engine.errors import ApprovalNotPendingError, InvalidArgumentError
 from engine.remote.ui.inbox_pages import ApprovalPages
 from engine.remote.ui.kit import PageKit, Viewer, segment
-from engine.remote.wire import check_id, check_text
+from engine.remote.ui.queries import optional_id
 from engine.store import ApprovalClaimedError
 
 __all__ = ["AssignmentForms"]
-
-
-def _name(form: dict[str, str], field: str, label: str) -> str | None:
-    value = form.get(field, "").strip()
-    if not value:
-        return None
-    check_text(value, label)
-    return check_id(value, label)
 
 
 class AssignmentForms:
@@ -66,8 +58,8 @@ class AssignmentForms:
                     found.agent,
                     found.approval,
                     by=viewer.principal,
-                    assignee=_name(form_data, "assignee", "The person to assign to"),
-                    group=_name(form_data, "group", "The group to assign to"),
+                    assignee=optional_id(form_data, "assignee", "The person to assign to"),
+                    group=optional_id(form_data, "group", "The group to assign to"),
                 )
         except InvalidArgumentError as problem:
             return await self.approvals._refused(

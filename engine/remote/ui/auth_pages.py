@@ -63,6 +63,18 @@ class AuthPages:
         }
         return self.kit.page(request, viewer, "login.html", context, status=status)
 
+    async def _checked_form(self, request: Request, viewer: Viewer) -> dict[str, str] | Response:
+        """The posted form, or the page refusing it: forged (403) or unreadable (its error)."""
+        # Login and logout answer browsers that are not signed in, so no guard refuses for them.
+        try:
+            form = await self.kit.form(request)
+            self.kit.check_csrf(request, viewer, form)
+        except CsrfRefusedError:
+            return self.kit.csrf_refused(request)
+        except AgentError as error:
+            return self.kit.agent_error(request, viewer, error)
+        return form
+
     async def login_form(self, request: Request) -> Response:
         """The sign-in form (straight on to the inbox for an open server or a signed-in one)."""
         if self.kit.arrived_from_another_site(request):
@@ -76,13 +88,9 @@ class AuthPages:
     async def login(self, request: Request) -> Response:
         """Exchange the submitted token for a signed-in session (429 past the limit)."""
         viewer = await self.kit.anonymous(request)
-        try:
-            form = await self.kit.form(request)
-            self.kit.check_csrf(request, viewer, form)
-        except CsrfRefusedError:
-            return self.kit.csrf_refused(request)
-        except AgentError as error:
-            return self.kit.agent_error(request, viewer, error)
+        form = await self._checked_form(request, viewer)
+        if isinstance(form, Response):
+            return form
         target = safe_next(form.get("next"))
         if self.kit.auth is None:
             return self.kit.redirect(request, viewer, target)
@@ -167,13 +175,9 @@ class AuthPages:
             viewer = await self.kit.viewer(request)
         except NotSignedInError:
             return self.kit.redirect(request, None, "/ui/login")
-        try:
-            form = await self.kit.form(request)
-            self.kit.check_csrf(request, viewer, form)
-        except CsrfRefusedError:
-            return self.kit.csrf_refused(request)
-        except AgentError as error:
-            return self.kit.agent_error(request, viewer, error)
+        form = await self._checked_form(request, viewer)
+        if isinstance(form, Response):
+            return form
         await self.kit.sessions.sign_out(viewer.session)
         response = self.kit.redirect(request, None, "/ui/login" if self.kit.auth else "/ui")
         self.kit.cookies.clear(response, request)

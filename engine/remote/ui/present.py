@@ -174,25 +174,20 @@ def escalation_summary(
     return f"from {source}{held} to {target}"
 
 
+def _call_view(kind: str, name: str, ref: str | None, value: Any) -> PartView:
+    """A tool call's request or response: the tool, the call's ref and the value as rows."""
+    return PartView(kind=kind, name=name, ref=ref or "", rows=value_rows(value))
+
+
 def _part_view(part: Part) -> PartView:
     if part.text is not None:
         return PartView(kind="text", text=part.text)
     if part.tool_request is not None:
         request = part.tool_request
-        return PartView(
-            kind="request",
-            name=request.name,
-            ref=request.ref or "",
-            rows=value_rows(request.input),
-        )
+        return _call_view("request", request.name, request.ref, request.input)
     if part.tool_response is not None:
         response = part.tool_response
-        return PartView(
-            kind="response",
-            name=response.name,
-            ref=response.ref or "",
-            rows=value_rows(response.output),
-        )
+        return _call_view("response", response.name, response.ref, response.output)
     if part.reasoning is not None:
         return PartView(kind="reasoning", text=part.reasoning)
     return PartView(kind="other", text=format_value(part.to_wire()))

@@ -8,7 +8,7 @@ is visible to its session's owner and to principals the policy lets see every ap
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, TypeVar
@@ -20,6 +20,7 @@ from engine.engine import Engine
 from engine.errors import InvalidArgumentError
 from engine.remote.auth import InboxPolicy, Principal
 from engine.remote.cursors import MAX_CURSOR_LENGTH, CursorKey, CursorSeal
+from engine.remote.inbox_routes import gather_rows, served_stores, take_page
 from engine.remote.wire import check_id, check_text
 from engine.store import (
     ApprovalHistory,
@@ -43,6 +44,7 @@ __all__ = [
     "Page",
     "TimelineRow",
     "TurnFound",
+    "optional_id",
 ]
 
 T = TypeVar("T")
@@ -106,8 +108,10 @@ class TurnFound:
     owner: str | None
 
 
-def _id_filter(params: Mapping[str, str], name: str, label: str) -> str | None:
-    value = params.get(name, "").strip()
+def optional_id(fields: Mapping[str, str], name: str, label: str) -> str | None:
+    """The id in field ``name`` of a query string or form (``None`` when empty), checked as
+    the wire checks ids (:class:`InvalidArgumentError` naming ``label``: a 400)."""
+    value = fields.get(name, "").strip()
     if not value:
         return None
     check_text(value, label)
@@ -123,15 +127,38 @@ def _cursor(params: Mapping[str, str]) -> str | None:
 
 
 @dataclass(frozen=True)
-class InboxFilters:
-    """The inbox's filters, order and page, as the query string gives them."""
+class _ListFilters:
+    """What the inbox's and the history's filters share: agent, interrupt, requester, page."""
 
     agent: str | None = None
     interrupt: str | None = None
     requester: str | None = None
+    cursor: str | None = None
+
+    def query(self, **changes: Any) -> dict[str, str]:
+        """The query string of these filters (with ``changes``), without empty values."""
+        current = replace(self, **changes)
+        values = {
+            "agent": current.agent,
+            "interrupt": current.interrupt,
+            "requester": current.requester,
+            **current._own_query(),
+            "cursor": current.cursor,
+        }
+        return {k: v for k, v in values.items() if v}
+
+    def _own_query(self) -> dict[str, str | None]:
+        """The query values of the filters only this list has (between the shared ones and
+        the cursor, the order links have always had)."""
+        return {}
+
+
+@dataclass(frozen=True)
+class InboxFilters(_ListFilters):
+    """The inbox's filters, order and page, as the query string gives them."""
+
     min_age: int = 0
     newest_first: bool = False
-    cursor: str | None = None
     #: ``me``, ``groups`` or ``unassigned`` (``None``: every approval the viewer may decide).
     assigned: str | None = None
 
@@ -155,67 +182,41 @@ class InboxFilters:
             raise InvalidArgumentError("assigned must be 'me', 'groups' or 'unassigned'.")
         return cls(
             assigned=assigned,
-            agent=_id_filter(params, "agent", "The agent filter"),
-            interrupt=_id_filter(params, "interrupt", "The interrupt filter"),
-            requester=_id_filter(params, "requester", "The requester filter"),
+            agent=optional_id(params, "agent", "The agent filter"),
+            interrupt=optional_id(params, "interrupt", "The interrupt filter"),
+            requester=optional_id(params, "requester", "The requester filter"),
             min_age=min_age,
             newest_first=order == "newest",
             cursor=_cursor(params),
         )
 
-    def query(self, **changes: Any) -> dict[str, str]:
-        """The query string of these filters (with ``changes``), without empty values."""
-        current = replace(self, **changes)
-        return _present(
-            {
-                "agent": current.agent,
-                "interrupt": current.interrupt,
-                "requester": current.requester,
-                "age": str(current.min_age) if current.min_age else None,
-                "order": "newest" if current.newest_first else None,
-                "assigned": current.assigned,
-                "cursor": current.cursor,
-            }
-        )
+    def _own_query(self) -> dict[str, str | None]:
+        return {
+            "age": str(self.min_age) if self.min_age else None,
+            "order": "newest" if self.newest_first else None,
+            "assigned": self.assigned,
+        }
 
 
 @dataclass(frozen=True)
-class HistoryFilters:
+class HistoryFilters(_ListFilters):
     """The history's filters and page."""
 
-    agent: str | None = None
-    interrupt: str | None = None
-    requester: str | None = None
     decided_by: str | None = None
-    cursor: str | None = None
 
     @classmethod
     def from_query(cls, params: Mapping[str, str]) -> HistoryFilters:
         """Read and check the query string (:class:`InvalidArgumentError`: a 400)."""
         return cls(
-            agent=_id_filter(params, "agent", "The agent filter"),
-            interrupt=_id_filter(params, "interrupt", "The interrupt filter"),
-            requester=_id_filter(params, "requester", "The requester filter"),
-            decided_by=_id_filter(params, "decided_by", "The decided-by filter"),
+            agent=optional_id(params, "agent", "The agent filter"),
+            interrupt=optional_id(params, "interrupt", "The interrupt filter"),
+            requester=optional_id(params, "requester", "The requester filter"),
+            decided_by=optional_id(params, "decided_by", "The decided-by filter"),
             cursor=_cursor(params),
         )
 
-    def query(self, **changes: Any) -> dict[str, str]:
-        """The query string of these filters (with ``changes``), without empty values."""
-        current = replace(self, **changes)
-        return _present(
-            {
-                "agent": current.agent,
-                "interrupt": current.interrupt,
-                "requester": current.requester,
-                "decided_by": current.decided_by,
-                "cursor": current.cursor,
-            }
-        )
-
-
-def _present(values: Mapping[str, str | None]) -> dict[str, str]:
-    return {k: v for k, v in values.items() if v}
+    def _own_query(self) -> dict[str, str | None]:
+        return {"decided_by": self.decided_by}
 
 
 def _pending_of(entry: DecidedApproval) -> PendingApproval:
@@ -236,47 +237,6 @@ def _pending_of(entry: DecidedApproval) -> PendingApproval:
 
 def _approval_key(approval: PendingApproval) -> Key:
     return approval.created_at, approval.turn_id, approval.ref
-
-
-async def _merge(
-    fetchers: Sequence[Callable[[int], Awaitable[list[T]]]],
-    key: Callable[[T], Key],
-    *,
-    limit: int,
-    descending: bool,
-    visible: Callable[[T], bool],
-    cursors: CursorSeal,
-) -> Page[T]:
-    """One page over several stores: each is asked for a row more than a page, and rows past
-    the nearest last key of a store that has more stay for the next page (that store may
-    hold rows before them). Rows the viewer may not see are skipped, and the cursor moves
-    past them."""
-    examined: list[T] = []
-    horizon: Key | None = None
-    for fetch in fetchers:
-        rows = await fetch(limit + 1)
-        if len(rows) > limit:
-            last = key(rows[-1])
-            if horizon is None:
-                horizon = last
-            else:
-                horizon = max(horizon, last) if descending else min(horizon, last)
-        examined.extend(rows)
-    examined.sort(key=key, reverse=descending)
-    if horizon is not None:
-        bound = horizon
-        examined = [r for r in examined if (key(r) >= bound if descending else key(r) <= bound)]
-    page: list[T] = []
-    seen = 0
-    for row in examined:
-        if len(page) == limit:
-            break
-        seen += 1
-        if visible(row):
-            page.append(row)
-    more = seen < len(examined) or horizon is not None
-    cursor = cursors.seal(key(examined[seen - 1])) if more and seen else None
-    return Page(items=page, next_cursor=cursor)
 
 
 class Catalog:
@@ -303,12 +263,7 @@ class Catalog:
 
     def stores(self, agent: str | None = None) -> list[tuple[SessionStore, tuple[str, ...]]]:
         """Each store of the served agents (or of ``agent``), with the agents it holds."""
-        grouped: dict[int, tuple[SessionStore, list[str]]] = {}
-        for name, served in self.engine.agents.items():
-            if served.store is None or (agent is not None and name != agent):
-                continue
-            grouped.setdefault(id(served.store), (served.store, []))[1].append(name)
-        return [(store, tuple(names)) for store, names in grouped.values()]
+        return served_stores(self.engine.agents, agent)
 
     def agent_names(self) -> list[str]:
         """The served agents that keep turns in a store (the inbox's agent filter)."""
@@ -344,17 +299,14 @@ class Catalog:
 
         held: dict[tuple[str, int, str], Assignment] = {}
 
-        def fetcher(
-            store: SessionStore, agents: tuple[str, ...]
-        ) -> Callable[[int], Awaitable[list[PendingApproval]]]:
-            async def fetch(count: int) -> list[PendingApproval]:
-                rows = await store.list_approvals(
-                    query.model_copy(update={"agents": agents, "limit": count})
-                )
-                held.update(await current_assignments(self.engine.agents, rows))
-                return rows
-
-            return fetch
+        async def fetch(
+            store: SessionStore, agents: tuple[str, ...], count: int
+        ) -> list[PendingApproval]:
+            rows = await store.list_approvals(
+                query.model_copy(update={"agents": agents, "limit": count})
+            )
+            held.update(await current_assignments(self.engine.agents, rows))
+            return rows
 
         def visible(approval: PendingApproval) -> bool:
             assignment = held[(approval.turn_id, approval.round, approval.ref)]
@@ -363,13 +315,22 @@ class Catalog:
                 principal, assignment, filters.assigned, quorum=quorum
             )
 
-        return await _merge(
-            [fetcher(store, agents) for store, agents in self.stores(filters.agent)],
+        rows, held_back = await gather_rows(
+            self.stores(filters.agent),
+            fetch,
             _approval_key,
             limit=limit,
             descending=filters.newest_first,
-            visible=visible,
-            cursors=self.cursors,
+        )
+        return Page(
+            *take_page(
+                rows,
+                _approval_key,
+                limit=limit,
+                visible=visible,
+                held_back=held_back,
+                cursors=self.cursors,
+            )
         )
 
     async def assignments(
@@ -410,24 +371,25 @@ class Catalog:
             before=self.cursors.open(filters.cursor) if filters.cursor else None,
         )
 
-        def fetcher(
-            store: ApprovalHistory, agents: tuple[str, ...]
-        ) -> Callable[[int], Awaitable[list[DecidedApproval]]]:
-            async def fetch(count: int) -> list[DecidedApproval]:
-                return await store.list_decisions(
-                    query.model_copy(update={"agents": agents, "limit": count})
-                )
+        async def fetch(
+            store: ApprovalHistory, agents: tuple[str, ...], count: int
+        ) -> list[DecidedApproval]:
+            return await store.list_decisions(
+                query.model_copy(update={"agents": agents, "limit": count})
+            )
 
-            return fetch
+        def key(entry: DecidedApproval) -> Key:
+            return entry.key
 
-        fetchers = [fetcher(store, agents) for store, agents in self.stores(filters.agent)]
-        return await _merge(
-            fetchers,
-            lambda entry: entry.key,
-            limit=limit,
-            descending=True,
-            visible=lambda entry: self.may_decide(principal, _pending_of(entry)),
-            cursors=self.cursors,
+        def visible(entry: DecidedApproval) -> bool:
+            return self.may_decide(principal, _pending_of(entry))
+
+        stores = self.stores(filters.agent)
+        rows, held_back = await gather_rows(stores, fetch, key, limit=limit, descending=True)
+        return Page(
+            *take_page(
+                rows, key, limit=limit, visible=visible, held_back=held_back, cursors=self.cursors
+            )
         )
 
     # -- one approval, one turn ----------------------------------------------------------
