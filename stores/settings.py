@@ -404,8 +404,9 @@ class Settings(BaseSettings):
         key and endpoint configured here (``options``, the adapter's keyword arguments, win);
         ``None`` when no model is named (the application keeps its own default).
 
-        Raises ``ValueError`` for a missing key, ``ImportError`` naming the extra to install
-        when the provider's SDK is missing (:func:`engine.models.model_from_spec`).
+        Raises :class:`InvalidSettingsError` naming ``TURNSTILE_MODEL`` for a missing key, or
+        for a provider whose SDK is missing (naming the extra to install), so an application
+        module that builds its model at import is refused in one line.
         """
         if self.model is None:
             return None
@@ -425,7 +426,12 @@ class Settings(BaseSettings):
             configured["api_key"] = key
         if url is not None:
             configured["base_url"] = url
-        return model_from_spec(self.model, **{**configured, **options})
+        try:
+            return model_from_spec(self.model, **{**configured, **options})
+        except (ValueError, ImportError) as exc:
+            raise InvalidSettingsError(
+                {"TURNSTILE_MODEL": f"TURNSTILE_MODEL={self.model!r}: {exc}"}
+            ) from exc
 
     def tracing_config(self) -> TracingConfig:
         """The ``OTEL_*`` values :func:`engine.telemetry.tracing.configure_tracing` acts on."""

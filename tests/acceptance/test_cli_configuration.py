@@ -423,3 +423,36 @@ def test_an_unusable_otel_exporter_is_refused_at_startup(tmp_path: Path, command
     assert done.returncode == 2, done.stderr
     assert "no-such-exporter" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("model", "missing"),
+    [
+        ("openai:gpt-4o-mini", "OPENAI_API_KEY"),
+        ("anthropic:claude-sonnet-4-5", "ANTHROPIC_API_KEY"),
+    ],
+)
+@pytest.mark.parametrize("command", ["worker", "serve"])
+def test_a_model_without_its_key_is_refused_in_one_line(
+    tmp_path: Path, command: str, model: str, missing: str
+) -> None:
+    """An app that builds its model from TURNSTILE_MODEL at import, with no API key set, is
+    refused with one line naming the variable and the key, exit 2, and no traceback."""
+    env = _env(tmp_path, TURNSTILE_MODEL=model)
+    env.pop("OPENAI_API_KEY", None)
+    env.pop("ANTHROPIC_API_KEY", None)
+    done = run_turnstile(
+        tmp_path,
+        command,
+        "--app",
+        "examples.banking:ai",
+        "--dev",
+        "--db",
+        new_sqlite_database(),
+        env=env,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert f"TURNSTILE_MODEL={model!r}" in lines[0] and missing in lines[0]

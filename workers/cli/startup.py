@@ -162,8 +162,14 @@ def load_attr(spec: str, option: str) -> Any:
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise Refused(f"{option} must look like 'module:attribute', not {spec!r}.")
+    from stores.settings import InvalidSettingsError
+
     try:
         return import_attribute(module_name, attr)
+    except InvalidSettingsError as exc:
+        # The module read a setting it cannot use (a model without its key): the operator's
+        # to fix, said in one line as every other refusal.
+        raise Refused(str(exc)) from exc
     except ImportError as exc:
         raise Refused(f"cannot import app module {module_name!r}: {exc}") from exc
     except AttributeError as exc:
