@@ -7,8 +7,15 @@ it, so a change to the code without its doc fails here."""
 from __future__ import annotations
 
 import ast
+import inspect
+import json
 import re
+from collections.abc import Callable
 from pathlib import Path
+
+import pytest
+
+from engine.engine import Engine
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -49,3 +56,50 @@ def test_every_migration_file_has_a_row_in_the_architecture_doc() -> None:
     assert misnamed == [], "a migration's file name must start with its revision"
     assert sorted(rows) == [path.name for path in files]
     assert [name for name, adds in rows.items() if not adds.strip()] == []
+
+
+def documented_entry(function: Callable[..., object]) -> tuple[list[str], str]:
+    """The parameters docs/configuration.md's bold signature of ``Engine.<function>`` lists
+    (``name`` or ``name=default``, and ``*``), and the prose of its entry up to the next bold
+    signature or heading."""
+    heading = f"**`Engine.{function.__name__}("
+    text = (DOCS / "configuration.md").read_text()
+    assert heading in text, f"docs/configuration.md has no entry for {function.__qualname__}"
+    entry = re.split(r"^(?:\*\*`|#)", text.split(heading, 1)[1], maxsplit=1, flags=re.M)[0]
+    listed, prose = entry.split(")`**", 1)
+    return [part.strip() for part in " ".join(listed.split()).split(",")], prose
+
+
+def signature_as_written(function: Callable[..., object]) -> list[str]:
+    """The parameters of ``function`` as the doc writes a signature: ``*`` before the
+    keyword-only ones, ``name=default`` with strings in double quotes."""
+    written: list[str] = []
+    for parameter in inspect.signature(function).parameters.values():
+        if parameter.name == "self":
+            continue
+        if parameter.kind is parameter.KEYWORD_ONLY and "*" not in written:
+            written.append("*")
+        default = parameter.default
+        if default is parameter.empty:
+            written.append(parameter.name)
+        else:
+            shown = json.dumps(default) if isinstance(default, str) else repr(default)
+            written.append(f"{parameter.name}={shown}")
+    return written
+
+
+@pytest.mark.parametrize("function", [Engine.define_tool, Engine.define_interrupt])
+def test_configuration_doc_gives_every_parameter_of_the_tool_definitions(
+    function: Callable[..., object],
+) -> None:
+    """docs/configuration.md's entry for ``define_tool`` / ``define_interrupt`` writes the
+    function's signature as the code has it (each parameter, in order, with its default) and
+    then says what each parameter does, naming it in backticks."""
+    listed, prose = documented_entry(function)
+    assert listed == signature_as_written(function)
+    unexplained = [
+        name
+        for name in inspect.signature(function).parameters
+        if name != "self" and not re.search(rf"`{name}[`=]", prose)
+    ]
+    assert unexplained == [], "the entry's prose does not say what these parameters do"
