@@ -103,3 +103,20 @@ def test_configuration_doc_gives_every_parameter_of_the_tool_definitions(
         if name != "self" and not re.search(rf"`{name}[`=]", prose)
     ]
     assert unexplained == [], "the entry's prose does not say what these parameters do"
+
+
+def prose_docs() -> list[Path]:
+    """The README and every Markdown page under docs/."""
+    return [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
+
+
+def test_docs_write_postgresql_urls_without_a_driver() -> None:
+    """The docs write a PostgreSQL URL as ``postgresql://`` (the form the settings and the CLI
+    document, which Turnstile maps to psycopg 3 itself), never ``postgresql+psycopg://``."""
+    driver_urls = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for path in prose_docs()
+        for number, line in enumerate(path.read_text().splitlines(), start=1)
+        if "postgresql+psycopg://" in line
+    ]
+    assert driver_urls == []
