@@ -120,3 +120,39 @@ def test_docs_write_postgresql_urls_without_a_driver() -> None:
         if "postgresql+psycopg://" in line
     ]
     assert driver_urls == []
+
+
+def literal_or_none(node: ast.expr) -> object:
+    """The value of a literal argument; ``None`` for anything computed (a name, a call)."""
+    try:
+        return ast.literal_eval(node)
+    except ValueError:
+        return None
+
+
+def indexes_on_decided_at() -> list[str]:
+    """The names of the indexes the migrations create on ``tool_calls.decided_at``."""
+    names: list[str] = []
+    for migration in migration_files():
+        for node in ast.walk(ast.parse(migration.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "create_index"
+                and len(node.args) >= 3
+            ):
+                index, table, columns = (literal_or_none(arg) for arg in node.args[:3])
+                if table == "tool_calls" and isinstance(columns, list) and "decided_at" in columns:
+                    names.append(str(index))
+    return names
+
+
+def test_inbox_doc_names_the_index_on_decided_at() -> None:
+    """docs/inbox.md names each index a migration builds on ``tool_calls.decided_at`` (the
+    history of decisions reads it), and says nowhere that there is no such index."""
+    indexes = indexes_on_decided_at()
+    assert indexes != [], "no migration indexes tool_calls.decided_at: update this test"
+    text = (DOCS / "inbox.md").read_text()
+    assert [index for index in indexes if f"`{index}`" not in text] == []
+    denials = re.findall(r"[^.]*\bno index\b[^.]*`decided_at`[^.]*\.", " ".join(text.split()))
+    assert denials == []
