@@ -137,9 +137,9 @@ class StateSigner:
 
     ``keys`` maps key ids to secrets; the first one signs, all of them verify (rotation: put
     the new key first, keep the old one until the blobs it signed have aged out). Without
-    keys a random per-process key is made and a warning logged (blobs then only verify in
-    this process). ``max_age`` (seconds; ``None``: unlimited) rejects blobs older than that.
-    Neither is read from the environment: ``TURNSTILE_STATE_KEYS`` and
+    keys a random per-process key is made, and a warning logged when it first signs (blobs
+    then only verify in this process). ``max_age`` (seconds; ``None``: unlimited) rejects
+    blobs older than that. Neither is read from the environment: ``TURNSTILE_STATE_KEYS`` and
     ``TURNSTILE_STATE_MAX_AGE`` reach it through ``Engine(state_keys=, state_max_age=)``.
     """
 
@@ -150,14 +150,10 @@ class StateSigner:
         #: Whether no key was configured and a random one was made for this process.
         self.generated = not parsed
         if not parsed:
-            kid = "ephemeral-" + secrets.token_hex(4)
-            parsed = {kid: secrets.token_bytes(32)}
-            logger.warning(
-                "No state signing key configured (Engine got no state_keys, e.g. from %s); "
-                "using a random key %s, so client-managed state only verifies in this process.",
-                _ENV_KEYS,
-                kid,
-            )
+            parsed = {"ephemeral-" + secrets.token_hex(4): secrets.token_bytes(32)}
+        # Said when the key is first used, not here: an app with no client-managed agent
+        # never signs, and its every command would otherwise warn of a key it does not need.
+        self._warned = not self.generated
         for kid in parsed:
             if not _KEY_ID.fullmatch(kid):
                 raise ValueError(
@@ -200,11 +196,22 @@ class StateSigner:
         self, state: Mapping[str, Any], *, agent: str, now: float | None = None
     ) -> dict[str, Any]:
         """Return ``state`` plus its ``signature`` field, bound to ``agent``."""
+        self._warn_once()
         body = {k: v for k, v in state.items() if k != SIGNATURE_FIELD}
         body = _normalise(body)
         issued_at = int(time.time() if now is None else now)
         mac = self._mac(self._keys[self._active], agent, issued_at, body)
         return {**body, SIGNATURE_FIELD: f"{_VERSION}.{self._active}.{issued_at}.{mac}"}
+
+    def _warn_once(self) -> None:
+        if not self._warned:
+            self._warned = True
+            logger.warning(
+                "No state signing key configured (Engine got no state_keys, e.g. from %s); "
+                "using a random key %s, so client-managed state only verifies in this process.",
+                _ENV_KEYS,
+                self._active,
+            )
 
     def verify(self, blob: Any, *, agent: str, now: float | None = None) -> dict[str, Any]:
         """Check ``blob`` and return the state without its signature.

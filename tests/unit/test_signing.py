@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from engine import Engine, ScriptedModel
 from engine.errors import InvalidStateError
 from engine.state.signing import SIGNATURE_FIELD, StateSigner, canonical_json
+from engine.store.memory import InMemorySessionStore
 from stores.settings import read_settings
 
 AGENT = "bankingAgentStateless"
@@ -567,20 +568,23 @@ def test_malformed_environment_keys_raise_value_error(
         read_settings()
 
 
-def test_without_keys_an_ephemeral_key_is_used_and_logged(
+def test_without_keys_an_ephemeral_key_is_used_and_logged_when_it_first_signs(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """No configured key gives a random per-process key and a logged warning."""
+    """No configured key gives a random per-process key; a warning is logged once, when it
+    first signs (an app that never signs, with no client-managed agent, is not warned)."""
     monkeypatch.delenv("TURNSTILE_STATE_KEYS", raising=False)
     with caplog.at_level(logging.WARNING, logger="turnstile.signing"):
         first = StateSigner()
+        assert not [r for r in caplog.records if r.name == "turnstile.signing"]
+        blob = first.sign(REALISTIC_STATE, agent=AGENT, now=NOW)
+        first.sign(REALISTIC_STATE, agent=AGENT, now=NOW)
     assert first.active_key_id.startswith("ephemeral-")
     warnings = [r for r in caplog.records if r.name == "turnstile.signing"]
     assert len(warnings) == 1
     assert warnings[0].levelno == logging.WARNING
     assert "No state signing key configured" in warnings[0].getMessage()
     assert first.active_key_id in warnings[0].getMessage()
-    blob = first.sign(REALISTIC_STATE, agent=AGENT, now=NOW)
     assert first.verify(blob, agent=AGENT, now=NOW)
     second = StateSigner()
     assert second.active_key_id != first.active_key_id
@@ -594,6 +598,7 @@ def test_empty_key_mapping_also_falls_back_to_an_ephemeral_key(
     """An explicitly empty key mapping is treated as "no keys" (ephemeral key, warning)."""
     with caplog.at_level(logging.WARNING, logger="turnstile.signing"):
         ephemeral = StateSigner({})
+        ephemeral.sign(REALISTIC_STATE, agent=AGENT, now=NOW)
     assert ephemeral.active_key_id.startswith("ephemeral-")
     assert any("No state signing key configured" in r.getMessage() for r in caplog.records)
 
@@ -695,3 +700,14 @@ def test_large_integral_float_survives_a_javascript_round_trip() -> None:
     """JavaScript prints integral doubles below 1e21 as digits; such blobs still verify."""
     blob = _strict_blob(custom={"x": 2.0**60})
     _STRICT.verify({**blob, "custom": {"x": 2**60}}, agent="a", now=_NOW)
+
+
+def test_an_engine_without_keys_and_without_client_state_warns_of_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An app with only stored agents never signs: building it (as every CLI action does)
+    says nothing about a signing key it does not need."""
+    with caplog.at_level(logging.WARNING, logger="turnstile.signing"):
+        ai = Engine(model=ScriptedModel())
+        ai.define_agent(name="stored", store=InMemorySessionStore())
+    assert not [r for r in caplog.records if r.name == "turnstile.signing"]
