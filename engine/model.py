@@ -19,7 +19,7 @@ from typing import Annotated, Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, BeforeValidator, Field
 
-from engine.conversation.parts import Message, Part, ToolResponse
+from engine.conversation.parts import Message, Part, ToolRequest, ToolResponse
 from engine.errors import TransientError
 from engine.status import FinishReason
 
@@ -134,7 +134,10 @@ class ModelResponse(BaseModel):
         """
         if isinstance(input, BaseModel):
             input = input.model_dump(mode="json", by_alias=True)
-        return cls.of_parts(Part.of_request(_tool_name(tool), ref, input))
+        request = ToolRequest(name=_tool_name(tool), input=input)
+        if ref is not None:  # unset rather than null: what is streamed has no ``"ref": null``
+            request.ref = ref
+        return cls.of_parts(Part(tool_request=request))
 
     @classmethod
     def of_parts(cls, *content: str | Part) -> ModelResponse:

@@ -212,7 +212,7 @@ def test_request_readers_see_the_newest_user_text_and_tool_results() -> None:
         (lambda: ModelResponse.of_text("hi"), [{"text": "hi"}]),
         (
             lambda: ModelResponse.of_call(ToolSpec(name="weather"), City(city="Nice")),
-            [{"toolRequest": {"name": "weather", "ref": None, "input": {"city": "Nice"}}}],
+            [{"toolRequest": {"name": "weather", "input": {"city": "Nice"}}}],
         ),
         (
             lambda: ModelResponse.of_parts("a", Part.of_request("weather", "w", None)),
