@@ -15,7 +15,8 @@ from engine.conversation.parts import Message, Part
 from engine.conversation.session_state import Artifact, StateSchemaError
 from engine.engine import Engine
 from engine.errors import AgentError, TurnFailedError, TurnstileError
-from engine.model import Model
+from engine.model import Model, ModelRequest, ModelResponse
+from engine.models.function import FunctionModel
 from engine.response import AgentChunk, AgentInterrupt, AgentResponse
 from engine.scripted import ScriptedModel
 from engine.state.versioning import PausedTurn
@@ -33,9 +34,12 @@ __all__ = [
     "Chat",
     "Engine",
     "FinishReason",
+    "FunctionModel",
     "InterruptTool",
     "Message",
     "Model",
+    "ModelRequest",
+    "ModelResponse",
     "Part",
     "PausedTurn",
     "RetryPolicy",

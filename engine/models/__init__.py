@@ -1,4 +1,5 @@
-"""Adapters for real LLM providers, and choosing one by name (``provider:model``).
+"""Adapters for real LLM providers, choosing one by name (``provider:model``), and
+:class:`FunctionModel`, the offline model you program yourself.
 
 ``OpenAIChatModel`` (any OpenAI-compatible Chat Completions endpoint) and ``AnthropicModel``
 (the Messages API) implement :class:`engine.model.Model`. Their SDKs are optional extras
@@ -19,6 +20,7 @@ from engine.models.errors import (
     ModelPermissionError,
     ModelRequestError,
 )
+from engine.models.function import FunctionModel, ModelFunction, ModelOutputError
 
 if TYPE_CHECKING:
     from engine.models.anthropic import AnthropicModel
@@ -26,10 +28,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AnthropicModel",
+    "FunctionModel",
     "ModelAuthenticationError",
     "ModelContentPolicyError",
     "ModelError",
+    "ModelFunction",
     "ModelNotFoundError",
+    "ModelOutputError",
     "ModelPermissionError",
     "ModelRequestError",
     "OpenAIChatModel",
