@@ -35,6 +35,7 @@ __all__ = [
     "RoleInboxPolicy",
     "UnauthenticatedError",
     "inbox_policy_from_spec",
+    "is_demo_only",
 ]
 
 
@@ -67,11 +68,14 @@ class BearerTokenAuth:
 
     ``tokens`` maps each token to its principal (or to a principal id). Tokens are compared in
     constant time so response timing does not leak how much of a guess was right.
+    ``demo_only=True`` marks tokens that are published (an example's): ``turnstile serve``
+    refuses such an authenticator unless ``--dev`` (see :func:`is_demo_only`).
     """
 
-    def __init__(self, tokens: Mapping[str, Principal | str]) -> None:
+    def __init__(self, tokens: Mapping[str, Principal | str], *, demo_only: bool = False) -> None:
         if not tokens:
             raise ValueError("BearerTokenAuth needs at least one token.")
+        self.demo_only = demo_only
         self._tokens = [
             (token.encode(), who if isinstance(who, Principal) else Principal(id=who))
             for token, who in tokens.items()
@@ -93,6 +97,13 @@ class BearerTokenAuth:
         if found is None:
             raise UnauthenticatedError("Invalid bearer token.")
         return found
+
+
+def is_demo_only(authenticator: object) -> bool:
+    """Whether ``authenticator`` says its credentials are published, so that it may guard
+    only a local demo: any authenticator may carry a ``demo_only = True`` attribute (as
+    :class:`BearerTokenAuth` does when built with ``demo_only=True``)."""
+    return getattr(authenticator, "demo_only", False) is True
 
 
 @runtime_checkable

@@ -35,6 +35,7 @@ from workers.cli.startup import (
     TurnstileCommand,
     apply_retry_defaults,
     check_at_head,
+    check_auth,
     check_keys,
     check_same_database,
     configure_tracing,
@@ -244,12 +245,14 @@ def run_serve(flags: ServeFlags) -> int:
     apply_retry_defaults(app, flags.max_attempts, flags.retry_backoff)
     check_same_database(app, url)
     warn_unused_settings(app, settings)
-    check_keys(app, dev=flags.dev)
-    if durable(app):
-        check_at_head(url, flags.connect_timeout)
     auth = load_attr(flags.auth, "--auth") if flags.auth else None
     if auth is not None and not callable(auth):
         raise Refused(f"--auth {flags.auth} is not callable (an Authenticator).")
+    if auth is not None and flags.auth is not None:
+        check_auth(auth, flags.auth, dev=flags.dev)
+    check_keys(app, dev=flags.dev)
+    if durable(app):
+        check_at_head(url, flags.connect_timeout)
     inbox_policy = _inbox_policy(flags.inbox_policy)
     worker_slots = embedded_slots(flags)
     pool: WorkerPool | None = None

@@ -44,6 +44,7 @@ __all__ = [
     "apply_retry_defaults",
     "call_store_hook",
     "check_at_head",
+    "check_auth",
     "check_keys",
     "check_same_database",
     "describe_model",
@@ -301,6 +302,25 @@ def warn_unused_settings(app: Engine, settings: Settings) -> list[str]:
             extra={"variable": variable},
         )
     return unused
+
+
+def check_auth(auth: object, spec: str, *, dev: bool) -> None:
+    """Refuse an authenticator whose tokens are published (marked ``demo_only``, as the
+    README's ``examples.demo_auth:auth``) unless ``dev``: anyone could sign in with them."""
+    from engine.remote.auth import is_demo_only
+
+    if not is_demo_only(auth):
+        return
+    if not dev:
+        raise Refused(
+            f"refusing to start: --auth {spec} is a demo authenticator whose tokens are "
+            "published; give --dev for a local demo, or an authenticator of your own"
+        )
+    logger.warning(
+        "--auth %s: a demo authenticator whose tokens are published (accepted with --dev)",
+        spec,
+        extra={"auth": spec},
+    )
 
 
 def check_keys(app: Engine, *, dev: bool) -> list[str]:
