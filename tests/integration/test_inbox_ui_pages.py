@@ -308,3 +308,29 @@ async def test_signing_in_out_and_the_json_api_beside_it(
         assert api.status_code == 200
     finally:
         await bob.aclose()
+
+
+async def test_the_inspector_says_a_paused_turn_was_answered_and_continued(
+    open_server: tuple[BankingApp, httpx.AsyncClient],
+) -> None:
+    """A turn that paused says "paused (waiting for approval)" while its approval is open,
+    and "paused, answered and continued" once decided, never "paused again"; the turn that
+    continued it is linked."""
+    app, client = open_server
+    paused = await app.banking_agent.chat().send("Transfer $20 to alice")
+    assert paused.snapshot_id is not None
+    inspector = f"/ui/turns/{paused.snapshot_id}"
+    waiting = await client.get(inspector)
+    assert "paused (waiting for approval)" in waiting.text
+    assert "paused again" not in waiting.text
+    (first,) = approval_links((await client.get("/ui")).text)
+    _page, token = await page_and_token(client, first)
+    decided = await client.post(
+        f"{first}/decision",
+        data={"csrf_token": token, "action": "respond", "field.approved": "true"},
+    )
+    assert decided.status_code == 303
+    answered = await client.get(inspector)
+    assert "paused, answered and continued" in answered.text
+    assert "paused again" not in answered.text
+    assert re.search(r'Continued by</dt><dd><a href="/ui/turns/[^"]+"', answered.text)

@@ -226,8 +226,18 @@ def ago(value: datetime | None, now: datetime) -> str:
     return f"in {text}" if ahead else f"{text} ago"
 
 
+def turn_state(status: str, finish_reason: str | None, *, continued: bool) -> str:
+    """What happened to a turn, in words, for its own page: a turn that paused says whether
+    its approvals were answered and the session continued (``continued``), or it still
+    waits; any other state as :func:`outcome` says it."""
+    if status == "completed" and finish_reason == "interrupted":
+        return "paused, answered and continued" if continued else "paused (waiting for approval)"
+    return outcome(status, finish_reason)
+
+
 def outcome(status: str | None, finish_reason: str | None) -> str:
-    """A turn's state in words: ``completed``, ``paused again``, ``queued or running``, …"""
+    """The state of the turn that continued a paused one, in words: ``completed``,
+    ``paused again``, ``queued or running``, …"""
     if status is None:
         return "not continued yet"
     if status == "pending":

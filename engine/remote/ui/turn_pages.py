@@ -65,8 +65,10 @@ class TurnPages:
             "nav": "",
             "turn": turn,
             "owner": found.owner,
-            "status_text": present.outcome(
-                turn.status.value, turn.finish_reason.value if turn.finish_reason else None
+            "status_text": present.turn_state(
+                turn.status.value,
+                turn.finish_reason.value if turn.finish_reason else None,
+                continued=following is not None,
             ),
             "latest": latest,
             "following": following,
