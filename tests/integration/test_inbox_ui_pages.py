@@ -87,7 +87,11 @@ async def test_an_open_server_lists_and_decides_without_signing_in(
     assert decided.status_code == 303
     shown = await client.get(decided.headers["location"])
     assert "Your decision was recorded." in shown.text
-    assert "waits for decisions on approval-2" in shown.text
+    sibling = re.search(
+        r'waits for decisions on <a href="(/ui/approvals/[^"]+)">approval-2</a>', shown.text
+    )
+    assert sibling is not None, shown.text
+    assert sibling.group(1) in approval_links(inbox.text)
     again = await client.post(
         f"{first}/decision",
         data={"csrf_token": token, "action": "respond", "field.approved": "true"},

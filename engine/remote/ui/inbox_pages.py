@@ -390,7 +390,12 @@ class ApprovalPages:
                 following.status.value if following else None,
                 following.finish_reason.value if following and following.finish_reason else None,
             ),
-            "waiting": [ref for ref in waiting if ref != approval.ref],
+            # Each approval the turn still waits for, to link from this one.
+            "waiting": [
+                {"id": approval_id(approval.turn_id, ref), "ref": ref}
+                for ref in waiting
+                if ref != approval.ref
+            ],
             "notice": notice,
             "problem": problem,
             "policy": await policy_wire(found.agent, store, approval, principal),
