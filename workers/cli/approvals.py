@@ -63,6 +63,7 @@ from workers.cli.output import (
     fields,
     iso,
     message_text,
+    print_listing,
     seconds_since,
     short,
     table,
@@ -210,44 +211,36 @@ def ls(
     def holder(a: PendingApproval) -> Assignment | None:
         return held.get((a.turn_id, a.round, a.ref))
 
-    if as_json:
-        emit_json({"items": [approval_wire(a, now) | assignment_fields(holder(a)) for a in rows]})
-        return 0
-    if not rows:
-        click.echo("No open approvals match.", err=True)
-        return 0
-    console().print(
-        table(
-            None,
-            [
-                "ID",
-                "AGENT",
-                "VERSION",
-                "INTERRUPT",
-                "INPUT",
-                "AGE",
-                "DEADLINE",
-                "ASSIGNEE",
-                "GROUP",
-                "SESSION",
-            ],
-            (
-                [
-                    approval_id(a.turn_id, a.ref),
-                    a.agent,
-                    a.app_version or "",
-                    a.interrupt,
-                    short(a.input, 50),
-                    ago(a.created_at, now),
-                    iso(a.deadline) or "",
-                    (holder(a) or NOBODY).assignee or "",
-                    _group_text(holder(a) or NOBODY),
-                    a.session_id,
-                ]
-                for a in rows
-            ),
-            no_wrap=["ID", "SESSION"],
-        )
+    print_listing(
+        rows,
+        as_json=as_json,
+        wire=lambda a: approval_wire(a, now) | assignment_fields(holder(a)),
+        empty="No open approvals match.",
+        columns=[
+            "ID",
+            "AGENT",
+            "VERSION",
+            "INTERRUPT",
+            "INPUT",
+            "AGE",
+            "DEADLINE",
+            "ASSIGNEE",
+            "GROUP",
+            "SESSION",
+        ],
+        cells=lambda a: [
+            approval_id(a.turn_id, a.ref),
+            a.agent,
+            a.app_version or "",
+            a.interrupt,
+            short(a.input, 50),
+            ago(a.created_at, now),
+            iso(a.deadline) or "",
+            (holder(a) or NOBODY).assignee or "",
+            _group_text(holder(a) or NOBODY),
+            a.session_id,
+        ],
+        no_wrap=["ID", "SESSION"],
     )
     return 0
 
