@@ -5,7 +5,6 @@ say where the database and the code stand."""
 from __future__ import annotations
 
 import sys
-from typing import Any
 
 import click
 
@@ -16,6 +15,7 @@ from workers.cli.params import db_option, log_options
 from workers.cli.startup import (
     CommandFailed,
     Refused,
+    ReportingCommand,
     call_store_hook,
     load_settings,
     resolve_db_url,
@@ -26,18 +26,11 @@ from workers.logs import configure_logging
 __all__ = ["migrate"]
 
 
-class MigrateGroup(click.Group):
+class MigrateGroup(ReportingCommand, click.Group):
     """``migrate`` itself migrates; its subcommands report. A :class:`CommandFailed` of the
     group's own callback is reported as the commands' are."""
 
     command_class = OperatorCommand
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except CommandFailed as exc:
-            click.echo(f"{ctx.command_path}: {exc}", err=True)
-            return exc.exit_status
 
 
 def _db(ctx: click.Context, db: str | None) -> str | None:

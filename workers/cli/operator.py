@@ -77,14 +77,8 @@ class OperatorCommand(TurnstileCommand):
     """An operator command: a :class:`CommandFailed` is reported as ``turnstile <group>
     <command>: <message>`` on stderr with its exit status."""
 
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return click.Command.invoke(self, ctx)
-        except CommandFailed as exc:
-            click.echo(f"{ctx.command_path}: {exc}", err=True)
-            return exc.exit_status
-        except KeyboardInterrupt:
-            return 130
+    def failure_name(self, ctx: click.Context) -> str:
+        return ctx.command_path
 
 
 class OperatorGroup(click.Group):

@@ -40,6 +40,7 @@ __all__ = [
     "CommandFailed",
     "DatabaseUnreachable",
     "Refused",
+    "ReportingCommand",
     "TurnstileCommand",
     "apply_retry_defaults",
     "call_store_hook",
@@ -86,7 +87,24 @@ class DatabaseUnreachable(CommandFailed):
     exit_status = 1
 
 
-class TurnstileCommand(click.Command):
+class ReportingCommand(click.Command):
+    """A command (mixed into a group: the group's own callback) whose :class:`CommandFailed`
+    is reported as ``<name>: <message>`` on stderr and returned as its exit status, never
+    as a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except CommandFailed as exc:
+            click.echo(f"{self.failure_name(ctx)}: {exc}", err=True)
+            return exc.exit_status
+
+    def failure_name(self, ctx: click.Context) -> str:
+        """How a failure's line names the command: its path (``turnstile turns ls``)."""
+        return ctx.command_path
+
+
+class TurnstileCommand(ReportingCommand):
     """A ``turnstile`` command: its callback returns the exit status, and a
     :class:`CommandFailed` it raises is reported as ``turnstile <command>: <message>`` on
     stderr with that failure's status (Ctrl-C: 130), never as a traceback."""
@@ -94,11 +112,11 @@ class TurnstileCommand(click.Command):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except CommandFailed as exc:
-            click.echo(f"turnstile {ctx.info_name}: {exc}", err=True)
-            return exc.exit_status
         except KeyboardInterrupt:
             return 130
+
+    def failure_name(self, ctx: click.Context) -> str:
+        return f"turnstile {ctx.info_name}"
 
 
 def resolve_db_url(arg: str | None, settings: Settings | None = None) -> str:
