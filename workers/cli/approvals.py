@@ -63,6 +63,7 @@ from workers.cli.output import (
     fields,
     iso,
     message_text,
+    print_listing,
     seconds_since,
     short,
     table,
@@ -148,6 +149,17 @@ def _parse(value: str) -> tuple[str, str]:
         ) from None
 
 
+async def _find(
+    store: SqlSessionStore, value: str, turn_id: str, ref: str
+) -> tuple[PendingApproval, bool]:
+    """The approval ``value`` names (parsed as ``turn_id`` and ``ref``) and whether it is
+    still open; :class:`NotFound` when there is none."""
+    found = await find_approval(store, turn_id, ref)
+    if found is None:
+        raise NotFound(f"no approval {value!r}; list open ones with `turnstile approvals ls`.")
+    return found
+
+
 # -- ls ------------------------------------------------------------------------------------
 
 
@@ -199,44 +211,36 @@ def ls(
     def holder(a: PendingApproval) -> Assignment | None:
         return held.get((a.turn_id, a.round, a.ref))
 
-    if as_json:
-        emit_json({"items": [approval_wire(a, now) | assignment_fields(holder(a)) for a in rows]})
-        return 0
-    if not rows:
-        click.echo("No open approvals match.", err=True)
-        return 0
-    console().print(
-        table(
-            None,
-            [
-                "ID",
-                "AGENT",
-                "VERSION",
-                "INTERRUPT",
-                "INPUT",
-                "AGE",
-                "DEADLINE",
-                "ASSIGNEE",
-                "GROUP",
-                "SESSION",
-            ],
-            (
-                [
-                    approval_id(a.turn_id, a.ref),
-                    a.agent,
-                    a.app_version or "",
-                    a.interrupt,
-                    short(a.input, 50),
-                    ago(a.created_at, now),
-                    iso(a.deadline) or "",
-                    (holder(a) or NOBODY).assignee or "",
-                    _group_text(holder(a) or NOBODY),
-                    a.session_id,
-                ]
-                for a in rows
-            ),
-            no_wrap=["ID", "SESSION"],
-        )
+    print_listing(
+        rows,
+        as_json=as_json,
+        wire=lambda a: approval_wire(a, now) | assignment_fields(holder(a)),
+        empty="No open approvals match.",
+        columns=[
+            "ID",
+            "AGENT",
+            "VERSION",
+            "INTERRUPT",
+            "INPUT",
+            "AGE",
+            "DEADLINE",
+            "ASSIGNEE",
+            "GROUP",
+            "SESSION",
+        ],
+        cells=lambda a: [
+            approval_id(a.turn_id, a.ref),
+            a.agent,
+            a.app_version or "",
+            a.interrupt,
+            short(a.input, 50),
+            ago(a.created_at, now),
+            iso(a.deadline) or "",
+            (holder(a) or NOBODY).assignee or "",
+            _group_text(holder(a) or NOBODY),
+            a.session_id,
+        ],
+        no_wrap=["ID", "SESSION"],
     )
     return 0
 
@@ -272,10 +276,7 @@ async def _read_approval(
     PendingApproval, bool, ToolCallRecord, list[ToolCallRecord], list[Message], Assignment | None
 ]:
     turn_id, ref = _parse(value)
-    found = await find_approval(store, turn_id, ref)
-    if found is None:
-        raise NotFound(f"no approval {value!r}; list open ones with `turnstile approvals ls`.")
-    approval, is_open = found
+    approval, is_open = await _find(store, value, turn_id, ref)
     calls = [c for c in await store.list_calls(turn_id) if c.round == approval.round]
     call = next(c for c in calls if c.ref == ref)
     conversation = await store.load_conversation(turn_id)
@@ -488,12 +489,7 @@ def _decide_command(verb: str, help_text: str) -> click.Command:
         engine, url = open_app(app, db)
 
         async def run(store: SqlSessionStore) -> DecisionOutcome:
-            found = await find_approval(store, turn_id, ref)
-            if found is None:
-                raise NotFound(
-                    f"no approval {approval!r}; list open ones with `turnstile approvals ls`."
-                )
-            entry, is_open = found
+            entry, is_open = await _find(store, approval, turn_id, ref)
             agent = agent_of(engine, entry.agent, app)
             if not is_open:
                 raise Declined(
@@ -598,12 +594,7 @@ def _assignment_command(verb: str, help_text: str) -> click.Command:
         engine, url = open_app(app, db)
 
         async def run(store: SqlSessionStore) -> Assignment:
-            found = await find_approval(store, turn_id, ref)
-            if found is None:
-                raise NotFound(
-                    f"no approval {approval!r}; list open ones with `turnstile approvals ls`."
-                )
-            entry, _is_open = found
+            entry, _is_open = await _find(store, approval, turn_id, ref)
             agent = agent_of(engine, entry.agent, app)
             try:
                 if verb == "claim":

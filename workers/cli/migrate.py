@@ -5,7 +5,7 @@ say where the database and the code stand."""
 from __future__ import annotations
 
 import sys
-from typing import Any
+from collections.abc import Callable
 
 import click
 
@@ -16,6 +16,7 @@ from workers.cli.params import db_option, log_options
 from workers.cli.startup import (
     CommandFailed,
     Refused,
+    ReportingCommand,
     call_store_hook,
     load_settings,
     resolve_db_url,
@@ -26,18 +27,11 @@ from workers.logs import configure_logging
 __all__ = ["migrate"]
 
 
-class MigrateGroup(click.Group):
+class MigrateGroup(ReportingCommand, click.Group):
     """``migrate`` itself migrates; its subcommands report. A :class:`CommandFailed` of the
     group's own callback is reported as the commands' are."""
 
     command_class = OperatorCommand
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except CommandFailed as exc:
-            click.echo(f"{ctx.command_path}: {exc}", err=True)
-            return exc.exit_status
 
 
 def _db(ctx: click.Context, db: str | None) -> str | None:
@@ -120,21 +114,35 @@ def _print_sql(url: str, start: str | None) -> int:
     return 0
 
 
-@migrate.command("current")
-@db_option
-@json_option
-@click.pass_context
-def current(ctx: click.Context, db: str | None, as_json: bool) -> int:
-    """The database's migration revision, and whether it is the code's head."""
-    from stores.migrate import current_revision, head_revision
+def _report_command(name: str) -> Callable[[Callable[..., int]], click.Command]:
+    """A ``migrate`` subcommand that reports (``current``, ``history``): ``--db``, ``--json``
+    and the context, for the ``--db`` given before its name."""
 
-    url = resolve_db_url(_db(ctx, db))
+    def decorate(function: Callable[..., int]) -> click.Command:
+        return migrate.command(name)(db_option(json_option(click.pass_context(function))))
+
+    return decorate
+
+
+def _read_revision(url: str, advice: str) -> str | None:
+    """The database's migration revision; a :class:`CommandFailed` ending in ``advice``
+    when it cannot be read."""
+    from stores.migrate import current_revision
+
     try:
-        revision = current_revision(url)
+        return current_revision(url)
     except Exception as exc:
         raise CommandFailed(
-            f"cannot read {redact(url)}: {' '.join(str(exc).split())} (check --db)"
+            f"cannot read {redact(url)}: {' '.join(str(exc).split())} ({advice})"
         ) from exc
+
+
+@_report_command("current")
+def current(ctx: click.Context, db: str | None, as_json: bool) -> int:
+    """The database's migration revision, and whether it is the code's head."""
+    from stores.migrate import head_revision
+
+    revision = _read_revision(resolve_db_url(_db(ctx, db)), "check --db")
     head = head_revision()
     if as_json:
         emit_json({"current": revision, "head": head, "at_head": revision == head})
@@ -148,13 +156,10 @@ def current(ctx: click.Context, db: str | None, as_json: bool) -> int:
     return 0
 
 
-@migrate.command("history")
-@db_option
-@json_option
-@click.pass_context
+@_report_command("history")
 def history(ctx: click.Context, db: str | None, as_json: bool) -> int:
     """The code's migrations, oldest first (with --db: which the database has applied)."""
-    from stores.migrate import current_revision, head_revision, migration_history
+    from stores.migrate import head_revision, migration_history
 
     migrations = migration_history()
     settings = load_settings()
@@ -162,14 +167,10 @@ def history(ctx: click.Context, db: str | None, as_json: bool) -> int:
     given = _db(ctx, db) or (settings.database_url if configured else None)
     revision: str | None = None
     if given:
-        url = resolve_db_url(given, settings)
-        try:
-            revision = current_revision(url)
-        except Exception as exc:
-            raise CommandFailed(
-                f"cannot read {redact(url)}: {' '.join(str(exc).split())} (check --db, "
-                "or leave it out to list the code's migrations only)"
-            ) from exc
+        revision = _read_revision(
+            resolve_db_url(given, settings),
+            "check --db, or leave it out to list the code's migrations only",
+        )
     order = [m.revision for m in migrations]
     applied_through = order.index(revision) if revision in order else -1
 

@@ -77,14 +77,8 @@ class OperatorCommand(TurnstileCommand):
     """An operator command: a :class:`CommandFailed` is reported as ``turnstile <group>
     <command>: <message>`` on stderr with its exit status."""
 
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return click.Command.invoke(self, ctx)
-        except CommandFailed as exc:
-            click.echo(f"{ctx.command_path}: {exc}", err=True)
-            return exc.exit_status
-        except KeyboardInterrupt:
-            return 130
+    def failure_name(self, ctx: click.Context) -> str:
+        return ctx.command_path
 
 
 class OperatorGroup(click.Group):
@@ -235,18 +229,8 @@ def _explain(exc: BaseException, url: str) -> CommandFailed:
 def run_on_store(db: str | None, work: Callable[[SqlSessionStore], Awaitable[T]]) -> T:
     """Open the store on ``--db`` (or ``TURNSTILE_DATABASE_URL``), run ``work`` with it, close
     it; a failure of the database or the engine is a :class:`CommandFailed`."""
-    from stores.sql import SqlSessionStore
-
     url = resolve_db_url(db)
-
-    async def main() -> T:
-        store = SqlSessionStore(url, pool_size=1)
-        try:
-            return await work(store)
-        finally:
-            await store.close()
-
-    return _run(main(), url)
+    return _run(_with_store(url, work), url)
 
 
 def open_app(app_spec: str, db: str | None) -> tuple[Engine, str]:
@@ -264,21 +248,27 @@ def open_app(app_spec: str, db: str | None) -> tuple[Engine, str]:
 def run_on_app(app: Engine, url: str, work: Callable[[SqlSessionStore], Awaitable[T]]) -> T:
     """Run ``work`` with a store on ``url`` beside the app's agents (read there, write
     through the agents), then close every store."""
+    return _run(_with_store(url, work, app), url)
+
+
+async def _with_store(
+    url: str, work: Callable[[SqlSessionStore], Awaitable[T]], app: Engine | None = None
+) -> T:
+    """Run ``work`` with a one-connection store on ``url``, then close it and, when given,
+    the stores of ``app``'s agents (each once: agents may share one)."""
     from stores.sql import SqlSessionStore
 
-    async def main() -> T:
-        store = SqlSessionStore(url, pool_size=1)
-        try:
-            return await work(store)
-        finally:
-            await store.close()
+    store = SqlSessionStore(url, pool_size=1)
+    try:
+        return await work(store)
+    finally:
+        await store.close()
+        if app is not None:
             closed: set[int] = set()
             for agent in app.agents.values():
                 if agent.store is not None and id(agent.store) not in closed:
                     closed.add(id(agent.store))
                     await agent.store.close()
-
-    return _run(main(), url)
 
 
 def _run(work: Coroutine[Any, Any, T], url: str) -> T:

@@ -11,10 +11,11 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
+import click
 from rich.console import Console
 from rich.table import Table
 
@@ -27,10 +28,13 @@ __all__ = [
     "iso",
     "message_text",
     "part_text",
+    "print_listing",
     "short",
     "stderr_console",
     "table",
 ]
+
+T = TypeVar("T")
 
 #: The width of the page for a pipe or a file when ``COLUMNS`` is unset: tables are only as
 #: wide as their content, so this is "unbounded".
@@ -121,6 +125,27 @@ def table(
     for row in rows:
         shown.add_row(*("" if cell is None else str(cell) for cell in row))
     return shown
+
+
+def print_listing(
+    rows: Sequence[T],
+    *,
+    as_json: bool,
+    wire: Callable[[T], Any],
+    empty: str,
+    columns: Sequence[str],
+    cells: Callable[[T], Sequence[Any]],
+    no_wrap: Sequence[str] = (),
+) -> None:
+    """Print what an ``ls`` command found: ``{"items": [...]}`` of each row's ``wire`` shape
+    with ``--json``, else a table of each row's ``cells``, or the ``empty`` note on standard
+    error when nothing matched."""
+    if as_json:
+        emit_json({"items": [wire(row) for row in rows]})
+    elif not rows:
+        click.echo(empty, err=True)
+    else:
+        console().print(table(None, columns, (cells(row) for row in rows), no_wrap=no_wrap))
 
 
 def fields(pairs: Mapping[str, Any]) -> Table:

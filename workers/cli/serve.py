@@ -31,24 +31,17 @@ from workers.cli.params import (
 )
 from workers.cli.probes import hold_back_floods, observability
 from workers.cli.startup import (
+    AppFlags,
     Refused,
     TurnstileCommand,
-    apply_retry_defaults,
     check_at_head,
     check_auth,
-    check_keys,
-    check_same_database,
-    configure_tracing,
+    configure_process,
     durable,
-    hand_down,
-    load_app,
     load_attr,
-    load_settings,
+    load_checked_app,
     log_models,
-    resolve_db_url,
-    warn_unused_settings,
 )
-from workers.logs import configure_logging
 from workers.pool import WorkerPool
 
 if TYPE_CHECKING:
@@ -67,11 +60,9 @@ DEV_WORKERS = 2
 
 
 @dataclass(frozen=True)
-class ServeFlags:
+class ServeFlags(AppFlags):
     """``turnstile serve``'s options, parsed (see ``docs/configuration.md``)."""
 
-    app: str
-    db: str | None
     host: str
     port: int
     workers: int | None
@@ -82,13 +73,6 @@ class ServeFlags:
     max_body_bytes: int
     allowed_hosts: str | None
     forwarded_allow_ips: str | None
-    connect_timeout: float
-    log_level: str
-    log_format: str
-    max_attempts: int | None
-    retry_backoff: float | None
-    db_pool_size: int | None
-    dev: bool
     limit_connections: int | None
     limit_concurrency: int | None
     limit_per_client: int | None
@@ -235,22 +219,15 @@ def run_serve(flags: ServeFlags) -> int:
     from workers.http_limits import BodyDeadline, RequestLimits, RequestSlots
     from workers.metrics import HttpMetrics
 
-    configure_logging(flags.log_level, flags.log_format)
-    settings = load_settings()
-    configure_tracing(settings)
+    settings = configure_process(flags)
     limits = serve_limits(flags)
-    url = resolve_db_url(flags.db, settings)
-    settings = hand_down(settings, url, flags.db_pool_size)  # what the app module reads
-    app = load_app(flags.app)
-    apply_retry_defaults(app, flags.max_attempts, flags.retry_backoff)
-    check_same_database(app, url)
-    warn_unused_settings(app, settings)
+    # Before the app: a demo authenticator is refused whatever the app's keys or database.
     auth = load_attr(flags.auth, "--auth") if flags.auth else None
     if auth is not None and not callable(auth):
         raise Refused(f"--auth {flags.auth} is not callable (an Authenticator).")
     if auth is not None and flags.auth is not None:
         check_auth(auth, flags.auth, dev=flags.dev)
-    check_keys(app, dev=flags.dev)
+    app, url, settings = load_checked_app(flags, settings, flags.db_pool_size)
     if durable(app):
         check_at_head(url, flags.connect_timeout)
     inbox_policy = _inbox_policy(flags.inbox_policy)

@@ -29,6 +29,7 @@ from engine.model import Model
 from engine.remote.imports import import_attribute
 from stores.database import redact
 from workers.cli.params import DATABASE_URL_ENV, DEFAULT_DB_URL
+from workers.logs import configure_logging
 from workers.observers import PoolObserver
 
 if TYPE_CHECKING:
@@ -37,9 +38,11 @@ if TYPE_CHECKING:
     from stores.settings import Settings
 
 __all__ = [
+    "AppFlags",
     "CommandFailed",
     "DatabaseUnreachable",
     "Refused",
+    "ReportingCommand",
     "TurnstileCommand",
     "apply_retry_defaults",
     "call_store_hook",
@@ -47,12 +50,14 @@ __all__ = [
     "check_auth",
     "check_keys",
     "check_same_database",
+    "configure_process",
     "describe_model",
     "durable",
     "export_environment",
     "hand_down",
     "load_app",
     "load_attr",
+    "load_checked_app",
     "load_observer",
     "load_settings",
     "log_models",
@@ -87,7 +92,24 @@ class DatabaseUnreachable(CommandFailed):
     exit_status = 1
 
 
-class TurnstileCommand(click.Command):
+class ReportingCommand(click.Command):
+    """A command (mixed into a group: the group's own callback) whose :class:`CommandFailed`
+    is reported as ``<name>: <message>`` on stderr and returned as its exit status, never
+    as a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except CommandFailed as exc:
+            click.echo(f"{self.failure_name(ctx)}: {exc}", err=True)
+            return exc.exit_status
+
+    def failure_name(self, ctx: click.Context) -> str:
+        """How a failure's line names the command: its path (``turnstile turns ls``)."""
+        return ctx.command_path
+
+
+class TurnstileCommand(ReportingCommand):
     """A ``turnstile`` command: its callback returns the exit status, and a
     :class:`CommandFailed` it raises is reported as ``turnstile <command>: <message>`` on
     stderr with that failure's status (Ctrl-C: 130), never as a traceback."""
@@ -95,11 +117,11 @@ class TurnstileCommand(click.Command):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except CommandFailed as exc:
-            click.echo(f"turnstile {ctx.info_name}: {exc}", err=True)
-            return exc.exit_status
         except KeyboardInterrupt:
             return 130
+
+    def failure_name(self, ctx: click.Context) -> str:
+        return f"turnstile {ctx.info_name}"
 
 
 def resolve_db_url(arg: str | None, settings: Settings | None = None) -> str:
@@ -341,6 +363,46 @@ def check_keys(app: Engine, *, dev: bool) -> list[str]:
             extra={"state_key_ids": key_ids},
         )
     return key_ids
+
+
+@dataclasses.dataclass(frozen=True)
+class AppFlags:
+    """The options ``turnstile worker`` and ``turnstile serve`` share, parsed: the app, its
+    database, logging, the retry policy of agents without one (``docs/configuration.md``)."""
+
+    app: str
+    db: str | None
+    connect_timeout: float
+    log_level: str
+    log_format: str
+    max_attempts: int | None
+    retry_backoff: float | None
+    db_pool_size: int | None
+    dev: bool
+
+
+def configure_process(flags: AppFlags) -> Settings:
+    """Log as ``flags`` say and trace as the settings say; the process's settings."""
+    configure_logging(flags.log_level, flags.log_format)
+    settings = load_settings()
+    configure_tracing(settings)
+    return settings
+
+
+def load_checked_app(
+    flags: AppFlags, settings: Settings, pool_size: int | None
+) -> tuple[Engine, str, Settings]:
+    """Resolve the database URL, hand ``settings`` down with it and ``pool_size``, import
+    the app and check it (retry defaults applied, same database, settings it did not take,
+    deployable keys); the app, the URL and the settings handed down."""
+    url = resolve_db_url(flags.db, settings)
+    settings = hand_down(settings, url, pool_size)  # what the app module reads at import
+    app = load_app(flags.app)
+    apply_retry_defaults(app, flags.max_attempts, flags.retry_backoff)
+    check_same_database(app, url)
+    warn_unused_settings(app, settings)
+    check_keys(app, dev=flags.dev)
+    return app, url, settings
 
 
 # -- what runs -------------------------------------------------------------------------------

@@ -3,10 +3,12 @@ pending turn and the open approvals by age (:func:`stores.operations.read_stats`
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
 import click
+from rich.table import Table
 
 from stores.operations import Stats
 from workers.cli.operator import OperatorCommand, json_option, run_on_store
@@ -44,30 +46,32 @@ def stats_wire(read: Stats) -> dict[str, Any]:
     }
 
 
+def _counts(title: str, columns: list[str], counts: Mapping[str, int]) -> Table:
+    """A table of one count per label: a status, what turns wait for, an age."""
+    return table(title, columns, ([label, count] for label, count in counts.items()))
+
+
 def _print(read: Stats, now: datetime) -> None:
     out = console()
     out.print(
-        table(
+        _counts(
             "Turns",
             ["STATUS", "TURNS"],
-            [
-                *([status, count] for status, count in read.turns.items()),
-                ["(of the completed: paused at approvals now)", read.paused],
-            ],
+            {**read.turns, "(of the completed: paused at approvals now)": read.paused},
         )
     )
     queue = read.queue
     oldest = read.oldest_pending
     out.print(
-        table(
+        _counts(
             "Queue",
             ["WAITING FOR", "TURNS"],
-            [
-                ["a worker (claimable now)", queue.claimable],
-                ["their retry backoff", queue.backing_off],
-                ["nothing: running", queue.running],
-                ["their worker to stop (aborting)", queue.aborting],
-            ],
+            {
+                "a worker (claimable now)": queue.claimable,
+                "their retry backoff": queue.backing_off,
+                "nothing: running": queue.running,
+                "their worker to stop (aborting)": queue.aborting,
+            },
         )
     )
     if oldest is not None:
@@ -91,13 +95,10 @@ def _print(read: Stats, now: datetime) -> None:
         )
     approvals = read.approvals
     out.print(
-        table(
+        _counts(
             "Open approvals by age",
             ["AGE", "APPROVALS"],
-            [
-                *([label, count] for label, count in approvals.by_age.items()),
-                ["(decided, resume not queued yet)", approvals.decided_waiting],
-            ],
+            {**approvals.by_age, "(decided, resume not queued yet)": approvals.decided_waiting},
         )
     )
 

@@ -42,6 +42,7 @@ from workers.cli.output import (
     fields,
     iso,
     message_text,
+    print_listing,
     seconds_since,
     short,
     stderr_console,
@@ -152,32 +153,34 @@ def ls(
     )
     rows = run_on_store(db, lambda store: store.list_turns(query))
     now = datetime.now(UTC)
-    if as_json:
-        emit_json({"items": [row_wire(r, now, r.waiting) for r in rows]})
-        return 0
-    if not rows:
-        click.echo("No turns match.", err=True)
-        return 0
-    console().print(
-        table(
-            None,
-            ["ID", "AGENT", "SESSION", "STATUS", "FINISH", "KIND", "ATTEMPTS", "AGE", "WAITING"],
-            (
-                [
-                    r.id,
-                    r.agent,
-                    r.session_id,
-                    _status_text(r.status, r.finish_reason, r.waiting),
-                    r.finish_reason.value if r.finish_reason else "",
-                    r.input_kind,
-                    f"{r.attempts}/{r.max_attempts}",
-                    ago(r.created_at, now),
-                    ", ".join(f"{w.interrupt} {w.ref}" for w in r.waiting),
-                ]
-                for r in rows
-            ),
-            no_wrap=["ID", "SESSION"],
-        )
+    print_listing(
+        rows,
+        as_json=as_json,
+        wire=lambda r: row_wire(r, now, r.waiting),
+        empty="No turns match.",
+        columns=[
+            "ID",
+            "AGENT",
+            "SESSION",
+            "STATUS",
+            "FINISH",
+            "KIND",
+            "ATTEMPTS",
+            "AGE",
+            "WAITING",
+        ],
+        cells=lambda r: [
+            r.id,
+            r.agent,
+            r.session_id,
+            _status_text(r.status, r.finish_reason, r.waiting),
+            r.finish_reason.value if r.finish_reason else "",
+            r.input_kind,
+            f"{r.attempts}/{r.max_attempts}",
+            ago(r.created_at, now),
+            ", ".join(f"{w.interrupt} {w.ref}" for w in r.waiting),
+        ],
+        no_wrap=["ID", "SESSION"],
     )
     return 0
 

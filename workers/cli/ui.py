@@ -15,7 +15,7 @@ import click
 from engine.remote.ui.browser_sessions import BrowserSessionRecord
 from stores.ui_sessions import SqlBrowserSessions
 from workers.cli.operator import Age, NotFound, OperatorGroup, json_option, run_on_store
-from workers.cli.output import ago, console, emit_json, iso, table
+from workers.cli.output import ago, emit_json, iso, print_listing
 from workers.cli.params import db_option, option
 
 __all__ = ["ui"]
@@ -72,31 +72,32 @@ def ls(db: str | None, principal: str | None, ended_within: float | None, as_jso
             principal=principal, include_ended_after=since
         ),
     )
-    if as_json:
-        emit_json({"items": [session_wire(s, now) for s in rows]})
-        return 0
-    if not rows:
-        click.echo("No browser sessions match.", err=True)
-        return 0
-    console().print(
-        table(
-            None,
-            ["ID", "PRINCIPAL", "STATE", "SIGNED IN", "LAST SEEN", "EXPIRES", "ADDRESS", "BROWSER"],
-            (
-                [
-                    s.id,
-                    s.principal,
-                    session_wire(s, now)["state"],
-                    ago(s.created_at, now),
-                    ago(s.last_seen_at, now),
-                    iso(s.expires_at) or "",
-                    s.client_address,
-                    s.user_agent[:40],
-                ]
-                for s in rows
-            ),
-            no_wrap=["ID"],
-        )
+    print_listing(
+        rows,
+        as_json=as_json,
+        wire=lambda s: session_wire(s, now),
+        empty="No browser sessions match.",
+        columns=[
+            "ID",
+            "PRINCIPAL",
+            "STATE",
+            "SIGNED IN",
+            "LAST SEEN",
+            "EXPIRES",
+            "ADDRESS",
+            "BROWSER",
+        ],
+        cells=lambda s: [
+            s.id,
+            s.principal,
+            session_wire(s, now)["state"],
+            ago(s.created_at, now),
+            ago(s.last_seen_at, now),
+            iso(s.expires_at) or "",
+            s.client_address,
+            s.user_agent[:40],
+        ],
+        no_wrap=["ID"],
     )
     return 0
 

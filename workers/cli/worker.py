@@ -27,23 +27,16 @@ from workers.cli.params import (
 )
 from workers.cli.probes import health_server
 from workers.cli.startup import (
+    AppFlags,
     Refused,
     TurnstileCommand,
-    apply_retry_defaults,
     check_at_head,
-    check_keys,
-    check_same_database,
-    configure_tracing,
-    hand_down,
-    load_app,
+    configure_process,
+    load_checked_app,
     load_observer,
-    load_settings,
     log_models,
-    resolve_db_url,
-    warn_unused_settings,
     worker_pool_size,
 )
-from workers.logs import configure_logging
 from workers.pool import WorkerPool
 
 if TYPE_CHECKING:
@@ -55,26 +48,17 @@ logger = logging.getLogger("turnstile.cli")
 
 
 @dataclass(frozen=True)
-class WorkerFlags:
+class WorkerFlags(AppFlags):
     """``turnstile worker``'s options, parsed (see ``docs/configuration.md``)."""
 
-    app: str
-    db: str | None
     concurrency: int
     observer: tuple[str, ...]
     poll_interval: float
     shutdown_grace: float
     expiry_interval: float
     retention_days: float | None
-    connect_timeout: float
-    log_level: str
-    log_format: str
     health_port: int | None
     health_host: str
-    max_attempts: int | None
-    retry_backoff: float | None
-    db_pool_size: int | None
-    dev: bool
 
 
 @click.command("worker", cls=TurnstileCommand)
@@ -131,17 +115,9 @@ def worker(**values: Any) -> int:
 
 def run_worker(flags: WorkerFlags) -> int:
     """Start, run and stop one worker process; its exit status."""
-    configure_logging(flags.log_level, flags.log_format)
-    settings = load_settings()
-    configure_tracing(settings)
-    url = resolve_db_url(flags.db, settings)
+    settings = configure_process(flags)
     pool_size = flags.db_pool_size or worker_pool_size(flags.concurrency)
-    settings = hand_down(settings, url, pool_size)  # what the app module reads at import
-    app = load_app(flags.app)
-    apply_retry_defaults(app, flags.max_attempts, flags.retry_backoff)
-    check_same_database(app, url)
-    warn_unused_settings(app, settings)
-    check_keys(app, dev=flags.dev)
+    app, url, _settings = load_checked_app(flags, settings, pool_size)
     check_at_head(url, flags.connect_timeout)
     try:
         pool = WorkerPool(
