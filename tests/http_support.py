@@ -181,3 +181,13 @@ def worker_process(
         yield process
     finally:
         _stop(process)
+
+
+@contextlib.contextmanager
+def closing_all(sockets: list[socket.socket]) -> Iterator[list[socket.socket]]:
+    """``sockets``, each closed when the block ends however it ends."""
+    try:
+        yield sockets
+    finally:
+        for sock in sockets:
+            sock.close()

@@ -292,3 +292,16 @@ def signed_in(
     with new_page(browser, viewport=viewport, **options) as page:
         sign_in(page, stack.base, who, start=start, tokens=stack.tokens, keyboard=keyboard)
         yield page
+
+
+def pause_transfer(base: str, who: str, amount: int = 9) -> None:
+    """A transfer of ``amount`` asked by ``who`` over the API of the server at ``base``,
+    paused for approval when the request returns."""
+    message = {"role": "user", "content": [{"text": f"Transfer ${amount} to x"}]}
+    answer = httpx.post(
+        f"{base}/api/bankingAgent",
+        json={"data": {"message": message}, "init": {}},
+        headers={"authorization": f"Bearer {TOKENS[who]}"},
+        timeout=60,
+    )
+    assert answer.json()["result"]["finishReason"] == "interrupted", answer.text

@@ -13,7 +13,7 @@ import pytest
 import sqlalchemy as sa
 
 from tests.acceptance.inbox_ui_auth import TOKENS
-from tests.acceptance.inbox_ui_support import AUTH_SPEC
+from tests.acceptance.inbox_ui_support import AUTH_SPEC, pause_transfer
 from tests.databases import postgres_url
 from tests.http_support import serve_process
 
@@ -21,21 +21,6 @@ pytestmark = pytest.mark.postgres
 
 POLICY = "tests.acceptance.inbox_ui_auth:hides_alices_approvals"
 SHARED = {"TURNSTILE_UI_SECRET": "cursor-acceptance-secret-0123456789abcdef"}
-
-
-def pause(base: str, who: str, amount: int) -> None:
-    """A transfer asked by ``who``, paused for approval."""
-    body = {
-        "data": {"message": {"role": "user", "content": [{"text": f"Transfer ${amount} to x"}]}},
-        "init": {},
-    }
-    answer = httpx.post(
-        f"{base}/api/bankingAgent",
-        json=body,
-        headers={"authorization": f"Bearer {TOKENS[who]}"},
-        timeout=60,
-    )
-    assert answer.json()["result"]["finishReason"] == "interrupted", answer.text
 
 
 def owned_by(url: str, owner: str) -> list[str]:
@@ -77,7 +62,7 @@ def test_a_cursor_on_a_hidden_approval_reveals_nothing_and_works_on_every_proces
         serve_process(url, args=args, env=SHARED) as (second, _b),
     ):
         for n, who in enumerate(["alice", "alice", "bob", "alice", "alice", "bob"]):
-            pause(first, who, n + 1)
+            pause_transfer(first, who, n + 1)
         hidden = owned_by(url, "alice")
         assert len(hidden) == 4
         seen: list[str] = []

@@ -11,13 +11,12 @@ from __future__ import annotations
 import contextlib
 import socket
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 
 from tests.databases import postgres_url
-from tests.http_support import serve_process
+from tests.http_support import closing_all, serve_process
 
 #: How long /healthz may take while the server is flooded (generous for a loaded CI machine).
 PROMPT = 2.0
@@ -42,15 +41,6 @@ def is_closed(sock: socket.socket) -> bool:
         return False
     except OSError:
         return True
-
-
-@contextlib.contextmanager
-def closing_all(sockets: list[socket.socket]) -> Iterator[list[socket.socket]]:
-    try:
-        yield sockets
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def timed_healthz(base: str) -> float:

@@ -12,7 +12,6 @@ import contextlib
 import re
 import socket
 import time
-from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -20,7 +19,7 @@ import pytest
 from tests.acceptance.inbox_ui_auth import TOKENS
 from tests.acceptance.inbox_ui_support import AUTH_SPEC
 from tests.databases import postgres_url
-from tests.http_support import serve_process
+from tests.http_support import closing_all, serve_process
 
 pytestmark = pytest.mark.postgres
 
@@ -56,15 +55,6 @@ def answer_within(sock: socket.socket, seconds: float) -> bytes:
 
 def status_of(answer: bytes) -> int:
     return int(answer.split(b" ", 2)[1]) if answer else 0
-
-
-@contextlib.contextmanager
-def closing_all(sockets: list[socket.socket]) -> Iterator[list[socket.socket]]:
-    try:
-        yield sockets
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def client_from(base: str, source: str) -> httpx.Client:

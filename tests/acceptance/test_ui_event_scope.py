@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from tests.acceptance.inbox_ui_auth import TOKENS
-from tests.acceptance.inbox_ui_support import AUTH_SPEC
+from tests.acceptance.inbox_ui_support import AUTH_SPEC, pause_transfer
 from tests.databases import postgres_url
 from tests.http_support import serve_process
 
@@ -39,17 +39,6 @@ def quiet_for(events: queue.Queue[str], seconds: float) -> list[str]:
             heard.append(events.get(timeout=seconds))
     except queue.Empty:
         return heard
-
-
-def pause_transfer(base: str, who: str) -> None:
-    body = {"data": {"message": {"role": "user", "content": [{"text": "Transfer $9 to x"}]}}}
-    answer = httpx.post(
-        f"{base}/api/bankingAgent",
-        json=body,
-        headers={"authorization": f"Bearer {TOKENS[who]}"},
-        timeout=60,
-    )
-    assert answer.json()["result"]["finishReason"] == "interrupted", answer.text
 
 
 def test_bobs_stream_is_silent_while_alice_acts_and_speaks_for_his_own_turn() -> None:
