@@ -278,3 +278,25 @@ async def test_an_operator_moves_paused_turns_with_the_cli(deploy: Deploy) -> No
     )
     assert done.text == "done by v2 after approveTransfer"
     assert deploy.row(str(done.snapshot_id))[0] == "v2"
+
+
+async def test_a_cli_decision_the_changed_app_cannot_resume_is_refused_with_exit_1(
+    deploy: Deploy,
+) -> None:
+    """``approvals approve`` through the v2 app on v1's paused turn is an engine refusal
+    (exit 1, as docs/cli.md says of refusals), one line naming the change; nothing is
+    recorded, and the approval stays open."""
+    workers = (deploy.start_worker("v1"),)
+    await deploy.ready(*workers)
+    _, paused = await paused_v1(deploy)
+    (asked,) = paused.interrupts
+    approval = f"{paused.snapshot_id}:{asked.ref}"
+    refused = deploy.cli(
+        "approvals", "approve", approval, "--by", "ops", "--app", "tests.acceptance.versioned_v2:ai"
+    )
+    assert refused.returncode == 1, refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert "tools.approveTransfer removed" in refused.stderr
+    listed = deploy.cli("approvals", "ls", "--json")
+    assert [item["id"] for item in json.loads(listed.stdout)["items"]] == [approval]

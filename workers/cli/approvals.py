@@ -499,9 +499,11 @@ def _decide_command(verb: str, help_text: str) -> click.Command:
             decision = _decision(verb, given, entry, engine, edit)
             try:
                 return await decide(agent, entry, decision, decided_by=by)
-            except ApprovalNotPendingError as exc:
+            except (ApprovalNotPendingError, FailedPreconditionError) as exc:
+                # Decided meanwhile, or a definition the app can no longer resume: the
+                # engine refuses (exit 1); a bad answer is the operator's usage error (2).
                 raise Declined(f"{exc} (see `turnstile approvals show {approval}`)") from exc
-            except (InvalidArgumentError, FailedPreconditionError) as exc:
+            except InvalidArgumentError as exc:
                 raise Refused(str(exc)) from exc
 
         outcome = run_on_app(engine, url, run)
