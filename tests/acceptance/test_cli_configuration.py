@@ -456,3 +456,28 @@ def test_a_model_without_its_key_is_refused_in_one_line(
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
     assert f"TURNSTILE_MODEL={model!r}" in lines[0] and missing in lines[0]
+
+
+@pytest.mark.parametrize("command", [["turns", "ls"], ["approvals", "ls"], ["stats"]])
+def test_a_read_where_no_database_is_says_so_and_creates_nothing(
+    tmp_path: Path, command: list[str]
+) -> None:
+    """A read-only command in a directory with no database (and no --db) says there is none
+    and how to get one, exits 1, and leaves the directory as it was."""
+    done = run_turnstile(tmp_path, *command)
+    assert done.returncode == 1, done.stderr
+    assert "no database at .turnstile/turnstile.db" in done.stderr
+    assert "turnstile migrate" in done.stderr
+    assert not (tmp_path / ".turnstile").exists()
+
+
+def test_a_json_command_that_fails_answers_in_json_too(tmp_path: Path) -> None:
+    """With --json, a failure is also a JSON object on standard output (its kind, exit
+    status and message), beside the one line on standard error."""
+    done = run_turnstile(tmp_path, "approvals", "ls", "--json")
+    assert done.returncode == 1
+    failure = json.loads(done.stdout)["error"]
+    assert failure["command"] == "turnstile approvals ls"
+    assert failure["kind"] == "refused" and failure["exit_status"] == 1
+    assert failure["message"].startswith("no database at")
+    assert done.stderr.startswith("turnstile approvals ls: no database at")

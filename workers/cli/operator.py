@@ -229,7 +229,7 @@ def _explain(exc: BaseException, url: str) -> CommandFailed:
 def run_on_store(db: str | None, work: Callable[[SqlSessionStore], Awaitable[T]]) -> T:
     """Open the store on ``--db`` (or ``TURNSTILE_DATABASE_URL``), run ``work`` with it, close
     it; a failure of the database or the engine is a :class:`CommandFailed`."""
-    url = resolve_db_url(db)
+    url = resolve_db_url(db, existing=True)
     return _run(_with_store(url, work), url)
 
 
@@ -238,7 +238,7 @@ def open_app(app_spec: str, db: str | None) -> tuple[Engine, str]:
     are handed down before the import (as ``worker`` does), and an app keeping turns
     elsewhere is refused."""
     settings = load_settings()
-    url = resolve_db_url(db, settings)
+    url = resolve_db_url(db, settings, existing=True)
     hand_down(settings, url, None)
     app = load_app(app_spec)
     check_same_database(app, url)

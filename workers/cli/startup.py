@@ -13,9 +13,11 @@ import asyncio
 import contextlib
 import dataclasses
 import inspect
+import json
 import logging
 import os
 import socket
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -92,6 +94,21 @@ class DatabaseUnreachable(CommandFailed):
     exit_status = 1
 
 
+#: The ``error.kind`` of a ``--json`` failure, by exit status.
+FAILURE_KINDS = {1: "refused", 2: "usage"}
+
+
+def emit_failure(command: str, failure: CommandFailed) -> None:
+    """``{"error": {"command", "kind", "exit_status", "message"}}`` on standard output."""
+    error = {
+        "command": command,
+        "kind": FAILURE_KINDS.get(failure.exit_status, "failed"),
+        "exit_status": failure.exit_status,
+        "message": str(failure),
+    }
+    sys.stdout.write(json.dumps({"error": error}, ensure_ascii=False) + "\n")
+
+
 class ReportingCommand(click.Command):
     """A command (mixed into a group: the group's own callback) whose :class:`CommandFailed`
     is reported as ``<name>: <message>`` on stderr and returned as its exit status, never
@@ -102,6 +119,9 @@ class ReportingCommand(click.Command):
             return super().invoke(ctx)
         except CommandFailed as exc:
             click.echo(f"{self.failure_name(ctx)}: {exc}", err=True)
+            if ctx.params.get("as_json"):
+                # A script reading --json output gets the failure in the same form.
+                emit_failure(self.failure_name(ctx), exc)
             return exc.exit_status
 
     def failure_name(self, ctx: click.Context) -> str:
@@ -124,20 +144,30 @@ class TurnstileCommand(ReportingCommand):
         return f"turnstile {ctx.info_name}"
 
 
-def resolve_db_url(arg: str | None, settings: Settings | None = None) -> str:
+def resolve_db_url(
+    arg: str | None, settings: Settings | None = None, *, existing: bool = False
+) -> str:
     """The database URL: ``arg`` (``--db``, or ``TURNSTILE_DATABASE_URL`` through it), else
     the settings' (``settings``, else the process's: ``TURNSTILE_DATABASE_URL``, else the
     SQLite default, whose ``.turnstile/`` folder is created). Refuses a URL that is neither
-    PostgreSQL nor SQLite."""
+    PostgreSQL nor SQLite. ``existing``: the command only uses a database that is there (an
+    operator's read or action), so an SQLite file that does not exist is a failure naming
+    it, and nothing is created."""
     url = arg or (settings or load_settings()).database_url
-    if url == DEFAULT_DB_URL:
-        Path(".turnstile").mkdir(exist_ok=True)
     from stores.database import normalise_url
 
     try:
-        normalise_url(url)
+        parsed = normalise_url(url)
     except Exception as exc:  # SQLAlchemy's ArgumentError for text that is no URL at all
         raise Refused(f"--db {redact(url)}: {exc}") from exc
+    path = parsed.database if parsed.get_backend_name() == "sqlite" else None
+    if existing and path and path != ":memory:" and not Path(path).exists():
+        raise CommandFailed(
+            f"no database at {path} (in {Path.cwd()}): run `turnstile migrate` to create "
+            "one, or point --db or TURNSTILE_DATABASE_URL at yours"
+        )
+    if url == DEFAULT_DB_URL:
+        Path(".turnstile").mkdir(exist_ok=True)
     return url
 
 
