@@ -74,7 +74,7 @@ from engine.status import FinishReason, TurnStatus
 from engine.store import SessionStore, TurnInput, TurnRecord
 from engine.turns.waiting import never_claimed
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "create_app"]
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "create_app", "stop_waiting_for_workers"]
 
 logger = logging.getLogger("turnstile.http")
 
@@ -613,32 +613,58 @@ def _settled_events(
     ]
 
 
+#: How often a request waiting for a worker looks whether the server is stopping (seconds).
+_STOP_CHECK_SECONDS = 0.5
+
+_stopping = False
+
+
+def stop_waiting_for_workers() -> None:
+    """Answer, within a second, every request of this process that waits for a turn queued
+    for the workers (the server is stopping: the turns are in the store, and only these
+    waits would hold the shutdown)."""
+    global _stopping
+    _stopping = True
+
+
 async def _unclaimed(
     agent: Agent,
     started: asyncio.Future[tuple[SessionStore, TurnRecord]],
     seconds: float | None,
-) -> NoWorkerError:
-    """The error for the request whose queued turn no worker claimed within ``seconds``;
-    never returns while one did (or when the server waits for ever, ``None``)."""
-    if seconds is None or not agent.queued:
-        await asyncio.Future()  # the turn runs in this process, or the caller waits
-    assert seconds is not None
+) -> AgentError:
+    """The error ending the wait of a request whose turn is queued for the workers: no
+    worker claimed it within ``seconds`` (``None``: no limit), or the server is stopping.
+    Never returns while the turn runs in this process, or while the wait goes on."""
+    if not agent.queued:
+        await asyncio.Future()  # the turn runs in this process: the shutdown waits for it
     store, turn = await started
-    await asyncio.sleep(seconds)
-    current = await store.get_turn(turn.id)
-    if current is None or not never_claimed(current):
-        await asyncio.Future()  # a worker has it: the request waits for its end as usual
-    logger.warning(
-        "turn %s of agent %s: no worker claimed it within %gs; answered 503, still queued",
-        turn.id,
-        agent.name,
-        seconds,
-    )
-    return NoWorkerError(
-        f"No worker claimed turn {turn.id} within {seconds:g}s. It is not failed: it stays "
-        "queued and runs when a worker serving this agent is free (fetch it later with "
-        "getSnapshot, or abort it). Is a worker running (turnstile worker, or turnstile serve "
-        "--workers N)?",
+    loop = asyncio.get_running_loop()
+    due = None if seconds is None else loop.time() + seconds
+    while not _stopping:
+        if due is not None and loop.time() >= due:
+            current = await store.get_turn(turn.id)
+            if current is not None and never_claimed(current):
+                logger.warning(
+                    "turn %s of agent %s: no worker claimed it within %gs; answered 503, "
+                    "still queued",
+                    turn.id,
+                    agent.name,
+                    seconds,
+                )
+                return NoWorkerError(
+                    f"No worker claimed turn {turn.id} within {seconds:g}s. It is not failed: "
+                    "it stays queued and runs when a worker serving this agent is free (fetch "
+                    "it later with getSnapshot, or abort it). Is a worker running (turnstile "
+                    "worker, or turnstile serve --workers N)?",
+                    snapshot_id=turn.id,
+                    details={"snapshotId": turn.id},
+                )
+            due = None  # a worker has it: the request waits for its end as usual
+        await asyncio.sleep(_STOP_CHECK_SECONDS)
+    return AgentError(
+        f"The server is stopping. Turn {turn.id} is not failed: it goes on in the workers "
+        "(fetch it with getSnapshot, or abort it).",
+        status="UNAVAILABLE",
         snapshot_id=turn.id,
         details={"snapshotId": turn.id},
     )

@@ -5,7 +5,10 @@ why until one does."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import signal
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -66,3 +69,32 @@ def test_a_turn_no_worker_claims_is_answered_503_and_runs_once_a_worker_starts()
             assert found["status"] == "completed", found
             ready = httpx.get(f"{base}/readyz", timeout=10)
             assert ready.status_code == 200, ready.text
+
+
+@pytest.mark.postgres
+def test_sigterm_answers_a_request_waiting_for_a_worker_and_stops_cleanly(
+    tmp_path: Path,
+) -> None:
+    """A serve with no worker, told to wait for ever, holds a transfer request; SIGTERM
+    answers it 503 naming the still-queued turn within seconds, and the process exits 0
+    with no traceback in its log."""
+    log = tmp_path / "serve.log"
+    with (
+        postgres_url() as url,
+        serve_process(url, args=["--worker-wait", "0"], log=log) as (base, process),
+        concurrent.futures.ThreadPoolExecutor(1) as pool,
+    ):
+        waiting = pool.submit(
+            httpx.post, f"{base}/api/bankingAgent", json=turn_body(TRANSFER), timeout=60
+        )
+        time.sleep(1.5)
+        assert not waiting.done()
+        stopped = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        answer = waiting.result(timeout=15)
+        assert answer.status_code == 503, answer.text
+        assert "server is stopping" in answer.json()["message"]
+        assert answer.json()["details"]["snapshotId"]
+        assert process.wait(timeout=15) == 0
+        assert time.monotonic() - stopped < 10
+    assert "Traceback" not in log.read_text()

@@ -295,23 +295,29 @@ def run_serve(flags: ServeFlags) -> int:
     # orchestrator asks for a clean stop, so after it the process exits 0, not 143.
     signal.signal(signal.SIGTERM, _stopped_cleanly)
     try:
-        stream_closing_server(config).run()
+        graceful_server(config).run()
     finally:
         if readiness.database is not None:
             readiness.database.dispose()
     return 0
 
 
-def stream_closing_server(config: Any) -> Any:
-    """A uvicorn server that ends the inbox UI's event streams when asked to stop (it waits
-    for open responses, and an event stream never ends by itself)."""
+def graceful_server(config: Any) -> Any:
+    """A uvicorn server that, asked to stop, ends the inbox UI's event streams and answers
+    the requests waiting for a worker to take their turn (it waits for open responses, and
+    neither would end by itself); a second signal stops it at once."""
     import uvicorn
 
+    from engine.remote.server import stop_waiting_for_workers
     from engine.remote.ui.events import close_event_streams
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            # A second signal, whichever, stops at once (uvicorn forces only on SIGINT).
+            if self.should_exit:
+                self.force_exit = True
             close_event_streams()
+            stop_waiting_for_workers()
             super().handle_exit(sig, frame)
 
     return Server(config)
