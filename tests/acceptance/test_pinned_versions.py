@@ -300,3 +300,24 @@ async def test_a_cli_decision_the_changed_app_cannot_resume_is_refused_with_exit
     assert "tools.approveTransfer removed" in refused.stderr
     listed = deploy.cli("approvals", "ls", "--json")
     assert [item["id"] for item in json.loads(listed.stdout)["items"]] == [approval]
+
+
+async def test_turns_migrate_to_a_version_the_app_is_not_is_refused_in_one_line(
+    deploy: Deploy,
+) -> None:
+    """``turns migrate --to`` naming another version than the app's is a usage error: one
+    line naming both versions, exit 2, no traceback."""
+    refused = deploy.cli(
+        "turns",
+        "migrate",
+        "--from",
+        "v1",
+        "--to",
+        "v9",
+        "--app",
+        "tests.acceptance.versioned_v2:ai",
+    )
+    assert refused.returncode == 2, refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert refused.stderr.startswith("turnstile turns migrate: ")

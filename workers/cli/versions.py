@@ -20,7 +20,14 @@ from engine.status import TurnStatus
 from engine.store import ToolCallStatus, TurnRecord
 from stores.sql import SqlSessionStore
 from stores.turn_versions import VersionMove
-from workers.cli.operator import json_option, limit_option, named_option, open_app, run_on_app
+from workers.cli.operator import (
+    OperatorCommand,
+    json_option,
+    limit_option,
+    named_option,
+    open_app,
+    run_on_app,
+)
 from workers.cli.output import console, emit_json, table
 from workers.cli.params import db_option, option
 from workers.cli.startup import Refused
@@ -89,7 +96,11 @@ async def _plan(
     return planned
 
 
-@click.command("migrate", short_help="Move paused and queued turns to another version.")
+@click.command(
+    "migrate",
+    cls=OperatorCommand,
+    short_help="Move paused and queued turns to another version.",
+)
 @named_option("--from", "from_version", required=True, help="the version the turns are pinned to")
 @named_option("--to", "to_version", required=True, help="the version to pin them to (the app's)")
 @option("--agent", default=None, help="only this agent's turns")
