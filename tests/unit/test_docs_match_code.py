@@ -88,11 +88,14 @@ def signature_as_written(function: Callable[..., object]) -> list[str]:
     return written
 
 
-@pytest.mark.parametrize("function", [Engine.define_tool, Engine.define_interrupt])
+@pytest.mark.parametrize(
+    "function", [Engine.define_agent, Engine.define_tool, Engine.define_interrupt]
+)
 def test_configuration_doc_gives_every_parameter_of_the_tool_definitions(
     function: Callable[..., object],
 ) -> None:
-    """docs/configuration.md's entry for ``define_tool`` / ``define_interrupt`` writes the
+    """docs/configuration.md's entry for ``define_agent``, ``define_tool`` and
+    ``define_interrupt`` writes the
     function's signature as the code has it (each parameter, in order, with its default) and
     then says what each parameter does, naming it in backticks."""
     listed, prose = documented_entry(function)
