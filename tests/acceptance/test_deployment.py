@@ -58,8 +58,8 @@ FOLLOWED_KEYS = frozenset(
     {"build", "image", "command", "environment", "depends_on", "healthcheck", "stop_grace_period"}
 )
 #: Container-level settings with no process to follow: publishing ports (the runner maps every
-#: listening port), PID 1's init, restart policies.
-CONTAINER_KEYS = frozenset({"ports", "init", "restart"})
+#: listening port), PID 1's init, restart policies, where the image comes from.
+CONTAINER_KEYS = frozenset({"ports", "init", "restart", "pull_policy"})
 PORT_FLAGS = ("--port", "--health-port")
 HOST_FLAGS = ("--host", "--health-host")
 #: How long a service may take to become healthy or to finish (a generous bound on a busy CI).
@@ -245,7 +245,13 @@ def compose_up(
     entrypoint = exec_form(last(final, "ENTRYPOINT").arguments)
     image_healthcheck = healthcheck_command(last(final, "HEALTHCHECK"))
     definitions: dict[str, Any] = compose["services"]
-    ours = {name: d for name, d in definitions.items() if d.get("build") == "."}
+    # The services built from the Dockerfile, and those running the image one of them builds.
+    built = {d.get("image") for d in definitions.values() if d.get("build") == "."}
+    ours = {
+        name: d
+        for name, d in definitions.items()
+        if d.get("build") == "." or (d.get("image") in built and d.get("image") is not None)
+    }
     running: dict[str, Service] = {}
     try:
         for name in start_order(definitions):
