@@ -164,7 +164,7 @@ class Agent:
         self._input_schemas: dict[str, Schema] = {t.name: t.input for t in tools}
         #: Inline runs whose caller stopped waiting (a timeout): kept until they settle.
         self._unwaited: set[asyncio.Task[TurnRecord]] = set()
-        #: The engine's declared application version (``None``: the fingerprint stands in).
+        #: The engine's declared application version (``None``: the tools version stands in).
         self.declared_version = declared_version
         #: The engine's ``lenient_pinning`` (``turnstile worker/serve --dev`` turns it on):
         #: resume across prompt-only definition changes even under a declared version.
