@@ -191,7 +191,7 @@ def _resume_leniently(
         described,
         _leniency(agent),
         extra={
-            "turn_id": base.id,
+            "paused_turn_id": base.id,
             "agent": agent.name,
             "from_version": base.app_version,
             "to_version": agent.version,
