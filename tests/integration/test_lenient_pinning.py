@@ -18,6 +18,7 @@ from engine.state.versioning import DefinitionChangedError
 from engine.status import TurnStatus
 from engine.store import SessionStore
 from tests.databases import events_of
+from tests.integration.store_support import new_turn
 from tests.support import ListModel, ask, say
 from workers import WorkerPool
 
@@ -212,3 +213,28 @@ async def test_a_worker_of_the_edited_app_claims_turns_queued_before_the_edit(
         done = await agent.wait(str(queued.snapshot_id), timeout=10)
     assert done.text == "Moved by B."
     assert pool.claimed_total == 1
+
+
+async def test_a_worker_still_claims_turns_pinned_to_its_fingerprint_as_a_version(
+    store: SessionStore,
+) -> None:
+    """A turn queued before tools versions, by an app without a declared version, carries
+    the definition's fingerprint as its version: a worker of that unchanged app claims and
+    runs it."""
+    app = _bank(store, [say("Ran the old turn.")], execution="workers")
+    agent = app.agents["bank"]
+    await store.create_turn(
+        new_turn(
+            "from-before",
+            agent="bank",
+            app_version=agent.fingerprint,
+            definition_fingerprint=agent.fingerprint,
+            definition=agent.definition,
+        )
+    )
+    pool = WorkerPool(app, store, poll_interval=0.05, scheduler=False)
+    assert agent.version != agent.fingerprint
+    assert {agent.version, agent.fingerprint} <= set(pool.versions)
+    async with pool:
+        done = await agent.wait("from-before", timeout=10)
+    assert done.text == "Ran the old turn."
