@@ -38,7 +38,12 @@ from engine.response import AgentChunk, AgentResponse, refused_response, settled
 from engine.state.client_state import BlobPin, sign_state
 from engine.state.signing import StateSigner
 from engine.state.snapshots import SessionSnapshot, SessionState
-from engine.state.versioning import Migration, describe_definition, fingerprint_of
+from engine.state.versioning import (
+    Migration,
+    describe_definition,
+    fingerprint_of,
+    tools_version_of,
+)
 from engine.status import ACTIVE_STATUSES, TurnStatus
 from engine.store import AbortOutcome, SessionStore, StoredSnapshot, TurnRecord
 from engine.store.signals import AbortSignal
@@ -115,6 +120,7 @@ class Agent:
         unclaimed_warning: float | None = None,
         state_schema: SchemaSpec = None,
         declared_version: str | None = None,
+        lenient_pinning: bool = False,
         migrations: Sequence[Migration] = (),
         config: Mapping[str, Any] | None = None,
     ) -> None:
@@ -158,8 +164,11 @@ class Agent:
         self._input_schemas: dict[str, Schema] = {t.name: t.input for t in tools}
         #: Inline runs whose caller stopped waiting (a timeout): kept until they settle.
         self._unwaited: set[asyncio.Task[TurnRecord]] = set()
-        #: The engine's declared application version (``None``: the fingerprint stands in).
+        #: The engine's declared application version (``None``: the tools version stands in).
         self.declared_version = declared_version
+        #: The engine's ``lenient_pinning`` (``turnstile worker/serve --dev`` turns it on):
+        #: resume across prompt-only definition changes even under a declared version.
+        self.lenient_pinning = lenient_pinning
         #: The engine's registered migrations (the engine's own list: later ones count too).
         self.migrations = migrations
         # Described and hashed once, on first use (JSON-schema generation is not free).
@@ -190,8 +199,18 @@ class Agent:
     @property
     def version(self) -> str:
         """The application version this agent's new turns are pinned to: the engine's
-        declared version, else the definition's fingerprint."""
-        return self.declared_version or self.fingerprint
+        declared version, else the fingerprint of the agent's tools and their schemas (see
+        :func:`engine.state.versioning.tools_version_of`)."""
+        return self.declared_version or tools_version_of(self.definition)
+
+    @property
+    def served_versions(self) -> frozenset[str]:
+        """The versions whose turns a worker of this agent claims: :attr:`version`, and
+        without a declared version also the definition's fingerprint, which stood in for
+        the version before tools versions (turns pinned then keep it)."""
+        if self.declared_version is not None:
+            return frozenset({self.declared_version})
+        return frozenset({self.version, self.fingerprint})
 
     @property
     def state_management(self) -> str:

@@ -42,8 +42,13 @@ class Engine:
     a signed state is refused (``None``: no limit).
 
     ``version`` is the application version every new turn is pinned to (workers claim only
-    the versions they serve); without it each agent's definition fingerprint stands in (see
-    :mod:`engine.state.versioning`). ``unclaimed_warning``: the agents' seconds before a
+    the versions they serve); without it each agent's tools version (the fingerprint of its
+    tools and their schemas) stands in, and pinning is lenient (see
+    :mod:`engine.state.versioning`). ``lenient_pinning=True`` makes it lenient under a
+    declared version too (``turnstile worker/serve --dev`` sets it): a paused turn is
+    resumed across a definition change that keeps every tool and schema (a prompt, a
+    model, a description), with a warning naming the change (:mod:`engine.state.pinning`).
+    ``unclaimed_warning``: the agents' seconds before a
     caller waiting for a queued turn that no worker claimed warns (default 30; 0 never).
 
     The engine reads no environment variable: a deployment's ``TURNSTILE_*`` values reach it
@@ -59,12 +64,14 @@ class Engine:
         state_max_age: float | None = None,
         version: str | None = None,
         unclaimed_warning: float | None = None,
+        lenient_pinning: bool = False,
     ) -> None:
         if version is not None and not version.strip():
             raise ValueError("version must be a non-empty string (or None).")
         self.model = model
         #: The declared application version (``None``: each agent's fingerprint).
         self.version = version.strip() if version is not None else None
+        self._lenient_pinning = lenient_pinning
         #: Seconds before a caller waiting for an unclaimed queued turn warns, for every agent.
         self.unclaimed_warning = check_unclaimed_warning(unclaimed_warning)
         #: Migrations registered with :meth:`migrate`, shared with every agent.
@@ -97,9 +104,22 @@ class Engine:
 
         return register
 
+    @property
+    def lenient_pinning(self) -> bool:
+        """Whether a resume may cross a definition change that keeps every tool and schema
+        even under a declared version (without one it always may)."""
+        return self._lenient_pinning
+
+    @lenient_pinning.setter
+    def lenient_pinning(self, lenient: bool) -> None:
+        # Set after the app is loaded (``--dev``): its agents already exist.
+        self._lenient_pinning = lenient
+        for agent in self.agents.values():
+            agent.lenient_pinning = lenient
+
     def versions(self) -> list[str]:
-        """The application versions this engine's agents pin their turns to (what its
-        workers serve): the declared version, or each agent's fingerprint."""
+        """The application versions this engine's agents pin their turns to: the declared
+        version, or each agent's tools version."""
         return sorted({agent.version for agent in self.agents.values()})
 
     def _register(self, tool: Tool) -> Tool:
@@ -258,6 +278,7 @@ class Engine:
             unclaimed_warning=self.unclaimed_warning,
             state_schema=state_schema,
             declared_version=self.version,
+            lenient_pinning=self.lenient_pinning,
             migrations=self.migrations,
             config=config,
         )

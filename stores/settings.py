@@ -160,8 +160,8 @@ class Settings(BaseSettings):
     """Seconds after which a signed state blob is refused (``None``: no limit)."""
 
     app_version: str | None = Field(None, validation_alias="TURNSTILE_APP_VERSION")
-    """The application version new turns are pinned to (``None``: each agent's
-    definition fingerprint)."""
+    """The application version new turns are pinned to (``None``: each agent's tools
+    version, and lenient pinning)."""
 
     unclaimed_warning: float = Field(
         DEFAULT_UNCLAIMED_WARNING, validation_alias="TURNSTILE_UNCLAIMED_WARNING"

@@ -119,7 +119,9 @@ class WorkerPool:
         self.lease_seconds = max(a.lease.lease_seconds for a in self.agents.values())
         #: The application versions this pool serves: it claims only turns pinned to one
         #: of them, so a turn never runs in a worker lacking its version.
-        self.versions: list[str] = sorted({a.version for a in self.agents.values()})
+        self.versions: list[str] = sorted(
+            {v for agent in self.agents.values() for v in agent.served_versions}
+        )
         self.scheduler = (
             MaintenanceScheduler(
                 engine,

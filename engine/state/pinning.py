@@ -5,15 +5,20 @@ A resume or an expiry continues a paused turn. A resume whose paused turn was pi
 another definition is refused (:class:`~engine.state.versioning.DefinitionChangedError`, listing
 what changed) unless the engine registered a migration for the paused turn's version, which
 adjusts the paused message and the answers; the resumed turn then records the current
-version and a note naming the move. A resume under the same definition inherits the paused
-turn's version; every other turn (a message, a retry, an expiry, a fork) records the
-creating engine's version. A turn records only its definition's fingerprint; the diff
-reads the paused turn's definition from the store by that fingerprint.
+version and a note naming the move. Pinning is *lenient* when the app declares no version,
+or sets ``Engine(lenient_pinning=True)`` (``turnstile worker/serve --dev``): then a resume
+across changes that keep every tool and schema (the prompt, the model, ``maxTurns``, a
+tool's description) goes on under the current definition, with a warning and a note naming
+the changes. A resume under the same definition inherits the paused turn's version; every
+other turn (a message, a retry, an expiry, a fork) records the creating engine's version. A
+turn records only its definition's fingerprint; the diff reads the paused turn's definition
+from the store by that fingerprint.
 """
 
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -28,10 +33,20 @@ from engine.state.versioning import (
     Pinning,
     diff_definitions,
     format_changes,
+    interface_changes,
 )
 from engine.store import TurnInput, TurnRecord
 
-__all__ = ["DefinitionSource", "PinnedTurn", "PinningAgent", "check_resumable", "pin_turn"]
+__all__ = [
+    "DefinitionSource",
+    "PinnedTurn",
+    "PinningAgent",
+    "check_resumable",
+    "is_lenient",
+    "pin_turn",
+]
+
+logger = logging.getLogger("turnstile.pinning")
 
 
 class PinningAgent(Protocol):
@@ -51,6 +66,12 @@ class PinningAgent(Protocol):
 
     @property
     def migrations(self) -> Sequence[Migration]: ...
+
+    @property
+    def declared_version(self) -> str | None: ...
+
+    @property
+    def lenient_pinning(self) -> bool: ...
 
 
 class DefinitionSource(Protocol):
@@ -77,6 +98,20 @@ class PinnedTurn:
     input: TurnInput
     conversation: list[Message]
     note: str | None = None
+
+
+def is_lenient(agent: PinningAgent) -> bool:
+    """Whether ``agent`` resumes across definition changes that keep its tools and schemas:
+    when its app declares no version (nothing says which deploy a turn belongs to), or when
+    the engine was made lenient (``--dev``). A declared version without it stays strict."""
+    return agent.declared_version is None or agent.lenient_pinning
+
+
+def _leniency(agent: PinningAgent) -> str:
+    """Why pinning is lenient for ``agent``, for the warning."""
+    if agent.declared_version is None:
+        return "the app declares no version"
+    return "lenient pinning (--dev)"
 
 
 def _find_migration(agent: PinningAgent, base: TurnRecord) -> Migration | None:
@@ -128,21 +163,63 @@ async def pin_turn(
         return PinnedTurn(inherited, turn_input, conversation)
     changes = await _changes_since(agent, base, definitions)
     migration = _find_migration(agent, base)
-    if migration is None:
-        raise _refusal(agent, base, changes, client_managed=client_managed)
-    return await _migrate(agent, migration, turn_input, base, conversation, current, changes)
+    if migration is not None:
+        return await _migrate(agent, migration, turn_input, base, conversation, current, changes)
+    if is_lenient(agent) and not interface_changes(changes):
+        return _resume_leniently(agent, turn_input, base, conversation, current, changes)
+    raise _refusal(agent, base, changes, client_managed=client_managed)
+
+
+def _resume_leniently(
+    agent: PinningAgent,
+    turn_input: TurnInput,
+    base: TurnRecord,
+    conversation: list[Message],
+    current: Pinning,
+    changes: Sequence[DefinitionChange],
+) -> PinnedTurn:
+    """The resume goes on under the current definition, pinned to the current version so
+    the current workers run it; logged as a warning and noted on the turn's timeline."""
+    described = format_changes(list(changes))
+    logger.warning(
+        "resuming %s of agent %s paused under another definition (%s, now %s): %s; "
+        "allowed because %s",
+        base.id,
+        agent.name,
+        base.definition_fingerprint,
+        agent.fingerprint,
+        described,
+        _leniency(agent),
+        extra={
+            "paused_turn_id": base.id,
+            "agent": agent.name,
+            "from_version": base.app_version,
+            "to_version": agent.version,
+            "changes": [change.what for change in changes],
+        },
+    )
+    note = (
+        f"resumed under a changed definition (from version {base.app_version} to "
+        f"{agent.version}; {_leniency(agent)}): {described}"
+    )
+    return PinnedTurn(current, turn_input, conversation, note=note)
 
 
 async def check_resumable(
     agent: PinningAgent, paused: TurnRecord, definitions: DefinitionSource
 ) -> None:
     """Raise :class:`DefinitionChangedError` if ``agent`` could not resume ``paused`` (its
-    definition changed and no migration covers it): the inbox checks before it records a
-    decision that would enqueue such a resume."""
+    definition changed, no migration covers it, and pinning is strict or the tools or their
+    schemas changed): the inbox checks before it records a decision that would enqueue
+    such a resume."""
     if paused.definition_fingerprint in (None, agent.fingerprint) or paused.app_version is None:
         return
-    if _find_migration(agent, paused) is None:
-        raise _refusal(agent, paused, await _changes_since(agent, paused, definitions))
+    if _find_migration(agent, paused) is not None:
+        return
+    changes = await _changes_since(agent, paused, definitions)
+    if is_lenient(agent) and not interface_changes(changes):
+        return
+    raise _refusal(agent, paused, changes)
 
 
 def _refusal(
@@ -161,11 +238,17 @@ def _refusal(
         else f", or move the turn with `turnstile turns migrate --from {base.app_version} "
         f"--to {agent.version}`"
     )
+    lenient_would = (
+        ""
+        if interface_changes(changes)
+        else " Only what the model is told changed: an engine with lenient_pinning=True "
+        "(turnstile worker/serve --dev) resumes it with a warning."
+    )
     return DefinitionChangedError(
         f"{paused} paused under version '{base.app_version}' of agent "
         f"'{agent.name}', whose definition has changed since (now version "
         f"'{agent.version}'): {format_changes(changes)}. Register a migration with "
-        f"@engine.migrate(from_version='{base.app_version}'){move}.",
+        f"@engine.migrate(from_version='{base.app_version}'){move}.{lenient_would}",
         details={
             "fromVersion": base.app_version,
             "toVersion": agent.version,

@@ -5,10 +5,12 @@ migrations an app registers to move paused turns onto new definitions.
 Every turn records the fingerprint of its agent's definition (model id, system prompt, tools
 and interrupts with their schemas, ``max_turns``) and a description of it, and the
 application version that created it: ``Engine(version=...)`` (``TURNSTILE_APP_VERSION`` when
-the app passes its settings), else the agent's fingerprint itself. Workers claim only the
-versions they serve; resuming a turn paused under another definition is refused
-(:class:`DefinitionChangedError`) unless a migration registered for its version maps it onto
-the current one.
+the app passes its settings), else the agent's *tools version*, the fingerprint of its tools
+and their schemas only (:func:`tools_version_of`), which a prompt edit leaves alone. Workers
+claim only the versions they serve; resuming a turn paused under another definition is
+refused (:class:`DefinitionChangedError`) unless a migration registered for its version maps
+it onto the current one, or pinning is lenient and the tools and schemas are unchanged
+(:mod:`engine.state.pinning`).
 """
 
 from __future__ import annotations
@@ -36,11 +38,15 @@ __all__ = [
     "diff_definitions",
     "fingerprint_of",
     "format_changes",
+    "interface_changes",
     "outline_definition",
+    "tools_version_of",
 ]
 
 #: Prefix of a fingerprint used as a version, so the two are told apart at a glance.
 FINGERPRINT_PREFIX = "def-"
+#: Prefix of a tools version (:func:`tools_version_of`), told apart from a fingerprint.
+TOOLS_VERSION_PREFIX = "tools-"
 #: Marks a description whose system prompt and tool elements are replaced by their digests.
 OUTLINE_MARK = "outline"
 
@@ -87,6 +93,23 @@ def fingerprint_of(description: Mapping[str, Any]) -> str:
     return FINGERPRINT_PREFIX + digest[:16]
 
 
+def tools_version_of(description: Mapping[str, Any]) -> str:
+    """The version an agent pins its turns to when the app declares none: ``tools-`` and 16
+    hex digits of SHA-256 of the canonical JSON of the agent's name and, per tool, its kind
+    and both schemas. Editing the prompt, the model, ``maxTurns`` or a tool's description
+    keeps it, so workers of the edited app still claim the turns of the one before."""
+    tools: Mapping[str, Mapping[str, Any]] = description.get("tools") or {}
+    interface = {
+        "agent": description.get("agent"),
+        "tools": {
+            name: {key: tool.get(key) for key in _INTERFACE_ELEMENTS}
+            for name, tool in sorted(tools.items())
+        },
+    }
+    digest = hashlib.sha256(_canonical(interface).encode("utf-8")).hexdigest()
+    return TOOLS_VERSION_PREFIX + digest[:16]
+
+
 class DefinitionChange(BaseModel):
     """One element that differs between two definitions: ``what`` is ``model``,
     ``system``, ``maxTurns`` or ``tools.<name>`` (with ``.inputSchema``, ``.outputSchema``,
@@ -130,6 +153,27 @@ def diff_definitions(
 
 
 _TOOL_ELEMENTS = ("kind", "description", "inputSchema", "outputSchema")
+#: What of a tool its callers depend on: a change to one of these is never resumed across
+#: without a migration (a description is advice to the model, as the prompt is).
+_INTERFACE_ELEMENTS = ("kind", "inputSchema", "outputSchema")
+
+
+def interface_changes(changes: Sequence[DefinitionChange]) -> list[DefinitionChange]:
+    """The ``changes`` that touch the tools or their schemas (a tool added or removed, a
+    kind or a schema changed) or cannot be told (an unknown definition): what lenient
+    pinning still refuses. The others (``system``, ``model``, ``maxTurns``, a tool's
+    ``description``) only change what the model is told."""
+    harmless = {"system", "model", "maxTurns"}
+    return [
+        change
+        for change in changes
+        if change.what not in harmless
+        and not (
+            change.change == "changed"
+            and change.what.startswith("tools.")
+            and change.what.endswith(".description")
+        )
+    ]
 
 
 def _tool_changes(

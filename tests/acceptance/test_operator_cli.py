@@ -271,10 +271,10 @@ async def test_stats(seeded: tuple[OperatorDatabase, dict[str, str]]) -> None:
     stats = (await db.run_cli("stats", "--json")).json()
     assert stats["turns"]["pending"] == 1 and stats["queue"]["claimable"] == 1
     assert stats["oldest_pending"]["turn_id"] == queued
-    # One agent, one version (its definition's fingerprint): the paused and the queued turn.
+    # One agent, one version (its tools version): the paused and the queued turn.
     [version] = stats["versions"]
     assert (version["claimable"], version["paused"]) == (1, 1)
-    assert version["version"].startswith("def-")
+    assert version["version"].startswith("tools-")
     human = await db.run_cli("stats")
     assert "Turns" in human.out and "Open approvals by age" in human.out
     assert f"Oldest pending turn: {queued}" in human.out

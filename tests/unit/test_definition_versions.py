@@ -19,6 +19,8 @@ from engine.state.versioning import (
     describe_definition,
     diff_definitions,
     fingerprint_of,
+    interface_changes,
+    tools_version_of,
 )
 from engine.store.memory import list_events
 from stores import InMemorySessionStore
@@ -54,11 +56,17 @@ def _engine(
     transfer_schema: type[BaseModel] = Transfer,
     approval_schema: type[BaseModel] = Approval,
     max_turns: int = 5,
+    transfer_description: str = "",
 ) -> Engine:
     """The banking agent ``bank`` at one version of its definition, on ``store``."""
     ai = Engine(model=ListModel(answers), version=version)
     approve = ai.define_interrupt(name=interrupt, output_schema=approval_schema)
-    move = ai.define_tool(name="transfer", input_schema=transfer_schema, fn=lambda t: {"ok": True})
+    move = ai.define_tool(
+        name="transfer",
+        description=transfer_description,
+        input_schema=transfer_schema,
+        fn=lambda t: {"ok": True},
+    )
     ai.define_agent(
         name="bank", system=system, tools=[approve, move], store=store, max_turns=max_turns
     )
@@ -120,6 +128,49 @@ def test_each_element_changes_the_fingerprint_and_shows_in_the_diff(
     assert what in [c.what for c in diff_definitions(before, after)]
 
 
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"system": "You move money carefully."},
+        {"max_turns": 7},
+        {"transfer_description": "Moves money between accounts."},
+    ],
+)
+def test_what_the_model_is_told_keeps_the_tools_version(change: dict[str, Any]) -> None:
+    """A prompt, max_turns or a tool description changes the fingerprint but not the
+    version an app without a declared one pins its turns to."""
+    before, after = _description(), _description(**change)
+    assert fingerprint_of(before) != fingerprint_of(after)
+    assert tools_version_of(before) == tools_version_of(after)
+    assert interface_changes(diff_definitions(before, after)) == []
+
+
+@pytest.mark.parametrize(
+    ("change", "what"),
+    [
+        ({"interrupt": "confirm"}, "tools.approve"),
+        ({"transfer_schema": TransferV2}, "tools.transfer.inputSchema"),
+        ({"approval_schema": ApprovalWithNote}, "tools.approve.outputSchema"),
+    ],
+)
+def test_a_tool_or_schema_change_changes_the_tools_version(
+    change: dict[str, Any], what: str
+) -> None:
+    """A renamed interrupt or a changed schema is another tools version, and the diff
+    counts it among the interface changes lenient pinning still refuses."""
+    before, after = _description(), _description(**change)
+    assert tools_version_of(before) != tools_version_of(after)
+    assert what in [c.what for c in interface_changes(diff_definitions(before, after))]
+
+
+def test_a_model_change_keeps_the_tools_version() -> None:
+    """Another model id is another fingerprint, not another tools version."""
+    tools = _engine(InMemorySessionStore(), []).agents["bank"].tools
+    one = describe_definition(agent="bank", model="m1", system=None, tools=tools, max_turns=5)
+    two = describe_definition(agent="bank", model="m2", system=None, tools=tools, max_turns=5)
+    assert tools_version_of(one) == tools_version_of(two)
+
+
 def test_the_model_id_changes_the_fingerprint() -> None:
     """Another model id is another definition."""
     tools = _engine(InMemorySessionStore(), []).agents["bank"].tools
@@ -130,13 +181,14 @@ def test_the_model_id_changes_the_fingerprint() -> None:
     assert change.line() == "model: 'm1' -> 'm2'"
 
 
-def test_the_version_is_declared_or_the_fingerprint(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Engine(version=) pins turns to it, else to each agent's fingerprint; the engine reads
-    no TURNSTILE_APP_VERSION of its own, the settings hand it over."""
+def test_the_version_is_declared_or_the_tools_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Engine(version=) pins turns to it, else to each agent's tools version; the engine
+    reads no TURNSTILE_APP_VERSION of its own, the settings hand it over."""
     monkeypatch.setenv("TURNSTILE_APP_VERSION", "from-env")
     assert _engine(InMemorySessionStore(), [], version="v7").agents["bank"].version == "v7"
     agent = _engine(InMemorySessionStore(), []).agents["bank"]
-    assert agent.version == agent.fingerprint
+    assert agent.version == tools_version_of(agent.definition)
+    assert agent.version.startswith("tools-")
     handed = read_settings().engine_options()["version"]
     assert _engine(InMemorySessionStore(), [], version=handed).agents["bank"].version == "from-env"
 

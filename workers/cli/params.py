@@ -175,14 +175,16 @@ def log_options(function: F) -> F:
 
 
 def dev_option(function: F) -> F:
-    """``--dev``: serve client-managed agents whose signing key is an example or missing."""
+    """``--dev``: serve client-managed agents whose signing key is an example or missing,
+    and resume turns paused before a prompt edit (lenient pinning)."""
     return option(
         "--dev",
         is_flag=True,
         default=False,
         show_default=False,
         help="development only: accept client-managed agents signed with an example key or "
-        "a per-process random one",
+        "a per-process random one, and resume turns paused before an edit that kept every "
+        "tool and schema (a prompt, a model), with a warning",
     )(function)
 
 

@@ -424,7 +424,8 @@ def load_checked_app(
 ) -> tuple[Engine, str, Settings]:
     """Resolve the database URL, hand ``settings`` down with it and ``pool_size``, import
     the app and check it (retry defaults applied, same database, settings it did not take,
-    deployable keys); the app, the URL and the settings handed down."""
+    deployable keys; with ``--dev``, lenient pinning); the app, the URL and the settings
+    handed down."""
     url = resolve_db_url(flags.db, settings)
     settings = hand_down(settings, url, pool_size)  # what the app module reads at import
     app = load_app(flags.app)
@@ -432,7 +433,22 @@ def load_checked_app(
     check_same_database(app, url)
     warn_unused_settings(app, settings)
     check_keys(app, dev=flags.dev)
+    if flags.dev:
+        allow_prompt_edits(app)
     return app, url, settings
+
+
+def allow_prompt_edits(app: Engine) -> None:
+    """``--dev``: make the app's pinning lenient, so a turn paused before an edit of a
+    prompt (or a model, a description) resumes after it, with a warning; a change to a tool
+    or a schema is still refused."""
+    app.lenient_pinning = True
+    if app.version is not None:
+        logger.info(
+            "--dev: turns paused under another definition of version %s resume if their "
+            "tools and schemas are unchanged",
+            app.version,
+        )
 
 
 # -- what runs -------------------------------------------------------------------------------
