@@ -160,8 +160,8 @@ def test_a_body_that_stalls_gets_408_at_the_body_deadline() -> None:
 
 def test_requests_past_the_concurrency_limit_get_503_but_probes_answer() -> None:
     """With one request in flight and --limit-concurrency 1, the next request gets 503 with
-    Retry-After while /healthz and /readyz still answer 200; once the first finishes,
-    requests are served again."""
+    Retry-After while /healthz answers 200 and /readyz answers, 503 naming the busy slots;
+    once the first finishes, requests are served again."""
     args = ["--limit-concurrency", "1", "--limit-connections", "8"]
     with postgres_url() as url, serve_process(url, workers=1, args=args) as (base, _p):
         body = b'{"data": {"message": {"role": "user", "content": [{"text": "hi"}]}}, "init": {}}'
@@ -179,7 +179,9 @@ def test_requests_past_the_concurrency_limit_get_503_but_probes_answer() -> None
             assert refused.headers["retry-after"] == "1"
             assert refused.json()["status"] == "UNAVAILABLE"
             assert timed_healthz(base) < PROMPT
-            assert httpx.get(f"{base}/readyz", timeout=10).status_code == 200
+            saturated = httpx.get(f"{base}/readyz", timeout=10)
+            assert saturated.status_code == 503
+            assert "all 1 request slots are busy" in saturated.json()["reason"]
             slow.sendall(body[10:])
             slow.settimeout(30)
             assert slow.recv(65536).startswith(b"HTTP/1.1 200 ")

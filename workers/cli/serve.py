@@ -231,7 +231,7 @@ def run_serve(flags: ServeFlags) -> int:
     if durable(app):
         check_at_head(url, flags.connect_timeout)
     inbox_policy = _inbox_policy(flags.inbox_policy)
-    worker_slots = embedded_slots(flags)
+    worker_slots = embedded_slots(flags, app)
     pool: WorkerPool | None = None
     if worker_slots > 0:
         try:
@@ -335,12 +335,13 @@ def _inbox_policy(spec: str | None) -> InboxPolicy | None:
         raise Refused(f"--inbox-policy: {exc}") from exc
 
 
-def embedded_slots(flags: ServeFlags) -> int:
+def embedded_slots(flags: ServeFlags, app: Engine) -> int:
     """The worker slots this server runs itself: ``--workers``, else :data:`DEV_WORKERS`
-    with ``--dev`` (a local server answers its own turns and decisions), else none."""
+    with ``--dev`` when the app has turns to queue (a local server answers its own turns and
+    decisions), else none."""
     if flags.workers is not None:
         return flags.workers
-    if flags.dev:
+    if flags.dev and any(agent.queued for agent in app.agents.values()):
         logger.info(
             "--dev: running %d worker slots in this process (--workers 0: none)", DEV_WORKERS
         )
