@@ -145,13 +145,19 @@ async def test_turns_ls_lists_filters_and_prints_its_json_shape(
     assert (await db.run_cli("turns", "ls", "--agent", "nobody", "--json")).json() == {"items": []}
     assert len((await db.run_cli("turns", "ls", "--limit", "1", "--json")).json()["items"]) == 1
 
-    table = await db.run_cli("turns", "ls")
+    table = await db.run_cli("turns", "ls", "--wide")
     assert table.status == 0, table.err
     assert "ID" in table.out and "WAITING" in table.out
     for turn_id in ids.values():
         assert turn_id in table.out
     paused_line = next(line for line in table.out.splitlines() if ids["paused"] in line)
     assert "paused" in paused_line and "userApproval approval-1" in paused_line
+
+    readable = await db.run_cli("turns", "ls")
+    assert readable.status == 0, readable.err
+    paused_line = next(line for line in readable.out.splitlines() if ids["paused"][:8] in line)
+    assert "paused" in paused_line and "userApproval: Transfer $40 to carol" in paused_line
+    assert "INTERNAL: Scripted model failure" in readable.out
 
 
 async def test_turns_show_and_timeline(seeded: tuple[OperatorDatabase, dict[str, str]]) -> None:
@@ -215,8 +221,11 @@ async def test_approvals_ls_and_show(seeded: tuple[OperatorDatabase, dict[str, s
     assert len(by_interrupt.json()["items"]) == 1
     by_agent = await db.run_cli("approvals", "ls", "--agent", "otherAgent", "--json")
     assert by_agent.json() == {"items": []}
-    table = await db.run_cli("approvals", "ls")
+    table = await db.run_cli("approvals", "ls", "--wide")
     assert approval in table.out and "userApproval" in table.out
+    readable = await db.run_cli("approvals", "ls")
+    assert f"{ids['paused'][:8]}:approval-1" in readable.out
+    assert "userApproval: Transfer $40 to carol" in readable.out
 
     shown = await db.run_cli("approvals", "show", approval, "--json")
     assert shown.status == 0, shown.err
