@@ -25,7 +25,15 @@ from stores import messages as message_sql
 from stores import tool_calls as call_sql
 from stores import turns as turn_sql
 from stores.database import record_from_row, utc
-from stores.schema import ACTIVE, TIMESTAMP, approval_queue, sessions, tool_calls, turns
+from stores.schema import (
+    ACTIVE,
+    TIMESTAMP,
+    approval_queue,
+    sessions,
+    tool_calls,
+    turns,
+    ui_sessions,
+)
 
 __all__ = [
     "AGE_BUCKETS",
@@ -297,7 +305,11 @@ def turn_detail(connection: Connection, turn_id: str) -> TurnDetail | None:
 # -- ids by prefix (an operator pastes the first characters of an id) -----------------------
 
 #: The tables whose ids an operator may give by a prefix, by what they hold.
-PREFIXED_IDS: dict[str, sa.Column[Any]] = {"turn": turns.c.id, "session": sessions.c.id}
+PREFIXED_IDS: dict[str, sa.Column[Any]] = {
+    "turn": turns.c.id,
+    "session": sessions.c.id,
+    "browser session": ui_sessions.c.id,
+}
 
 
 def _starts_with(column: sa.ColumnElement[Any], prefix: str) -> sa.ColumnElement[bool]:
@@ -311,8 +323,8 @@ def _starts_with(column: sa.ColumnElement[Any], prefix: str) -> sa.ColumnElement
 
 
 def ids_starting(connection: Connection, kind: str, prefix: str, limit: int) -> list[str]:
-    """The ids of ``kind`` (``turn``, ``session``) that start with ``prefix``, in order, at
-    most ``limit``; an id equal to ``prefix`` comes first."""
+    """The ids of ``kind`` (``turn``, ``session``, ``browser session``) that start with
+    ``prefix``, in order, at most ``limit``; an id equal to ``prefix`` comes first."""
     column = PREFIXED_IDS[kind]
     found = connection.execute(
         sa.select(column).where(_starts_with(column, prefix)).order_by(column).limit(limit)

@@ -439,8 +439,8 @@ class SqlSessionStore:
         return await self._read(lambda c: operations.read_stats(c, now_utc()))
 
     async def ids_starting(self, kind: str, prefix: str, *, limit: int) -> list[str]:
-        """Ids of ``kind`` (``turn``, ``session``) starting with ``prefix``, at most ``limit``
-        (an exact match first)."""
+        """Ids of ``kind`` (``turn``, ``session``, ``browser session``) starting with
+        ``prefix``, at most ``limit`` (an exact match first)."""
         return await self._read(lambda c: operations.ids_starting(c, kind, prefix, limit))
 
     async def approval_keys_starting(

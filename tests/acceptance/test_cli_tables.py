@@ -5,7 +5,8 @@ pseudo-terminal 80 columns wide, against a database holding the banking example'
 (paused at approvals, failed, completed), created through its agent. What a person sees
 must fit the terminal, show what each approval asks with its amount, and print each id
 whole, ready to paste into the next command; ``--wide`` shows every column. Every command
-taking an id takes a unique prefix of it (issue 33).
+taking an id (a turn's, an approval's, a browser session's) takes a unique prefix of it
+(issue 33).
 """
 
 from __future__ import annotations
@@ -22,15 +23,18 @@ import sys
 import termios
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 from engine.conversation.parts import Message
+from engine.remote.ui.browser_sessions import BrowserSessionRecord
 from engine.store import TurnInput
 from engine.turns.request import TurnRequest
 from examples.banking import build
 from stores.sql import SqlSessionStore
+from stores.ui_sessions import SqlBrowserSessions
 from tests.databases import drop_postgres_database, new_postgres_database, new_sqlite_database
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -302,3 +306,33 @@ async def test_approval_ids_by_prefix(banking_db: str) -> None:
     assert approved.out.startswith(f"{ALICE}:approval-1: ")
     again = run(url, "approvals", "approve", ALICE[:8], "--by", "bob", "--app", APP)
     assert again.status == 1 and f"approval {ALICE}:approval-1 is no longer pending" in again.err
+
+
+async def test_browser_session_revoked_by_prefix(sqlite_banking_db: str) -> None:
+    """``ui sessions revoke`` takes a unique prefix of a browser session's id; a shared one
+    is a usage error and revokes nothing."""
+    url = sqlite_banking_db
+    store = SqlSessionStore(url)
+    now = datetime.now(UTC)
+    browsers = SqlBrowserSessions(store.db)
+    try:
+        for session_id in ("5e55-aaaa-first", "5e55-bbbb-second"):
+            await browsers.create_browser_session(
+                BrowserSessionRecord(
+                    id=session_id,
+                    principal="bob",
+                    roles=(),
+                    csrf="csrf-" + session_id,
+                    created_at=now,
+                    last_seen_at=now,
+                    expires_at=now + timedelta(hours=1),
+                )
+            )
+    finally:
+        await store.close()
+    shared = run(url, "ui", "sessions", "revoke", "5e55")
+    assert shared.status == 2 and "5e55-aaaa-first" in shared.err, shared
+    revoked = run(url, "ui", "sessions", "revoke", "5e55-b", "--json")
+    assert revoked.status == 0, revoked.err
+    assert revoked.json() == {"revoked": ["5e55-bbbb-second"]}
+    assert run(url, "ui", "sessions", "revoke", "5e55-c").status == 1

@@ -96,8 +96,9 @@ def _ambiguous(what: str, value: str, candidates: list[str]) -> AmbiguousId:
 
 
 async def resolve_id(store: SqlSessionStore, kind: str, value: str) -> str | None:
-    """The one id of ``kind`` (``turn``, ``session``) that ``value`` is, or starts: ``None``
-    when none does; :class:`AmbiguousId` when several do and none is ``value`` itself."""
+    """The one id of ``kind`` (``turn``, ``session``, ``browser session``) that ``value`` is,
+    or starts: ``None`` when none does; :class:`AmbiguousId` when several do and none is
+    ``value`` itself."""
     if not value or "\x00" in value:
         return None  # PostgreSQL refuses a NUL in a parameter; no id holds one
     found = await store.ids_starting(kind, value, limit=AMBIGUITY_SHOWN + 1)
