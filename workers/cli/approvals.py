@@ -245,7 +245,7 @@ def ls(
         empty="No open approvals match.",
         columns=[
             Column("ID", found.short_id, is_id=True),
-            Column("ASKED", lambda a: in_words(a.interrupt, a.input)),
+            Column("ASKED", lambda a: in_words(a.interrupt, a.input), folds=True),
             Column("AGENT", lambda a: a.agent),
             Column("AGE", lambda a: ago(a.created_at, now)),
             Column("DEADLINE", lambda a: iso(a.deadline)),

@@ -47,6 +47,10 @@ T = TypeVar("T")
 #: The width of the page for a pipe or a file when ``COLUMNS`` is unset: tables are only as
 #: wide as their content, so this is "unbounded".
 PIPE_WIDTH = 10_000
+#: Spaces between two columns of a listing.
+COLUMN_GAP = 2
+#: The width a listing keeps for its summary before it leaves other columns out.
+FOLDED_WIDTH = 24
 
 
 def _width(stream: Any) -> int | None:
@@ -188,30 +192,44 @@ class Column(Generic[T]):
     cell: Callable[[T], Any]
     #: An id: printed whole on one line, never folded or cut.
     is_id: bool = False
+    #: The row's summary: the column that folds when the terminal is narrow (the others
+    #: keep to one line while they can).
+    folds: bool = False
 
 
 def _text(value: Any) -> str:
     return "" if value is None else str(value)
 
 
-def _listing(columns: Sequence[Column[T]], rows: Sequence[T], *, drop_empty: bool) -> Table:
+def _listing(
+    columns: Sequence[Column[T]], rows: Sequence[T], *, drop_empty: bool, width: int
+) -> Table:
     """The listing's table: no frame, two spaces between columns; each id column as wide as
-    its longest id, so that only the other columns fold."""
+    its longest id, and only the summary folding. When even that is wider than ``width``,
+    the last columns that are neither an id nor the summary are left out."""
     cells = [[_text(column.cell(row)) for column in columns] for row in rows]
     kept = [
         index
         for index in range(len(columns))
         if not drop_empty or columns[index].is_id or any(line[index] for line in cells)
     ]
-    shown = Table(box=None, pad_edge=False, padding=(0, 1), header_style="bold")
+
+    def needs(index: int) -> int:
+        longest = max([len(columns[index].header)] + [len(line[index]) for line in cells])
+        return min(longest, FOLDED_WIDTH) if columns[index].folds else longest
+
+    optional = [index for index in kept if not (columns[index].is_id or columns[index].folds)]
+    while optional and sum(map(needs, kept)) + COLUMN_GAP * (len(kept) - 1) > width:
+        kept.remove(optional.pop())
+    shown = Table(box=None, pad_edge=False, padding=(0, COLUMN_GAP // 2), header_style="bold")
     for index in kept:
         column = columns[index]
-        longest = max((len(line[index]) for line in cells), default=0)
-        if column.is_id:
-            width = max(longest, len(column.header))
-            shown.add_column(column.header, no_wrap=True, min_width=width)
-        else:
-            shown.add_column(column.header, overflow="fold", min_width=len(column.header))
+        shown.add_column(
+            column.header,
+            no_wrap=not column.folds,
+            overflow="fold",
+            min_width=needs(index) if column.is_id else len(column.header),
+        )
     for line in cells:
         shown.add_row(*(line[index] for index in kept))
     return shown
@@ -237,8 +255,9 @@ def print_columns(
     elif not rows:
         click.echo(empty, err=True)
     else:
+        out = console(unbounded=wide)
         chosen = wide_columns if wide else columns
-        console(unbounded=wide).print(_listing(chosen, rows, drop_empty=not wide))
+        out.print(_listing(chosen, rows, drop_empty=not wide, width=out.width))
 
 
 def fields(pairs: Mapping[str, Any]) -> Table:

@@ -128,12 +128,12 @@ def _status_text(
 
 def _summary(row: TurnRow) -> str:
     """What a listed turn is about: what the approvals it waits for ask, the error it failed
-    with, or the user's message it started with."""
+    with, or the user's message it started with (else its kind: ``resume``, ``retry`` ...)."""
     if row.waiting:
         return "; ".join(in_words(w.interrupt, w.input) for w in row.waiting)
     if row.error is not None:
         return f"{row.error.status}: {' '.join(row.error.message.split())}"
-    return row.message_text or ""
+    return row.message_text or row.input_kind
 
 
 async def _listed(
@@ -201,7 +201,7 @@ def ls(
         columns=[
             Column("ID", lambda r: short_ids.get(r.id, r.id), is_id=True),
             Column("STATUS", status_of),
-            Column("SUMMARY", _summary),
+            Column("SUMMARY", _summary, folds=True),
             Column("AGENT", lambda r: r.agent),
             Column("AGE", lambda r: ago(r.created_at, now)),
         ],
