@@ -37,6 +37,9 @@ from stores.sql import SqlSessionStore
 from stores.ui_sessions import SqlBrowserSessions
 from tests.databases import drop_postgres_database, new_postgres_database, new_sqlite_database
 
+#: Each test runs a dozen ``turnstile`` processes.
+pytestmark = pytest.mark.timeout(180)
+
 ROOT = Path(__file__).resolve().parents[2]
 APP = "examples.banking:ai"
 #: Two paused turns whose ids share their first eight characters, on purpose.

@@ -153,12 +153,6 @@ async def test_turns_ls_lists_filters_and_prints_its_json_shape(
     paused_line = next(line for line in table.out.splitlines() if ids["paused"] in line)
     assert "paused" in paused_line and "userApproval approval-1" in paused_line
 
-    readable = await db.run_cli("turns", "ls")
-    assert readable.status == 0, readable.err
-    paused_line = next(line for line in readable.out.splitlines() if ids["paused"][:8] in line)
-    assert "paused" in paused_line and "userApproval: Transfer $40 to carol" in paused_line
-    assert "INTERNAL: Scripted model failure" in readable.out
-
 
 async def test_turns_show_and_timeline(seeded: tuple[OperatorDatabase, dict[str, str]]) -> None:
     db, ids = seeded
@@ -223,9 +217,6 @@ async def test_approvals_ls_and_show(seeded: tuple[OperatorDatabase, dict[str, s
     assert by_agent.json() == {"items": []}
     table = await db.run_cli("approvals", "ls", "--wide")
     assert approval in table.out and "userApproval" in table.out
-    readable = await db.run_cli("approvals", "ls")
-    assert f"{ids['paused'][:8]}:approval-1" in readable.out
-    assert "userApproval: Transfer $40 to carol" in readable.out
 
     shown = await db.run_cli("approvals", "show", approval, "--json")
     assert shown.status == 0, shown.err
@@ -246,6 +237,23 @@ async def test_approvals_ls_and_show(seeded: tuple[OperatorDatabase, dict[str, s
         missing = await db.run_cli("approvals", "show", unknown)
         assert missing.status == 1, missing
         assert "turnstile approvals ls" in missing.err
+
+
+async def test_ls_tables_lead_with_what_each_row_is_about(
+    seeded: tuple[OperatorDatabase, dict[str, str]],
+) -> None:
+    """Without --wide, a turn and an approval are listed by their short ids, with what the
+    approval asks and what the failure was."""
+    db, ids = seeded
+    turns = await db.run_cli("turns", "ls")
+    assert turns.status == 0, turns.err
+    paused_line = next(line for line in turns.out.splitlines() if ids["paused"][:8] in line)
+    assert "paused" in paused_line and "userApproval: Transfer $40 to carol" in paused_line
+    assert "INTERNAL: Scripted model failure" in turns.out
+    approvals = await db.run_cli("approvals", "ls")
+    assert approvals.status == 0, approvals.err
+    assert f"{ids['paused'][:8]}:approval-1" in approvals.out
+    assert "userApproval: Transfer $40 to carol" in approvals.out
 
 
 async def test_stats(seeded: tuple[OperatorDatabase, dict[str, str]]) -> None:
