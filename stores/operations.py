@@ -25,7 +25,15 @@ from stores import messages as message_sql
 from stores import tool_calls as call_sql
 from stores import turns as turn_sql
 from stores.database import record_from_row, utc
-from stores.schema import ACTIVE, TIMESTAMP, approval_queue, turns
+from stores.schema import (
+    ACTIVE,
+    TIMESTAMP,
+    approval_queue,
+    sessions,
+    tool_calls,
+    turns,
+    ui_sessions,
+)
 
 __all__ = [
     "AGE_BUCKETS",
@@ -39,6 +47,9 @@ __all__ = [
     "TurnRow",
     "VersionCounts",
     "WaitingApproval",
+    "approval_keys_starting",
+    "id_prefixes",
+    "ids_starting",
     "list_turns",
     "read_stats",
     "turn_detail",
@@ -76,6 +87,8 @@ class WaitingApproval(BaseModel):
     ref: str
     interrupt: str
     created_at: datetime
+    #: What the approver is shown (the interrupt's input).
+    input: Any = None
 
 
 class TurnRow(BaseModel):
@@ -96,6 +109,8 @@ class TurnRow(BaseModel):
     updated_at: datetime
     settled_at: datetime | None
     waiting: list[WaitingApproval] = Field(default_factory=list)
+    #: The text of the user's message the turn started with (a ``message`` turn).
+    message_text: str | None = None
 
 
 class TurnDetail(BaseModel):
@@ -216,6 +231,7 @@ def list_turns(connection: Connection, query: TurnQuery) -> list[TurnRow]:
             t.status,
             t.finish_reason,
             t.input["kind"].as_string().label("input_kind"),
+            t.input["message"].label("message"),
             t.attempts,
             t.max_attempts,
             t.error,
@@ -229,9 +245,24 @@ def list_turns(connection: Connection, query: TurnQuery) -> list[TurnRow]:
     ).all()
     waiting = _waiting(connection, [r.id for r in rows])
     return [
-        record_from_row(TurnRow, r, input_kind=str(r.input_kind), waiting=waiting.get(r.id, []))
+        record_from_row(
+            TurnRow,
+            r,
+            input_kind=str(r.input_kind),
+            waiting=waiting.get(r.id, []),
+            message_text=_text_of(r.message),
+        )
         for r in rows
     ]
+
+
+def _text_of(message: Any) -> str | None:
+    """The text parts of a stored message, joined (``None``: no message, or no text)."""
+    if not isinstance(message, dict):
+        return None
+    parts = message.get("content") or []
+    texts = [p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str)]
+    return " ".join(" ".join(texts).split()) or None
 
 
 def _waiting(connection: Connection, turn_ids: list[str]) -> dict[str, list[WaitingApproval]]:
@@ -242,7 +273,7 @@ def _waiting(connection: Connection, turn_ids: list[str]) -> dict[str, list[Wait
     found: dict[str, list[WaitingApproval]] = {}
     for chunk in range(0, len(turn_ids), 500):
         rows = connection.execute(
-            sa.select(q.turn_id, q.ref, q.name, q.created_at)
+            sa.select(q.turn_id, q.ref, q.name, q.created_at, q.input)
             .where(q.turn_id.in_(turn_ids[chunk : chunk + 500]), q.decided_at.is_(None))
             .order_by(q.created_at, q.turn_id, q.ref)
         )
@@ -269,6 +300,82 @@ def turn_detail(connection: Connection, turn_id: str) -> TurnDetail | None:
         children=list(children),
         waiting=_waiting(connection, [turn_id]).get(turn_id, []),
     )
+
+
+# -- ids by prefix (an operator pastes the first characters of an id) -----------------------
+
+#: The tables whose ids an operator may give by a prefix, by what they hold.
+PREFIXED_IDS: dict[str, sa.Column[Any]] = {
+    "turn": turns.c.id,
+    "session": sessions.c.id,
+    "browser session": ui_sessions.c.id,
+}
+
+
+def _starts_with(column: sa.ColumnElement[Any], prefix: str) -> sa.ColumnElement[bool]:
+    """``column`` starts with ``prefix``, every character taken literally."""
+    # LIKE (its % and _ escaped) is what an index on the column can serve; the substr
+    # comparison keeps the match exact where LIKE ignores case (SQLite).
+    return sa.and_(
+        column.startswith(prefix, autoescape=True),
+        sa.func.substr(column, 1, len(prefix)) == prefix,
+    )
+
+
+def ids_starting(connection: Connection, kind: str, prefix: str, limit: int) -> list[str]:
+    """The ids of ``kind`` (``turn``, ``session``, ``browser session``) that start with
+    ``prefix``, in order, at most ``limit``; an id equal to ``prefix`` comes first."""
+    column = PREFIXED_IDS[kind]
+    found = connection.execute(
+        sa.select(column).where(_starts_with(column, prefix)).order_by(column).limit(limit)
+    ).scalars()
+    return sorted(found, key=lambda found_id: (found_id != prefix, found_id))
+
+
+def approval_keys_starting(
+    connection: Connection, turn_prefix: str, ref: str | None, limit: int
+) -> list[tuple[str, str]]:
+    """``(turn_id, ref)`` of the interrupts ever journaled on turns whose id starts with
+    ``turn_prefix`` (only ref ``ref``, when given), in order, at most ``limit``; those of a
+    turn whose id equals ``turn_prefix`` come first."""
+    c = tool_calls.c
+    conditions = [c.interrupt.is_not(None), _starts_with(c.turn_id, turn_prefix)]
+    if ref is not None:
+        conditions.append(c.ref == ref)
+    rows = connection.execute(
+        sa.select(c.turn_id, c.ref)
+        .where(*conditions)
+        .group_by(c.turn_id, c.ref)
+        .order_by(c.turn_id, c.ref)
+        .limit(limit)
+    ).all()
+    keys = [(str(r.turn_id), str(r.ref)) for r in rows]
+    return sorted(keys, key=lambda key: (key[0] != turn_prefix, key))
+
+
+def id_prefixes(connection: Connection, kind: str, ids: list[str], shortest: int) -> dict[str, str]:
+    """For each of ``ids`` (of ``kind``), its shortest prefix of at least ``shortest``
+    characters that no other id of the table starts with (the id itself when every shorter
+    prefix is shared)."""
+    column = PREFIXED_IDS[kind]
+    heads = sorted({found_id[:shortest] for found_id in ids})
+    neighbours: dict[str, list[str]] = {}
+    for chunk in range(0, len(heads), 500):
+        rows = connection.execute(
+            sa.select(column).where(
+                sa.func.substr(column, 1, shortest).in_(heads[chunk : chunk + 500])
+            )
+        ).scalars()
+        for found_id in rows:
+            neighbours.setdefault(found_id[:shortest], []).append(found_id)
+    prefixes: dict[str, str] = {}
+    for found_id in ids:
+        others = [o for o in neighbours.get(found_id[:shortest], []) if o != found_id]
+        length = shortest
+        while length < len(found_id) and any(o.startswith(found_id[:length]) for o in others):
+            length += 1
+        prefixes[found_id] = found_id[:length]
+    return prefixes
 
 
 _NOW = sa.bindparam("now", type_=TIMESTAMP)

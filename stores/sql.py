@@ -438,6 +438,24 @@ class SqlSessionStore:
         """Counts by status, the queue, the oldest pending turn and open approvals by age."""
         return await self._read(lambda c: operations.read_stats(c, now_utc()))
 
+    async def ids_starting(self, kind: str, prefix: str, *, limit: int) -> list[str]:
+        """Ids of ``kind`` (``turn``, ``session``, ``browser session``) starting with
+        ``prefix``, at most ``limit`` (an exact match first)."""
+        return await self._read(lambda c: operations.ids_starting(c, kind, prefix, limit))
+
+    async def approval_keys_starting(
+        self, turn_prefix: str, ref: str | None, *, limit: int
+    ) -> list[tuple[str, str]]:
+        """``(turn_id, ref)`` of journaled interrupts of turns starting with ``turn_prefix``
+        (of ref ``ref`` when given), at most ``limit`` (an exact turn id first)."""
+        return await self._read(
+            lambda c: operations.approval_keys_starting(c, turn_prefix, ref, limit)
+        )
+
+    async def id_prefixes(self, kind: str, ids: list[str], *, shortest: int) -> dict[str, str]:
+        """Each of ``ids``' shortest unique prefix of at least ``shortest`` characters."""
+        return await self._read(lambda c: operations.id_prefixes(c, kind, ids, shortest))
+
     # -- inbox and retention -----------------------------------------------------------
 
     async def active_turn_ids(self, owner: str | None, *, limit: int) -> list[str]:

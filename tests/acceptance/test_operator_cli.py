@@ -145,7 +145,7 @@ async def test_turns_ls_lists_filters_and_prints_its_json_shape(
     assert (await db.run_cli("turns", "ls", "--agent", "nobody", "--json")).json() == {"items": []}
     assert len((await db.run_cli("turns", "ls", "--limit", "1", "--json")).json()["items"]) == 1
 
-    table = await db.run_cli("turns", "ls")
+    table = await db.run_cli("turns", "ls", "--wide")
     assert table.status == 0, table.err
     assert "ID" in table.out and "WAITING" in table.out
     for turn_id in ids.values():
@@ -215,7 +215,7 @@ async def test_approvals_ls_and_show(seeded: tuple[OperatorDatabase, dict[str, s
     assert len(by_interrupt.json()["items"]) == 1
     by_agent = await db.run_cli("approvals", "ls", "--agent", "otherAgent", "--json")
     assert by_agent.json() == {"items": []}
-    table = await db.run_cli("approvals", "ls")
+    table = await db.run_cli("approvals", "ls", "--wide")
     assert approval in table.out and "userApproval" in table.out
 
     shown = await db.run_cli("approvals", "show", approval, "--json")
@@ -237,6 +237,23 @@ async def test_approvals_ls_and_show(seeded: tuple[OperatorDatabase, dict[str, s
         missing = await db.run_cli("approvals", "show", unknown)
         assert missing.status == 1, missing
         assert "turnstile approvals ls" in missing.err
+
+
+async def test_ls_tables_lead_with_what_each_row_is_about(
+    seeded: tuple[OperatorDatabase, dict[str, str]],
+) -> None:
+    """Without --wide, a turn and an approval are listed by their short ids, with what the
+    approval asks and what the failure was."""
+    db, ids = seeded
+    turns = await db.run_cli("turns", "ls")
+    assert turns.status == 0, turns.err
+    paused_line = next(line for line in turns.out.splitlines() if ids["paused"][:8] in line)
+    assert "paused" in paused_line and "userApproval: Transfer $40 to carol" in paused_line
+    assert "INTERNAL: Scripted model failure" in turns.out
+    approvals = await db.run_cli("approvals", "ls")
+    assert approvals.status == 0, approvals.err
+    assert f"{ids['paused'][:8]}:approval-1" in approvals.out
+    assert "userApproval: Transfer $40 to carol" in approvals.out
 
 
 async def test_stats(seeded: tuple[OperatorDatabase, dict[str, str]]) -> None:

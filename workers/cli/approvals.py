@@ -13,6 +13,7 @@ against the interrupt's output schema, recorded once (a second decision is refus
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -29,7 +30,6 @@ from engine.approvals.decide import (
     decide,
     find_approval,
 )
-from engine.approvals.decide import parse_approval_id as _parse_id
 from engine.conversation.parts import Message
 from engine.errors import ApprovalNotPendingError, FailedPreconditionError, InvalidArgumentError
 from engine.store import (
@@ -42,6 +42,7 @@ from engine.store import (
 )
 from stores.sql import SqlSessionStore
 from workers.cli.operator import (
+    SHORT_ID,
     Age,
     Declined,
     JsonText,
@@ -53,17 +54,21 @@ from workers.cli.operator import (
     named_option,
     open_app,
     read_json_file,
+    resolve_approval,
     run_on_app,
     run_on_store,
+    wide_option,
 )
 from workers.cli.output import (
+    Column,
     ago,
     console,
     emit_json,
     fields,
+    in_words,
     iso,
     message_text,
-    print_listing,
+    print_columns,
     seconds_since,
     short,
     table,
@@ -140,21 +145,11 @@ def approval_wire(approval: PendingApproval, now: datetime) -> dict[str, Any]:
     }
 
 
-def _parse(value: str) -> tuple[str, str]:
-    try:
-        return _parse_id(value)
-    except Exception:
-        raise NotFound(
-            f"{value!r} is not an approval id (TURN:REF); list them with `turnstile approvals ls`."
-        ) from None
-
-
-async def _find(
-    store: SqlSessionStore, value: str, turn_id: str, ref: str
-) -> tuple[PendingApproval, bool]:
-    """The approval ``value`` names (parsed as ``turn_id`` and ``ref``) and whether it is
-    still open; :class:`NotFound` when there is none."""
-    found = await find_approval(store, turn_id, ref)
+async def _find(store: SqlSessionStore, value: str) -> tuple[PendingApproval, bool]:
+    """The approval ``value`` names (its id, or one with the turn id cut to a unique prefix)
+    and whether it is still open; :class:`NotFound` when there is none."""
+    key = await resolve_approval(store, value)
+    found = await find_approval(store, *key) if key is not None else None
     if found is None:
         raise NotFound(f"no approval {value!r}; list open ones with `turnstile approvals ls`.")
     return found
@@ -163,13 +158,42 @@ async def _find(
 # -- ls ------------------------------------------------------------------------------------
 
 
-async def _with_assignments(
-    store: SqlSessionStore, query: ApprovalQuery, app: Engine | None
-) -> tuple[list[PendingApproval], dict[tuple[str, int, str], Assignment]]:
+@dataclass
+class _Listed:
+    """What ``approvals ls`` found: the approvals, who holds each, and each turn id's short
+    form (empty unless a table shows them)."""
+
+    rows: list[PendingApproval]
+    held: dict[tuple[str, int, str], Assignment]
+    short_ids: dict[str, str]
+
+    def stored(self, approval: PendingApproval) -> Assignment | None:
+        """Who holds ``approval`` (``None``: nothing stored)."""
+        return self.held.get((approval.turn_id, approval.round, approval.ref))
+
+    def holder(self, approval: PendingApproval) -> Assignment:
+        """Who holds ``approval`` (nobody: an empty assignment)."""
+        return self.stored(approval) or NOBODY
+
+    def short_id(self, approval: PendingApproval) -> str:
+        """The approval's id with its turn id cut to its shortest unique prefix."""
+        return approval_id(self.short_ids.get(approval.turn_id, approval.turn_id), approval.ref)
+
+
+async def _listed(
+    store: SqlSessionStore, query: ApprovalQuery, app: Engine | None, *, short: bool
+) -> _Listed:
     rows = await store.list_approvals(query)
     if app is not None:
-        return rows, await current_assignments(app.agents, rows)
-    return rows, await store.get_assignments([(a.turn_id, a.round, a.ref) for a in rows])
+        held = await current_assignments(app.agents, rows)
+    else:
+        held = await store.get_assignments([(a.turn_id, a.round, a.ref) for a in rows])
+    short_ids = (
+        await store.id_prefixes("turn", [a.turn_id for a in rows], shortest=SHORT_ID)
+        if short
+        else {}
+    )
+    return _Listed(rows, held, short_ids)
 
 
 @approvals.command("ls")
@@ -184,6 +208,7 @@ async def _with_assignments(
 @option("--interrupt", default=None, help="only approvals of this interrupt")
 @option("--older-than", type=Age(), default=None, help="only approvals at least this old: 1h, 1d")
 @limit_option(50, 1000)
+@wide_option
 @json_option
 def ls(
     db: str | None,
@@ -192,9 +217,11 @@ def ls(
     interrupt: str | None,
     older_than: float | None,
     limit: int,
+    wide: bool,
     as_json: bool,
 ) -> int:
-    """List open approvals, oldest first."""
+    """List open approvals, oldest first: what each asks, and its id (the turn id's first
+    characters: enough to name it)."""
     now = datetime.now(UTC)
     query = ApprovalQuery(
         agents=agent or None,
@@ -202,45 +229,41 @@ def ls(
         created_before=now - timedelta(seconds=older_than) if older_than else None,
         limit=limit,
     )
+    abbreviate = not (wide or as_json)
     if app is not None:
         engine, url = open_app(app, db)
-        rows, held = run_on_app(engine, url, lambda s: _with_assignments(s, query, engine))
+        found = run_on_app(engine, url, lambda s: _listed(s, query, engine, short=abbreviate))
     else:
-        rows, held = run_on_store(db, lambda s: _with_assignments(s, query, None))
+        found = run_on_store(db, lambda s: _listed(s, query, None, short=abbreviate))
+    holder = found.holder
 
-    def holder(a: PendingApproval) -> Assignment | None:
-        return held.get((a.turn_id, a.round, a.ref))
-
-    print_listing(
-        rows,
+    print_columns(
+        found.rows,
         as_json=as_json,
-        wire=lambda a: approval_wire(a, now) | assignment_fields(holder(a)),
+        wide=wide,
+        wire=lambda a: approval_wire(a, now) | assignment_fields(found.stored(a)),
         empty="No open approvals match.",
         columns=[
-            "ID",
-            "AGENT",
-            "VERSION",
-            "INTERRUPT",
-            "INPUT",
-            "AGE",
-            "DEADLINE",
-            "ASSIGNEE",
-            "GROUP",
-            "SESSION",
+            Column("ID", found.short_id, is_id=True),
+            Column("ASKED", lambda a: in_words(a.interrupt, a.input), folds=True),
+            Column("AGENT", lambda a: a.agent),
+            Column("AGE", lambda a: ago(a.created_at, now)),
+            Column("DEADLINE", lambda a: iso(a.deadline)),
+            Column("ASSIGNEE", lambda a: holder(a).assignee),
+            Column("GROUP", lambda a: _group_text(holder(a))),
         ],
-        cells=lambda a: [
-            approval_id(a.turn_id, a.ref),
-            a.agent,
-            a.app_version or "",
-            a.interrupt,
-            short(a.input, 50),
-            ago(a.created_at, now),
-            iso(a.deadline) or "",
-            (holder(a) or NOBODY).assignee or "",
-            _group_text(holder(a) or NOBODY),
-            a.session_id,
+        wide_columns=[
+            Column("ID", lambda a: approval_id(a.turn_id, a.ref), is_id=True),
+            Column("AGENT", lambda a: a.agent),
+            Column("VERSION", lambda a: a.app_version),
+            Column("INTERRUPT", lambda a: a.interrupt),
+            Column("INPUT", lambda a: short(a.input, None)),
+            Column("AGE", lambda a: ago(a.created_at, now)),
+            Column("DEADLINE", lambda a: iso(a.deadline)),
+            Column("ASSIGNEE", lambda a: holder(a).assignee),
+            Column("GROUP", lambda a: _group_text(holder(a))),
+            Column("SESSION", lambda a: a.session_id, is_id=True),
         ],
-        no_wrap=["ID", "SESSION"],
     )
     return 0
 
@@ -275,8 +298,8 @@ async def _read_approval(
 ) -> tuple[
     PendingApproval, bool, ToolCallRecord, list[ToolCallRecord], list[Message], Assignment | None
 ]:
-    turn_id, ref = _parse(value)
-    approval, is_open = await _find(store, value, turn_id, ref)
+    approval, is_open = await _find(store, value)
+    turn_id, ref = approval.turn_id, approval.ref
     calls = [c for c in await store.list_calls(turn_id) if c.round == approval.round]
     call = next(c for c in calls if c.ref == ref)
     conversation = await store.load_conversation(turn_id)
@@ -485,29 +508,29 @@ def _decide_command(verb: str, help_text: str) -> click.Command:
         given = _answer_value(answer, answer_file)
         if not by.strip():
             raise click.BadParameter("must name who decides", param_hint="--by")
-        turn_id, ref = _parse(approval)
         engine, url = open_app(app, db)
 
-        async def run(store: SqlSessionStore) -> DecisionOutcome:
-            entry, is_open = await _find(store, approval, turn_id, ref)
+        async def run(store: SqlSessionStore) -> tuple[str, DecisionOutcome]:
+            entry, is_open = await _find(store, approval)
+            named = approval_id(entry.turn_id, entry.ref)
             agent = agent_of(engine, entry.agent, app)
             if not is_open:
                 raise Declined(
-                    f"approval {approval} is no longer pending: it was decided or answered "
-                    f"already (see `turnstile approvals show {approval}`)."
+                    f"approval {named} is no longer pending: it was decided or answered "
+                    f"already (see `turnstile approvals show {named}`)."
                 )
             decision = _decision(verb, given, entry, engine, edit)
             try:
-                return await decide(agent, entry, decision, decided_by=by)
+                return named, await decide(agent, entry, decision, decided_by=by)
             except (ApprovalNotPendingError, FailedPreconditionError) as exc:
                 # Decided meanwhile, or a definition the app can no longer resume: the
                 # engine refuses (exit 1); a bad answer is the operator's usage error (2).
-                raise Declined(f"{exc} (see `turnstile approvals show {approval}`)") from exc
+                raise Declined(f"{exc} (see `turnstile approvals show {named}`)") from exc
             except InvalidArgumentError as exc:
                 raise Refused(str(exc)) from exc
 
-        outcome = run_on_app(engine, url, run)
-        _report(approval, outcome, as_json=as_json)
+        named, outcome = run_on_app(engine, url, run)
+        _report(named, outcome, as_json=as_json)
         return 0
 
     return command
@@ -592,28 +615,31 @@ def _assignment_command(verb: str, help_text: str) -> click.Command:
             raise click.UsageError(f"--to and --group go with `approvals assign`, not {verb}.")
         if verb == "assign" and not (to or group):
             raise click.UsageError("assign needs --to NAME, --group ROLE, or both.")
-        turn_id, ref = _parse(approval)
         engine, url = open_app(app, db)
 
-        async def run(store: SqlSessionStore) -> Assignment:
-            entry, _is_open = await _find(store, approval, turn_id, ref)
+        async def act(entry: PendingApproval) -> Assignment:
             agent = agent_of(engine, entry.agent, app)
+            if verb == "claim":
+                return await claim(agent, entry, NamedApprover(id=by), operator=True)
+            if verb == "release":
+                return await release(agent, entry, by=None, operator=by)
+            return await assign(agent, entry, by=None, assignee=to, group=group, operator=by)
+
+        async def run(store: SqlSessionStore) -> tuple[str, Assignment]:
+            entry, _is_open = await _find(store, approval)
+            named = approval_id(entry.turn_id, entry.ref)
             try:
-                if verb == "claim":
-                    return await claim(agent, entry, NamedApprover(id=by), operator=True)
-                if verb == "release":
-                    return await release(agent, entry, by=None, operator=by)
-                return await assign(agent, entry, by=None, assignee=to, group=group, operator=by)
+                return named, await act(entry)
             except (ApprovalNotPendingError, ApprovalClaimedError, ApprovalRefusedError) as exc:
-                raise Declined(f"{exc} (see `turnstile approvals show {approval}`)") from exc
+                raise Declined(f"{exc} (see `turnstile approvals show {named}`)") from exc
             except InvalidArgumentError as exc:
                 raise Refused(str(exc)) from exc
 
-        held = run_on_app(engine, url, run)
+        named, held = run_on_app(engine, url, run)
         if as_json:
-            emit_json({"id": approval, **assignment_fields(held)})
+            emit_json({"id": named, **assignment_fields(held)})
         else:
-            click.echo(f"{approval}: assigned to {held.describe()} (by {held.assigned_by})")
+            click.echo(f"{named}: assigned to {held.describe()} (by {held.assigned_by})")
         return 0
 
     return command

@@ -39,7 +39,10 @@ if TYPE_CHECKING:
     from stores.sql import SqlSessionStore
 
 __all__ = [
+    "AMBIGUITY_SHOWN",
+    "SHORT_ID",
     "Age",
+    "AmbiguousId",
     "Declined",
     "JsonText",
     "Moment",
@@ -50,8 +53,11 @@ __all__ = [
     "limit_option",
     "named_option",
     "open_app",
+    "resolve_approval",
+    "resolve_id",
     "run_on_app",
     "run_on_store",
+    "wide_option",
 ]
 
 T = TypeVar("T")
@@ -59,6 +65,10 @@ T = TypeVar("T")
 #: ``2h``, ``30m``, ``1.5d``: a number and a unit.
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$", re.IGNORECASE)
 _UNIT_SECONDS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
+#: How many of the ids an ambiguous prefix matches its error names.
+AMBIGUITY_SHOWN = 5
+#: The fewest characters of a turn id a table prints (more when they are shared).
+SHORT_ID = 8
 
 
 class NotFound(CommandFailed):
@@ -71,6 +81,48 @@ class Declined(CommandFailed):
     """The engine refused the action: decided already, not running, busy (exit status 1)."""
 
     exit_status = 1
+
+
+class AmbiguousId(Refused):
+    """An id prefix that starts more than one id: a usage error (exit status 2)."""
+
+
+def _ambiguous(what: str, value: str, candidates: list[str]) -> AmbiguousId:
+    shown = ", ".join(candidates[:AMBIGUITY_SHOWN])
+    more = ", …" if len(candidates) > AMBIGUITY_SHOWN else ""
+    return AmbiguousId(
+        f"{value!r} starts more than one {what} id ({shown}{more}): give more characters."
+    )
+
+
+async def resolve_id(store: SqlSessionStore, kind: str, value: str) -> str | None:
+    """The one id of ``kind`` (``turn``, ``session``, ``browser session``) that ``value`` is,
+    or starts: ``None`` when none does; :class:`AmbiguousId` when several do and none is
+    ``value`` itself."""
+    if not value or "\x00" in value:
+        return None  # PostgreSQL refuses a NUL in a parameter; no id holds one
+    found = await store.ids_starting(kind, value, limit=AMBIGUITY_SHOWN + 1)
+    if len(found) > 1 and found[0] != value:
+        raise _ambiguous(kind, value, found)
+    return found[0] if found else None
+
+
+async def resolve_approval(store: SqlSessionStore, value: str) -> tuple[str, str] | None:
+    """``(turn_id, ref)`` of the approval ``value`` names: ``<turn id>:<ref>`` where the
+    turn id may be a prefix (``748c8e91:approval-1``), or a turn id prefix alone when that
+    turn paused at one interrupt. ``None`` when none matches; :class:`AmbiguousId` when
+    several do."""
+    turn_prefix, colon, ref = value.partition(":")
+    if not turn_prefix or (colon and not ref) or "\x00" in value:
+        return None
+    found = await store.approval_keys_starting(
+        turn_prefix, ref if colon else None, limit=AMBIGUITY_SHOWN + 1
+    )
+    exact = [key for key in found if key[0] == turn_prefix]
+    if len(found) > 1 and len(exact) != 1:
+        raise _ambiguous("approval", value, [f"{t}:{r}" for t, r in found])
+    chosen = exact or found
+    return chosen[0] if chosen else None
 
 
 class OperatorCommand(TurnstileCommand):
@@ -191,6 +243,16 @@ def json_option(function: Callable[..., T]) -> Callable[..., T]:
     """``--json``: print the documented JSON shape instead of a table."""
     return named_option(
         "--json", "as_json", is_flag=True, help="print JSON (shape in docs/cli.md), not a table"
+    )(function)
+
+
+def wide_option(function: Callable[..., T]) -> Callable[..., T]:
+    """``--wide``: every column, ids whole, nothing cut, instead of the readable few."""
+    return named_option(
+        "--wide",
+        "wide",
+        is_flag=True,
+        help="every column, with whole ids and inputs, each line as long as it needs",
     )(function)
 
 

@@ -4,6 +4,10 @@ Tables go to standard output; progress bars and notes to standard error, so that
 output holds only the answer. Without a terminal (a pipe, a file) tables are plain text,
 without colour, each as wide as its content (or ``COLUMNS``, when set): nothing is folded
 for a script or a log to piece together.
+
+A listing (``turns ls``, ``approvals ls``) shows a few columns, led by the row's summary,
+and fits the terminal: ids are printed whole on one line, and the summary folds instead.
+``--wide`` shows every column, each line as long as it needs.
 """
 
 from __future__ import annotations
@@ -12,8 +16,9 @@ import json
 import os
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import click
 from rich.console import Console
@@ -22,12 +27,15 @@ from rich.table import Table
 from engine.conversation.parts import Message, Part
 
 __all__ = [
+    "Column",
     "ago",
     "console",
     "emit_json",
+    "in_words",
     "iso",
     "message_text",
     "part_text",
+    "print_columns",
     "print_listing",
     "short",
     "stderr_console",
@@ -39,6 +47,10 @@ T = TypeVar("T")
 #: The width of the page for a pipe or a file when ``COLUMNS`` is unset: tables are only as
 #: wide as their content, so this is "unbounded".
 PIPE_WIDTH = 10_000
+#: Spaces between two columns of a listing.
+COLUMN_GAP = 2
+#: The width a listing keeps for its summary before it leaves other columns out.
+FOLDED_WIDTH = 24
 
 
 def _width(stream: Any) -> int | None:
@@ -47,9 +59,11 @@ def _width(stream: Any) -> int | None:
     return PIPE_WIDTH
 
 
-def console() -> Console:
-    """The console of standard output."""
-    return Console(width=_width(sys.stdout), highlight=False, soft_wrap=False)
+def console(*, unbounded: bool = False) -> Console:
+    """The console of standard output (``unbounded``: as wide as what it prints, even on a
+    terminal, which then wraps the long lines itself)."""
+    width = PIPE_WIDTH if unbounded else _width(sys.stdout)
+    return Console(width=width, highlight=False, soft_wrap=False)
 
 
 def stderr_console() -> Console:
@@ -83,13 +97,35 @@ def ago(moment: datetime | None, now: datetime) -> str:
     return f"{int(seconds)}s"
 
 
-def short(value: Any, width: int = 60) -> str:
-    """``value`` on one line (JSON unless it is text), cut to ``width`` characters."""
+def short(value: Any, width: int | None = 60) -> str:
+    """``value`` on one line (JSON unless it is text), cut to ``width`` characters
+    (``None``: whole)."""
     if value is None:
         return ""
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
     text = " ".join(text.split())
-    return text if len(text) <= width else text[: width - 1] + "…"
+    return text if width is None or len(text) <= width else text[: width - 1] + "…"
+
+
+def _word(value: Any) -> str:
+    """One argument's value: text as it is (quoted when it holds spaces), else JSON."""
+    if isinstance(value, str) and value and not any(c.isspace() for c in value):
+        return value
+    return json.dumps(value, ensure_ascii=False)
+
+
+def in_words(name: str, value: Any) -> str:
+    """A call of ``name`` with ``value`` in words, uncut: ``name: <details>`` when the value
+    carries a ``details`` text (written for the approver), else ``name key=value …``."""
+    if isinstance(value, dict):
+        details = value.get("details")
+        if isinstance(details, str) and details.strip():
+            return f"{name}: {' '.join(details.split())}"
+        arguments = " ".join(f"{key}={_word(item)}" for key, item in value.items())
+        return f"{name} {arguments}".strip()
+    if value is None:
+        return name
+    return f"{name} {' '.join(_word(value).split())}"
 
 
 def part_text(part: Part) -> str:
@@ -146,6 +182,82 @@ def print_listing(
         click.echo(empty, err=True)
     else:
         console().print(table(None, columns, (cells(row) for row in rows), no_wrap=no_wrap))
+
+
+@dataclass(frozen=True)
+class Column(Generic[T]):
+    """One column of a listing: its header, and its cell for a row."""
+
+    header: str
+    cell: Callable[[T], Any]
+    #: An id: printed whole on one line, never folded or cut.
+    is_id: bool = False
+    #: The row's summary: the column that folds when the terminal is narrow (the others
+    #: keep to one line while they can).
+    folds: bool = False
+
+
+def _text(value: Any) -> str:
+    return "" if value is None else str(value)
+
+
+def _listing(
+    columns: Sequence[Column[T]], rows: Sequence[T], *, drop_empty: bool, width: int
+) -> Table:
+    """The listing's table: no frame, two spaces between columns; each id column as wide as
+    its longest id, and only the summary folding. When even that is wider than ``width``,
+    the last columns that are neither an id nor the summary are left out."""
+    cells = [[_text(column.cell(row)) for column in columns] for row in rows]
+    kept = [
+        index
+        for index in range(len(columns))
+        if not drop_empty or columns[index].is_id or any(line[index] for line in cells)
+    ]
+
+    def needs(index: int) -> int:
+        longest = max([len(columns[index].header)] + [len(line[index]) for line in cells])
+        return min(longest, FOLDED_WIDTH) if columns[index].folds else longest
+
+    optional = [index for index in kept if not (columns[index].is_id or columns[index].folds)]
+    while optional and sum(map(needs, kept)) + COLUMN_GAP * (len(kept) - 1) > width:
+        kept.remove(optional.pop())
+    shown = Table(box=None, pad_edge=False, padding=(0, COLUMN_GAP // 2), header_style="bold")
+    for index in kept:
+        column = columns[index]
+        shown.add_column(
+            column.header,
+            no_wrap=not column.folds,
+            overflow="fold",
+            min_width=needs(index) if column.is_id else len(column.header),
+        )
+    for line in cells:
+        shown.add_row(*(line[index] for index in kept))
+    return shown
+
+
+def print_columns(
+    rows: Sequence[T],
+    *,
+    as_json: bool,
+    wide: bool,
+    wire: Callable[[T], Any],
+    empty: str,
+    columns: Sequence[Column[T]],
+    wide_columns: Sequence[Column[T]],
+) -> None:
+    """Print what an ``ls`` command found: ``{"items": [...]}`` of each row's ``wire`` shape
+    with ``--json``; else a table of ``columns`` (those empty in every row left out) that
+    fits the terminal or, with ``--wide``, of every one of ``wide_columns``, nothing folded
+    (the terminal wraps its long lines); or the ``empty`` note on standard error when nothing
+    matched."""
+    if as_json:
+        emit_json({"items": [wire(row) for row in rows]})
+    elif not rows:
+        click.echo(empty, err=True)
+    else:
+        out = console(unbounded=wide)
+        chosen = wide_columns if wide else columns
+        out.print(_listing(chosen, rows, drop_empty=not wide, width=out.width))
 
 
 def fields(pairs: Mapping[str, Any]) -> Table:

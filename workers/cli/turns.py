@@ -24,6 +24,7 @@ from engine.turns.request import TurnRequest
 from stores.operations import PAUSED, TurnDetail, TurnQuery, TurnRow, WaitingApproval
 from stores.sql import SqlSessionStore
 from workers.cli.operator import (
+    SHORT_ID,
     Moment,
     NotFound,
     OperatorGroup,
@@ -32,17 +33,21 @@ from workers.cli.operator import (
     limit_option,
     named_option,
     open_app,
+    resolve_id,
     run_on_app,
     run_on_store,
+    wide_option,
 )
 from workers.cli.output import (
+    Column,
     ago,
     console,
     emit_json,
     fields,
+    in_words,
     iso,
     message_text,
-    print_listing,
+    print_columns,
     seconds_since,
     short,
     stderr_console,
@@ -121,6 +126,25 @@ def _status_text(
     return status.value
 
 
+def _summary(row: TurnRow) -> str:
+    """What a listed turn is about: what the approvals it waits for ask, the error it failed
+    with, or the user's message it started with (else its kind: ``resume``, ``retry`` ...)."""
+    if row.waiting:
+        return "; ".join(in_words(w.interrupt, w.input) for w in row.waiting)
+    if row.error is not None:
+        return f"{row.error.status}: {' '.join(row.error.message.split())}"
+    return row.message_text or row.input_kind
+
+
+async def _listed(
+    store: SqlSessionStore, query: TurnQuery, *, abbreviate: bool
+) -> tuple[list[TurnRow], dict[str, str]]:
+    rows = await store.list_turns(query)
+    if not abbreviate:
+        return rows, {}
+    return rows, await store.id_prefixes("turn", [r.id for r in rows], shortest=SHORT_ID)
+
+
 @turns.command("ls")
 @db_option
 @option(
@@ -130,9 +154,10 @@ def _status_text(
     help="only turns in this status (repeatable; paused: waiting at approvals now)",
 )
 @option("--agent", default=None, help="only this agent's turns")
-@option("--session", default=None, metavar="ID", help="only this session's turns")
+@option("--session", default=None, metavar="ID", help="only this session's turns (or an id prefix)")
 @option("--since", type=Moment(), default=None, help="only turns created since: 2h, 7d, or ISO")
 @limit_option(50, 10_000)
+@wide_option
 @json_option
 def ls(
     db: str | None,
@@ -141,46 +166,56 @@ def ls(
     session: str | None,
     since: datetime | None,
     limit: int,
+    wide: bool,
     as_json: bool,
 ) -> int:
-    """List turns, newest first."""
-    query = TurnQuery(
-        statuses=tuple(s.lower() for s in status) or None,
-        agent=agent,
-        session_id=session,
-        since=since,
-        limit=limit,
-    )
-    rows = run_on_store(db, lambda store: store.list_turns(query))
+    """List turns, newest first: what each is about, and its id (its first characters:
+    enough to name it)."""
+
+    async def read(store: SqlSessionStore) -> tuple[list[TurnRow], dict[str, str]]:
+        session_id = session
+        if session is not None:
+            # An unknown session selects nothing, as it always has.
+            session_id = await resolve_id(store, "session", session) or session
+        query = TurnQuery(
+            statuses=tuple(s.lower() for s in status) or None,
+            agent=agent,
+            session_id=session_id,
+            since=since,
+            limit=limit,
+        )
+        return await _listed(store, query, abbreviate=not (wide or as_json))
+
+    rows, short_ids = run_on_store(db, read)
     now = datetime.now(UTC)
-    print_listing(
+
+    def status_of(row: TurnRow) -> str:
+        return _status_text(row.status, row.finish_reason, row.waiting)
+
+    print_columns(
         rows,
         as_json=as_json,
+        wide=wide,
         wire=lambda r: row_wire(r, now, r.waiting),
         empty="No turns match.",
         columns=[
-            "ID",
-            "AGENT",
-            "SESSION",
-            "STATUS",
-            "FINISH",
-            "KIND",
-            "ATTEMPTS",
-            "AGE",
-            "WAITING",
+            Column("ID", lambda r: short_ids.get(r.id, r.id), is_id=True),
+            Column("STATUS", status_of),
+            Column("SUMMARY", _summary, folds=True),
+            Column("AGENT", lambda r: r.agent),
+            Column("AGE", lambda r: ago(r.created_at, now)),
         ],
-        cells=lambda r: [
-            r.id,
-            r.agent,
-            r.session_id,
-            _status_text(r.status, r.finish_reason, r.waiting),
-            r.finish_reason.value if r.finish_reason else "",
-            r.input_kind,
-            f"{r.attempts}/{r.max_attempts}",
-            ago(r.created_at, now),
-            ", ".join(f"{w.interrupt} {w.ref}" for w in r.waiting),
+        wide_columns=[
+            Column("ID", lambda r: r.id, is_id=True),
+            Column("AGENT", lambda r: r.agent),
+            Column("SESSION", lambda r: r.session_id, is_id=True),
+            Column("STATUS", status_of),
+            Column("FINISH", lambda r: r.finish_reason.value if r.finish_reason else ""),
+            Column("KIND", lambda r: r.input_kind),
+            Column("ATTEMPTS", lambda r: f"{r.attempts}/{r.max_attempts}"),
+            Column("AGE", lambda r: ago(r.created_at, now)),
+            Column("WAITING", lambda r: ", ".join(f"{w.interrupt} {w.ref}" for w in r.waiting)),
         ],
-        no_wrap=["ID", "SESSION"],
     )
     return 0
 
@@ -356,7 +391,12 @@ def _cut(text: str, width: int | None) -> str:
 @json_option
 def show(turn_id: str, db: str | None, full: bool, as_json: bool) -> int:
     """Show one turn: status, error, conversation, rounds and tool calls."""
-    detail = run_on_store(db, lambda store: store.turn_detail(turn_id))
+
+    async def read(store: SqlSessionStore) -> TurnDetail | None:
+        found = await resolve_id(store, "turn", turn_id)
+        return await store.turn_detail(found) if found is not None else None
+
+    detail = run_on_store(db, read)
     if detail is None:
         raise NotFound(f"no turn {turn_id!r}; find one with `turnstile turns ls`.")
     now = datetime.now(UTC)
@@ -377,15 +417,17 @@ def show(turn_id: str, db: str | None, full: bool, as_json: bool) -> int:
 def timeline(turn_id: str, db: str | None, as_json: bool) -> int:
     """Everything that happened to a turn, in order (the turn_timeline view)."""
 
-    async def read(store: SqlSessionStore) -> list[Any] | None:
-        if await store.get_turn(turn_id) is None:
+    async def read(store: SqlSessionStore) -> tuple[str, list[Any]] | None:
+        found = await resolve_id(store, "turn", turn_id)
+        if found is None:
             return None
         # docs/schema.md's query orders by (at, kind): things at one moment come out alike.
-        return sorted(await store.timeline(turn_id), key=lambda e: (e.at, e.kind))
+        return found, sorted(await store.timeline(found), key=lambda e: (e.at, e.kind))
 
-    entries = run_on_store(db, read)
-    if entries is None:
+    read_back = run_on_store(db, read)
+    if read_back is None:
         raise NotFound(f"no turn {turn_id!r}; find one with `turnstile turns ls`.")
+    full_id, entries = read_back
     if as_json:
         emit_json(
             {"items": [{"at": iso(e.at), "kind": e.kind, "detail": e.detail} for e in entries]}
@@ -394,7 +436,7 @@ def timeline(turn_id: str, db: str | None, as_json: bool) -> int:
     start = entries[0].at if entries else None
     console().print(
         table(
-            f"Timeline of {turn_id}",
+            f"Timeline of {full_id}",
             ["AT", "+SECONDS", "KIND", "DETAIL"],
             (
                 [
@@ -425,10 +467,11 @@ def abort(turn_ids: tuple[str, ...], app: str | None, db: str | None, as_json: b
 
     async def run(store: SqlSessionStore) -> list[dict[str, Any]]:
         results = []
-        for turn_id in turn_ids:
-            turn = await store.get_turn(turn_id)
-            if turn is None:
-                results.append({"turn_id": turn_id, "status": None, "result": "not_found"})
+        found = [(given, await resolve_id(store, "turn", given)) for given in turn_ids]
+        for given, turn_id in found:
+            turn = await store.get_turn(turn_id) if turn_id is not None else None
+            if turn_id is None or turn is None:
+                results.append({"turn_id": given, "status": None, "result": "not_found"})
                 continue
             agent = agent_of(engine, turn.agent, str(app))
             outcome = await agent.request_abort(turn_id)
@@ -479,7 +522,9 @@ async def _retry_targets(
         return list(await store.list_turns(query)), []
     chosen: list[TurnRow | TurnRecord] = []
     skipped: list[dict[str, Any]] = []
-    for turn_id in dict.fromkeys(turn_ids):
+    # A prefix and the whole id of one turn name it once; an unknown one is skipped as given.
+    resolved = [await resolve_id(store, "turn", given) or given for given in turn_ids]
+    for turn_id in dict.fromkeys(resolved):
         turn = await store.get_turn(turn_id)
         if turn is None:
             skipped.append({"turn_id": turn_id, "reason": "not found"})
@@ -655,14 +700,15 @@ def fork(turn_id: str, round_: int | None, app: str | None, db: str | None, as_j
     engine, url = open_app(_require_app(app, "fork"), db)
 
     async def run(store: SqlSessionStore) -> dict[str, Any]:
-        source = await store.get_turn(turn_id)
-        if source is None:
+        found = await resolve_id(store, "turn", turn_id)
+        source = await store.get_turn(found) if found is not None else None
+        if found is None or source is None:
             raise NotFound(f"no turn {turn_id!r}; find one with `turnstile turns ls`.")
         agent = agent_of(engine, source.agent, str(app))
-        response = await fork_turn(agent, turn_id, round=round_)
+        response = await fork_turn(agent, found, round=round_)
         created = await store.get_turn(str(response.snapshot_id))
         return {
-            "source_turn_id": turn_id,
+            "source_turn_id": found,
             "round": created.input.fork_round if created else round_,
             "agent": agent.name,
             "session_id": response.session_id,
@@ -675,7 +721,7 @@ def fork(turn_id: str, round_: int | None, app: str | None, db: str | None, as_j
         emit_json(forked)
     else:
         click.echo(
-            f"forked {turn_id} after round {forked['round']}: new session "
+            f"forked {forked['source_turn_id']} after round {forked['round']}: new session "
             f"{forked['session_id']}, turn {forked['turn_id']} ({forked['status']}; follow it "
             f"with `turnstile turns show {forked['turn_id']}`)"
         )

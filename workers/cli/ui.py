@@ -13,8 +13,16 @@ from typing import Any
 import click
 
 from engine.remote.ui.browser_sessions import BrowserSessionRecord
+from stores.sql import SqlSessionStore
 from stores.ui_sessions import SqlBrowserSessions
-from workers.cli.operator import Age, NotFound, OperatorGroup, json_option, run_on_store
+from workers.cli.operator import (
+    Age,
+    NotFound,
+    OperatorGroup,
+    json_option,
+    resolve_id,
+    run_on_store,
+)
 from workers.cli.output import ago, emit_json, iso, print_listing
 from workers.cli.params import db_option, option
 
@@ -114,12 +122,17 @@ def revoke(session_id: str | None, db: str | None, principal: str | None, as_jso
     if (session_id is None) == (principal is None):
         raise click.UsageError("give a session ID or --principal NAME (not both).")
     now = datetime.now(UTC)
-    revoked = run_on_store(
-        db,
-        lambda store: SqlBrowserSessions(store.db).revoke_browser_sessions(
-            now=now, session_id=session_id, principal=principal
-        ),
-    )
+
+    async def revoke(store: SqlSessionStore) -> list[str]:
+        chosen = session_id
+        if session_id is not None:
+            # A unique prefix names the session; an unknown id revokes nothing (exit 1).
+            chosen = await resolve_id(store, "browser session", session_id) or session_id
+        return await SqlBrowserSessions(store.db).revoke_browser_sessions(
+            now=now, session_id=chosen, principal=principal
+        )
+
+    revoked = run_on_store(db, revoke)
     if as_json:
         emit_json({"revoked": revoked})
     elif revoked:
