@@ -180,18 +180,22 @@ def _is_latest() -> sa.ColumnElement[bool]:
 def _status_condition(status: str) -> sa.ColumnElement[bool]:
     if status == PAUSED:
         # Paused now: stopped at approvals and not continued since (a resumed one is history).
+        # approval_queue holds exactly those turns' calls: reading it finds them without
+        # visiting every turn that was ever paused.
         return sa.and_(
             turns.c.status == TurnStatus.COMPLETED.value,
             turns.c.finish_reason == FinishReason.INTERRUPTED.value,
-            _is_latest(),
+            turns.c.id.in_(sa.select(approval_queue.c.turn_id)),
         )
     return turns.c.status == TurnStatus(status).value
 
 
 def _conditions(query: TurnQuery) -> list[sa.ColumnElement[bool]]:
     conditions: list[sa.ColumnElement[bool]] = []
-    if query.statuses:
-        conditions.append(sa.or_(*(_status_condition(s) for s in query.statuses)))
+    if query.statuses and len(query.statuses) == 1:
+        conditions.append(_status_condition(query.statuses[0]))
+    elif query.statuses:
+        conditions.append(turns.c.id.in_(_any_status_page(query)))
     if query.agent is not None:
         conditions.append(turns.c.agent == query.agent)
     if query.session_id is not None:
@@ -201,6 +205,23 @@ def _conditions(query: TurnQuery) -> list[sa.ColumnElement[bool]]:
     if query.latest_only:
         conditions.append(_is_latest())
     return conditions
+
+
+def _any_status_page(query: TurnQuery) -> sa.CompoundSelect[Any]:
+    """The ids of the page of each status of ``query``, with its other filters: each is read
+    through that status's own index, where one scan for any of them would filter its way
+    through the turns of every other status."""
+    others = query.model_copy(update={"statuses": None})
+    pages = [
+        sa.select(turns.c.id)
+        .where(_status_condition(status), *_conditions(others))
+        .order_by(turns.c.created_at.desc(), turns.c.id.desc())
+        .limit(query.limit)
+        .subquery()
+        for status in query.statuses or ()
+    ]
+    # Each page a subquery of its own: SQLite takes no LIMIT on a member of a UNION.
+    return sa.union_all(*(sa.select(page.c.id) for page in pages))
 
 
 def list_turns(connection: Connection, query: TurnQuery) -> list[TurnRow]:

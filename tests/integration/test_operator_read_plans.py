@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from stores import operations as operation_sql
-from stores.operations import TurnQuery
+from stores.operations import PAUSED, TurnQuery
 from tests.databases import libpq_dsn, postgres_url
 
 #: Sessions of the history: each paused once and resumed, so its first turn stays
@@ -137,6 +137,8 @@ LISTINGS = {
     "agent since": TurnQuery(
         agent="bankingAgent", since=datetime.now(UTC) - timedelta(seconds=SESSIONS)
     ),
+    "paused": TurnQuery(statuses=(PAUSED,)),
+    "paused or failed": TurnQuery(statuses=(PAUSED, "failed")),
 }
 
 
@@ -160,3 +162,16 @@ def test_the_listing_reads_the_created_at_index_backwards(history: str) -> None:
     ]
     assert walks == [("Index Scan", "Backward")], json.dumps(nodes[0], indent=1)
     assert not any(n["Node Type"] in ("Sort", "Incremental Sort") for n in nodes)
+
+
+def test_listing_paused_turns_finds_the_open_ones(history: str) -> None:
+    """The paused filter finds exactly the sessions still waiting, newest first."""
+    engine = sa.create_engine(history, poolclass=sa.NullPool)
+    try:
+        with engine.connect() as connection:
+            rows = operation_sql.list_turns(connection, TurnQuery(statuses=(PAUSED,), limit=100))
+    finally:
+        engine.dispose()
+    expected = [f"p{g}" for g in range(SESSIONS, 0, -OPEN_EVERY)]
+    assert [row.id for row in rows] == expected
+    assert all(len(row.waiting) == 1 for row in rows)
