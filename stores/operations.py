@@ -320,38 +320,45 @@ def read_stats(connection: Connection, now: datetime) -> Stats:
 
 
 def _versions(connection: Connection, now: datetime) -> list[VersionCounts]:
-    """Claimable and paused turns per (agent, version), from the rows of the partial index
-    ``ix_turns_version_waiting``."""
+    """Claimable and paused turns per (agent, version): the pending turns, and the paused
+    ones found through ``approval_queue`` (the turns ever paused and since resumed are most
+    of history, and a read of them would grow with it)."""
     t = turns.c
     claimable = sa.and_(
-        t.status == TurnStatus.PENDING.value,
         t.run_after <= _NOW,
         sa.or_(t.lease_expires_at.is_(None), t.lease_expires_at < _NOW),
     )
-    paused = sa.and_(t.status == TurnStatus.COMPLETED.value, _is_latest())
+    pending = sa.select(
+        t.agent,
+        t.app_version,
+        sa.case((claimable, 1), else_=0).label("claimable"),
+        sa.literal(0).label("paused"),
+    ).where(t.status == TurnStatus.PENDING.value)
+    paused = sa.select(
+        t.agent,
+        t.app_version,
+        sa.literal(0).label("claimable"),
+        sa.literal(1).label("paused"),
+    ).where(_status_condition(PAUSED))
+    waiting = sa.union_all(pending, paused).subquery("waiting")
+    w = waiting.c
     rows = connection.execute(
         sa.select(
-            t.agent,
-            t.app_version,
-            sa.func.coalesce(sa.func.sum(sa.case((claimable, 1), else_=0)), 0).label("claimable"),
-            sa.func.coalesce(sa.func.sum(sa.case((paused, 1), else_=0)), 0).label("paused"),
+            w.agent,
+            w.app_version,
+            sa.func.sum(w.claimable).label("claimable"),
+            sa.func.sum(w.paused).label("paused"),
         )
-        .where(
-            sa.or_(
-                t.status == TurnStatus.PENDING.value,
-                t.finish_reason == FinishReason.INTERRUPTED.value,
-            )
-        )
-        .group_by(t.agent, t.app_version)
-        .order_by(t.agent, t.app_version),
+        .group_by(w.agent, w.app_version)
+        .order_by(w.agent, w.app_version),
         {"now": now},
     )
     counts = [
         VersionCounts(
             agent=row.agent,
             version=row.app_version,
-            claimable=int(row.claimable),
-            paused=int(row.paused),
+            claimable=int(row.claimable or 0),
+            paused=int(row.paused or 0),
         )
         for row in rows
     ]

@@ -175,3 +175,26 @@ def test_listing_paused_turns_finds_the_open_ones(history: str) -> None:
     expected = [f"p{g}" for g in range(SESSIONS, 0, -OPEN_EVERY)]
     assert [row.id for row in rows] == expected
     assert all(len(row.waiting) == 1 for row in rows)
+
+
+def test_the_stats_count_paused_turns_by_version_from_the_open_ones(history: str) -> None:
+    """stats' claimable and paused counts per version visit the 20 paused turns, not the
+    20,000 ever paused, and count exactly those."""
+    now = datetime.now(UTC)
+    sent = _statements(history, lambda connection: operation_sql.read_stats(connection, now))
+    [(statement, parameters)] = [(s, p) for s, p in sent if "app_version" in s]
+    nodes = _analyzed(history, statement, parameters)
+    detail = json.dumps(nodes[0], indent=1)
+    assert "turns" not in _seq_scans(nodes), detail
+    assert _rows_visited(nodes, "turns") <= 100, detail
+
+    engine = sa.create_engine(history, poolclass=sa.NullPool)
+    try:
+        with engine.connect() as connection:
+            stats = operation_sql.read_stats(connection, now)
+    finally:
+        engine.dispose()
+    assert [(v.agent, v.version, v.claimable, v.paused) for v in stats.versions] == [
+        ("bankingAgent", "v1", 0, SESSIONS // OPEN_EVERY)
+    ]
+    assert stats.paused == SESSIONS // OPEN_EVERY
