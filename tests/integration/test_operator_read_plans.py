@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from stores import operations as operation_sql
+from stores.monitoring import MonitoringDatabase
 from stores.operations import PAUSED, TurnQuery
 from tests.databases import libpq_dsn, postgres_url
 
@@ -198,3 +199,61 @@ def test_the_stats_count_paused_turns_by_version_from_the_open_ones(history: str
         ("bankingAgent", "v1", 0, SESSIONS // OPEN_EVERY)
     ]
     assert stats.paused == SESSIONS // OPEN_EVERY
+
+
+def test_a_metrics_scrape_reads_the_open_approvals_from_their_index() -> None:
+    """With 20,000 approvals in the queue (each showing its approver a few hundred bytes), a
+    fifth of them decided, the scrape's count of the open ones per agent is an index-only
+    scan of ix_approval_queue_open, not a read of the queue's rows, and counts exactly the
+    undecided ones."""
+    with postgres_url() as url:
+        with psycopg.connect(libpq_dsn(url), autocommit=True) as connection:
+            connection.execute(
+                """INSERT INTO sessions (id, agent, created_at, updated_at)
+                   SELECT 's' || g, 'agent' || g % 3, now(), now()
+                   FROM generate_series(1, 20000) g"""
+            )
+            connection.execute(
+                """INSERT INTO turns (id, session_id, seq, agent, status, finish_reason, input,
+                                      history_length, run_after, created_at, updated_at)
+                   SELECT 'p' || g, 's' || g, 1, 'agent' || g % 3, 'completed', 'interrupted',
+                          '{"kind": "message"}', 0, now(), now(), now()
+                   FROM generate_series(1, 20000) g"""
+            )
+            connection.execute(
+                """INSERT INTO tool_calls (turn_id, round, ref, name, input, status,
+                                           idempotency_key, created_at)
+                   SELECT 'p' || g, 1, 'approval-1', 'userApproval',
+                          jsonb_build_object('amount', g, 'memo', repeat('x', 400)),
+                          'interrupted',
+                          'p' || g || ':approval-1', now() - g * interval '1s'
+                   FROM generate_series(1, 20000) g"""
+            )
+            connection.execute(
+                "UPDATE approval_queue SET decided_at = now() WHERE turn_id LIKE '%0'"
+                " OR turn_id LIKE '%5'"
+            )
+            connection.execute("VACUUM ANALYZE")
+        sent: list[tuple[str, Any]] = []
+        database = MonitoringDatabase(url)
+        try:
+
+            def record(*arguments: Any) -> None:
+                _, _, statement, parameters, _, _ = arguments
+                sent.append((statement, parameters))
+
+            sa.event.listen(database.engine, "before_cursor_execute", record)
+            gauges = database.read_gauges(datetime.now(UTC))
+        finally:
+            database.dispose()
+        [(statement, parameters)] = [(s, p) for s, p in sent if "approval_queue" in s]
+        nodes = _analyzed(url, statement, parameters)
+
+    detail = json.dumps(nodes[0], indent=1)
+    scans = [(n["Node Type"], n.get("Index Name")) for n in nodes if "Relation Name" in n]
+    assert scans == [("Index Only Scan", "ix_approval_queue_open")], detail
+    assert {agent: g.open_approvals for agent, g in gauges.agents.items()} == {
+        "agent0": 5333,
+        "agent1": 5334,
+        "agent2": 5333,
+    }
