@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from stores import operations as operation_sql
+from stores import turn_versions as version_sql
 from stores.monitoring import MonitoringDatabase
 from stores.operations import PAUSED, TurnQuery
 from tests.databases import libpq_dsn, postgres_url
@@ -199,6 +200,33 @@ def test_the_stats_count_paused_turns_by_version_from_the_open_ones(history: str
         ("bankingAgent", "v1", 0, SESSIONS // OPEN_EVERY)
     ]
     assert stats.paused == SESSIONS // OPEN_EVERY
+
+
+def test_turns_migrate_finds_a_versions_waiting_turns_among_the_open_ones(history: str) -> None:
+    """``turns migrate``'s read of a version's waiting turns visits the 20 paused turns, not
+    the 20,000 ever paused, and lists exactly those, oldest first."""
+    now = datetime.now(UTC)
+
+    def read(connection: Connection) -> Any:
+        return version_sql.list_waiting(
+            connection, version="v1", agents=None, now=now, limit=10_000
+        )
+
+    [(statement, parameters)] = _statements(history, read)
+    nodes = _analyzed(history, statement, parameters)
+    detail = json.dumps(nodes[0], indent=1)
+    assert "turns" not in _seq_scans(nodes), detail
+    assert _rows_visited(nodes, "turns") <= 100, detail
+
+    engine = sa.create_engine(history, poolclass=sa.NullPool)
+    try:
+        with engine.connect() as connection:
+            waiting = read(connection)
+    finally:
+        engine.dispose()
+    assert [turn.id for turn in waiting] == [
+        f"p{g}" for g in range(OPEN_EVERY, SESSIONS + 1, OPEN_EVERY)
+    ]
 
 
 def test_a_metrics_scrape_reads_the_open_approvals_from_their_index() -> None:
