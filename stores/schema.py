@@ -189,13 +189,13 @@ turns = sa.Table(
         "id",
         where="status IN ('failed', 'aborted')",
     ),
-    # The queued and paused turns of one version: `turnstile turns migrate`, queue depth by
-    # version.
+    # The queued turns of one version: `turnstile turns migrate`, queue depth by version (the
+    # paused ones are found through approval_queue; migration 0012).
     _partial_index(
-        "ix_turns_version_waiting",
+        "ix_turns_version_pending",
         "app_version",
         "agent",
-        where="status = 'pending' OR finish_reason = 'interrupted'",
+        where="status = 'pending'",
     ),
     # PostgreSQL: fillfactor = 80 (migration 0004; SQLAlchemy's Table has no storage
     # parameters), room on each page for a lease update's new row version (a HOT update).

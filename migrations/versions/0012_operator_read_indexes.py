@@ -1,5 +1,6 @@
 """Operator reads that cost their page, not the history: ``ix_turns_created_at``,
-``ix_turns_failed_or_aborted`` and ``ix_approval_queue_open``.
+``ix_turns_failed_or_aborted``, ``ix_approval_queue_open``, and ``ix_turns_version_pending``
+in place of ``ix_turns_version_waiting``.
 
 Revision ID: 0012
 Revises: 0011
@@ -19,6 +20,13 @@ The metrics' scrape (``stores/monitoring.py``) counts the undecided open approva
 with the oldest of each. ``ix_approval_queue_open (agent, created_at) WHERE decided_at IS
 NULL`` holds exactly those rows in that grouping: the scrape is an index-only scan of the
 undecided approvals instead of a read of every queue row.
+
+``ix_turns_version_waiting`` (migration 0011) held every turn ever paused: a resumed turn is
+not rewritten, so it stayed in the index for good, and the per-version counts and ``turnstile
+turns migrate`` read them all. Those reads now find the paused turns through
+``approval_queue``, which holds only the open ones; the index is rebuilt as
+``ix_turns_version_pending (app_version, agent) WHERE status = 'pending'`` for the queued half,
+and no longer grows with history.
 
 On PostgreSQL they are built with a plain ``CREATE INDEX``, which blocks writes to the table
 while it reads it: on a large database, create them beforehand with ``CREATE INDEX
@@ -40,9 +48,21 @@ depends_on: str | Sequence[str] | None = None
 
 UNDECIDED = sa.text("decided_at IS NULL")
 FAILED_OR_ABORTED = sa.text("status IN ('failed', 'aborted')")
+PENDING = sa.text("status = 'pending'")
+WAITING = sa.text("status = 'pending' OR finish_reason = 'interrupted'")
 
 
 def upgrade() -> None:
+    op.create_index(
+        "ix_turns_version_pending",
+        "turns",
+        ["app_version", "agent"],
+        unique=False,
+        if_not_exists=True,
+        postgresql_where=PENDING,
+        sqlite_where=PENDING,
+    )
+    op.drop_index("ix_turns_version_waiting", table_name="turns", if_exists=True)
     op.create_index(
         "ix_turns_created_at",
         "turns",
@@ -84,3 +104,11 @@ def downgrade() -> None:
         sqlite_where=FAILED_OR_ABORTED,
     )
     op.drop_index("ix_turns_created_at", table_name="turns")
+    op.create_index(
+        "ix_turns_version_waiting",
+        "turns",
+        ["app_version", "agent"],
+        postgresql_where=WAITING,
+        sqlite_where=WAITING,
+    )
+    op.drop_index("ix_turns_version_pending", table_name="turns")
