@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from stores import operations as operation_sql
+from stores import retention as retention_sql
 from stores import turn_versions as version_sql
 from stores.monitoring import MonitoringDatabase
 from stores.operations import PAUSED, TurnQuery
@@ -98,6 +99,25 @@ def _analyzed(url: str, statement: str, parameters: Any) -> list[dict[str, Any]]
             [(plan,)] = connection.exec_driver_sql(
                 f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}", parameters
             )
+    finally:
+        engine.dispose()
+    nodes: list[dict[str, Any]] = []
+
+    def walk(node: dict[str, Any]) -> None:
+        nodes.append(node)
+        for child in node.get("Plans", []):
+            walk(child)
+
+    walk((plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"])
+    return nodes
+
+
+def _explained(url: str, statement: str, parameters: Any) -> list[dict[str, Any]]:
+    """The nodes of ``EXPLAIN (FORMAT JSON)`` of ``statement`` (planned, not run), top-down."""
+    engine = sa.create_engine(url, poolclass=sa.NullPool)
+    try:
+        with engine.connect() as connection:
+            [(plan,)] = connection.exec_driver_sql(f"EXPLAIN (FORMAT JSON) {statement}", parameters)
     finally:
         engine.dispose()
     nodes: list[dict[str, Any]] = []
@@ -285,3 +305,39 @@ def test_a_metrics_scrape_reads_the_open_approvals_from_their_index() -> None:
         "agent1": 5334,
         "agent2": 5333,
     }
+
+
+def test_a_retention_batch_deletes_its_sessions_through_indexes() -> None:
+    """A batch of 50 sessions out of 20,000 (a batch is a sliver of a long history) deletes
+    their turns, messages, journal rows and events by key: no statement after the choice of
+    sessions scans a whole table."""
+    with postgres_url() as url:
+        with psycopg.connect(libpq_dsn(url), autocommit=True) as connection:
+            _populate(connection)
+            connection.execute(
+                """INSERT INTO messages (turn_id, round, position, role, content, committed,
+                                         created_at)
+                   SELECT id, 0, p, 'user', '[]', true, now()
+                   FROM turns, generate_series(0, 3) p"""
+            )
+            connection.execute(
+                """INSERT INTO turn_events (turn_id, from_status, to_status, attempt, at)
+                   SELECT id, NULL::turn_status, 'pending'::turn_status, 0, now() FROM turns
+                   UNION ALL SELECT id, 'pending'::turn_status, status, 1, now() FROM turns"""
+            )
+            connection.execute("VACUUM ANALYZE")
+        later = datetime.now(UTC) + timedelta(hours=1)
+
+        def prune(connection: Connection) -> Any:
+            with connection.begin():
+                return retention_sql.prune_sessions(connection, settled_before=later, limit=50)
+
+        sent = _statements(url, prune)
+        plans = {
+            statement: _explained(url, statement, parameters)
+            for statement, parameters in sent
+            if statement.lstrip().startswith(("DELETE", "UPDATE"))
+        }
+    assert len(plans) == 6, list(plans)
+    for statement, nodes in plans.items():
+        assert _seq_scans(nodes) == set(), f"{statement}\n{json.dumps(nodes[0], indent=1)}"
