@@ -2,11 +2,12 @@
 one turn with everything it holds, and the counts of the whole database.
 
 The same SQLAlchemy Core statements run on PostgreSQL and SQLite. Listing reads ``turns``
-newest first with the filters as conditions (the waiting approvals of the rows shown come
-from ``approval_queue``, one more statement); a turn's detail reuses the aggregates' reads
-(:mod:`stores.turns`, :mod:`stores.messages`, :mod:`stores.tool_calls`). The counts by
-status scan ``turns`` once: an operator's command, not something to poll (the metrics'
-gauges in :mod:`stores.monitoring` read only the indexed active rows).
+newest first through ``ix_turns_created_at`` with the filters as conditions, the paused
+turns through ``approval_queue`` (the waiting approvals of the rows shown come from it too,
+one more statement); a turn's detail reuses the aggregates' reads (:mod:`stores.turns`,
+:mod:`stores.messages`, :mod:`stores.tool_calls`). The counts by status scan ``turns``
+once: an operator's command, not something to poll (the metrics' gauges in
+:mod:`stores.monitoring` read only the indexed active rows).
 """
 
 from __future__ import annotations
