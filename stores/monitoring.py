@@ -60,7 +60,8 @@ class DatabaseGauges:
 
 # One statement per family. Both use only indexed, bounded sets of rows: turns in an active
 # status (the partial unique index ux_turns_one_active_per_session covers them) and the
-# approval_queue table, which holds open approvals only.
+# undecided rows of approval_queue, which ix_approval_queue_open holds by agent and age: the
+# count is an index-only scan that never reads the approvals' payloads.
 _NOW = sa.bindparam("now", type_=TIMESTAMP)
 #: A pending turn a worker could claim now (the claim's own condition, stores/turn_claims.py).
 _CLAIMABLE = sa.and_(

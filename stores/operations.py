@@ -2,11 +2,12 @@
 one turn with everything it holds, and the counts of the whole database.
 
 The same SQLAlchemy Core statements run on PostgreSQL and SQLite. Listing reads ``turns``
-newest first with the filters as conditions (the waiting approvals of the rows shown come
-from ``approval_queue``, one more statement); a turn's detail reuses the aggregates' reads
-(:mod:`stores.turns`, :mod:`stores.messages`, :mod:`stores.tool_calls`). The counts by
-status scan ``turns`` once: an operator's command, not something to poll (the metrics'
-gauges in :mod:`stores.monitoring` read only the indexed active rows).
+newest first through ``ix_turns_created_at`` with the filters as conditions, the paused
+turns through ``approval_queue`` (the waiting approvals of the rows shown come from it too,
+one more statement); a turn's detail reuses the aggregates' reads (:mod:`stores.turns`,
+:mod:`stores.messages`, :mod:`stores.tool_calls`). The counts by status scan ``turns``
+once: an operator's command, not something to poll (the metrics' gauges in
+:mod:`stores.monitoring` read only the indexed active rows).
 """
 
 from __future__ import annotations
@@ -195,18 +196,22 @@ def _is_latest() -> sa.ColumnElement[bool]:
 def _status_condition(status: str) -> sa.ColumnElement[bool]:
     if status == PAUSED:
         # Paused now: stopped at approvals and not continued since (a resumed one is history).
+        # approval_queue holds exactly those turns' calls: reading it finds them without
+        # visiting every turn that was ever paused.
         return sa.and_(
             turns.c.status == TurnStatus.COMPLETED.value,
             turns.c.finish_reason == FinishReason.INTERRUPTED.value,
-            _is_latest(),
+            turns.c.id.in_(sa.select(approval_queue.c.turn_id)),
         )
     return turns.c.status == TurnStatus(status).value
 
 
 def _conditions(query: TurnQuery) -> list[sa.ColumnElement[bool]]:
     conditions: list[sa.ColumnElement[bool]] = []
-    if query.statuses:
-        conditions.append(sa.or_(*(_status_condition(s) for s in query.statuses)))
+    if query.statuses and len(query.statuses) == 1:
+        conditions.append(_status_condition(query.statuses[0]))
+    elif query.statuses:
+        conditions.append(turns.c.id.in_(_any_status_page(query)))
     if query.agent is not None:
         conditions.append(turns.c.agent == query.agent)
     if query.session_id is not None:
@@ -216,6 +221,23 @@ def _conditions(query: TurnQuery) -> list[sa.ColumnElement[bool]]:
     if query.latest_only:
         conditions.append(_is_latest())
     return conditions
+
+
+def _any_status_page(query: TurnQuery) -> sa.CompoundSelect[Any]:
+    """The ids of the page of each status of ``query``, with its other filters: each is read
+    through that status's own index, where one scan for any of them would filter its way
+    through the turns of every other status."""
+    others = query.model_copy(update={"statuses": None})
+    pages = [
+        sa.select(turns.c.id)
+        .where(_status_condition(status), *_conditions(others))
+        .order_by(turns.c.created_at.desc(), turns.c.id.desc())
+        .limit(query.limit)
+        .subquery()
+        for status in query.statuses or ()
+    ]
+    # Each page a subquery of its own: SQLite takes no LIMIT on a member of a UNION.
+    return sa.union_all(*(sa.select(page.c.id) for page in pages))
 
 
 def list_turns(connection: Connection, query: TurnQuery) -> list[TurnRow]:
@@ -406,38 +428,45 @@ def read_stats(connection: Connection, now: datetime) -> Stats:
 
 
 def _versions(connection: Connection, now: datetime) -> list[VersionCounts]:
-    """Claimable and paused turns per (agent, version), from the rows of the partial index
-    ``ix_turns_version_waiting``."""
+    """Claimable and paused turns per (agent, version): the pending turns, and the paused
+    ones found through ``approval_queue`` (the turns ever paused and since resumed are most
+    of history, and a read of them would grow with it)."""
     t = turns.c
     claimable = sa.and_(
-        t.status == TurnStatus.PENDING.value,
         t.run_after <= _NOW,
         sa.or_(t.lease_expires_at.is_(None), t.lease_expires_at < _NOW),
     )
-    paused = sa.and_(t.status == TurnStatus.COMPLETED.value, _is_latest())
+    pending = sa.select(
+        t.agent,
+        t.app_version,
+        sa.case((claimable, 1), else_=0).label("claimable"),
+        sa.literal(0).label("paused"),
+    ).where(t.status == TurnStatus.PENDING.value)
+    paused = sa.select(
+        t.agent,
+        t.app_version,
+        sa.literal(0).label("claimable"),
+        sa.literal(1).label("paused"),
+    ).where(_status_condition(PAUSED))
+    waiting = sa.union_all(pending, paused).subquery("waiting")
+    w = waiting.c
     rows = connection.execute(
         sa.select(
-            t.agent,
-            t.app_version,
-            sa.func.coalesce(sa.func.sum(sa.case((claimable, 1), else_=0)), 0).label("claimable"),
-            sa.func.coalesce(sa.func.sum(sa.case((paused, 1), else_=0)), 0).label("paused"),
+            w.agent,
+            w.app_version,
+            sa.func.sum(w.claimable).label("claimable"),
+            sa.func.sum(w.paused).label("paused"),
         )
-        .where(
-            sa.or_(
-                t.status == TurnStatus.PENDING.value,
-                t.finish_reason == FinishReason.INTERRUPTED.value,
-            )
-        )
-        .group_by(t.agent, t.app_version)
-        .order_by(t.agent, t.app_version),
+        .group_by(w.agent, w.app_version)
+        .order_by(w.agent, w.app_version),
         {"now": now},
     )
     counts = [
         VersionCounts(
             agent=row.agent,
             version=row.app_version,
-            claimable=int(row.claimable),
-            paused=int(row.paused),
+            claimable=int(row.claimable or 0),
+            paused=int(row.paused or 0),
         )
         for row in rows
     ]

@@ -19,6 +19,9 @@ from stores.schema import messages, sessions, tool_calls, turn_events, turns
 
 __all__ = ["prune_sessions"]
 
+#: Turn ids per statement: well under SQLite's limit of bound parameters.
+_CHUNK = 500
+
 
 def prune_sessions(connection: Connection, *, settled_before: datetime, limit: int) -> int:
     """Delete up to ``limit`` prunable sessions idle since ``settled_before``; how many went."""
@@ -50,18 +53,24 @@ def prune_sessions(connection: Connection, *, settled_before: datetime, limit: i
     ids = [row[0] for row in connection.execute(candidates)]
     if not ids:
         return 0
-    doomed = sa.select(turns.c.id).where(turns.c.session_id.in_(ids)).scalar_subquery()
-    # A branch in another session outlives its parent: it holds its own copy of the
-    # conversation, and its parent reference goes with the parent.
-    connection.execute(
-        sa.update(turns)
-        .where(turns.c.parent_id.in_(doomed), turns.c.session_id.not_in(ids))
-        .values(parent_id=None)
+    # The doomed turns' ids as values, not a subquery: the planner then knows how few they
+    # are and deletes by key, where a misestimated subquery made it hash-join whole tables.
+    doomed = list(
+        connection.execute(sa.select(turns.c.id).where(turns.c.session_id.in_(ids))).scalars()
     )
-    # Children first, explicitly: the schema cascades on PostgreSQL and on SQLite with
-    # foreign keys on, but an operator's connection to SQLite may have them off.
-    for child in (messages, tool_calls, turn_events):
-        connection.execute(sa.delete(child).where(child.c.turn_id.in_(doomed)))
+    for start in range(0, len(doomed), _CHUNK):
+        chunk = doomed[start : start + _CHUNK]
+        # A branch in another session outlives its parent: it holds its own copy of the
+        # conversation, and its parent reference goes with the parent.
+        connection.execute(
+            sa.update(turns)
+            .where(turns.c.parent_id.in_(chunk), turns.c.session_id.not_in(ids))
+            .values(parent_id=None)
+        )
+        # Children first, explicitly: the schema cascades on PostgreSQL and on SQLite with
+        # foreign keys on, but an operator's connection to SQLite may have them off.
+        for child in (messages, tool_calls, turn_events):
+            connection.execute(sa.delete(child).where(child.c.turn_id.in_(chunk)))
     # One statement for all turns of a session: the parent_id references among them are
     # checked at the end of the statement, when none is left.
     connection.execute(sa.delete(turns).where(turns.c.session_id.in_(ids)))

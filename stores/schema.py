@@ -180,13 +180,22 @@ turns = sa.Table(
     # (migration 0004).
     _partial_index("ix_turns_aborting", "id", where="status = 'aborting'"),
     sa.Index("ix_turns_parent_id", "parent_id"),
-    # The queued and paused turns of one version: `turnstile turns migrate`, queue depth by
-    # version.
+    # `turnstile turns ls` pages newest first (migration 0012).
+    sa.Index("ix_turns_created_at", "created_at", "id"),
+    # ... and its pages of the few turns that failed or were aborted (migration 0012).
     _partial_index(
-        "ix_turns_version_waiting",
+        "ix_turns_failed_or_aborted",
+        "created_at",
+        "id",
+        where="status IN ('failed', 'aborted')",
+    ),
+    # The queued turns of one version: `turnstile turns migrate`, queue depth by version (the
+    # paused ones are found through approval_queue; migration 0012).
+    _partial_index(
+        "ix_turns_version_pending",
         "app_version",
         "agent",
-        where="status = 'pending' OR finish_reason = 'interrupted'",
+        where="status = 'pending'",
     ),
     # PostgreSQL: fillfactor = 80 (migration 0004; SQLAlchemy's Table has no storage
     # parameters), room on each page for a lease update's new row version (a HOT update).
@@ -296,6 +305,8 @@ approval_queue = sa.Table(
     sa.Index("ix_approval_queue_created_at", "created_at", "turn_id", "ref"),
     # A new turn deletes its session's older entries (the supersede trigger).
     sa.Index("ix_approval_queue_session_id", "session_id"),
+    # The metrics' open approvals per agent, oldest first, without the decided ones (0012).
+    _partial_index("ix_approval_queue_open", "agent", "created_at", where="decided_at IS NULL"),
     comment=(
         "The open approvals (the rows of the view open_approvals), kept by triggers on "
         "tool_calls and turns."

@@ -22,26 +22,33 @@ from engine.status import FinishReason, TurnStatus
 from engine.store import TurnRecord
 from stores.definitions import save_definition
 from stores.notify import WORK_CHANNEL, notify
-from stores.schema import TIMESTAMP, turn_events, turns
+from stores.schema import TIMESTAMP, approval_queue, turn_events, turns
 from stores.turns import record
 
 __all__ = ["VersionMove", "list_waiting", "move_waiting"]
 
 
-def _waiting(now: datetime | sa.BindParameter[datetime]) -> sa.ColumnElement[bool]:
-    """Paused and the session's latest turn, or pending with no live lease."""
-    later = sa.alias(turns, "later")
-    latest = ~sa.exists().where(later.c.session_id == turns.c.session_id, later.c.seq > turns.c.seq)
-    paused = sa.and_(
+def _paused() -> sa.ColumnElement[bool]:
+    """Paused and the session's latest turn: ``approval_queue`` holds exactly those turns'
+    calls, so reading it finds them without visiting every turn ever paused and resumed."""
+    return sa.and_(
         turns.c.status == TurnStatus.COMPLETED.value,
         turns.c.finish_reason == FinishReason.INTERRUPTED.value,
-        latest,
+        turns.c.id.in_(sa.select(approval_queue.c.turn_id)),
     )
-    queued = sa.and_(
+
+
+def _queued(now: datetime | sa.BindParameter[datetime]) -> sa.ColumnElement[bool]:
+    """Pending with no live lease."""
+    return sa.and_(
         turns.c.status == TurnStatus.PENDING.value,
         sa.or_(turns.c.lease_expires_at.is_(None), turns.c.lease_expires_at < now),
     )
-    return sa.or_(paused, queued)
+
+
+def _waiting(now: datetime | sa.BindParameter[datetime]) -> sa.ColumnElement[bool]:
+    """Paused and the session's latest turn, or pending with no live lease."""
+    return sa.or_(_paused(), _queued(now))
 
 
 def list_waiting(
@@ -53,10 +60,25 @@ def list_waiting(
     limit: int,
 ) -> list[TurnRecord]:
     """The waiting turns pinned to ``version`` (of ``agents`` when given), oldest first."""
-    query = sa.select(turns).where(turns.c.app_version == version, _waiting(now))
+    filters = [turns.c.app_version == version]
     if agents is not None:
-        query = query.where(turns.c.agent.in_(list(agents)))
-    query = query.order_by(turns.c.created_at, turns.c.id).limit(limit)
+        filters.append(turns.c.agent.in_(list(agents)))
+    # The paused and the queued ones each read on their own (approval_queue, the pending
+    # turns), then merged: one scan for either would filter through every turn ever paused.
+    pages = [
+        sa.select(turns.c.id)
+        .where(condition, *filters)
+        .order_by(turns.c.created_at, turns.c.id)
+        .limit(limit)
+        .subquery()
+        for condition in (_paused(), _queued(now))
+    ]
+    query = (
+        sa.select(turns)
+        .where(turns.c.id.in_(sa.union_all(*(sa.select(page.c.id) for page in pages))))
+        .order_by(turns.c.created_at, turns.c.id)
+        .limit(limit)
+    )
     return [record(row) for row in connection.execute(query)]
 
 

@@ -1,0 +1,343 @@
+"""The operators' reads (``turnstile turns ls``, ``turnstile stats``) and the metrics' scrape
+cost their page, not the history kept: on PostgreSQL, with enough history that a full read
+would be the planner's choice, each exact statement visits only a few rows of ``turns``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from stores import operations as operation_sql
+from stores import retention as retention_sql
+from stores import turn_versions as version_sql
+from stores.monitoring import MonitoringDatabase
+from stores.operations import PAUSED, TurnQuery
+from tests.databases import libpq_dsn, postgres_url
+
+#: Sessions of the history: each paused once and resumed, so its first turn stays
+#: ``completed`` / ``interrupted`` with a later turn after it.
+SESSIONS = 20_000
+#: Every OPEN_EVERY-th session is paused now: its interrupted turn is its latest.
+OPEN_EVERY = 1_000
+#: Every FAILED_EVERY-th resumed turn failed.
+FAILED_EVERY = 50
+
+
+def _populate(connection: psycopg.Connection[Any]) -> None:
+    """SESSIONS sessions, one turn a second apart, each paused at an approval and (but every
+    OPEN_EVERY-th) resumed by a second turn; a few of those failed."""
+    statements = [
+        """INSERT INTO sessions (id, agent, created_at, updated_at)
+           SELECT 's' || g, 'bankingAgent', now(), now() FROM generate_series(1, %(n)s) g""",
+        """INSERT INTO turns (id, session_id, seq, agent, status, finish_reason, input,
+                              history_length, run_after, created_at, updated_at, app_version)
+           SELECT 'p' || g, 's' || g, 1, 'bankingAgent', 'completed', 'interrupted',
+                  '{"kind": "message"}', 0, now(), now() - (2 * %(n)s - 2 * g) * interval '1s',
+                  now(), 'v1'
+           FROM generate_series(1, %(n)s) g""",
+        """INSERT INTO tool_calls (turn_id, round, ref, name, input, status, idempotency_key,
+                                   created_at)
+           SELECT 'p' || g, 1, 'approval-1', 'userApproval', '{}', 'interrupted',
+                  'p' || g || ':approval-1', now() - (2 * %(n)s - 2 * g) * interval '1s'
+           FROM generate_series(1, %(n)s) g""",
+        """INSERT INTO turns (id, session_id, seq, agent, parent_id, status, finish_reason,
+                              input, history_length, run_after, created_at, updated_at,
+                              app_version)
+           SELECT 'r' || g, 's' || g, 2, 'bankingAgent', 'p' || g,
+                  CASE WHEN g %% %(failed)s = 0 THEN 'failed'::turn_status
+                       ELSE 'completed'::turn_status END,
+                  CASE WHEN g %% %(failed)s = 0 THEN NULL ELSE 'stop' END,
+                  '{"kind": "resume"}', 1, now(),
+                  now() - (2 * %(n)s - 2 * g - 1) * interval '1s', now(), 'v1'
+           FROM generate_series(1, %(n)s) g WHERE g %% %(open)s <> 0""",
+    ]
+    values = {"n": SESSIONS, "open": OPEN_EVERY, "failed": FAILED_EVERY}
+    for statement in statements:
+        connection.execute(statement, values)
+    connection.execute("VACUUM ANALYZE")
+
+
+@pytest.fixture(scope="module")
+def history() -> Iterator[str]:
+    """A PostgreSQL database holding :func:`_populate`'s history."""
+    with postgres_url() as url:
+        with psycopg.connect(libpq_dsn(url), autocommit=True) as connection:
+            _populate(connection)
+        yield url
+
+
+def _statements(url: str, read: Callable[[Connection], Any]) -> list[tuple[str, Any]]:
+    """The statements ``read`` sends, with their parameters, on a real connection."""
+    sent: list[tuple[str, Any]] = []
+
+    def record(*arguments: Any) -> None:
+        _, _, statement, parameters, _, _ = arguments
+        sent.append((statement, parameters))
+
+    engine = sa.create_engine(url, poolclass=sa.NullPool)
+    try:
+        with engine.connect() as connection:
+            sa.event.listen(connection, "before_cursor_execute", record)
+            read(connection)
+    finally:
+        engine.dispose()
+    return sent
+
+
+def _analyzed(url: str, statement: str, parameters: Any) -> list[dict[str, Any]]:
+    """The nodes of ``EXPLAIN (ANALYZE, FORMAT JSON)`` of ``statement``, top-down."""
+    engine = sa.create_engine(url, poolclass=sa.NullPool)
+    try:
+        with engine.connect() as connection:
+            [(plan,)] = connection.exec_driver_sql(
+                f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}", parameters
+            )
+    finally:
+        engine.dispose()
+    nodes: list[dict[str, Any]] = []
+
+    def walk(node: dict[str, Any]) -> None:
+        nodes.append(node)
+        for child in node.get("Plans", []):
+            walk(child)
+
+    walk((plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"])
+    return nodes
+
+
+def _explained(url: str, statement: str, parameters: Any) -> list[dict[str, Any]]:
+    """The nodes of ``EXPLAIN (FORMAT JSON)`` of ``statement`` (planned, not run), top-down."""
+    engine = sa.create_engine(url, poolclass=sa.NullPool)
+    try:
+        with engine.connect() as connection:
+            [(plan,)] = connection.exec_driver_sql(f"EXPLAIN (FORMAT JSON) {statement}", parameters)
+    finally:
+        engine.dispose()
+    nodes: list[dict[str, Any]] = []
+
+    def walk(node: dict[str, Any]) -> None:
+        nodes.append(node)
+        for child in node.get("Plans", []):
+            walk(child)
+
+    walk((plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"])
+    return nodes
+
+
+def _rows_visited(nodes: list[dict[str, Any]], table: str) -> int:
+    """The rows of ``table`` the plan's scans read, kept or filtered out, over all loops."""
+    return sum(
+        (node["Actual Rows"] + node.get("Rows Removed by Filter", 0)) * node["Actual Loops"]
+        for node in nodes
+        if node.get("Relation Name") == table
+    )
+
+
+def _seq_scans(nodes: list[dict[str, Any]]) -> set[str]:
+    return {n["Relation Name"] for n in nodes if n["Node Type"] == "Seq Scan"}
+
+
+def _listing_plan(url: str, query: TurnQuery) -> list[dict[str, Any]]:
+    """The analysed plan of the page ``turns ls`` reads for ``query`` (its first statement:
+    the second reads the page's waiting approvals)."""
+    sent = _statements(url, lambda connection: operation_sql.list_turns(connection, query))
+    statement, parameters = sent[0]
+    assert "ORDER BY turns.created_at DESC" in statement, statement
+    return _analyzed(url, statement, parameters)
+
+
+LISTINGS = {
+    "first page": TurnQuery(),
+    "failed": TurnQuery(statuses=("failed",)),
+    "agent since": TurnQuery(
+        agent="bankingAgent", since=datetime.now(UTC) - timedelta(seconds=SESSIONS)
+    ),
+    "paused": TurnQuery(statuses=(PAUSED,)),
+    "paused or failed": TurnQuery(statuses=(PAUSED, "failed")),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LISTINGS))
+def test_a_page_of_turns_reads_a_page_of_turns(history: str, name: str) -> None:
+    """Each listing's page of 50 visits at most a few thousand of the 39,980 turns (the
+    failed ones are one in fifty), through an index, without a sequential scan."""
+    nodes = _listing_plan(history, LISTINGS[name])
+    detail = json.dumps(nodes[0], indent=1)
+    assert "turns" not in _seq_scans(nodes), detail
+    assert _rows_visited(nodes, "turns") <= 3_000, detail
+
+
+def test_the_listing_reads_the_created_at_index_backwards(history: str) -> None:
+    """The first page is a backward walk of ix_turns_created_at: no sort of turns."""
+    nodes = _listing_plan(history, TurnQuery())
+    walks = [
+        (n["Node Type"], n.get("Scan Direction"))
+        for n in nodes
+        if n.get("Index Name") == "ix_turns_created_at"
+    ]
+    assert walks == [("Index Scan", "Backward")], json.dumps(nodes[0], indent=1)
+    assert not any(n["Node Type"] in ("Sort", "Incremental Sort") for n in nodes)
+
+
+def test_listing_paused_turns_finds_the_open_ones(history: str) -> None:
+    """The paused filter finds exactly the sessions still waiting, newest first."""
+    engine = sa.create_engine(history, poolclass=sa.NullPool)
+    try:
+        with engine.connect() as connection:
+            rows = operation_sql.list_turns(connection, TurnQuery(statuses=(PAUSED,), limit=100))
+    finally:
+        engine.dispose()
+    expected = [f"p{g}" for g in range(SESSIONS, 0, -OPEN_EVERY)]
+    assert [row.id for row in rows] == expected
+    assert all(len(row.waiting) == 1 for row in rows)
+
+
+def test_the_stats_count_paused_turns_by_version_from_the_open_ones(history: str) -> None:
+    """stats' claimable and paused counts per version visit the 20 paused turns, not the
+    20,000 ever paused, and count exactly those."""
+    now = datetime.now(UTC)
+    sent = _statements(history, lambda connection: operation_sql.read_stats(connection, now))
+    [(statement, parameters)] = [(s, p) for s, p in sent if "app_version" in s]
+    nodes = _analyzed(history, statement, parameters)
+    detail = json.dumps(nodes[0], indent=1)
+    assert "turns" not in _seq_scans(nodes), detail
+    assert _rows_visited(nodes, "turns") <= 100, detail
+
+    engine = sa.create_engine(history, poolclass=sa.NullPool)
+    try:
+        with engine.connect() as connection:
+            stats = operation_sql.read_stats(connection, now)
+    finally:
+        engine.dispose()
+    assert [(v.agent, v.version, v.claimable, v.paused) for v in stats.versions] == [
+        ("bankingAgent", "v1", 0, SESSIONS // OPEN_EVERY)
+    ]
+    assert stats.paused == SESSIONS // OPEN_EVERY
+
+
+def test_turns_migrate_finds_a_versions_waiting_turns_among_the_open_ones(history: str) -> None:
+    """``turns migrate``'s read of a version's waiting turns visits the 20 paused turns, not
+    the 20,000 ever paused, and lists exactly those, oldest first."""
+    now = datetime.now(UTC)
+
+    def read(connection: Connection) -> Any:
+        return version_sql.list_waiting(
+            connection, version="v1", agents=None, now=now, limit=10_000
+        )
+
+    [(statement, parameters)] = _statements(history, read)
+    nodes = _analyzed(history, statement, parameters)
+    detail = json.dumps(nodes[0], indent=1)
+    assert "turns" not in _seq_scans(nodes), detail
+    assert _rows_visited(nodes, "turns") <= 100, detail
+
+    engine = sa.create_engine(history, poolclass=sa.NullPool)
+    try:
+        with engine.connect() as connection:
+            waiting = read(connection)
+    finally:
+        engine.dispose()
+    assert [turn.id for turn in waiting] == [
+        f"p{g}" for g in range(OPEN_EVERY, SESSIONS + 1, OPEN_EVERY)
+    ]
+
+
+def test_a_metrics_scrape_reads_the_open_approvals_from_their_index() -> None:
+    """With 20,000 approvals in the queue (each showing its approver a few hundred bytes), a
+    fifth of them decided, the scrape's count of the open ones per agent is an index-only
+    scan of ix_approval_queue_open, not a read of the queue's rows, and counts exactly the
+    undecided ones."""
+    with postgres_url() as url:
+        with psycopg.connect(libpq_dsn(url), autocommit=True) as connection:
+            connection.execute(
+                """INSERT INTO sessions (id, agent, created_at, updated_at)
+                   SELECT 's' || g, 'agent' || g % 3, now(), now()
+                   FROM generate_series(1, 20000) g"""
+            )
+            connection.execute(
+                """INSERT INTO turns (id, session_id, seq, agent, status, finish_reason, input,
+                                      history_length, run_after, created_at, updated_at)
+                   SELECT 'p' || g, 's' || g, 1, 'agent' || g % 3, 'completed', 'interrupted',
+                          '{"kind": "message"}', 0, now(), now(), now()
+                   FROM generate_series(1, 20000) g"""
+            )
+            connection.execute(
+                """INSERT INTO tool_calls (turn_id, round, ref, name, input, status,
+                                           idempotency_key, created_at)
+                   SELECT 'p' || g, 1, 'approval-1', 'userApproval',
+                          jsonb_build_object('amount', g, 'memo', repeat('x', 400)),
+                          'interrupted',
+                          'p' || g || ':approval-1', now() - g * interval '1s'
+                   FROM generate_series(1, 20000) g"""
+            )
+            connection.execute(
+                "UPDATE approval_queue SET decided_at = now() WHERE turn_id LIKE '%0'"
+                " OR turn_id LIKE '%5'"
+            )
+            connection.execute("VACUUM ANALYZE")
+        sent: list[tuple[str, Any]] = []
+        database = MonitoringDatabase(url)
+        try:
+
+            def record(*arguments: Any) -> None:
+                _, _, statement, parameters, _, _ = arguments
+                sent.append((statement, parameters))
+
+            sa.event.listen(database.engine, "before_cursor_execute", record)
+            gauges = database.read_gauges(datetime.now(UTC))
+        finally:
+            database.dispose()
+        [(statement, parameters)] = [(s, p) for s, p in sent if "approval_queue" in s]
+        nodes = _analyzed(url, statement, parameters)
+
+    detail = json.dumps(nodes[0], indent=1)
+    scans = [(n["Node Type"], n.get("Index Name")) for n in nodes if "Relation Name" in n]
+    assert scans == [("Index Only Scan", "ix_approval_queue_open")], detail
+    assert {agent: g.open_approvals for agent, g in gauges.agents.items()} == {
+        "agent0": 5333,
+        "agent1": 5334,
+        "agent2": 5333,
+    }
+
+
+def test_a_retention_batch_deletes_its_sessions_through_indexes() -> None:
+    """A batch of 50 sessions out of 20,000 (a batch is a sliver of a long history) deletes
+    their turns, messages, journal rows and events by key: no statement after the choice of
+    sessions scans a whole table."""
+    with postgres_url() as url:
+        with psycopg.connect(libpq_dsn(url), autocommit=True) as connection:
+            _populate(connection)
+            connection.execute(
+                """INSERT INTO messages (turn_id, round, position, role, content, committed,
+                                         created_at)
+                   SELECT id, 0, p, 'user', '[]', true, now()
+                   FROM turns, generate_series(0, 3) p"""
+            )
+            connection.execute(
+                """INSERT INTO turn_events (turn_id, from_status, to_status, attempt, at)
+                   SELECT id, NULL::turn_status, 'pending'::turn_status, 0, now() FROM turns
+                   UNION ALL SELECT id, 'pending'::turn_status, status, 1, now() FROM turns"""
+            )
+            connection.execute("VACUUM ANALYZE")
+        later = datetime.now(UTC) + timedelta(hours=1)
+
+        def prune(connection: Connection) -> Any:
+            with connection.begin():
+                return retention_sql.prune_sessions(connection, settled_before=later, limit=50)
+
+        sent = _statements(url, prune)
+        plans = {
+            statement: _explained(url, statement, parameters)
+            for statement, parameters in sent
+            if statement.lstrip().startswith(("DELETE", "UPDATE"))
+        }
+    assert len(plans) == 6, list(plans)
+    for statement, nodes in plans.items():
+        assert _seq_scans(nodes) == set(), f"{statement}\n{json.dumps(nodes[0], indent=1)}"
