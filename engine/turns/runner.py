@@ -18,9 +18,11 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from engine.approvals.rejection import REJECT, refusal_output
 from engine.conversation.parts import (
     INTERRUPT,
     PENDING_OUTPUT,
+    REJECTED,
     RESOLVED_INTERRUPT,
     RESUMED,
     SOURCE,
@@ -745,7 +747,20 @@ class TurnRunner:
                         "idempotency_key": edited_key(key, edit["input"]),
                     }
                 )
-            if kind == "respond":
+            if kind == REJECT:
+                # The approver said no: the refusal answers the call and the tool never runs.
+                refusal = refusal_output(value)
+                results[request.ref] = _Result(output=refusal, response_meta={REJECTED: value})
+                rows.append(
+                    row.model_copy(
+                        update={
+                            "status": ToolCallStatus.DONE,
+                            "output": refusal,
+                            "answer": {REJECT: value},
+                        }
+                    )
+                )
+            elif kind == "respond":
                 results[request.ref] = _Result(output=value)
                 rows.append(
                     row.model_copy(
