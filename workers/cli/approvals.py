@@ -4,10 +4,11 @@
 default groups). ``claim``, ``assign`` and ``release`` change who holds an approval through
 :mod:`engine.approvals.assignment` as an operator: the approval policy and the assignment's
 restriction are not checked (the operator holds the database), the claim guard and "still open" are.
-``approve``, ``deny`` and ``restart`` decide through :func:`engine.approvals.decide.decide` with the
-app's agent (``--app``), the call behind ``POST /inbox/{id}/decision``: the answer is checked
-against the interrupt's output schema, recorded once (a second decision is refused, exit 1), with
-``--by`` as ``decided_by``; the last decision of a paused turn queues its resume for the workers.
+``approve``, ``deny``, ``reject`` and ``restart`` decide through
+:func:`engine.approvals.decide.decide` with the app's agent (``--app``), the call behind
+``POST /inbox/{id}/decision``: the answer is checked against the interrupt's output schema,
+recorded once (a second decision is refused, exit 1), with ``--by`` as ``decided_by``; the
+last decision of a paused turn queues its resume for the workers.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import click
+from pydantic import ValidationError
 
 from engine import Engine
 from engine.approval_policy import ApprovalRefusedError
@@ -30,6 +32,7 @@ from engine.approvals.decide import (
     find_approval,
 )
 from engine.approvals.decide import parse_approval_id as _parse_id
+from engine.approvals.rejection import MAX_REASON_LENGTH, Rejection
 from engine.conversation.parts import Message
 from engine.errors import ApprovalNotPendingError, FailedPreconditionError, InvalidArgumentError
 from engine.store import (
@@ -425,6 +428,13 @@ def _decision(
         return Decision(restart=True, edit=edit)
     if edit is not None:
         raise click.UsageError("--edit runs the call: it does not go with --answer.")
+    if verb == "deny" and answer is None and self_paused:
+        # Its output is a result, not a yes or no: saying no to such a tool is a reject.
+        raise Refused(
+            f"'{approval.interrupt}' paused itself: its answer is the tool's result, not a no. "
+            f"Reject it instead: `turnstile approvals reject "
+            f"{approval_id(approval.turn_id, approval.ref)} --reason TEXT --by NAME`."
+        )
     approved = verb == "approve"
     if answer is None:
         schema = tool.output.json_schema() if tool is not None else None
@@ -432,7 +442,8 @@ def _decision(
         if answer is None:
             raise Refused(
                 f"'{approval.interrupt}' answers more than yes or no: give --answer JSON "
-                f"matching its output schema {json.dumps(schema)}."
+                f"matching its output schema {json.dumps(schema)}"
+                + (", or say no with `turnstile approvals reject`." if not approved else ".")
             )
     elif _contradicts(answer, approved):
         other = "deny" if approved else "approve"
@@ -441,6 +452,30 @@ def _decision(
             f"`turnstile approvals {other}`."
         )
     return Decision(respond=answer)
+
+
+async def _decide_on_store(
+    store: SqlSessionStore, engine: Engine, app: str, approval: str, by: str, make: Any
+) -> DecisionOutcome:
+    """Decide ``approval`` with the decision ``make(entry)`` builds, as ``by``; the engine's
+    refusals as the CLI's (exit 1 for a decision the state refuses, 2 for a bad one)."""
+    turn_id, ref = _parse(approval)
+    entry, is_open = await _find(store, approval, turn_id, ref)
+    agent = agent_of(engine, entry.agent, app)
+    if not is_open:
+        raise Declined(
+            f"approval {approval} is no longer pending: it was decided or answered "
+            f"already (see `turnstile approvals show {approval}`)."
+        )
+    decision = make(entry)
+    try:
+        return await decide(agent, entry, decision, decided_by=by)
+    except (ApprovalNotPendingError, FailedPreconditionError) as exc:
+        # Decided meanwhile, or a definition the app can no longer resume: the
+        # engine refuses (exit 1); a bad answer is the operator's usage error (2).
+        raise Declined(f"{exc} (see `turnstile approvals show {approval}`)") from exc
+    except InvalidArgumentError as exc:
+        raise Refused(str(exc)) from exc
 
 
 def _decide_command(verb: str, help_text: str) -> click.Command:
@@ -485,26 +520,18 @@ def _decide_command(verb: str, help_text: str) -> click.Command:
         given = _answer_value(answer, answer_file)
         if not by.strip():
             raise click.BadParameter("must name who decides", param_hint="--by")
-        turn_id, ref = _parse(approval)
+        _parse(approval)
         engine, url = open_app(app, db)
 
         async def run(store: SqlSessionStore) -> DecisionOutcome:
-            entry, is_open = await _find(store, approval, turn_id, ref)
-            agent = agent_of(engine, entry.agent, app)
-            if not is_open:
-                raise Declined(
-                    f"approval {approval} is no longer pending: it was decided or answered "
-                    f"already (see `turnstile approvals show {approval}`)."
-                )
-            decision = _decision(verb, given, entry, engine, edit)
-            try:
-                return await decide(agent, entry, decision, decided_by=by)
-            except (ApprovalNotPendingError, FailedPreconditionError) as exc:
-                # Decided meanwhile, or a definition the app can no longer resume: the
-                # engine refuses (exit 1); a bad answer is the operator's usage error (2).
-                raise Declined(f"{exc} (see `turnstile approvals show {approval}`)") from exc
-            except InvalidArgumentError as exc:
-                raise Refused(str(exc)) from exc
+            return await _decide_on_store(
+                store,
+                engine,
+                app,
+                approval,
+                by,
+                lambda entry: _decision(verb, given, entry, engine, edit),
+            )
 
         outcome = run_on_app(engine, url, run)
         _report(approval, outcome, as_json=as_json)
@@ -563,6 +590,46 @@ restart = _decide_command(
     "Decide an open approval by restarting its call (the interrupt asks again; a tool "
     "that paused itself runs again).",
 )
+
+
+@approvals.command(
+    "reject",
+    help="Reject an open approval with a reason: the call never runs and the model reads "
+    "a refusal carrying the reason (any approval, a tool that paused itself included).",
+    short_help="Reject an open approval with a reason.",
+)
+@click.argument("approval", metavar="ID")
+@option(
+    "--reason",
+    required=True,
+    metavar="TEXT",
+    help=f"why (recorded, and read by the model; 1 to {MAX_REASON_LENGTH} characters)",
+)
+@option("--by", required=True, metavar="NAME", help="who decides (recorded as decided_by)")
+@option("--app", required=True, metavar="MODULE:ATTR", help="the app's Engine")
+@db_option
+@json_option
+def reject_command(
+    approval: str, reason: str, by: str, app: str, db: str | None, as_json: bool
+) -> int:
+    if not by.strip():
+        raise click.BadParameter("must name who decides", param_hint="--by")
+    try:
+        decision = Decision(reject=Rejection(reason=reason))
+    except ValidationError as exc:
+        raise click.BadParameter(
+            f"must be 1 to {MAX_REASON_LENGTH} characters, not only spaces",
+            param_hint="--reason",
+        ) from exc
+    _parse(approval)
+    engine, url = open_app(app, db)
+
+    async def run(store: SqlSessionStore) -> DecisionOutcome:
+        return await _decide_on_store(store, engine, app, approval, by, lambda _entry: decision)
+
+    outcome = run_on_app(engine, url, run)
+    _report(approval, outcome, as_json=as_json)
+    return 0
 
 
 # -- assignment ----------------------------------------------------------------------------
