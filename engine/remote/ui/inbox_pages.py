@@ -14,11 +14,13 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
+from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
 from engine.approval_policy import ApprovalRefusedError
 from engine.approvals.decide import Decision, approval_id, decide, parse_approval_id
+from engine.approvals.rejection import MAX_REASON_LENGTH, Rejection
 from engine.errors import (
     ApprovalNotPendingError,
     FailedPreconditionError,
@@ -221,7 +223,17 @@ class ApprovalPages:
         action = form_data.get("action")
         seen = _arguments_seen(form_data)
         edit_form: DecisionForm | None = None
-        if action == "restart":
+        reason = form_data.get("reason", "")
+        if action == "reject":
+            try:
+                choice = Decision(reject=Rejection(reason=reason), arguments=seen)
+            except ValidationError:
+                problem = f"Give a reason of 1 to {MAX_REASON_LENGTH} characters to reject."
+                return await self._again(
+                    request, viewer, found, form, reject=(reason[: MAX_REASON_LENGTH * 2], problem)
+                )
+        elif action in ("restart", "approve"):
+            # Approving a tool that paused itself runs it: a restart.
             choice = Decision(restart=True, arguments=seen)
         elif action == "edit":
             edit_form = await self._edit_form(found)
@@ -241,7 +253,9 @@ class ApprovalPages:
             form = reading.form
             choice = Decision(respond=reading.answer, arguments=seen)
         else:
-            raise InvalidArgumentError("The form's action must be 'respond', 'restart' or 'edit'.")
+            raise InvalidArgumentError(
+                "The form's action must be 'approve', 'respond', 'restart', 'edit' or 'reject'."
+            )
         try:
             outcome = await decide(
                 found.agent,
@@ -251,6 +265,10 @@ class ApprovalPages:
                 approver=viewer.principal,
             )
         except InvalidArgumentError as problem:
+            if action == "reject":
+                return await self._again(
+                    request, viewer, found, form, reject=(reason, problem.message)
+                )
             if edit_form is not None:
                 edit_form = edit_form.with_error(problem.message)
             else:
@@ -285,9 +303,14 @@ class ApprovalPages:
         found: ApprovalFound,
         form: DecisionForm,
         edit_form: DecisionForm | None = None,
+        *,
+        reject: tuple[str, str] | None = None,
     ) -> Response:
-        """The page again with the form's problems marked (400, nothing recorded)."""
+        """The page again with the form's problems marked (400, nothing recorded); ``reject``
+        is the reason typed and what is wrong with the reject."""
         context = await self._context(found, form, principal=viewer.principal, edit_form=edit_form)
+        if reject is not None:
+            context["reject_reason"], context["reject_error"] = reject
         return self.kit.page(request, viewer, "approval.html", context, status=400)
 
     async def _refused(
@@ -398,6 +421,9 @@ class ApprovalPages:
             ],
             "notice": notice,
             "problem": problem,
+            "max_reason": MAX_REASON_LENGTH,
+            "reject_reason": "",
+            "reject_error": None,
             "policy": await policy_wire(found.agent, store, approval, principal),
             "state": _fingerprint(found, following),
             **await assignment_context(found, principal),
