@@ -5,13 +5,16 @@ cannot use the mark to skip a tool's output schema."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
+from engine import Engine, ScriptedModel
 from engine.approval_policy import role
 from engine.approvals.decide import Decision, decide, find_approval
+from engine.approvals.expiry import expire_approvals
 from engine.approvals.rejection import MAX_REASON_LENGTH
 from engine.conversation.parts import REJECTED, Message, Part
 from engine.errors import DecisionConflictError, ResumeValidationError
@@ -188,3 +191,44 @@ def test_a_reject_is_the_only_answer_of_its_decision() -> None:
     for extra in ({"respond": True}, {"restart": True}, {"restart": True, "edit": {"amount": 1}}):
         with pytest.raises(ValidationError, match="exactly one"):
             Decision(reject="no", **extra)
+
+
+async def test_a_reject_stands_when_the_turn_expires(store: SessionStore) -> None:
+    """One of two approvals is rejected, the other runs past its deadline: the expiry's
+    resume keeps the recorded reject as a refusal (marked rejected) beside the default."""
+    ai = Engine(model=ScriptedModel())
+    approval_tool = ai.define_interrupt(
+        name="userApproval",
+        description="Ask for approval.",
+        input_schema=banking.ApprovalRequest,
+        output_schema=banking.ApprovalDecision,
+        timeout=60,
+        on_timeout={"approved": False, "feedback": "timed out"},
+    )
+    agent = ai.define_agent(name="expiring", tools=[approval_tool], store=store, execution="inline")
+    response = await agent.run_turn(
+        TurnRequest(
+            input=TurnInput(kind="message", message=Message.user("transfer $1 to a and $2 to b")),
+            owner="alice",
+        )
+    )
+    assert response.snapshot_id is not None
+    found = await find_approval(store, response.snapshot_id, "approval-1")
+    assert found is not None
+    outcome = await decide(agent, found[0], Decision(reject="Unknown payee."), decided_by="bob")
+    assert outcome.waiting_for == ["approval-2"]
+    created = await expire_approvals(ai, store, now=found[0].created_at + timedelta(seconds=600))
+    assert len(created) == 1
+    messages = await store.load_conversation(created[0])
+    answered = {
+        p.tool_response.ref: (p.tool_response.output, REJECTED in p.meta())
+        for m in messages
+        if m.role == "tool"
+        for p in m.content
+        if p.tool_response is not None
+    }
+    assert answered == {
+        "approval-1": ({"rejected": True, "reason": "Unknown payee.", "by": "bob"}, True),
+        "approval-2": ({"approved": False, "feedback": "timed out"}, False),
+    }
+    assert messages[-1].text == "Transfer cancelled: timed out"
