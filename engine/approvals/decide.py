@@ -62,6 +62,7 @@ __all__ = [
     "decide",
     "find_approval",
     "parse_approval_id",
+    "yes_no_answer",
 ]
 
 logger = logging.getLogger("turnstile.inbox")
@@ -128,6 +129,24 @@ class Decision(BaseModel):
         if self.restart:
             return {"restart": to_jsonable(self.resumed) if self.resumed is not None else True}
         return {"respond": to_jsonable(self.respond)}
+
+
+def yes_no_answer(schema: dict[str, Any] | None, approved: bool) -> Any:
+    """The answer a plain approve (``True``) or deny (``False``) gives, with nothing more said:
+    the boolean itself for an interrupt answering a boolean (or declaring no schema),
+    ``{"approved": …}`` for one answering an object with a boolean ``approved``; ``None``
+    when the schema asks for more than a yes or a no."""
+    if not schema:
+        return approved
+    if schema.get("type") == "boolean":
+        return approved
+    properties = schema.get("properties")
+    if schema.get("type") == "object" and isinstance(properties, dict):
+        flag = properties.get("approved")
+        required = set(schema.get("required") or []) - {"approved"}
+        if isinstance(flag, dict) and flag.get("type") == "boolean" and not required:
+            return {"approved": approved}
+    return None
 
 
 @dataclass

@@ -8,9 +8,18 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
 
 from engine.approvals.rejection import MAX_REASON_LENGTH
+from engine.remote import create_app
+from engine.remote.ui import UiSettings
+from examples import banking
+from examples.banking import BankingApp
 from examples.guarded_banking import GuardedApp
+from tests.http_support import serve_in_loop
 from tests.integration.test_edit_before_approve_http import (
     ask_transfer,
     csrf_of,
@@ -19,6 +28,8 @@ from tests.integration.test_edit_before_approve_http import (
 )
 
 __all__ = ["served"]  # the fixture, shared with the edit pages' tests
+
+SETTINGS = UiSettings(secret="reject-pages-secret-0123456789abcdef", poll_seconds=1)
 
 
 async def test_the_decision_box_follows_what_is_asked(served: tuple[GuardedApp, str]) -> None:
@@ -106,3 +117,46 @@ async def test_approve_from_the_page_runs_the_guarded_tool(served: tuple[Guarded
     finally:
         await bob.aclose()
     assert [(r.amount, r.toAccount) for _key, r in app.transfers] == [(40, "carol")]
+
+
+@pytest.fixture
+async def open_banking() -> AsyncIterator[tuple[BankingApp, httpx.AsyncClient]]:
+    """The banking example (an interrupt asking yes or no) in memory, with no authenticator."""
+    app = banking.build()
+    async with (
+        serve_in_loop(create_app(app.ai, ui_settings=SETTINGS)) as base,
+        httpx.AsyncClient(base_url=base) as client,
+    ):
+        yield app, client
+
+
+async def test_an_interrupt_asking_yes_or_no_gets_approve_and_reject_buttons(
+    open_banking: tuple[BankingApp, httpx.AsyncClient],
+) -> None:
+    """userApproval's page offers Approve (one click: approved true), its full form and
+    Reject; Approve runs the transfer, Reject of the second one books nothing."""
+    app, client = open_banking
+    chat = app.banking_agent.chat()
+    await chat.send("Transfer $20 to alice and $30 to bob")
+    snapshot = chat.snapshot_id
+    first = f"/ui/approvals/{snapshot}:approval-1"
+    page = await client.get(first)
+    box = page.text[page.text.index('id="decide-heading"') :]
+    assert box.index(">Approve</button>") < box.index(">Submit decision</button>")
+    assert box.index(">Submit decision</button>") < box.index(">Reject</button>")
+    approved = await client.post(
+        f"{first}/decision", data={"csrf_token": csrf_of(page.text), "action": "approve"}
+    )
+    assert approved.status_code == 303, approved.text
+    second = f"/ui/approvals/{snapshot}:approval-2"
+    page = await client.get(second)
+    rejected = await client.post(
+        f"{second}/decision",
+        data={"csrf_token": csrf_of(page.text), "action": "reject", "reason": "Bob is new."},
+    )
+    assert rejected.status_code == 303, rejected.text
+    assert [(r.amount, r.toAccount) for _key, r in app.transfers] == [(20, "alice")]
+    store = app.banking_agent.store
+    assert store is not None
+    first_row = next(c for c in await store.list_calls(str(snapshot)) if c.ref == "approval-1")
+    assert first_row.answer == {"respond": {"approved": True}}

@@ -30,6 +30,7 @@ from engine.approvals.decide import (
     approval_id,
     decide,
     find_approval,
+    yes_no_answer,
 )
 from engine.approvals.decide import parse_approval_id as _parse_id
 from engine.approvals.rejection import MAX_REASON_LENGTH, Rejection
@@ -376,24 +377,6 @@ def show(approval: str, db: str | None, full: bool, as_json: bool) -> int:
 
 
 # -- deciding ------------------------------------------------------------------------------
-
-
-def yes_no_answer(schema: dict[str, Any] | None, approved: bool) -> Any:
-    """The answer ``approve`` (``True``) or ``deny`` (``False``) gives without ``--answer``:
-    the boolean itself for an interrupt answering a boolean (or declaring no schema),
-    ``{"approved": …}`` for one answering an object with a boolean ``approved``; ``None``
-    when the schema asks for more than a yes or a no."""
-    if not schema:
-        return approved
-    if schema.get("type") == "boolean":
-        return approved
-    properties = schema.get("properties")
-    if schema.get("type") == "object" and isinstance(properties, dict):
-        flag = properties.get("approved")
-        required = set(schema.get("required") or []) - {"approved"}
-        if isinstance(flag, dict) and flag.get("type") == "boolean" and not required:
-            return {"approved": approved}
-    return None
 
 
 def _contradicts(answer: Any, approved: bool) -> bool:

@@ -19,7 +19,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from engine.approval_policy import ApprovalRefusedError
-from engine.approvals.decide import Decision, approval_id, decide, parse_approval_id
+from engine.approvals.decide import (
+    Decision,
+    approval_id,
+    decide,
+    parse_approval_id,
+    yes_no_answer,
+)
 from engine.approvals.rejection import MAX_REASON_LENGTH, Rejection
 from engine.errors import (
     ApprovalNotPendingError,
@@ -211,7 +217,8 @@ class ApprovalPages:
         return turn
 
     async def decision(self, request: Request, viewer: Viewer) -> Response:
-        """Record a decision from the form: respond with the form's answer, or restart."""
+        """Record a decision from the form: approve, respond with the form's answer, edit
+        and approve, reject with a reason, or restart."""
         form_data = await self.kit.form(request)
         self.kit.check_csrf(request, viewer, form_data)
         found = await self._find(request, viewer)
@@ -232,9 +239,12 @@ class ApprovalPages:
                 return await self._again(
                     request, viewer, found, form, reject=(reason[: MAX_REASON_LENGTH * 2], problem)
                 )
-        elif action in ("restart", "approve"):
-            # Approving a tool that paused itself runs it: a restart.
-            choice = Decision(restart=True, arguments=seen)
+        elif action in ("approve", "restart"):
+            choice = (
+                self._approval(found, seen)
+                if action == "approve"
+                else Decision(restart=True, arguments=seen)
+            )
         elif action == "edit":
             edit_form = await self._edit_form(found)
             if edit_form is None:
@@ -285,6 +295,19 @@ class ApprovalPages:
             f"/ui/approvals/{segment(approval_id(found.approval.turn_id, found.approval.ref))}",
             **done,
         )
+
+    def _approval(self, found: ApprovalFound, seen: Any) -> Decision:
+        """What the Approve button decides: a tool that paused itself runs (a restart); an
+        interrupt answering a yes or a no is answered yes."""
+        tool = found.agent.tools.get(found.approval.interrupt)
+        if tool is not None and not tool.is_interrupt:
+            return Decision(restart=True, arguments=seen)
+        yes = _plain_yes(found)
+        if yes is None:
+            raise InvalidArgumentError(
+                f"'{found.approval.interrupt}' answers more than yes or no: use its form."
+            )
+        return Decision(respond=yes, arguments=seen)
 
     async def _edit_form(self, found: ApprovalFound) -> DecisionForm | None:
         """The form editing the paused call's arguments (``None``: the tool is not editable),
@@ -386,6 +409,9 @@ class ApprovalPages:
             "call": call,
             "is_open": found.is_open,
             "is_interrupt": tool is None or tool.is_interrupt,
+            # One click approves a tool that paused itself, or an interrupt asking yes or no.
+            "can_approve": (tool is not None and not tool.is_interrupt)
+            or _plain_yes(found) is not None,
             "description": tool.description if tool is not None else "",
             "input_rows": present.schema_rows(
                 tool.input.json_schema() if tool is not None else None, approval.input
@@ -438,6 +464,15 @@ async def _standing_arguments(found: ApprovalFound) -> Any:
         if isinstance(vote.answer, dict) and isinstance(vote.answer.get(EDIT), dict):
             current = vote.answer[EDIT]["input"]
     return current
+
+
+def _plain_yes(found: ApprovalFound) -> Any:
+    """The answer "yes" of an interrupt whose output is a yes or a no (``None``: it asks
+    more, or the approval is no interrupt of this app)."""
+    tool = found.agent.tools.get(found.approval.interrupt)
+    if tool is None or not tool.is_interrupt:
+        return None
+    return yes_no_answer(tool.output.json_schema(), True)
 
 
 def _arguments_seen(form_data: Mapping[str, str]) -> Any:
