@@ -23,7 +23,6 @@ from pydantic import BaseModel, ConfigDict, StrictBool, model_validator
 from engine.approval_policy import ApprovalPolicy, Approver
 from engine.approvals.assignment import check_may_decide
 from engine.approvals.edits import check_arguments_seen, make_edit, standing_edit
-from engine.approvals.rejection import REJECT, Rejection, rejection_part, rejection_record
 from engine.approvals.rules import decision_rule, vote_rule
 from engine.conversation.parts import RESUMED, Part
 from engine.conversation.schemas import SchemaViolation, to_jsonable
@@ -35,6 +34,7 @@ from engine.errors import (
     SessionBusyError,
     TurnFailedError,
 )
+from engine.rejection import REJECT, Rejection, rejection_part, rejection_record
 from engine.state.pinning import check_resumable
 from engine.status import FinishReason, TurnStatus
 from engine.store import (
@@ -89,7 +89,7 @@ class Decision(BaseModel):
     ``respond`` is validated against the interrupt's output schema; ``restart`` re-runs the
     paused tool (for a pure interrupt that asks again), with ``resumed`` as ``ctx.resumed``;
     ``reject`` never runs it and answers the model with a refusal carrying the reason
-    (:mod:`engine.approvals.rejection`; ``Decision(reject="reason")`` is short for it).
+    (:mod:`engine.rejection`; ``Decision(reject="reason")`` is short for it).
     """
 
     model_config = ConfigDict(extra="forbid")

@@ -25,9 +25,9 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from engine.agent import TurnRequest
-from engine.approvals.rejection import REJECT, rejection_part
 from engine.conversation.parts import RESUMED, Part
 from engine.errors import AgentError, TurnFailedError
+from engine.rejection import REJECT, rejection_part
 from engine.store import SessionStore, ToolCallRecord, ToolCallStatus, TurnInput
 from engine.telemetry import instruments
 from engine.tools import InterruptTool

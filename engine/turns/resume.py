@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.approval_policy import check_decided_by_inbox
-from engine.approvals.rejection import REJECT, recorded_rejection, refusal_output
 from engine.conversation.parts import (
     PENDING_OUTPUT,
     REJECTED,
@@ -29,6 +28,7 @@ from engine.errors import (
     ResumeValidationError,
     SnapshotNotResumableError,
 )
+from engine.rejection import REJECT, recorded_rejection, refusal_output
 from engine.store import EDIT, InterruptAnswer, ToolCallRecord, ToolCallStatus, TurnInput
 from engine.store.rules import check_recorded
 from engine.tools import Tool
@@ -166,7 +166,7 @@ def plan_resume(
     recorded with the call's decision (:mod:`engine.approvals.edits`); a respond's output must
     satisfy the interrupt's output schema, unless it is marked :data:`REJECTED` and carries
     exactly the refusal of a reject recorded with the call's decision
-    (:mod:`engine.approvals.rejection`); every paused call must be answered exactly once. With
+    (:mod:`engine.rejection`); every paused call must be answered exactly once. With
     ``require_pending`` the journal must still show each paused call ``interrupted`` (the runner
     re-reads a plan whose answers were already recorded, so it passes ``False``).
     """

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from engine.approvals.rejection import REJECT, refusal_output
 from engine.conversation.parts import (
     INTERRUPT,
     PENDING_OUTPUT,
@@ -35,6 +34,7 @@ from engine.conversation.schemas import SchemaSpec
 from engine.conversation.session_state import LiveState, SessionData
 from engine.errors import AgentError, NotFoundError, StoreError, ToolError, TransientError
 from engine.model import Model, ModelRequest, ModelUsage
+from engine.rejection import REJECT, refusal_output
 from engine.response import AgentChunk, ChunkEmitter
 from engine.status import FinishReason, TurnStatus
 from engine.store import (

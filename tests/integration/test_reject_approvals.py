@@ -15,9 +15,9 @@ from engine import Engine, ScriptedModel
 from engine.approval_policy import role
 from engine.approvals.decide import Decision, decide, find_approval
 from engine.approvals.expiry import expire_approvals
-from engine.approvals.rejection import MAX_REASON_LENGTH
 from engine.conversation.parts import REJECTED, Message, Part
 from engine.errors import DecisionConflictError, ResumeValidationError
+from engine.rejection import MAX_REASON_LENGTH
 from engine.remote.auth import Principal
 from engine.status import FinishReason
 from engine.store import DecisionQuery, PendingApproval, SessionStore, TurnInput

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from engine.approval_policy import role
-from engine.approvals.rejection import MAX_REASON_LENGTH
+from engine.rejection import MAX_REASON_LENGTH
 from engine.remote import BearerTokenAuth, Principal, RoleInboxPolicy, create_app
 from examples.guarded_banking import GuardedApp, build
 from tests.databases import sql_store

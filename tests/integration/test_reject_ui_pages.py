@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from engine.approvals.rejection import MAX_REASON_LENGTH
+from engine.rejection import MAX_REASON_LENGTH
 from engine.remote import create_app
 from engine.remote.ui import UiSettings
 from examples import banking

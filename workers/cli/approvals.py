@@ -33,9 +33,9 @@ from engine.approvals.decide import (
     yes_no_answer,
 )
 from engine.approvals.decide import parse_approval_id as _parse_id
-from engine.approvals.rejection import MAX_REASON_LENGTH, Rejection
 from engine.conversation.parts import Message
 from engine.errors import ApprovalNotPendingError, FailedPreconditionError, InvalidArgumentError
+from engine.rejection import MAX_REASON_LENGTH, Rejection
 from engine.store import (
     ApprovalClaimedError,
     ApprovalQuery,

@@ -26,13 +26,13 @@ from engine.approvals.decide import (
     parse_approval_id,
     yes_no_answer,
 )
-from engine.approvals.rejection import MAX_REASON_LENGTH, Rejection
 from engine.errors import (
     ApprovalNotPendingError,
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
 )
+from engine.rejection import MAX_REASON_LENGTH, Rejection
 from engine.remote.auth import Principal
 from engine.remote.inbox_routes import policy_wire
 from engine.remote.ui import present
