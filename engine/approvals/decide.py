@@ -219,15 +219,18 @@ async def decide(
     """Record ``decision`` on ``approval``; enqueue the resume once every call is decided.
 
     ``approver`` is who decides, with roles (``decided_by`` alone is read as an approver of
-    that id without roles). Raises :class:`InvalidArgumentError` (nothing written) when a
-    respond output violates the interrupt's output schema,
-    :class:`~engine.approval_policy.ApprovalRefusedError` when the interrupt's approval policy
-    does not let this approver cast this vote or the approval is assigned to others
-    (:mod:`engine.approvals.assignment`), the errors of :func:`engine.approvals.edits.make_edit` for
-    an edit the tool does not allow or whose arguments break its input schema, and
-    :class:`ApprovalNotPendingError` when the approval was decided or answered meanwhile —
-    :class:`~engine.store.AssignmentChangedError` when it was claimed, reassigned or escalated after
-    the assignment check (nothing written; the approver may decide again).
+    that id without roles); a reject is recorded with its id as ``by``, and its resume answers
+    the call with a refusal instead of running it (:mod:`engine.rejection`).
+
+    Raises :class:`InvalidArgumentError` (nothing written) when a respond output violates the
+    interrupt's output schema; :class:`~engine.approval_policy.ApprovalRefusedError` when the
+    interrupt's approval policy does not let this approver cast this vote or the approval is
+    assigned to others (:mod:`engine.approvals.assignment`); the errors of
+    :func:`engine.approvals.edits.make_edit` for an edit the tool does not allow or whose
+    arguments break its input schema; :class:`ApprovalNotPendingError` when the approval was
+    decided or answered meanwhile — :class:`~engine.store.AssignmentChangedError` when it was
+    claimed, reassigned or escalated after the assignment check (nothing written; the
+    approver may decide again).
     """
     store = agent.store
     if store is None:
