@@ -16,7 +16,8 @@ every decision path (the JSON inbox, the web pages, the CLI), so a page or a cli
   restart (which asks again) — decides at once. Each vote is recorded (who, when, answer).
 * **Denial.** An answer is a denial when :meth:`ApprovalPolicy.is_denial` says so: by default
   an output of ``false``, or an object whose ``approved`` field is ``false``. A policy built
-  with ``denies=`` uses its own rule.
+  with ``denies=`` uses its own rule. A reject (``{"reject": {"reason": ...}}``) is always a
+  denial: it decides at once, and the requester may reject her own request.
 """
 
 from __future__ import annotations
@@ -127,7 +128,10 @@ class ApprovalPolicy:
         return str(named or "").strip() or "principals the interrupt's predicate accepts"
 
     def is_denial(self, answer: dict[str, Any]) -> bool:
-        """Whether a journal answer (``{"respond": ...}`` / ``{"restart": ...}``) denies."""
+        """Whether a journal answer (``{"respond": ...}`` / ``{"restart": ...}`` /
+        ``{"reject": ...}``) denies: a reject always does."""
+        if "reject" in answer:
+            return True
         return "respond" in answer and bool(self.denies(answer["respond"]))
 
     def may_vote(

@@ -5,8 +5,9 @@ chunking, error messages), so the demo and the tests run without a real provider
 Turnstile server can be compared transcript by transcript with a Genkit server running the
 same rules. The first rule that matches wins:
 
-* last message ``tool``: (i) loop, (c) confirmation, (b) approval answers, else
-  ``"Unhandled tool response."``;
+* last message ``tool``: (r) rejected (every response a refusal an approver's reject made:
+  Turnstile's extension, never met against Genkit), (i) loop, (c) confirmation, (b) approval
+  answers, else ``"Unhandled tool response."``;
 * otherwise, on the last user text: (h) parallel, (d) two transfers, (a) one transfer,
   (i) loop, (e) fail, (e2) flaky, (g) slow echo, (f) echo.
 
@@ -238,8 +239,16 @@ class ScriptedModel:
     async def _answer_tool(
         self, messages: Sequence[Message], user_text: str, on_chunk: ChunkSink | None
     ) -> ModelResponse:
-        """Rules (i), (c) and (b) for a last message of role ``tool``."""
-        responses = [p.tool_response for p in messages[-1].content if p.tool_response is not None]
+        """Rules (r), (i), (c) and (b) for a last message of role ``tool`` (refusals aside,
+        the others see only the responses that are not refusals)."""
+        answered = [p.tool_response for p in messages[-1].content if p.tool_response is not None]
+        # Rule (r), Turnstile's own: a call an approver rejected answers with a refusal.
+        refusals = [r for r in answered if _get(r.output, "rejected") is True]
+        responses = [r for r in answered if r not in refusals]
+        if refusals and not responses:
+            reason = _get(refusals[0].output, "reason")
+            text = _js_str(reason) if isinstance(reason, str) and reason else "no reason given"
+            return await _text_answer(f"The transfer was rejected: {text}", on_chunk)
         done = [r for r in responses if r.name == _TRANSFER_MONEY]
         approvals = [r for r in responses if r.name == _USER_APPROVAL]
         if done and _LOOP.search(user_text):

@@ -34,6 +34,7 @@ from engine.errors import (
     SessionBusyError,
     TurnFailedError,
 )
+from engine.rejection import REJECT, Rejection, rejection_part, rejection_record
 from engine.state.pinning import check_resumable
 from engine.status import FinishReason, TurnStatus
 from engine.store import (
@@ -61,6 +62,7 @@ __all__ = [
     "decide",
     "find_approval",
     "parse_approval_id",
+    "yes_no_answer",
 ]
 
 logger = logging.getLogger("turnstile.inbox")
@@ -81,10 +83,13 @@ def parse_approval_id(value: str) -> tuple[str, str]:
 
 
 class Decision(BaseModel):
-    """An approver's answer to one interrupt: ``{"respond": output}`` or ``{"restart": true}``.
+    """An approver's answer to one interrupt: ``{"respond": output}``, ``{"restart": true}``
+    or ``{"reject": {"reason": ...}}``.
 
     ``respond`` is validated against the interrupt's output schema; ``restart`` re-runs the
-    paused tool (for a pure interrupt that asks again), with ``resumed`` as ``ctx.resumed``.
+    paused tool (for a pure interrupt that asks again), with ``resumed`` as ``ctx.resumed``;
+    ``reject`` never runs it and answers the model with a refusal carrying the reason
+    (:mod:`engine.rejection`; ``Decision(reject="reason")`` is short for it).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -99,13 +104,16 @@ class Decision(BaseModel):
     #: The call's arguments as the approver read them (optional): the decision is refused
     #: when an edit under a quorum changed them meanwhile.
     arguments: Any = None
+    #: Say no: the call's effect never runs; the model reads a refusal with this reason.
+    reject: Rejection | None = None
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Decision:
         responding = "respond" in self.model_fields_set
-        if responding == self.restart:
+        if responding + self.restart + (self.reject is not None) != 1:
             raise ValueError(
-                "a decision is exactly one of 'respond' (an output) or 'restart': true"
+                "a decision is exactly one of 'respond' (an output), 'restart': true or "
+                "'reject': {'reason': ...}"
             )
         if self.resumed is not None and not self.restart:
             raise ValueError("'resumed' goes with 'restart'")
@@ -113,11 +121,32 @@ class Decision(BaseModel):
             raise ValueError("'edit' goes with 'restart' (the edited call runs)")
         return self
 
-    def answer(self) -> dict[str, Any]:
-        """The journal's form (``{"respond": output}`` or ``{"restart": metadata}``)."""
+    def answer(self, *, by: str | None = None) -> dict[str, Any]:
+        """The journal's form (``{"respond": output}``, ``{"restart": metadata}`` or
+        ``{"reject": {"reason", "by", "at"}}``, a reject recorded as decided by ``by``)."""
+        if self.reject is not None:
+            return {REJECT: rejection_record(self.reject, by=by)}
         if self.restart:
             return {"restart": to_jsonable(self.resumed) if self.resumed is not None else True}
         return {"respond": to_jsonable(self.respond)}
+
+
+def yes_no_answer(schema: dict[str, Any] | None, approved: bool) -> Any:
+    """The answer a plain approve (``True``) or deny (``False``) gives, with nothing more said:
+    the boolean itself for an interrupt answering a boolean (or declaring no schema),
+    ``{"approved": …}`` for one answering an object with a boolean ``approved``; ``None``
+    when the schema asks for more than a yes or a no."""
+    if not schema:
+        return approved
+    if schema.get("type") == "boolean":
+        return approved
+    properties = schema.get("properties")
+    if schema.get("type") == "object" and isinstance(properties, dict):
+        flag = properties.get("approved")
+        required = set(schema.get("required") or []) - {"approved"}
+        if isinstance(flag, dict) and flag.get("type") == "boolean" and not required:
+            return {"approved": approved}
+    return None
 
 
 @dataclass
@@ -190,15 +219,18 @@ async def decide(
     """Record ``decision`` on ``approval``; enqueue the resume once every call is decided.
 
     ``approver`` is who decides, with roles (``decided_by`` alone is read as an approver of
-    that id without roles). Raises :class:`InvalidArgumentError` (nothing written) when a
-    respond output violates the interrupt's output schema,
-    :class:`~engine.approval_policy.ApprovalRefusedError` when the interrupt's approval policy
-    does not let this approver cast this vote or the approval is assigned to others
-    (:mod:`engine.approvals.assignment`), the errors of :func:`engine.approvals.edits.make_edit` for
-    an edit the tool does not allow or whose arguments break its input schema, and
-    :class:`ApprovalNotPendingError` when the approval was decided or answered meanwhile —
-    :class:`~engine.store.AssignmentChangedError` when it was claimed, reassigned or escalated after
-    the assignment check (nothing written; the approver may decide again).
+    that id without roles); a reject is recorded with its id as ``by``, and its resume answers
+    the call with a refusal instead of running it (:mod:`engine.rejection`).
+
+    Raises :class:`InvalidArgumentError` (nothing written) when a respond output violates the
+    interrupt's output schema; :class:`~engine.approval_policy.ApprovalRefusedError` when the
+    interrupt's approval policy does not let this approver cast this vote or the approval is
+    assigned to others (:mod:`engine.approvals.assignment`); the errors of
+    :func:`engine.approvals.edits.make_edit` for an edit the tool does not allow or whose
+    arguments break its input schema; :class:`ApprovalNotPendingError` when the approval was
+    decided or answered meanwhile — :class:`~engine.store.AssignmentChangedError` when it was
+    claimed, reassigned or escalated after the assignment check (nothing written; the
+    approver may decide again).
     """
     store = agent.store
     if store is None:
@@ -211,7 +243,9 @@ async def decide(
         paused_turn = await store.get_turn(approval.turn_id)
         if paused_turn is not None:
             await check_resumable(agent, paused_turn, store)
-    answer = decision.answer()
+    if approver is None and decided_by is not None:
+        approver = NamedApprover(id=decided_by)
+    answer = decision.answer(by=approver.id if approver is not None else decided_by)
     tool = agent.tools.get(approval.interrupt)
     if "respond" in answer and tool is not None:
         try:
@@ -221,8 +255,6 @@ async def decide(
                 f"The decision on '{approval.interrupt}' (ref: {approval.ref}) does not match "
                 f"its output schema: {exc}"
             ) from exc
-    if approver is None and decided_by is not None:
-        approver = NamedApprover(id=decided_by)
     # An assigned approval is decided by its assignee or its group (engine.approvals.assignment).
     # Checked again under the lock that records the decision: a reassignment committed
     # meanwhile refuses it there.
@@ -307,7 +339,9 @@ async def decide(
 def _approves(tool: Tool | None, answer: dict[str, Any], denies: bool) -> bool:
     """Whether a vote counts towards the quorum: answering an interrupt with anything but a
     denial, or restarting (running) a tool that paused itself; answering such a tool in its
-    place decides at once, as a denial does."""
+    place decides at once, as a denial does; a reject never approves."""
+    if REJECT in answer:
+        return False
     if tool is not None and not tool.is_interrupt:
         return "restart" in answer
     return "respond" in answer and not denies
@@ -357,6 +391,9 @@ async def _resume(agent: Agent, decided: list[ToolCallRecord]) -> str | None:
         answer = call.answer if isinstance(call.answer, dict) else {}
         if "respond" in answer:
             respond.append(Part.of_response(call.name, call.ref, answer["respond"]))
+        elif REJECT in answer:
+            # The refusal answers the call in the tool's place: the tool never runs.
+            respond.append(rejection_part(call, answer[REJECT]))
         else:
             # An approver's recorded edit restarts the call with the edited arguments.
             arguments = answer[EDIT]["input"] if EDIT in answer else call.input

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from engine.agent import TurnRequest
 from engine.conversation.parts import RESUMED, Part
 from engine.errors import AgentError, TurnFailedError
+from engine.rejection import REJECT, rejection_part
 from engine.store import SessionStore, ToolCallRecord, ToolCallStatus, TurnInput
 from engine.telemetry import instruments
 from engine.tools import InterruptTool
@@ -70,17 +71,9 @@ async def expire_approvals(
         defaults: list[Part] = []
         restarts: list[Part] = []
         for call in paused:
-            tool = agent.tools.get(call.name)
-            decided = call.answer if call.decided_at is not None else None
-            if isinstance(decided, dict) and "respond" in decided:
-                # An approver decided this one in the inbox: their answer stands.
-                defaults.append(Part.of_response(call.name, call.ref, decided["respond"]))
-            elif isinstance(decided, dict) and "restart" in decided:
-                restarts.append(
-                    Part.of_request(call.name, call.ref, call.input, {RESUMED: decided["restart"]})
-                )
-            elif isinstance(tool, InterruptTool) and tool.on_timeout not in (None, FAIL):
-                defaults.append(Part.of_response(call.name, call.ref, tool.on_timeout))
+            kind, part = _answer_at_expiry(call, agent.tools.get(call.name))
+            if part is not None:
+                (restarts if kind == "restart" else defaults).append(part)
         if paused and len(defaults) + len(restarts) == len(paused):
             turn_input = TurnInput(kind="resume", respond=defaults, restart=restarts)
         else:
@@ -111,3 +104,21 @@ async def expire_approvals(
     for name, count in expired.items():
         instruments.approvals_expired(name, count)
     return created
+
+
+def _answer_at_expiry(call: ToolCallRecord, tool: object) -> tuple[str, Part | None]:
+    """How an expiry answers paused ``call``: ``("respond", part)``, ``("restart", part)``,
+    or ``("none", None)`` when nothing answers it (the turn then expires)."""
+    decided = call.answer if call.decided_at is not None else None
+    if isinstance(decided, dict) and "respond" in decided:
+        # An approver decided this one in the inbox: their answer stands.
+        return "respond", Part.of_response(call.name, call.ref, decided["respond"])
+    if isinstance(decided, dict) and REJECT in decided:
+        return "respond", rejection_part(call, decided[REJECT])
+    if isinstance(decided, dict) and "restart" in decided:
+        return "restart", Part.of_request(
+            call.name, call.ref, call.input, {RESUMED: decided["restart"]}
+        )
+    if isinstance(tool, InterruptTool) and tool.on_timeout not in (None, FAIL):
+        return "respond", Part.of_response(call.name, call.ref, tool.on_timeout)
+    return "none", None

@@ -17,6 +17,7 @@ __all__ = [
     "INTERRUPT",
     "MALFORMED_INPUT",
     "PENDING_OUTPUT",
+    "REJECTED",
     "RESOLVED_INTERRUPT",
     "RESUMED",
     "SOURCE",
@@ -47,6 +48,11 @@ SOURCE = "source"
 # correct itself instead of the turn failing.
 MALFORMED_INPUT = "malformedInput"
 TOOL_ERROR = "toolError"
+
+# Turnstile's mark on a toolResponse that answers a call an approver rejected (issue 32):
+# ``{"reason", "by", "at"}``. Its output is a refusal, not the tool's output (Genkit has no
+# reject; this extends it through an ordinary tool response).
+REJECTED = "rejected"
 
 
 class _Wire(BaseModel):

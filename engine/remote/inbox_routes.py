@@ -5,7 +5,8 @@
   (from the previous page's ``nextCursor``). Filters and the ids in a path or a cursor follow
   the wire's id rule (:data:`~engine.remote.wire.ID_RULE`): anything else is a 400.
 * ``GET /inbox/{id}`` — one approval with its turn's conversation.
-* ``POST /inbox/{id}/decision`` — ``{"respond": output}`` or ``{"restart": true}``; 409 when
+* ``POST /inbox/{id}/decision`` — ``{"respond": output}``, ``{"restart": true}`` or
+  ``{"reject": {"reason": text}}`` (:mod:`engine.rejection`); 409 when
   the approval was decided or answered already. When it was the last undecided call of its
   turn, the resume is enqueued and its snapshot id returned. On an interrupt with an approval
   policy (:mod:`engine.approval_policy`) it is a vote: 403 when the policy refuses this

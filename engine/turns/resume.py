@@ -12,7 +12,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.approval_policy import check_decided_by_inbox
-from engine.conversation.parts import PENDING_OUTPUT, RESUMED, Message, Part, paused_calls
+from engine.conversation.parts import (
+    PENDING_OUTPUT,
+    REJECTED,
+    RESUMED,
+    Message,
+    Part,
+    paused_calls,
+)
 from engine.conversation.schemas import SchemaViolation, canonical_json, to_jsonable
 from engine.errors import (
     ApprovalNotPendingError,
@@ -21,6 +28,7 @@ from engine.errors import (
     ResumeValidationError,
     SnapshotNotResumableError,
 )
+from engine.rejection import REJECT, recorded_rejection, refusal_output
 from engine.store import EDIT, InterruptAnswer, ToolCallRecord, ToolCallStatus, TurnInput
 from engine.store.rules import check_recorded
 from engine.tools import Tool
@@ -47,9 +55,10 @@ def _ref_text(ref: str | None) -> str:
 
 @dataclass(frozen=True)
 class ResumePlan:
-    """A validated resume: for each paused ref, ``("respond", output)`` or
-    ``("restart", resumed_metadata)``; plus the journal rows the answers close, and for a
-    restart with edited arguments, the recorded edit it carries out (by ref)."""
+    """A validated resume: for each paused ref, ``("respond", output)``,
+    ``("restart", resumed_metadata)`` or ``("reject", recorded_reject)``; plus the journal
+    rows the answers close, and for a restart with edited arguments, the recorded edit it
+    carries out (by ref)."""
 
     answers: Mapping[str, tuple[str, Any]]
     journal: Sequence[ToolCallRecord]
@@ -102,6 +111,27 @@ def _edit_allowing(
     return edit if canonical_json(edit["input"]) == canonical_json(requested_input) else None
 
 
+def _rejection_allowing(row: ToolCallRecord | None, part: Part, snapshot_id: str) -> dict[str, Any]:
+    """The recorded reject a respond part marked :data:`REJECTED` carries out: only a call an
+    approver rejected through the inbox, with exactly that refusal, may be answered without
+    its output schema (a client adding the mark to any output is refused)."""
+    response = part.tool_response
+    assert response is not None
+    record = recorded_rejection(row)
+    if (
+        record is None
+        or canonical_json(part.meta()[REJECTED]) != canonical_json(record)
+        or canonical_json(to_jsonable(response.output)) != canonical_json(refusal_output(record))
+    ):
+        raise ResumeValidationError(
+            f"resume.respond for tool '{response.name}'{_ref_text(response.ref)} is marked "
+            f"'{REJECTED}', but no reject with that refusal was recorded for it; reject an "
+            "approval through the inbox (POST /inbox/{id}/decision).",
+            snapshot_id=snapshot_id,
+        )
+    return record
+
+
 def expiry_decisions(
     snapshot_id: str, journal: Sequence[ToolCallRecord], decided_by: str | None
 ) -> list[InterruptAnswer]:
@@ -134,7 +164,9 @@ def plan_resume(
     Every entry must name a paused call of the snapshot's last message by name and ref; a
     restart must carry the original input, unless it carries exactly the arguments of an edit
     recorded with the call's decision (:mod:`engine.approvals.edits`); a respond's output must
-    satisfy the interrupt's output schema; every paused call must be answered exactly once. With
+    satisfy the interrupt's output schema, unless it is marked :data:`REJECTED` and carries
+    exactly the refusal of a reject recorded with the call's decision
+    (:mod:`engine.rejection`); every paused call must be answered exactly once. With
     ``require_pending`` the journal must still show each paused call ``interrupted`` (the runner
     re-reads a plan whose answers were already recorded, so it passes ``False``).
     """
@@ -169,6 +201,10 @@ def plan_resume(
         if response is None:
             raise _wrong_part("respond", "toolResponse", snapshot_id)
         locate("respond", response.name, response.ref)
+        if REJECTED in part.meta():
+            record = _rejection_allowing(rows.get(str(response.ref)), part, snapshot_id)
+            answers[str(response.ref)] = (REJECT, record)
+            continue
         tool = tools.get(response.name)
         # Validated against the schema, but kept verbatim: the model sees exactly what the
         # answering client sent (as Genkit passes respond parts through unchanged).

@@ -21,6 +21,7 @@ from typing import Any
 from engine.conversation.parts import (
     INTERRUPT,
     PENDING_OUTPUT,
+    REJECTED,
     RESOLVED_INTERRUPT,
     RESUMED,
     SOURCE,
@@ -33,6 +34,7 @@ from engine.conversation.schemas import SchemaSpec
 from engine.conversation.session_state import LiveState, SessionData
 from engine.errors import AgentError, NotFoundError, StoreError, ToolError, TransientError
 from engine.model import Model, ModelRequest, ModelUsage
+from engine.rejection import REJECT, refusal_output
 from engine.response import AgentChunk, ChunkEmitter
 from engine.status import FinishReason, TurnStatus
 from engine.store import (
@@ -745,7 +747,20 @@ class TurnRunner:
                         "idempotency_key": edited_key(key, edit["input"]),
                     }
                 )
-            if kind == "respond":
+            if kind == REJECT:
+                # The approver said no: the refusal answers the call and the tool never runs.
+                refusal = refusal_output(value)
+                results[request.ref] = _Result(output=refusal, response_meta={REJECTED: value})
+                rows.append(
+                    row.model_copy(
+                        update={
+                            "status": ToolCallStatus.DONE,
+                            "output": refusal,
+                            "answer": {REJECT: value},
+                        }
+                    )
+                )
+            elif kind == "respond":
                 results[request.ref] = _Result(output=value)
                 rows.append(
                     row.model_copy(

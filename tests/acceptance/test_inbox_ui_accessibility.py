@@ -105,8 +105,9 @@ def tab_through(page: Page, expected: list[str]) -> list[dict[str, Any]]:
 def test_the_approval_page_at_phone_width(browser: Browser, tmp_path: Path) -> None:
     """At 375 px the approval page with the edit, assignment and decision forms has no
     horizontal scroll, labels on every input and unique ids; Tab visits every control once in
-    document order (assignment, then the edit form, then the decision form) with a visible ring,
-    and Enter in the edited amount approves with the edit."""
+    document order (the decision box — approve, the edit form, reject, answer in its place —
+    then the assignment) with a visible ring, and Enter in the edited amount approves with the
+    edit."""
     with open_edit_stack(tmp_path, secret="a11y-ui-acceptance-secret-0123456789abcdefgh") as stack:
         turn_id = stack.ask("Transfer $40 to carol")
         approval = stack.wait_for_approval(turn_id, who="alice")
@@ -125,8 +126,14 @@ def test_the_approval_page_at_phone_width(browser: Browser, tmp_path: Path) -> N
             assert page.evaluate(UNLABELLED) == []
             assert page.evaluate(DUPLICATE_IDS) == []
             assert page.locator("[tabindex]:not([tabindex='-1']):not([tabindex='0'])").count() == 0
-            for name in ("Edit the arguments, then approve", "Or answer in its place", "Assign"):
-                expect(page.get_by_role("form", name=name)).to_be_visible()
+            for name in (
+                "Approve",
+                "Edit the arguments, then approve",
+                "Reject",
+                "Or answer in its place",
+                "Assign",
+            ):
+                expect(page.get_by_role("form", name=name, exact=True)).to_be_visible()
 
             expected = page.evaluate(MARK_TABBABLE)
             visited = tab_through(page, expected)
@@ -135,7 +142,8 @@ def test_the_approval_page_at_phone_width(browser: Browser, tmp_path: Path) -> N
             assert hidden == [], f"focus not visible on: {hidden}"
             names = [v["name"] for v in visited]
             edit = names.index("Approve with these arguments")
-            assert names.index("Claim it") < edit < names.index("Submit decision")
+            assert names.index("Approve") < edit < names.index("Reject")
+            assert names.index("Reject") < names.index("Submit decision") < names.index("Claim it")
 
             amount = page.locator("form#edit-form").get_by_label(re.compile("Amount"))
             amount.focus()

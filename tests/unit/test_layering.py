@@ -100,7 +100,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("engine.turns",),
     ("engine.state",),
     ("engine.tools",),
-    ("engine.response", "engine.approval_policy", "engine.telemetry"),
+    ("engine.response", "engine.approval_policy", "engine.rejection", "engine.telemetry"),
     ("engine.store", "engine.models", "engine.scripted"),
     ("engine.model",),
     ("engine.conversation",),

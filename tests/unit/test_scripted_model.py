@@ -612,3 +612,44 @@ def test_slug(account: str, expected: str) -> None:
 def test_transaction_id_renders_amount_like_javascript(amount: int | float, expected: str) -> None:
     """transaction_id is "txn-<amount>-<slug>" with the amount as JavaScript's String() has it."""
     assert transaction_id(amount, "My Savings Account.") == expected
+
+
+# --- (r) rejected --------------------------------------------------------------------------
+
+
+def refusal(name: str, ref: str, reason: str) -> Part:
+    return Part.of_response(name, ref, {"rejected": True, "reason": reason, "by": "bob"})
+
+
+async def test_a_rejected_transfer_is_reported_with_its_reason() -> None:
+    """Rule (r): when every result is a refusal, the model says the transfer was rejected and
+    why, instead of reporting a transaction."""
+    response, _ = await run(
+        Message.user("transfer $40 to carol"),
+        tool(refusal("transferMoney", "transfer-1", "Over the limit.")),
+    )
+    assert_text(response, "The transfer was rejected: Over the limit.")
+
+
+async def test_a_rejected_approval_is_reported_with_its_reason() -> None:
+    """Rule (r) applies to a rejected interrupt too, before rule (b) reads it as a denial."""
+    response, _ = await run(
+        Message.user("transfer $40 to carol"),
+        tool(refusal("userApproval", "approval-1", "Unknown payee.")),
+    )
+    assert_text(response, "The transfer was rejected: Unknown payee.")
+
+
+async def test_refusals_beside_other_results_are_set_aside() -> None:
+    """With a refusal and an approval in one message, the approval alone is answered."""
+    history = transfer_history(
+        "Transfer $1 to a and $2 to b", Part.of_request("userApproval", "approval-1", {})
+    )
+    response, recorder = await run(
+        *history,
+        tool(
+            refusal("userApproval", "approval-1", "No."),
+            approval_resp("approval-2", {"approved": True}),
+        ),
+    )
+    assert_tool_answer(response, recorder, [transfer_req("transfer-2", 2, "b")])

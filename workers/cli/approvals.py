@@ -4,10 +4,11 @@
 default groups). ``claim``, ``assign`` and ``release`` change who holds an approval through
 :mod:`engine.approvals.assignment` as an operator: the approval policy and the assignment's
 restriction are not checked (the operator holds the database), the claim guard and "still open" are.
-``approve``, ``deny`` and ``restart`` decide through :func:`engine.approvals.decide.decide` with the
-app's agent (``--app``), the call behind ``POST /inbox/{id}/decision``: the answer is checked
-against the interrupt's output schema, recorded once (a second decision is refused, exit 1), with
-``--by`` as ``decided_by``; the last decision of a paused turn queues its resume for the workers.
+``approve``, ``deny``, ``reject`` and ``restart`` decide through
+:func:`engine.approvals.decide.decide` with the app's agent (``--app``), the call behind
+``POST /inbox/{id}/decision``: the answer is checked against the interrupt's output schema,
+recorded once (a second decision is refused, exit 1), with ``--by`` as ``decided_by``; the
+last decision of a paused turn queues its resume for the workers.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import click
+from pydantic import ValidationError
 
 from engine import Engine
 from engine.approval_policy import ApprovalRefusedError
@@ -29,9 +31,11 @@ from engine.approvals.decide import (
     approval_id,
     decide,
     find_approval,
+    yes_no_answer,
 )
 from engine.conversation.parts import Message
 from engine.errors import ApprovalNotPendingError, FailedPreconditionError, InvalidArgumentError
+from engine.rejection import MAX_REASON_LENGTH, Rejection
 from engine.store import (
     ApprovalClaimedError,
     ApprovalQuery,
@@ -398,24 +402,6 @@ def show(approval: str, db: str | None, full: bool, as_json: bool) -> int:
 # -- deciding ------------------------------------------------------------------------------
 
 
-def yes_no_answer(schema: dict[str, Any] | None, approved: bool) -> Any:
-    """The answer ``approve`` (``True``) or ``deny`` (``False``) gives without ``--answer``:
-    the boolean itself for an interrupt answering a boolean (or declaring no schema),
-    ``{"approved": …}`` for one answering an object with a boolean ``approved``; ``None``
-    when the schema asks for more than a yes or a no."""
-    if not schema:
-        return approved
-    if schema.get("type") == "boolean":
-        return approved
-    properties = schema.get("properties")
-    if schema.get("type") == "object" and isinstance(properties, dict):
-        flag = properties.get("approved")
-        required = set(schema.get("required") or []) - {"approved"}
-        if isinstance(flag, dict) and flag.get("type") == "boolean" and not required:
-            return {"approved": approved}
-    return None
-
-
 def _contradicts(answer: Any, approved: bool) -> bool:
     """Whether an explicit answer says the opposite of the verb that gives it."""
     flag = answer.get("approved") if isinstance(answer, dict) else answer
@@ -448,6 +434,13 @@ def _decision(
         return Decision(restart=True, edit=edit)
     if edit is not None:
         raise click.UsageError("--edit runs the call: it does not go with --answer.")
+    if verb == "deny" and answer is None and self_paused:
+        # Its output is a result, not a yes or no: saying no to such a tool is a reject.
+        raise Refused(
+            f"'{approval.interrupt}' paused itself: its answer is the tool's result, not a no. "
+            f"Reject it instead: `turnstile approvals reject "
+            f"{approval_id(approval.turn_id, approval.ref)} --reason TEXT --by NAME`."
+        )
     approved = verb == "approve"
     if answer is None:
         schema = tool.output.json_schema() if tool is not None else None
@@ -455,7 +448,8 @@ def _decision(
         if answer is None:
             raise Refused(
                 f"'{approval.interrupt}' answers more than yes or no: give --answer JSON "
-                f"matching its output schema {json.dumps(schema)}."
+                f"matching its output schema {json.dumps(schema)}"
+                + (", or say no with `turnstile approvals reject`." if not approved else ".")
             )
     elif _contradicts(answer, approved):
         other = "deny" if approved else "approve"
@@ -464,6 +458,31 @@ def _decision(
             f"`turnstile approvals {other}`."
         )
     return Decision(respond=answer)
+
+
+async def _decide_on_store(
+    store: SqlSessionStore, engine: Engine, app: str, approval: str, by: str, make: Any
+) -> tuple[str, DecisionOutcome]:
+    """Decide ``approval`` (an id, or one with a unique prefix of its turn id) with the
+    decision ``make(entry)`` builds, as ``by``; its whole id and the outcome. The engine's
+    refusals become the CLI's (exit 1 for a decision the state refuses, 2 for a bad one)."""
+    entry, is_open = await _find(store, approval)
+    named = approval_id(entry.turn_id, entry.ref)
+    agent = agent_of(engine, entry.agent, app)
+    if not is_open:
+        raise Declined(
+            f"approval {named} is no longer pending: it was decided or answered "
+            f"already (see `turnstile approvals show {named}`)."
+        )
+    decision = make(entry)
+    try:
+        return named, await decide(agent, entry, decision, decided_by=by)
+    except (ApprovalNotPendingError, FailedPreconditionError) as exc:
+        # Decided meanwhile, or a definition the app can no longer resume: the
+        # engine refuses (exit 1); a bad answer is the operator's usage error (2).
+        raise Declined(f"{exc} (see `turnstile approvals show {named}`)") from exc
+    except InvalidArgumentError as exc:
+        raise Refused(str(exc)) from exc
 
 
 def _decide_command(verb: str, help_text: str) -> click.Command:
@@ -511,23 +530,14 @@ def _decide_command(verb: str, help_text: str) -> click.Command:
         engine, url = open_app(app, db)
 
         async def run(store: SqlSessionStore) -> tuple[str, DecisionOutcome]:
-            entry, is_open = await _find(store, approval)
-            named = approval_id(entry.turn_id, entry.ref)
-            agent = agent_of(engine, entry.agent, app)
-            if not is_open:
-                raise Declined(
-                    f"approval {named} is no longer pending: it was decided or answered "
-                    f"already (see `turnstile approvals show {named}`)."
-                )
-            decision = _decision(verb, given, entry, engine, edit)
-            try:
-                return named, await decide(agent, entry, decision, decided_by=by)
-            except (ApprovalNotPendingError, FailedPreconditionError) as exc:
-                # Decided meanwhile, or a definition the app can no longer resume: the
-                # engine refuses (exit 1); a bad answer is the operator's usage error (2).
-                raise Declined(f"{exc} (see `turnstile approvals show {named}`)") from exc
-            except InvalidArgumentError as exc:
-                raise Refused(str(exc)) from exc
+            return await _decide_on_store(
+                store,
+                engine,
+                app,
+                approval,
+                by,
+                lambda entry: _decision(verb, given, entry, engine, edit),
+            )
 
         named, outcome = run_on_app(engine, url, run)
         _report(named, outcome, as_json=as_json)
@@ -586,6 +596,45 @@ restart = _decide_command(
     "Decide an open approval by restarting its call (the interrupt asks again; a tool "
     "that paused itself runs again).",
 )
+
+
+@approvals.command(
+    "reject",
+    help="Reject an open approval with a reason: the call never runs and the model reads "
+    "a refusal carrying the reason (any approval, a tool that paused itself included).",
+    short_help="Reject an open approval with a reason.",
+)
+@click.argument("approval", metavar="ID")
+@option(
+    "--reason",
+    required=True,
+    metavar="TEXT",
+    help=f"why (recorded, and read by the model; 1 to {MAX_REASON_LENGTH} characters)",
+)
+@option("--by", required=True, metavar="NAME", help="who decides (recorded as decided_by)")
+@option("--app", required=True, metavar="MODULE:ATTR", help="the app's Engine")
+@db_option
+@json_option
+def reject_command(
+    approval: str, reason: str, by: str, app: str, db: str | None, as_json: bool
+) -> int:
+    if not by.strip():
+        raise click.BadParameter("must name who decides", param_hint="--by")
+    try:
+        decision = Decision(reject=Rejection(reason=reason))
+    except ValidationError as exc:
+        raise click.BadParameter(
+            f"must be 1 to {MAX_REASON_LENGTH} characters, not only spaces",
+            param_hint="--reason",
+        ) from exc
+    engine, url = open_app(app, db)
+
+    async def run(store: SqlSessionStore) -> tuple[str, DecisionOutcome]:
+        return await _decide_on_store(store, engine, app, approval, by, lambda _entry: decision)
+
+    named, outcome = run_on_app(engine, url, run)
+    _report(named, outcome, as_json=as_json)
+    return 0
 
 
 # -- assignment ----------------------------------------------------------------------------

@@ -14,17 +14,25 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
+from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
 from engine.approval_policy import ApprovalRefusedError
-from engine.approvals.decide import Decision, approval_id, decide, parse_approval_id
+from engine.approvals.decide import (
+    Decision,
+    approval_id,
+    decide,
+    parse_approval_id,
+    yes_no_answer,
+)
 from engine.errors import (
     ApprovalNotPendingError,
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
 )
+from engine.rejection import MAX_REASON_LENGTH, Rejection
 from engine.remote.auth import Principal
 from engine.remote.inbox_routes import policy_wire
 from engine.remote.ui import present
@@ -209,7 +217,8 @@ class ApprovalPages:
         return turn
 
     async def decision(self, request: Request, viewer: Viewer) -> Response:
-        """Record a decision from the form: respond with the form's answer, or restart."""
+        """Record a decision from the form: approve, respond with the form's answer, edit
+        and approve, reject with a reason, or restart."""
         form_data = await self.kit.form(request)
         self.kit.check_csrf(request, viewer, form_data)
         found = await self._find(request, viewer)
@@ -221,8 +230,21 @@ class ApprovalPages:
         action = form_data.get("action")
         seen = _arguments_seen(form_data)
         edit_form: DecisionForm | None = None
-        if action == "restart":
-            choice = Decision(restart=True, arguments=seen)
+        reason = form_data.get("reason", "")
+        if action == "reject":
+            try:
+                choice = Decision(reject=Rejection(reason=reason), arguments=seen)
+            except ValidationError:
+                problem = f"Give a reason of 1 to {MAX_REASON_LENGTH} characters to reject."
+                return await self._again(
+                    request, viewer, found, form, reject=(reason[: MAX_REASON_LENGTH * 2], problem)
+                )
+        elif action in ("approve", "restart"):
+            choice = (
+                self._approval(found, seen)
+                if action == "approve"
+                else Decision(restart=True, arguments=seen)
+            )
         elif action == "edit":
             edit_form = await self._edit_form(found)
             if edit_form is None:
@@ -241,7 +263,9 @@ class ApprovalPages:
             form = reading.form
             choice = Decision(respond=reading.answer, arguments=seen)
         else:
-            raise InvalidArgumentError("The form's action must be 'respond', 'restart' or 'edit'.")
+            raise InvalidArgumentError(
+                "The form's action must be 'approve', 'respond', 'restart', 'edit' or 'reject'."
+            )
         try:
             outcome = await decide(
                 found.agent,
@@ -251,6 +275,10 @@ class ApprovalPages:
                 approver=viewer.principal,
             )
         except InvalidArgumentError as problem:
+            if action == "reject":
+                return await self._again(
+                    request, viewer, found, form, reject=(reason, problem.message)
+                )
             if edit_form is not None:
                 edit_form = edit_form.with_error(problem.message)
             else:
@@ -267,6 +295,19 @@ class ApprovalPages:
             f"/ui/approvals/{segment(approval_id(found.approval.turn_id, found.approval.ref))}",
             **done,
         )
+
+    def _approval(self, found: ApprovalFound, seen: Any) -> Decision:
+        """What the Approve button decides: a tool that paused itself runs (a restart); an
+        interrupt answering a yes or a no is answered yes."""
+        tool = found.agent.tools.get(found.approval.interrupt)
+        if tool is not None and not tool.is_interrupt:
+            return Decision(restart=True, arguments=seen)
+        yes = _plain_yes(found)
+        if yes is None:
+            raise InvalidArgumentError(
+                f"'{found.approval.interrupt}' answers more than yes or no: use its form."
+            )
+        return Decision(respond=yes, arguments=seen)
 
     async def _edit_form(self, found: ApprovalFound) -> DecisionForm | None:
         """The form editing the paused call's arguments (``None``: the tool is not editable),
@@ -285,9 +326,14 @@ class ApprovalPages:
         found: ApprovalFound,
         form: DecisionForm,
         edit_form: DecisionForm | None = None,
+        *,
+        reject: tuple[str, str] | None = None,
     ) -> Response:
-        """The page again with the form's problems marked (400, nothing recorded)."""
+        """The page again with the form's problems marked (400, nothing recorded); ``reject``
+        is the reason typed and what is wrong with the reject."""
         context = await self._context(found, form, principal=viewer.principal, edit_form=edit_form)
+        if reject is not None:
+            context["reject_reason"], context["reject_error"] = reject
         return self.kit.page(request, viewer, "approval.html", context, status=400)
 
     async def _refused(
@@ -363,6 +409,9 @@ class ApprovalPages:
             "call": call,
             "is_open": found.is_open,
             "is_interrupt": tool is None or tool.is_interrupt,
+            # One click approves a tool that paused itself, or an interrupt asking yes or no.
+            "can_approve": (tool is not None and not tool.is_interrupt)
+            or _plain_yes(found) is not None,
             "description": tool.description if tool is not None else "",
             "input_rows": present.schema_rows(
                 tool.input.json_schema() if tool is not None else None, approval.input
@@ -398,6 +447,9 @@ class ApprovalPages:
             ],
             "notice": notice,
             "problem": problem,
+            "max_reason": MAX_REASON_LENGTH,
+            "reject_reason": "",
+            "reject_error": None,
             "policy": await policy_wire(found.agent, store, approval, principal),
             "state": _fingerprint(found, following),
             **await assignment_context(found, principal),
@@ -412,6 +464,15 @@ async def _standing_arguments(found: ApprovalFound) -> Any:
         if isinstance(vote.answer, dict) and isinstance(vote.answer.get(EDIT), dict):
             current = vote.answer[EDIT]["input"]
     return current
+
+
+def _plain_yes(found: ApprovalFound) -> Any:
+    """The answer "yes" of an interrupt whose output is a yes or a no (``None``: it asks
+    more, or the approval is no interrupt of this app)."""
+    tool = found.agent.tools.get(found.approval.interrupt)
+    if tool is None or not tool.is_interrupt:
+        return None
+    return yes_no_answer(tool.output.json_schema(), True)
 
 
 def _arguments_seen(form_data: Mapping[str, str]) -> Any:

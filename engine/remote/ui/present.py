@@ -137,9 +137,12 @@ def input_summary(value: Any) -> str:
 
 
 def answer_summary(answer: Any) -> str:
-    """A decision in one line: the respond output's fields, or that the tool was restarted."""
+    """A decision in one line: the respond output's fields, that the tool was restarted, or
+    ``rejected: <reason>``."""
     if not isinstance(answer, dict):
         return format_value(answer)
+    if isinstance(answer.get("reject"), dict):
+        return _cut(f"rejected: {answer['reject'].get('reason')}")
     if "restart" in answer and isinstance(answer.get("edit"), dict):
         return f"Approved with edited arguments: {edit_summary(answer['edit'])}"
     if "restart" in answer:
