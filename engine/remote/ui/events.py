@@ -105,17 +105,13 @@ class _TurnOwners:
         if turn_id in self.known:
             self.known.move_to_end(turn_id)
             return True, self.known[turn_id]
-        for store, agents in self.catalog.stores():
-            turn = await store.get_turn(turn_id)
-            if turn is None or turn.agent not in agents:
-                continue
-            session = await store.get_session(turn.session_id)
-            owner = session.owner if session is not None else None
-            self.known[turn_id] = owner
-            if len(self.known) > _OWNERS_KEPT:
-                self.known.popitem(last=False)
-            return True, owner
-        return False, None
+        found = await self.catalog.find_turn(turn_id)
+        if found is None:
+            return False, None
+        self.known[turn_id] = found.owner
+        if len(self.known) > _OWNERS_KEPT:
+            self.known.popitem(last=False)
+        return True, found.owner
 
     async def any_visible(self, principal: Principal | None, changes: TurnChanges) -> bool:
         """Whether ``principal``'s pages may show one of the turns ``changes`` names."""

@@ -412,14 +412,20 @@ class Catalog:
 
     async def turn(self, principal: Principal | None, turn_id: str) -> TurnFound | None:
         """The turn if it belongs to a served agent and ``principal`` may inspect it."""
+        found = await self.find_turn(turn_id)
+        if found is None or not self.may_view_turn(principal, found.owner):
+            return None
+        return found
+
+    async def find_turn(self, turn_id: str) -> TurnFound | None:
+        """The turn if it belongs to a served agent, whoever asks (callers check who may
+        see it)."""
         for store, agents in self.stores():
             turn = await store.get_turn(turn_id)
             if turn is None or turn.agent not in agents:
                 continue
             session = await store.get_session(turn.session_id)
             owner = session.owner if session is not None else None
-            if not self.may_view_turn(principal, owner):
-                return None
             return TurnFound(turn, self.engine.agents[turn.agent], store, owner)
         return None
 
