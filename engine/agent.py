@@ -351,6 +351,7 @@ class Agent:
         on_started: Any = None,
         wait: bool = True,
         timeout: float | None = None,
+        worker_wait: float | None = None,
     ) -> AgentResponse:
         """Validate ``request``, create its pending turn, run it (here, or by the worker
         pool for a durable store) and answer.
@@ -364,7 +365,9 @@ class Agent:
         :class:`~engine.errors.TurnTimeoutError` is raised and the turn is left pending
         (queued, or running — inline turns go on in this process). Raises a typed error,
         writing nothing, when the request is invalid; raises :class:`TurnFailedError` when
-        the turn fails.
+        the turn fails. ``worker_wait`` (seconds) bounds the wait for a worker to claim a
+        queued turn: past it :class:`~engine.errors.NoWorkerError` is raised and the turn
+        stays queued.
         """
         if timeout is not None and timeout <= 0:
             raise InvalidArgumentError(f"timeout must be positive seconds (got {timeout!r}).")
@@ -374,14 +377,14 @@ class Agent:
                 "(client-managed state has nowhere to keep a running turn)."
             )
         if self.queued and on_chunk is not None and wait:
-            return await self._run_relayed(request, on_chunk, on_started, timeout)
+            return await self._run_relayed(request, on_chunk, on_started, timeout, worker_wait)
         listening: list[asyncio.Future[None]] = []
         try:
             started = await self._start(request, listen=listening if self.queued and wait else None)
             if on_started is not None:
                 on_started(started.store, started.turn)
             if self.queued or started.repeated:
-                return await self._answer_queued(started, wait, listening, timeout)
+                return await self._answer_queued(started, wait, listening, timeout, worker_wait)
         finally:
             for waiter in listening:
                 waiter.cancel()
@@ -416,6 +419,7 @@ class Agent:
         wait: bool,
         listening: list[asyncio.Future[None]],
         timeout: float | None,
+        worker_wait: float | None,
     ) -> AgentResponse:
         """The response for a turn somebody else runs: settled, or ``pending`` at once
         without ``wait``."""
@@ -427,6 +431,7 @@ class Agent:
             started.turn.id,
             timeout,
             listening=listening[0] if listening else None,
+            worker_wait=worker_wait,
         )
         return await self.respond_for(started.store, settled)
 
@@ -482,6 +487,7 @@ class Agent:
         on_chunk: ChunkCallback,
         on_started: Any,
         timeout: float | None,
+        worker_wait: float | None,
     ) -> AgentResponse:
         """A queued turn whose caller streams: subscribe to its chunks *before* it exists
         (so the worker cannot publish one we miss), then forward them until it settles."""
@@ -508,7 +514,7 @@ class Agent:
 
             forwarder = asyncio.create_task(forward())
             try:
-                settled = await self.wait_settled(store, turn_id, timeout)
+                settled = await self.wait_settled(store, turn_id, timeout, worker_wait=worker_wait)
             finally:
                 forwarder.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -533,6 +539,7 @@ class Agent:
         timeout: float | None = None,
         *,
         listening: asyncio.Future[None] | None = None,
+        worker_wait: float | None = None,
     ) -> StoredSnapshot:
         """Wait until a turn settles (any process may be running it) and return it, with
         its conversation and journal; see :func:`engine.turns.waiting.wait_settled`."""
@@ -544,6 +551,7 @@ class Agent:
             timeout=timeout,
             listening=listening,
             unclaimed_warning=self.unclaimed_warning,
+            worker_wait=worker_wait,
         )
 
     async def wait(

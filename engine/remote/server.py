@@ -53,6 +53,7 @@ from engine.remote.hosts import LOCAL_HOSTS, AllowedHosts
 from engine.remote.inbox_routes import InboxRoutes
 from engine.remote.logsafe import escaped, escaped_traceback
 from engine.remote.redirects import relative_slash_redirects
+from engine.remote.shutdown import until_shutdown
 from engine.remote.ui import InboxUI, UiSettings
 from engine.remote.wire import (
     IDEMPOTENCY_HEADER,
@@ -72,9 +73,8 @@ from engine.remote.wire import (
 from engine.response import AgentChunk, AgentResponse
 from engine.status import FinishReason, TurnStatus
 from engine.store import SessionStore, TurnInput, TurnRecord
-from engine.turns.waiting import never_claimed
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "create_app", "stop_waiting_for_workers"]
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "create_app"]
 
 logger = logging.getLogger("turnstile.http")
 
@@ -399,24 +399,29 @@ class _Server:
                 started.set_result((store, turn))
 
         task = asyncio.create_task(
-            agent.run_turn(turn_request, on_chunk=sink if stream else None, on_started=on_started)
+            agent.run_turn(
+                turn_request,
+                on_chunk=sink if stream else None,
+                on_started=on_started,
+                worker_wait=self.worker_wait,
+            )
         )
         self._keep(task)
         task.add_done_callback(_log_unexpected)
-        unclaimed = asyncio.ensure_future(_unclaimed(agent, started, self.worker_wait))
+        stopping = asyncio.ensure_future(_server_stopping(agent, started))
         try:
-            async for chunk in _chunks_until_done(chunks, task, unclaimed):
+            async for chunk in _chunks_until_done(chunks, task, stopping):
                 yield "message", chunk
         finally:
-            # Only a streaming response is cancelled when its client disconnects (a turn no
-            # worker claimed stays queued: it is answered, not abandoned).
-            if stream and not task.done() and not unclaimed.done():
+            # Only a streaming response is cancelled when its client disconnects (a turn
+            # whose wait the stopping server ends stays queued: it is answered, not abandoned).
+            if stream and not task.done() and not stopping.done():
                 self._keep(asyncio.create_task(_abort_abandoned(agent, started, task)))
-            if not unclaimed.done():
-                unclaimed.cancel()
-        if unclaimed.done() and not unclaimed.cancelled() and not task.done():
+            if not stopping.done():
+                stopping.cancel()
+        if stopping.done() and not stopping.cancelled() and not task.done():
             task.cancel()  # only this request's wait: the queued turn is in the store
-            yield "error", unclaimed.result()
+            yield "error", stopping.result()
             return
         while not chunks.empty():
             yield "message", chunks.get_nowait()
@@ -596,6 +601,9 @@ def _settled_events(
     a graceful failed result for a request refused before its turn existed, or an error."""
     try:
         response = task.result()
+    except NoWorkerError as unclaimed:
+        # Not a refusal: the turn exists and stays queued, so the caller gets the 503.
+        return [("error", unclaimed)]
     except TurnFailedError as failure:
         settled = failure.response if isinstance(failure.response, AgentResponse) else None
         if settled is None:  # pragma: no cover - run_turn always attaches the response
@@ -613,54 +621,16 @@ def _settled_events(
     ]
 
 
-#: How often a request waiting for a worker looks whether the server is stopping (seconds).
-_STOP_CHECK_SECONDS = 0.5
-
-_stopping = False
-
-
-def stop_waiting_for_workers() -> None:
-    """Answer, within a second, every request of this process that waits for a turn queued
-    for the workers (the server is stopping: the turns are in the store, and only these
-    waits would hold the shutdown)."""
-    global _stopping
-    _stopping = True
-
-
-async def _unclaimed(
-    agent: Agent,
-    started: asyncio.Future[tuple[SessionStore, TurnRecord]],
-    seconds: float | None,
+async def _server_stopping(
+    agent: Agent, started: asyncio.Future[tuple[SessionStore, TurnRecord]]
 ) -> AgentError:
-    """The error ending the wait of a request whose turn is queued for the workers: no
-    worker claimed it within ``seconds`` (``None``: no limit), or the server is stopping.
-    Never returns while the turn runs in this process, or while the wait goes on."""
+    """The error ending the wait of a request whose turn is queued for the workers once the
+    server is stopping. Never returns while the turn runs in this process (the shutdown
+    waits for it), nor while the server goes on."""
     if not agent.queued:
-        await asyncio.Future()  # the turn runs in this process: the shutdown waits for it
-    store, turn = await started
-    loop = asyncio.get_running_loop()
-    due = None if seconds is None else loop.time() + seconds
-    while not _stopping:
-        if due is not None and loop.time() >= due:
-            current = await store.get_turn(turn.id)
-            if current is not None and never_claimed(current):
-                logger.warning(
-                    "turn %s of agent %s: no worker claimed it within %gs; answered 503, "
-                    "still queued",
-                    turn.id,
-                    agent.name,
-                    seconds,
-                )
-                return NoWorkerError(
-                    f"No worker claimed turn {turn.id} within {seconds:g}s. It is not failed: "
-                    "it stays queued and runs when a worker serving this agent is free (fetch "
-                    "it later with getSnapshot, or abort it). Is a worker running (turnstile "
-                    "worker, or turnstile serve --workers N)?",
-                    snapshot_id=turn.id,
-                    details={"snapshotId": turn.id},
-                )
-            due = None  # a worker has it: the request waits for its end as usual
-        await asyncio.sleep(_STOP_CHECK_SECONDS)
+        await asyncio.Future()
+    _, turn = await started
+    await until_shutdown()
     return AgentError(
         f"The server is stopping. Turn {turn.id} is not failed: it goes on in the workers "
         "(fetch it with getSnapshot, or abort it).",

@@ -1,4 +1,5 @@
-"""A caller waiting for a queued turn nobody runs: a warning once, and ``timeout=``.
+"""A caller waiting for a queued turn nobody runs: a warning once, ``timeout=`` and
+``worker_wait=``.
 
 Real SQL stores (PostgreSQL and SQLite) and, once the turn should run, a real worker pool in
 the test process.
@@ -6,17 +7,26 @@ the test process.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import pytest
 
 from engine import Engine, ScriptedModel, TurnStatus
-from engine.errors import TurnTimeoutError
+from engine.conversation.parts import Message
+from engine.errors import NoWorkerError, TurnTimeoutError
+from engine.store import TurnInput
+from engine.turns.request import TurnRequest
 from tests.conftest import TEST_STATE_KEYS
 from tests.databases import sql_store
 from workers import WorkerPool
 
 BACKENDS = ["postgres", "sqlite"]
+
+
+def user_message(text: str) -> TurnRequest:
+    """A new session's first turn, saying ``text``."""
+    return TurnRequest(input=TurnInput(kind="message", message=Message.user(text)))
 
 
 def unclaimed_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -81,3 +91,43 @@ async def test_a_turn_claimed_in_time_is_not_reported(
             response = await agent.chat().send("slow one two three four five", timeout=10)
     assert response.text == "Echo: slow one two three four five"
     assert unclaimed_lines(caplog) == []
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_a_worker_wait_ends_the_wait_for_an_unclaimed_turn_and_keeps_it_queued(
+    backend: str,
+) -> None:
+    """``worker_wait``: no worker claims the turn in time, so the wait (which has no
+    ``timeout``, and whose poll interval is longer) ends with the typed error naming the turn,
+    which stays queued and runs once a worker comes."""
+    async with sql_store(backend) as store:
+        ai = Engine(model=ScriptedModel(), state_keys=TEST_STATE_KEYS)
+        agent = ai.define_agent(name="queued", store=store)
+        agent.poll_interval = 30.0
+        request = user_message("hello later")
+        with pytest.raises(NoWorkerError) as unclaimed:
+            await asyncio.wait_for(agent.run_turn(request, worker_wait=0.3), 10)
+        error = unclaimed.value
+        assert error.status == "UNAVAILABLE"
+        assert error.snapshot_id is not None and error.snapshot_id in error.message
+        queued = await store.get_turn(error.snapshot_id)
+        assert queued is not None
+        assert queued.status is TurnStatus.PENDING and queued.attempts == 0
+
+        async with WorkerPool(ai, store, poll_interval=0.05, scheduler=False):
+            settled = await agent.wait(error.snapshot_id, timeout=10)
+        assert settled.text == "Echo: hello later"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_a_worker_wait_does_not_end_the_wait_for_a_claimed_turn(backend: str) -> None:
+    """A turn a worker claimed before ``worker_wait`` passed is waited for to its end, however
+    long it runs."""
+    async with sql_store(backend) as store:
+        ai = Engine(model=ScriptedModel(slow_chunk_delay=0.2), state_keys=TEST_STATE_KEYS)
+        agent = ai.define_agent(name="queued", store=store)
+        agent.poll_interval = 0.05
+        request = user_message("slow one two three four five")
+        async with WorkerPool(ai, store, poll_interval=0.05, scheduler=False):
+            response = await agent.run_turn(request, worker_wait=0.3, timeout=10)
+    assert response.text == "Echo: slow one two three four five"

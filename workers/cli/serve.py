@@ -308,16 +308,14 @@ def graceful_server(config: Any) -> Any:
     neither would end by itself); a second signal stops it at once."""
     import uvicorn
 
-    from engine.remote.server import stop_waiting_for_workers
-    from engine.remote.ui.events import close_event_streams
+    from engine.remote.shutdown import begin_shutdown
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:
             # A second signal, whichever, stops at once (uvicorn forces only on SIGINT).
             if self.should_exit:
                 self.force_exit = True
-            close_event_streams()
-            stop_waiting_for_workers()
+            begin_shutdown()
             super().handle_exit(sig, frame)
 
     return Server(config)

@@ -30,12 +30,13 @@ from starlette.types import Receive, Scope, Send
 
 from engine.engine import Engine
 from engine.remote.auth import Principal
+from engine.remote.shutdown import shutting_down
 from engine.remote.ui.kit import PageKit, Viewer
 from engine.remote.ui.queries import Catalog
 from engine.store import ChangeFeed
 from engine.store.signals import ChangeSubscription, TurnChanges
 
-__all__ = ["EventStream", "close_event_streams", "live_feeds"]
+__all__ = ["EventStream", "live_feeds"]
 
 #: Seconds between keep-alive comments (and looks at whether the session is still live).
 HEARTBEAT_SECONDS = 15.0
@@ -43,7 +44,7 @@ HEARTBEAT_SECONDS = 15.0
 GATHER_SECONDS = 0.25
 #: How long one stream lasts before the browser is asked to reconnect (seconds).
 MAX_STREAM_SECONDS = 600.0
-#: How often a stream looks whether the server is stopping (seconds).
+#: How often a stream looks whether the server is stopping (seconds), between changes.
 _CLOSING_CHECK_SECONDS = 1.0
 #: Turns whose owner a process remembers for its streams.
 _OWNERS_KEPT = 10_000
@@ -51,15 +52,6 @@ _OWNERS_KEPT = 10_000
 STREAMS_PER_SESSION = 4
 #: Streams one principal may hold open at once, across all their browsers.
 STREAMS_PER_PRINCIPAL = 16
-
-_closing = False
-
-
-def close_event_streams() -> None:
-    """End every open event stream of this process within a second (the server is stopping:
-    it waits for open responses, and a stream would never end by itself)."""
-    global _closing
-    _closing = True
 
 
 def live_feeds(engine: Engine) -> list[ChangeFeed]:
@@ -176,7 +168,7 @@ class EventStream:
             # Subscribed before the first wait, and read between events, so a change arriving
             # while an event is being sent is kept for the next.
             heard = [stack.enter_context(feed.watch_changes()) for feed in self.feeds]
-            while not _closing and time.monotonic() - started < MAX_STREAM_SECONDS:
+            while not shutting_down() and time.monotonic() - started < MAX_STREAM_SECONDS:
                 changes = await _next_changes(heard, _CLOSING_CHECK_SECONDS)
                 if changes:
                     await asyncio.sleep(GATHER_SECONDS)
