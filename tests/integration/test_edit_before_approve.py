@@ -12,16 +12,15 @@ from typing import Any
 import pytest
 
 from engine.approval_policy import ApprovalRefusedError, role
-from engine.approvals.decide import Decision, DecisionOutcome, decide, find_approval
+from engine.approvals.decide import Decision, DecisionOutcome, decide
 from engine.approvals.rules import vote_rule
-from engine.conversation.parts import RESUMED, Message, Part
+from engine.conversation.parts import RESUMED, Part
 from engine.errors import (
     DecisionConflictError,
     FailedPreconditionError,
     InvalidArgumentError,
     ResumeValidationError,
 )
-from engine.remote.auth import Principal
 from engine.status import FinishReason, TurnStatus
 from engine.store import (
     DecisionQuery,
@@ -36,8 +35,8 @@ from engine.tools import ToolContext
 from engine.turns.request import TurnRequest
 from engine.turns.resume import edited_key
 from examples.banking import read_ledger
-from examples.guarded_banking import GuardedApp, build
 from tests.databases import sql_store
+from tests.integration.guarded_support import ALICE, BOB, CAROL, MALLORY, paused
 from tests.integration.store_support import record_decision
 from tests.integration.test_approval_policies import (
     SLOW_VOTER,
@@ -45,28 +44,7 @@ from tests.integration.test_approval_policies import (
     slow_down_commits_of_the_slow_voter,
 )
 
-BOB = Principal("bob", roles=frozenset({"approver"}))
-CAROL = Principal("carol", roles=frozenset({"approver"}))
-ALICE = Principal("alice", roles=frozenset({"approver"}))  # the requester
-MALLORY = Principal("mallory")  # no approver role
-
 EDIT_TO_500 = Decision(restart=True, edit={"amount": 500})
-
-
-async def paused(store: SessionStore, **options: Any) -> tuple[GuardedApp, PendingApproval]:
-    """alice asks for a transfer of $40 to carol; the guarded tool pauses the turn."""
-    app = build(store=store, execution="inline", **options)
-    response = await app.agent.run_turn(
-        TurnRequest(
-            input=TurnInput(kind="message", message=Message.user("transfer $40 to carol")),
-            owner="alice",
-        )
-    )
-    assert response.finish_reason is FinishReason.INTERRUPTED
-    assert response.snapshot_id is not None
-    found = await find_approval(store, response.snapshot_id, "transfer-1")
-    assert found is not None and found[1]
-    return app, found[0]
 
 
 async def paused_row(store: SessionStore, approval: PendingApproval) -> ToolCallRecord:

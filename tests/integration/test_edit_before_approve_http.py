@@ -7,95 +7,18 @@ import csv
 import html
 import io
 import re
-from collections.abc import AsyncIterator
 
-import httpx
-import pytest
-
-from engine.approval_policy import role
-from engine.remote import BearerTokenAuth, Principal, RoleInboxPolicy, create_app
-from engine.remote.ui import UiSettings
-from examples.guarded_banking import GuardedApp, build
-from tests.databases import sql_store
-from tests.http_support import serve_in_loop
-
-SETTINGS = UiSettings(secret="edit-pages-secret-0123456789abcdefgh", poll_seconds=1)
-APPROVER = frozenset({"approver"})
-TOKENS = {
-    "alice": "alice-token",
-    "bob": "bob-token",
-    "carol": "carol-token",
-    "mallory": "mallory-token",
-}
-AUTH = BearerTokenAuth(
-    {
-        token: Principal(id=who, roles=APPROVER if who != "mallory" else frozenset())
-        for who, token in TOKENS.items()
-    }
+from examples.guarded_banking import GuardedApp
+from tests.integration.guarded_support import (
+    ask_transfer,
+    client_of,
+    csrf_of,
+    served,
+    served_quorum,
+    signed_in,
 )
 
-
-def csrf_of(html: str) -> str:
-    found = re.search(r'name="csrf_token" value="([^"]+)"', html)
-    assert found is not None, "the page has no form"
-    return found.group(1)
-
-
-@pytest.fixture
-async def served() -> AsyncIterator[tuple[GuardedApp, str]]:
-    """The guarded transfer app on PostgreSQL (turns run inline); approvers hold a role."""
-    async with sql_store("postgres") as store:
-        app = build(store=store, execution="inline", approvers=role("approver"))
-        server = create_app(
-            app.ai, auth=AUTH, inbox_policy=RoleInboxPolicy("approver"), ui_settings=SETTINGS
-        )
-        async with serve_in_loop(server) as base:
-            yield app, base
-
-
-@pytest.fixture
-async def served_quorum() -> AsyncIterator[tuple[GuardedApp, str]]:
-    """The same app whose transfers need two approvers."""
-    async with sql_store("postgres") as store:
-        app = build(
-            store=store, execution="inline", approvers=role("approver"), required_approvals=2
-        )
-        server = create_app(
-            app.ai, auth=AUTH, inbox_policy=RoleInboxPolicy("approver"), ui_settings=SETTINGS
-        )
-        async with serve_in_loop(server) as base:
-            yield app, base
-
-
-def client_of(base: str, who: str) -> httpx.AsyncClient:
-    return httpx.AsyncClient(base_url=base, headers={"Authorization": f"Bearer {TOKENS[who]}"})
-
-
-async def ask_transfer(base: str) -> str:
-    """alice asks for $40 to carol; the id of the approval the guarded tool opens."""
-    async with client_of(base, "alice") as api:
-        started = await api.post(
-            "/api/guardedAgent",
-            json={
-                "data": {
-                    "message": {"role": "user", "content": [{"text": "transfer $40 to carol"}]}
-                }
-            },
-        )
-    assert started.status_code == 200, started.text
-    assert started.json()["result"]["finishReason"] == "interrupted"
-    return f"{started.json()['result']['snapshotId']}:transfer-1"
-
-
-async def signed_in(base: str, who: str) -> httpx.AsyncClient:
-    client = httpx.AsyncClient(base_url=base)
-    login = await client.get("/ui/login")
-    signed = await client.post(
-        "/ui/login",
-        data={"csrf_token": csrf_of(login.text), "token": TOKENS[who], "next": "/ui"},
-    )
-    assert signed.status_code == 303
-    return client
+__all__ = ["served", "served_quorum"]  # the fixtures these tests take
 
 
 async def test_json_inbox_edit(served: tuple[GuardedApp, str]) -> None:

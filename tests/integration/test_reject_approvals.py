@@ -18,32 +18,12 @@ from engine.approvals.expiry import expire_approvals
 from engine.conversation.parts import REJECTED, Message, Part
 from engine.errors import DecisionConflictError, ResumeValidationError
 from engine.rejection import MAX_REASON_LENGTH
-from engine.remote.auth import Principal
 from engine.status import FinishReason
-from engine.store import DecisionQuery, PendingApproval, SessionStore, TurnInput
+from engine.store import DecisionQuery, SessionStore, TurnInput
 from engine.turns.request import TurnRequest
 from examples import banking
-from examples.guarded_banking import GuardedApp, build
+from tests.integration.guarded_support import ALICE, paused
 from tests.integration.store_support import record_decision
-
-BOB = Principal("bob", roles=frozenset({"approver"}))
-ALICE = Principal("alice", roles=frozenset({"approver"}))  # the requester
-
-
-async def paused(store: SessionStore, **options: Any) -> tuple[GuardedApp, PendingApproval]:
-    """alice asks for a transfer of $40 to carol; the guarded tool pauses the turn."""
-    app = build(store=store, execution="inline", **options)
-    response = await app.agent.run_turn(
-        TurnRequest(
-            input=TurnInput(kind="message", message=Message.user("transfer $40 to carol")),
-            owner="alice",
-        )
-    )
-    assert response.finish_reason is FinishReason.INTERRUPTED
-    assert response.snapshot_id is not None
-    found = await find_approval(store, response.snapshot_id, "transfer-1")
-    assert found is not None and found[1]
-    return app, found[0]
 
 
 async def final_text(store: SessionStore, session_id: str) -> str:

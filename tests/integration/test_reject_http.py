@@ -5,56 +5,15 @@ refusal with its reason."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 import pytest
 
-from engine.approval_policy import role
 from engine.rejection import MAX_REASON_LENGTH
-from engine.remote import BearerTokenAuth, Principal, RoleInboxPolicy, create_app
-from examples.guarded_banking import GuardedApp, build
-from tests.databases import sql_store
-from tests.http_support import serve_in_loop
+from examples.guarded_banking import GuardedApp
+from tests.integration.guarded_support import ask_transfer, client_of, served
 
-TOKENS = {"alice": "alice-token", "bob": "bob-token", "mallory": "mallory-token"}
-AUTH = BearerTokenAuth(
-    {
-        token: Principal(id=who, roles=frozenset({"approver"}) if who != "mallory" else frozenset())
-        for who, token in TOKENS.items()
-    }
-)
-
-
-@pytest.fixture
-async def served() -> AsyncIterator[tuple[GuardedApp, str]]:
-    """The guarded transfer app on PostgreSQL (turns run inline); approvers hold a role."""
-    async with sql_store("postgres") as store:
-        app = build(store=store, execution="inline", approvers=role("approver"))
-        server = create_app(app.ai, auth=AUTH, inbox_policy=RoleInboxPolicy("approver"))
-        async with serve_in_loop(server) as base:
-            yield app, base
-
-
-def client_of(base: str, who: str) -> httpx.AsyncClient:
-    return httpx.AsyncClient(base_url=base, headers={"Authorization": f"Bearer {TOKENS[who]}"})
-
-
-async def ask_transfer(base: str) -> str:
-    """alice asks for $40 to carol; the id of the approval the guarded tool opens."""
-    async with client_of(base, "alice") as api:
-        started = await api.post(
-            "/api/guardedAgent",
-            json={
-                "data": {
-                    "message": {"role": "user", "content": [{"text": "transfer $40 to carol"}]}
-                }
-            },
-        )
-    assert started.status_code == 200, started.text
-    assert started.json()["result"]["finishReason"] == "interrupted"
-    return f"{started.json()['result']['snapshotId']}:transfer-1"
+__all__ = ["served"]  # the fixture these tests take
 
 
 @pytest.mark.parametrize(

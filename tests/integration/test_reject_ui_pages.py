@@ -20,14 +20,9 @@ from examples import banking
 from examples.banking import BankingApp
 from examples.guarded_banking import GuardedApp
 from tests.http_support import serve_in_loop
-from tests.integration.test_edit_before_approve_http import (
-    ask_transfer,
-    csrf_of,
-    served,
-    signed_in,
-)
+from tests.integration.guarded_support import ask_transfer, csrf_of, served, signed_in
 
-__all__ = ["served"]  # the fixture, shared with the edit pages' tests
+__all__ = ["served"]  # the fixture these tests take
 
 SETTINGS = UiSettings(secret="reject-pages-secret-0123456789abcdef", poll_seconds=1)
 
