@@ -22,7 +22,7 @@ from sqlalchemy.engine import Connection
 
 from engine.store import PendingApproval, WebhookDelivery, WebhookSettlement
 from stores.approval_rows import pending_approval, select_pending
-from stores.database import record_from_row
+from stores.database import record_from_row, utc
 from stores.schema import approval_queue, webhook_deliveries
 
 __all__ = [
@@ -58,10 +58,11 @@ def add_deliveries(connection: Connection, deliveries: Sequence[WebhookDelivery]
 def opened_watermark(connection: Connection) -> datetime | None:
     """The newest ``occurred_at`` of an ``opened`` delivery (along its partial index)."""
     w = webhook_deliveries.c
-    latest: datetime | None = connection.execute(
+    latest = connection.execute(
         sa.select(sa.func.max(w.occurred_at)).where(w.event == "opened")
     ).scalar()
-    return latest
+    moment: datetime | None = utc(latest)
+    return moment
 
 
 def list_unannounced(
