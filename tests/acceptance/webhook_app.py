@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 
 from engine.webhooks import Webhook
-from tests.acceptance.escalation_app import ai, user_approval
+from examples.banking import user_approval
+from tests.acceptance.escalation_app import ai
 
 __all__ = ["ai"]
 
