@@ -14,13 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from datetime import datetime, timedelta
-from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
 from engine.store import PendingApproval, WebhookDelivery, WebhookSettlement
+from engine.store.rules import settled_fields
 from stores.approval_rows import pending_approval, select_pending
 from stores.database import record_from_row, utc
 from stores.schema import approval_queue, webhook_deliveries
@@ -129,13 +129,6 @@ def claim_deliveries(
 def settle_delivery(connection: Connection, settlement: WebhookSettlement) -> bool:
     """See :meth:`engine.store.WebhookOutbox.settle_delivery`."""
     w = webhook_deliveries.c
-    values: dict[str, Any] = {"lease_token": None, "lease_expires_at": None}
-    if settlement.outcome == "delivered":
-        values.update(status="delivered", delivered_at=settlement.at, last_error=None)
-    elif settlement.outcome == "failed":
-        values.update(status="failed", last_error=settlement.error)
-    else:
-        values.update(next_attempt_at=settlement.retry_at, last_error=settlement.error)
     result = connection.execute(
         sa.update(webhook_deliveries)
         .where(
@@ -143,7 +136,7 @@ def settle_delivery(connection: Connection, settlement: WebhookSettlement) -> bo
             w.lease_token == settlement.lease_token,
             w.status == "pending",
         )
-        .values(**values)
+        .values(**settled_fields(settlement))
     )
     return result.rowcount == 1
 

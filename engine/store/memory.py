@@ -67,6 +67,7 @@ from engine.store.rules import (
     check_session,
     check_transition,
     claim_after,
+    settled_fields,
     transition_changes,
 )
 from engine.store.signals import (
@@ -752,14 +753,7 @@ class InMemorySessionStore:
         held = self._deliveries.get(settlement.id)
         if held is None or held.status != "pending" or held.lease_token != settlement.lease_token:
             return False
-        update: dict[str, Any] = {"lease_token": None, "lease_expires_at": None}
-        if settlement.outcome == "delivered":
-            update.update(status="delivered", delivered_at=settlement.at, last_error=None)
-        elif settlement.outcome == "failed":
-            update.update(status="failed", last_error=settlement.error)
-        else:
-            update.update(next_attempt_at=settlement.retry_at, last_error=settlement.error)
-        self._deliveries[settlement.id] = held.model_copy(update=update)
+        self._deliveries[settlement.id] = held.model_copy(update=settled_fields(settlement))
         return True
 
     async def list_deliveries(

@@ -16,22 +16,18 @@ from engine.approvals.assignment import sweep_assignments
 from engine.approvals.decide import Decision, decide, find_approval
 from engine.approvals.rules import decision_rule
 from engine.approvals.webhooks import announce_opened, announcing_decision
-from engine.conversation.parts import Message
 from engine.remote.auth import Principal
-from engine.status import FinishReason
 from engine.store import (
     ApprovalChange,
     OpenApproval,
     PendingApproval,
     SessionStore,
-    TurnInput,
     WebhookDelivery,
     WebhookSettlement,
 )
-from engine.turns.request import TurnRequest
 from engine.webhooks import Webhook
-from examples.banking import BankingApp, build
-from tests.conftest import TEST_STATE_KEYS
+from examples.banking import BankingApp
+from tests.integration.test_approval_assignment import Paused, paused
 from tests.webhook_receiver import receiving
 from workers.webhooks import WebhookDeliverer
 
@@ -41,48 +37,41 @@ APPROVE = Decision(respond={"approved": True})
 
 
 @dataclass
-class Paused:
-    """A banking app paused at one approval of group ``payments``, whose interrupt has a
-    webhook ``own`` and whose group ``payments`` another, ``team``."""
+class Hooked:
+    """An approval paused as :func:`paused` leaves it (group ``payments``, reminded every
+    minute), whose interrupt has a webhook ``own`` and whose group another, ``team``."""
 
-    app: BankingApp
-    store: SessionStore
-    approval: PendingApproval
+    paused: Paused
     own: Webhook
     team: Webhook
 
+    @property
+    def app(self) -> BankingApp:
+        return self.paused.app
+
+    @property
+    def approval(self) -> PendingApproval:
+        return self.paused.approval
+
     def at(self, seconds: float) -> datetime:
-        return self.approval.created_at + timedelta(seconds=seconds)
+        return self.paused.at(seconds)
 
     async def deliveries(self) -> list[WebhookDelivery]:
-        return await self.store.list_deliveries(turn_id=self.approval.turn_id)
+        return await self.paused.store.list_deliveries(turn_id=self.approval.turn_id)
 
 
-async def paused(
+async def hooked(
     store: SessionStore, *, url: str = "http://127.0.0.1:9/own", escalate: bool = False
-) -> Paused:
-    """alice asks for a transfer; the turn pauses at userApproval (group payments)."""
+) -> Hooked:
+    """alice's transfer paused at its approval, then webhooks configured (the pause writes
+    nothing for them, so configuring them afterwards is the same)."""
+    ctx = await paused(store, escalate=escalate, remind=True)
     own = Webhook(url=url, secret=SECRET)
     team = Webhook(url="http://127.0.0.1:9/payments", secret=SECRET)
-    app = build(store=store, state_keys=TEST_STATE_KEYS, execution="inline")
-    app.ai.webhooks.groups["payments"] = app.ai.webhooks.add([team])
-    interrupt = app.user_approval
-    interrupt.webhooks = app.ai.webhooks.add([own])
-    interrupt.group = "payments"
-    interrupt.remind_every = 60.0
-    if escalate:
-        interrupt.timeout, interrupt.escalate_to = 60.0, "leads"
-    response = await app.banking_agent.run_turn(
-        TurnRequest(
-            input=TurnInput(kind="message", message=Message.user("transfer $40 to carol")),
-            owner="alice",
-        )
-    )
-    assert response.finish_reason is FinishReason.INTERRUPTED
-    assert response.snapshot_id is not None
-    found = await find_approval(store, response.snapshot_id, "approval-1")
-    assert found is not None and found[1]
-    return Paused(app=app, store=store, approval=found[0], own=own, team=team)
+    routes = ctx.app.ai.webhooks
+    routes.groups["payments"] = routes.add([team])
+    ctx.app.user_approval.webhooks = routes.add([own])
+    return Hooked(paused=ctx, own=own, team=team)
 
 
 def summary(deliveries: list[WebhookDelivery]) -> list[tuple[str, str]]:
@@ -92,7 +81,7 @@ def summary(deliveries: list[WebhookDelivery]) -> list[tuple[str, str]]:
 async def test_a_decision_queues_its_deliveries_with_its_opened_ones(store: SessionStore) -> None:
     """Deciding queues ``decided`` for the interrupt's and the group's webhooks, preceded by
     ``opened`` (the sweep had not announced it yet), each once, pending and due."""
-    ctx = await paused(store)
+    ctx = await hooked(store)
     assert await ctx.deliveries() == []  # the pause itself writes nothing
     outcome = await decide(
         ctx.app.banking_agent, ctx.approval, APPROVE, decided_by="dave", approver=DAVE
@@ -120,7 +109,7 @@ async def test_a_decision_that_rolls_back_leaves_no_delivery(store: SessionStore
     records neither the decision nor any of its deliveries."""
     if not store.durable:
         pytest.skip("the in-memory store has no transaction to roll back")
-    ctx = await paused(store)
+    ctx = await hooked(store)
     rule = announcing_decision(
         ctx.app.banking_agent,
         ctx.approval,
@@ -143,7 +132,7 @@ async def test_escalation_and_reminders_queue_their_deliveries_once(store: Sessi
     """An escalation tells the interrupt's webhooks (not payments', which it leaves); a
     reminder tells the group holding the approval; a second sweep in the same interval
     queues nothing more."""
-    ctx = await paused(store, escalate=True)
+    ctx = await hooked(store, escalate=True)
     leads = Webhook(url="http://127.0.0.1:9/leads", secret=SECRET)
     ctx.app.ai.webhooks.groups["leads"] = ctx.app.ai.webhooks.add([leads])
     report = await sweep_assignments(ctx.app.ai, store, now=ctx.at(61))
@@ -167,7 +156,7 @@ async def test_escalation_and_reminders_queue_their_deliveries_once(store: Sessi
 async def test_the_sweep_announces_each_opened_approval_once(store: SessionStore) -> None:
     """The opened sweep queues an open approval's ``opened`` deliveries once, however often
     it runs."""
-    ctx = await paused(store)
+    ctx = await hooked(store)
     assert await announce_opened(ctx.app.ai, store) == 2
     assert await announce_opened(ctx.app.ai, store) == 0
     assert summary(await ctx.deliveries()) == [("opened", "own"), ("opened", "payments")]
@@ -177,7 +166,7 @@ async def test_the_sweep_announces_each_opened_approval_once(store: SessionStore
 async def test_a_claim_leases_each_delivery_to_one_claimer(store: SessionStore) -> None:
     """Two claims at once share no delivery; a leased delivery is not claimed again until
     its lease expires; an outcome is written only under the lease that claimed it."""
-    ctx = await paused(store)
+    ctx = await hooked(store)
     await announce_opened(ctx.app.ai, store)
     first, second = await asyncio.gather(
         store.claim_deliveries(lease_token="a", lease_seconds=60, limit=1),
@@ -228,7 +217,7 @@ async def test_delivery_retries_while_the_receiver_fails_then_delivers_signed(
     recorded and a later retry time; once it accepts, the next due attempt delivers it, with
     a signature it verifies."""
     with receiving(SECRET) as receiver:
-        ctx = await paused(store, url=receiver.url)
+        ctx = await hooked(store, url=receiver.url)
         ctx.app.user_approval.group = None  # only the interrupt's own webhook
         deliverer = WebhookDeliverer(ctx.app.ai, store, backoff_base=2.0)
         try:
@@ -261,7 +250,7 @@ async def test_a_delivery_is_given_up_after_its_last_attempt(store: SessionStore
     delivery is marked failed with the error, and no longer claimed."""
     with receiving(SECRET) as receiver:
         receiver.stop()
-        ctx = await paused(store, url=receiver.url)
+        ctx = await hooked(store, url=receiver.url)
         ctx.app.user_approval.group = None
         deliverer = WebhookDeliverer(
             ctx.app.ai, store, max_attempts=2, backoff_base=0.001, backoff_cap=0.001
