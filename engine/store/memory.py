@@ -854,6 +854,8 @@ class InMemorySessionStore:
                     table.pop(turn_id, None)
                 for key in [k for k in self._assignments if k[0] == turn_id]:
                     del self._assignments[key]
+                for sent in [d.id for d in self._deliveries.values() if d.turn_id == turn_id]:
+                    del self._deliveries[sent]
             del self._sessions[session_id]
         # A branch in another session outlives its parent: it holds its own copy of the
         # conversation, and its parent reference goes with the parent.

@@ -266,3 +266,14 @@ async def test_a_delivery_is_given_up_after_its_last_attempt(store: SessionStore
     assert (given_up.status, given_up.attempts) == ("failed", 2)
     assert given_up.last_error is not None and "Connect" in given_up.last_error
     assert await store.list_deliveries(status="failed") == [given_up]
+
+
+async def test_retention_takes_a_sessions_deliveries_with_it(store: SessionStore) -> None:
+    """Pruning an idle session deletes its approvals' deliveries too (on SQL by the foreign
+    key's cascade), so the outbox never outlives the turns it reports."""
+    ctx = await hooked(store)
+    await decide(ctx.app.banking_agent, ctx.approval, APPROVE, decided_by="dave", approver=DAVE)
+    assert len(await ctx.deliveries()) == 4
+    pruned = await store.prune_sessions(settled_before=datetime.now(UTC) + timedelta(seconds=1))
+    assert pruned == 1
+    assert await store.list_deliveries() == []
