@@ -3,10 +3,11 @@ worker`` and a receiver HTTP server the test starts. The receiver hears the appr
 then it goes down: the worker escalates the approval and reminds about it, its deliveries
 retry (counted on the worker's ``/metrics``), and a lead's decision still completes the turn;
 once the receiver is back, it sees opened, reminded, escalated and decided, each event once
-and signed with the endpoint's secret."""
+and signed with the endpoint's secret, as ``turnstile webhooks ls`` lists them."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.acceptance.escalation_app import TOKENS
 from tests.acceptance.inbox_ui_support import eventually, open_stack
-from tests.http_support import free_port
+from tests.http_support import free_port, run_turnstile
 from tests.webhook_receiver import receiving
 
 pytestmark = pytest.mark.postgres
@@ -119,6 +120,11 @@ def test_webhooks_survive_a_receiver_outage(tmp_path: Path) -> None:
             assert (
                 sample(worker_metrics, "turnstile_webhook_deliveries_total", outcome="failed") == 0
             )
+            listed = run_turnstile("webhooks", "ls", "--turn", turn, "--json", db_url=stack.db_url)
+            assert listed.returncode == 0, listed.stderr
+            items = json.loads(listed.stdout)["items"]
+            assert {i["status"] for i in items} == {"delivered"}
+            assert sorted(i["event_id"] for i in items) == sorted(receiver.events())
 
     seen = receiver.events()
     assert all(r.signed for r in receiver.received), "every request verifies with the secret"
