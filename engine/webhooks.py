@@ -122,6 +122,11 @@ class WebhookRoutes:
         return self._by_url.get(url)
 
     @property
+    def urls(self) -> list[str]:
+        """Every configured endpoint's URL."""
+        return sorted(self._by_url)
+
+    @property
     def any(self) -> bool:
         """Whether any webhook is configured."""
         return bool(self._by_url)

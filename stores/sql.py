@@ -530,13 +530,18 @@ class SqlSessionStore:
         return await self._read(lambda c: webhook_sql.list_unannounced(c, interrupts, since, limit))
 
     async def claim_deliveries(
-        self, *, lease_token: str, lease_seconds: float, limit: int
+        self, *, urls: Collection[str], lease_token: str, lease_seconds: float, limit: int
     ) -> list[WebhookDelivery]:
         """See :meth:`engine.store.WebhookOutbox.claim_deliveries`."""
         now = now_utc()
         return await self._write(
             lambda c: webhook_sql.claim_deliveries(
-                c, lease_token=lease_token, lease_seconds=lease_seconds, limit=limit, now=now
+                c,
+                urls=urls,
+                lease_token=lease_token,
+                lease_seconds=lease_seconds,
+                limit=limit,
+                now=now,
             )
         )
 

@@ -96,15 +96,24 @@ def list_unannounced(
 
 
 def claim_deliveries(
-    connection: Connection, *, lease_token: str, lease_seconds: float, limit: int, now: datetime
+    connection: Connection,
+    *,
+    urls: Collection[str],
+    lease_token: str,
+    lease_seconds: float,
+    limit: int,
+    now: datetime,
 ) -> list[WebhookDelivery]:
     """See :meth:`engine.store.WebhookOutbox.claim_deliveries`."""
+    if not urls:
+        return []
     w = webhook_deliveries.c
     due = (
         sa.select(w.id)
         .where(
             w.status == "pending",
             w.next_attempt_at <= now,
+            w.url.in_(list(urls)),
             sa.or_(w.lease_expires_at.is_(None), w.lease_expires_at <= now),
         )
         .order_by(w.next_attempt_at, w.occurred_at, w.id)

@@ -85,8 +85,13 @@ class WebhookDeliverer:
         """Queue newly opened approvals' deliveries, then attempt a batch of due ones."""
         report = DeliveryReport(opened=await announce_opened(self.engine, self.store))
         token = uuid.uuid4().hex
+        # Only endpoints this app can sign for: during a rolling deploy another version's
+        # workers deliver what this one does not know.
         claimed = await self.store.claim_deliveries(
-            lease_token=token, lease_seconds=self.lease_seconds, limit=self.batch
+            urls=self.engine.webhooks.urls,
+            lease_token=token,
+            lease_seconds=self.lease_seconds,
+            limit=self.batch,
         )
         by_approval: dict[tuple[str, int, str], list[WebhookDelivery]] = defaultdict(list)
         for delivery in claimed:

@@ -720,7 +720,7 @@ class InMemorySessionStore:
         return found[:limit]
 
     async def claim_deliveries(
-        self, *, lease_token: str, lease_seconds: float, limit: int
+        self, *, urls: Collection[str], lease_token: str, lease_seconds: float, limit: int
     ) -> list[WebhookDelivery]:
         """See :meth:`engine.store.WebhookOutbox.claim_deliveries`."""
         now = _now()
@@ -729,6 +729,7 @@ class InMemorySessionStore:
                 d
                 for d in self._deliveries.values()
                 if d.status == "pending"
+                and d.url in urls
                 and d.next_attempt_at is not None
                 and d.next_attempt_at <= now
                 and (d.lease_expires_at is None or d.lease_expires_at <= now)

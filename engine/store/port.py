@@ -397,11 +397,12 @@ class WebhookOutbox(Protocol):
         ...
 
     async def claim_deliveries(
-        self, *, lease_token: str, lease_seconds: float, limit: int
+        self, *, urls: Collection[str], lease_token: str, lease_seconds: float, limit: int
     ) -> list[WebhookDelivery]:
-        """Lease up to ``limit`` pending deliveries that are due and not leased, oldest event
-        first, counting the attempt: two claimers never hold one delivery at once (a lease
-        that expired, its worker gone, is claimed again)."""
+        """Lease up to ``limit`` pending deliveries to ``urls`` (the endpoints the claimer
+        can sign for) that are due and not leased, oldest event first, counting the attempt:
+        two claimers never hold one delivery at once (a lease that expired, its worker gone,
+        is claimed again)."""
         ...
 
     async def settle_delivery(self, settlement: WebhookSettlement) -> bool:

@@ -32,6 +32,8 @@ from tests.webhook_receiver import receiving
 from workers.webhooks import WebhookDeliverer
 
 SECRET = "whsec-integration-0123456789"
+#: The endpoints :func:`hooked` configures.
+URLS = ("http://127.0.0.1:9/own", "http://127.0.0.1:9/payments")
 DAVE = Principal("dave", roles=frozenset({"payments"}))
 APPROVE = Decision(respond={"approved": True})
 
@@ -164,18 +166,26 @@ async def test_the_sweep_announces_each_opened_approval_once(store: SessionStore
 
 
 async def test_a_claim_leases_each_delivery_to_one_claimer(store: SessionStore) -> None:
-    """Two claims at once share no delivery; a leased delivery is not claimed again until
-    its lease expires; an outcome is written only under the lease that claimed it."""
+    """A claimer gets only deliveries to endpoints it knows; two claims at once share no
+    delivery; a leased delivery is not claimed again until its lease expires; an outcome is
+    written only under the lease that claimed it."""
     ctx = await hooked(store)
     await announce_opened(ctx.app.ai, store)
+    elsewhere = ["http://127.0.0.1:9/another-apps"]
+    assert (
+        await store.claim_deliveries(urls=elsewhere, lease_token="x", lease_seconds=60, limit=9)
+        == []
+    )
     first, second = await asyncio.gather(
-        store.claim_deliveries(lease_token="a", lease_seconds=60, limit=1),
-        store.claim_deliveries(lease_token="b", lease_seconds=60, limit=1),
+        store.claim_deliveries(urls=URLS, lease_token="a", lease_seconds=60, limit=1),
+        store.claim_deliveries(urls=URLS, lease_token="b", lease_seconds=60, limit=1),
     )
     assert len(first) == len(second) == 1
     assert first[0].id != second[0].id
     assert first[0].attempts == 1 and first[0].lease_token == "a"
-    assert await store.claim_deliveries(lease_token="c", lease_seconds=60, limit=10) == []
+    assert (
+        await store.claim_deliveries(urls=URLS, lease_token="c", lease_seconds=60, limit=10) == []
+    )
 
     now = datetime.now(UTC)
     stolen = WebhookSettlement(id=first[0].id, lease_token="b", outcome="delivered", at=now)
@@ -189,7 +199,9 @@ async def test_a_claim_leases_each_delivery_to_one_claimer(store: SessionStore) 
         at=now,
     )
     assert await store.settle_delivery(retry)
-    assert await store.claim_deliveries(lease_token="d", lease_seconds=60, limit=10) == []
+    assert (
+        await store.claim_deliveries(urls=URLS, lease_token="d", lease_seconds=60, limit=10) == []
+    )
 
     # b's worker is gone: once its lease expires the delivery is claimed again.
     await store.settle_delivery(
@@ -201,9 +213,9 @@ async def test_a_claim_leases_each_delivery_to_one_claimer(store: SessionStore) 
             at=now,
         )
     )
-    taken = await store.claim_deliveries(lease_token="e", lease_seconds=0, limit=10)
+    taken = await store.claim_deliveries(urls=URLS, lease_token="e", lease_seconds=0, limit=10)
     assert [d.id for d in taken] == [second[0].id]
-    again = await store.claim_deliveries(lease_token="f", lease_seconds=60, limit=10)
+    again = await store.claim_deliveries(urls=URLS, lease_token="f", lease_seconds=60, limit=10)
     assert [(d.id, d.attempts) for d in again] == [(second[0].id, 3)]
     kept = {d.id: d for d in await ctx.deliveries()}
     assert kept[first[0].id].last_error == "HTTP 503"
