@@ -1,11 +1,11 @@
 """The worker's delivery of outgoing webhooks from the outbox (:mod:`engine.approvals.webhooks`).
 
 One run (:meth:`WebhookDeliverer.run_once`, a scheduler job of every worker process) queues
-the ``opened`` deliveries of newly opened approvals, leases a batch of due deliveries, posts
-each one signed — outside any transaction, the lease alone keeping other workers off it — and
+the ``opened`` deliveries of newly opened approvals, leases a batch of due deliveries to the
+endpoints its app configures (it can sign only for those: secrets are not stored), posts each
+one signed — outside any transaction, the lease alone keeping other workers off it — and
 records the outcome under the lease: delivered on a 2xx answer; otherwise retried after a
-backoff with jitter, or marked ``failed`` after the last attempt. A delivery whose endpoint is
-no longer configured fails at once (its secret is not stored, so it cannot be signed).
+backoff with jitter, or marked ``failed`` after the last attempt.
 The deliveries of one approval are posted one after another, oldest event first; different
 approvals' in parallel.
 """
