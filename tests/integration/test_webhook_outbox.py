@@ -28,6 +28,8 @@ from engine.store import (
 from engine.webhooks import Webhook
 from examples.banking import BankingApp
 from tests.integration.test_approval_assignment import Paused, paused
+from tests.integration.test_edit_before_approve import BOB
+from tests.integration.test_edit_before_approve import paused as paused_tool
 from tests.webhook_receiver import receiving
 from workers.webhooks import WebhookDeliverer
 
@@ -289,3 +291,15 @@ async def test_retention_takes_a_sessions_deliveries_with_it(store: SessionStore
     pruned = await store.prune_sessions(settled_before=datetime.now(UTC) + timedelta(seconds=1))
     assert pruned == 1
     assert await store.list_deliveries() == []
+
+
+async def test_a_tool_that_pauses_for_approval_has_webhooks_too(store: SessionStore) -> None:
+    """``define_tool(..., webhooks=...)``: the sweep announces the paused call's approval
+    opened, and its decision queues ``decided``, like an interrupt's."""
+    app, approval = await paused_tool(store)
+    hook = Webhook(url="http://127.0.0.1:9/tool", secret=SECRET)
+    app.transfer_money.webhooks = app.ai.webhooks.add([hook])
+    assert await announce_opened(app.ai, store) == 1
+    await decide(app.agent, approval, Decision(restart=True), decided_by="bob", approver=BOB)
+    queued = await store.list_deliveries(turn_id=approval.turn_id)
+    assert summary(queued) == [("decided", "tool"), ("opened", "tool")]
