@@ -55,6 +55,7 @@ from engine.turns.request import TurnRequest
 from engine.turns.runner import ChunkCallback, RunnerConfig
 from engine.turns.start import StartedTurn, start_turn
 from engine.turns.waiting import timed_out, wait_settled
+from engine.webhooks import WebhookRoutes
 
 __all__ = [
     "ABORT_WAIT",
@@ -123,6 +124,7 @@ class Agent:
         lenient_pinning: bool = False,
         migrations: Sequence[Migration] = (),
         config: Mapping[str, Any] | None = None,
+        webhooks: WebhookRoutes | None = None,
     ) -> None:
         if execution not in ("auto", "inline", "workers"):
             raise ValueError("execution must be 'auto', 'inline' or 'workers'.")
@@ -145,6 +147,8 @@ class Agent:
         self.state_schema = state_schema
         #: The generation config every model call of the agent carries.
         self.config: dict[str, Any] = dict(config or {})
+        #: The engine's webhooks: who hears of this agent's approvals (groups' and by URL).
+        self.webhooks = webhooks if webhooks is not None else WebhookRoutes()
         self.retry = retry or RetryPolicy()
         #: Whether the agent was given no policy of its own: ``turnstile worker --max-attempts``
         #: and ``--retry-backoff`` replace only such an agent's.

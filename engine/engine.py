@@ -18,6 +18,7 @@ from engine.store import SessionStore
 from engine.store.signals import AbortSignal
 from engine.tools import InterruptTool, Tool, ToolFn
 from engine.turns.executor import LeaseSettings, RetryPolicy
+from engine.webhooks import Webhook, WebhookRoutes
 
 __all__ = ["Engine", "EngineOptions"]
 
@@ -51,6 +52,9 @@ class Engine:
     ``unclaimed_warning``: the agents' seconds before a
     caller waiting for a queued turn that no worker claimed warns (default 30; 0 never).
 
+    ``webhooks`` (group → :class:`~engine.approvals.webhooks.Webhook` list) tells those
+    endpoints about every approval assigned to that group: opened, reminded, escalated to
+    it, decided (the worker pool delivers them; docs/webhooks.md).
     The engine reads no environment variable: a deployment's ``TURNSTILE_*`` values reach it
     as these arguments, ``Engine(model=..., **current_settings().engine_options())``
     (``stores.settings``).
@@ -65,6 +69,7 @@ class Engine:
         version: str | None = None,
         unclaimed_warning: float | None = None,
         lenient_pinning: bool = False,
+        webhooks: Mapping[str, Sequence[Webhook]] | None = None,
     ) -> None:
         if version is not None and not version.strip():
             raise ValueError("version must be a non-empty string (or None).")
@@ -82,6 +87,8 @@ class Engine:
         #: Abort signals of the turns running in this process, by turn id.
         self.local_aborts: dict[str, AbortSignal] = {}
         self.owner = f"{socket.gethostname()}:{os.getpid()}"
+        #: Group webhooks, and every webhook by URL (:mod:`engine.approvals.webhooks`).
+        self.webhooks = WebhookRoutes(webhooks)
 
     def migrate(
         self, *, from_version: str, agent: str | None = None
@@ -125,6 +132,7 @@ class Engine:
     def _register(self, tool: Tool) -> Tool:
         if tool.name in self.tools:
             raise ValueError(f"A tool named '{tool.name}' is already defined.")
+        self.webhooks.add(tool.webhooks)
         self.tools[tool.name] = tool
         return tool
 
@@ -140,6 +148,7 @@ class Engine:
         editable: bool = False,
         approvers: ApprovalPolicy | ApproverCheck | None = None,
         required_approvals: int | None = None,
+        webhooks: Sequence[Webhook] = (),
     ) -> Tool:
         """Define a tool. ``fn(input, ctx)`` is sync or async; ``ctx`` may be left out.
 
@@ -149,6 +158,7 @@ class Engine:
         ``editable=True`` lets an approver deciding a paused call of this tool (one that
         paused itself with ``ctx.interrupt()``) change its arguments before restarting it;
         ``approvers`` and ``required_approvals`` set who may decide such a call, as for
+        :meth:`define_interrupt`; ``webhooks`` hear of such a call's approval as for
         :meth:`define_interrupt`.
         """
         tool = Tool(
@@ -160,6 +170,7 @@ class Engine:
             idempotent=idempotent,
             editable=editable,
             approval_policy=policy_of(approvers, required_approvals),
+            webhooks=webhooks,
         )
         return self._register(tool)
 
@@ -201,6 +212,7 @@ class Engine:
         required_approvals: int | None = None,
         group: str | None = None,
         remind_every: float | timedelta | None = None,
+        webhooks: Sequence[Webhook] = (),
     ) -> InterruptTool:
         """Define an interrupt: a tool that pauses the turn until someone answers it.
 
@@ -211,7 +223,9 @@ class Engine:
         ``timeout`` with ``on_timeout`` (a default answer, ``"fail"``, or
         ``{"escalate": "group"}``), ``group`` and ``remind_every`` set what happens to an
         approval nobody answers (:mod:`engine.approvals.expiry`,
-        :mod:`engine.approvals.assignment`).
+        :mod:`engine.approvals.assignment`). ``webhooks``
+        (:class:`~engine.approvals.webhooks.Webhook`) are told when an approval of it opens,
+        is reminded about, escalates or is decided (docs/webhooks.md).
         """
         tool = InterruptTool(
             name=name,
@@ -224,6 +238,7 @@ class Engine:
             approval_policy=policy_of(approvers, required_approvals),
             group=group,
             remind_every=remind_every,
+            webhooks=webhooks,
         )
         self._register(tool)
         return tool
@@ -281,6 +296,7 @@ class Engine:
             lenient_pinning=self.lenient_pinning,
             migrations=self.migrations,
             config=config,
+            webhooks=self.webhooks,
         )
         self.agents[name] = agent
         return agent

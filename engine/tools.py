@@ -12,7 +12,7 @@ import contextlib
 import contextvars
 import inspect
 import threading
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -25,6 +25,7 @@ from engine.model import ToolSpec
 
 if TYPE_CHECKING:
     from engine.approval_policy import ApprovalPolicy
+    from engine.webhooks import Webhook
 
 __all__ = [
     "ESCALATE",
@@ -144,6 +145,7 @@ class Tool:
         idempotent: bool = True,
         editable: bool = False,
         approval_policy: ApprovalPolicy | None = None,
+        webhooks: Sequence[Webhook] = (),
     ) -> None:
         if not name:
             raise ValueError("A tool needs a name.")
@@ -161,6 +163,8 @@ class Tool:
         self.editable = editable
         #: Who may decide a paused call of this tool in the inbox (``None``: no policy).
         self.approval_policy = approval_policy
+        #: Who hears of this tool's approvals (:mod:`engine.approvals.webhooks`).
+        self.webhooks: tuple[Webhook, ...] = tuple(webhooks)
         self._fn_takes_ctx = _wants_context(fn) if fn is not None else False
         self._spec: ToolSpec | None = None
 
@@ -241,6 +245,7 @@ class InterruptTool(Tool):
         approval_policy: ApprovalPolicy | None = None,
         group: str | None = None,
         remind_every: float | timedelta | None = None,
+        webhooks: Sequence[Webhook] = (),
     ) -> None:
         super().__init__(
             name=name,
@@ -249,6 +254,7 @@ class InterruptTool(Tool):
             output_schema=output_schema,
             fn=None,
             approval_policy=approval_policy,
+            webhooks=webhooks,
         )
         self.metadata = metadata
         self.timeout = seconds_of(timeout, "timeout")

@@ -47,6 +47,7 @@ from stores.schema import (
     turns,
 )
 from stores.tool_calls import lock_open_call, open_approval, record_of, refuse_not_pending
+from stores.webhooks import add_deliveries
 
 __all__ = [
     "change_approval",
@@ -250,4 +251,6 @@ def change_approval(
         if row is None:
             refuse_not_pending(connection, turn_id, round, ref)
         decided = record_of(row)
+    # The outbox rows reporting the decision commit or roll back with it.
+    add_deliveries(connection, change.deliveries)
     return VoteOutcome(votes=votes, decided=decided)

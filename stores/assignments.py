@@ -33,6 +33,7 @@ from stores.database import record_from_row
 from stores.notify import CHANGE_CHANNEL, notify
 from stores.schema import approval_assignments, approval_queue
 from stores.tool_calls import lock_open_call, refuse_not_pending
+from stores.webhooks import add_deliveries
 
 __all__ = [
     "change_assignment",
@@ -162,6 +163,8 @@ def change_assignment(
     ).first()
     if row is not None:
         notify(connection, CHANGE_CHANNEL, turn_id)
+        # The outbox rows reporting the change, only when it was made (same transaction).
+        add_deliveries(connection, change.deliveries)
         return _assignment_of(row)
     if not connection.execute(
         sa.select(sa.literal(1)).where(_is_open(turn_id, round, ref))

@@ -21,6 +21,7 @@ from sqlalchemy.engine import URL
 from engine.status import TurnStatus
 from stores.database import normalise_url, utc
 from stores.schema import ACTIVE, TIMESTAMP, approval_queue, turns
+from stores.webhooks import count_pending
 
 __all__ = ["AgentGauges", "DatabaseGauges", "MonitoringDatabase"]
 
@@ -53,6 +54,8 @@ class DatabaseGauges:
 
     at: datetime
     agents: dict[str, AgentGauges] = field(default_factory=dict)
+    #: Webhook deliveries not yet delivered nor given up (the outbox's backlog).
+    webhooks_pending: int = 0
 
     def of(self, agent: str) -> AgentGauges:
         return self.agents.setdefault(agent, AgentGauges())
@@ -152,6 +155,7 @@ class MonitoringDatabase:
                 agent = gauges.of(row.agent)
                 agent.open_approvals = int(row.total)
                 agent.oldest_approval = _moment(row.oldest)
+            gauges.webhooks_pending = count_pending(connection)
         return gauges
 
     def dispose(self) -> None:

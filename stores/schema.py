@@ -33,6 +33,7 @@ __all__ = [
     "turns",
     "ui_login_failures",
     "ui_sessions",
+    "webhook_deliveries",
 ]
 
 metadata = sa.MetaData(
@@ -384,4 +385,43 @@ approval_assignments = sa.Table(
     ),
     sa.Column("reminders", sa.Integer, nullable=False, server_default="0"),
     comment="Assignment, escalation and reminders of approvals (migration 0010).",
+)
+
+webhook_deliveries = sa.Table(
+    "webhook_deliveries",
+    metadata,
+    sa.Column("id", sa.Text, primary_key=True, comment="Derived from event_id and url."),
+    sa.Column("event_id", sa.Text, nullable=False, comment="The event's id, alike for each url."),
+    sa.Column("event", sa.Text, nullable=False, comment="opened, reminded, escalated, decided."),
+    sa.Column("turn_id", sa.Text, nullable=False),
+    sa.Column("round", sa.Integer, nullable=False),
+    sa.Column("ref", sa.Text, nullable=False),
+    sa.Column("url", sa.Text, nullable=False, comment="The endpoint (its secret is not stored)."),
+    sa.Column("body", sa.Text, nullable=False, comment="The request body every attempt sends."),
+    sa.Column("occurred_at", TIMESTAMP, nullable=False, comment="When the event happened."),
+    sa.Column(
+        "status",
+        sa.Text,
+        nullable=False,
+        server_default="pending",
+        comment="pending, delivered, or failed (attempts exhausted).",
+    ),
+    sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("next_attempt_at", TIMESTAMP, nullable=False, comment="Due from then on."),
+    sa.Column("lease_token", sa.Text, comment="The claim of the worker sending it now."),
+    sa.Column("lease_expires_at", TIMESTAMP, comment="When another worker may claim it again."),
+    sa.Column("last_error", sa.Text, comment="Why the last attempt failed."),
+    sa.Column("delivered_at", TIMESTAMP, comment="When the endpoint accepted it."),
+    sa.ForeignKeyConstraint(
+        ["turn_id", "round", "ref"],
+        ["tool_calls.turn_id", "tool_calls.round", "tool_calls.ref"],
+        ondelete="CASCADE",
+    ),
+    # A turn's deliveries, and whether an approval was announced as opened.
+    sa.Index("ix_webhook_deliveries_turn_id", "turn_id", "round", "ref", "event"),
+    # The deliveries due, oldest first: what a worker claims, and the pending gauge.
+    _partial_index("ix_webhook_deliveries_due", "next_attempt_at", where="status = 'pending'"),
+    # The newest approval announced as opened (the sweep's watermark).
+    _partial_index("ix_webhook_deliveries_opened", "occurred_at", where="event = 'opened'"),
+    comment="The outbox of webhook deliveries about approvals (migration 0014).",
 )

@@ -50,6 +50,8 @@ from engine.store import (
     TurnRecord,
     Vote,
     VoteOutcome,
+    WebhookDelivery,
+    WebhookSettlement,
 )
 from engine.store.relay import ChunkBroker, ChunkSubscription
 from engine.store.rules import abort_target
@@ -66,6 +68,7 @@ from stores import tool_calls as call_sql
 from stores import turn_claims as claim_sql
 from stores import turn_versions as version_sql
 from stores import turns as turn_sql
+from stores import webhooks as webhook_sql
 from stores.database import Database, default_url, normalise_url, redact
 from stores.schema_check import SchemaCheck
 from stores.settings import DEFAULT_POOL_SIZE, current_settings
@@ -509,6 +512,50 @@ class SqlSessionStore:
     async def list_due_approvals(self, query: DueQuery) -> list[PendingApproval]:
         """See :meth:`engine.store.AssignmentBook.list_due_approvals`."""
         return await self._read(lambda c: assignment_sql.list_due_approvals(c, query))
+
+    # -- webhook outbox ----------------------------------------------------------------
+
+    async def add_deliveries(self, deliveries: Sequence[WebhookDelivery]) -> int:
+        """See :meth:`engine.store.WebhookOutbox.add_deliveries`."""
+        return await self._write(lambda c: webhook_sql.add_deliveries(c, deliveries))
+
+    async def opened_watermark(self) -> datetime | None:
+        """See :meth:`engine.store.WebhookOutbox.opened_watermark`."""
+        return await self._read(webhook_sql.opened_watermark)
+
+    async def list_unannounced(
+        self, interrupts: Collection[tuple[str, str]], *, since: datetime | None, limit: int
+    ) -> list[PendingApproval]:
+        """See :meth:`engine.store.WebhookOutbox.list_unannounced`."""
+        return await self._read(lambda c: webhook_sql.list_unannounced(c, interrupts, since, limit))
+
+    async def claim_deliveries(
+        self, *, urls: Collection[str], lease_token: str, lease_seconds: float, limit: int
+    ) -> list[WebhookDelivery]:
+        """See :meth:`engine.store.WebhookOutbox.claim_deliveries`."""
+        now = now_utc()
+        return await self._write(
+            lambda c: webhook_sql.claim_deliveries(
+                c,
+                urls=urls,
+                lease_token=lease_token,
+                lease_seconds=lease_seconds,
+                limit=limit,
+                now=now,
+            )
+        )
+
+    async def settle_delivery(self, settlement: WebhookSettlement) -> bool:
+        """See :meth:`engine.store.WebhookOutbox.settle_delivery`."""
+        return await self._write(lambda c: webhook_sql.settle_delivery(c, settlement))
+
+    async def list_deliveries(
+        self, *, turn_id: str | None = None, status: str | None = None, limit: int = 100
+    ) -> list[WebhookDelivery]:
+        """See :meth:`engine.store.WebhookOutbox.list_deliveries`."""
+        return await self._read(
+            lambda c: webhook_sql.list_deliveries(c, turn_id=turn_id, status=status, limit=limit)
+        )
 
     async def prune_sessions(self, *, settled_before: datetime, limit: int = 500) -> int:
         """See :meth:`engine.store.SessionStore.prune_sessions`."""

@@ -173,7 +173,13 @@ class DatabaseCollector(Collector):
             queue_age.add_metric([name], _age(gauges.at, agent.oldest_queued))
             approvals.add_metric([name], agent.open_approvals)
             approval_age.add_metric([name], _age(gauges.at, agent.oldest_approval))
+        webhooks = GaugeMetricFamily(
+            "turnstile_webhook_deliveries_pending",
+            "Webhook deliveries waiting to be delivered (due now or retrying later).",
+        )
+        webhooks.add_metric([], gauges.webhooks_pending)
         yield from (turns, running, depth, depth_by_version, queue_age, approvals, approval_age)
+        yield webhooks
 
     def _log_failure(self, exc: Exception) -> None:
         now = time.monotonic()
@@ -344,9 +350,18 @@ class EngineMetrics:
             ["reason"],
             registry=registry,
         )
+        self.webhook_deliveries = Counter(
+            "turnstile_webhook_deliveries",
+            "Attempts at webhook deliveries, by outcome: delivered, retried (failed, tried "
+            "again later) or failed (given up after the last attempt).",
+            ["outcome"],
+            registry=registry,
+        )
         # Zeros from the start, so a rate over these counters has a series before the first.
         for reason in ("refused", "limited"):
             self.ui_login_failures.labels(reason)
+        for outcome in ("delivered", "retried", "failed"):
+            self.webhook_deliveries.labels(outcome)
         for agent in agents:
             self.lease_losses.labels(agent)
             self.approvals_expired_total.labels(agent)
@@ -385,6 +400,9 @@ class EngineMetrics:
 
     def ui_login_failure(self, reason: str) -> None:
         self.ui_login_failures.labels(reason).inc()
+
+    def webhook_delivery(self, outcome: str) -> None:
+        self.webhook_deliveries.labels(outcome).inc()
 
 
 class Metrics:

@@ -10,7 +10,9 @@ Jobs: the expiry of long-lived approvals (:func:`engine.approvals.expiry.expire_
 the store already guards — running it on every worker at once decides each approval once — with the
 escalations and reminders of open approvals (:func:`engine.approvals.assignment.sweep_assignments`,
 guarded the same way), and, when a retention period is set, the pruning of sessions idle for longer
-than it (:meth:`engine.store.SessionStore.prune_sessions`, batched, under its own cluster lock).
+than it (:meth:`engine.store.SessionStore.prune_sessions`, batched, under its own cluster lock),
+and, when the engine configures webhooks, their delivery from the outbox
+(:class:`workers.webhooks.WebhookDeliverer`, leased per delivery, on every worker).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from engine import Engine
 from engine.approvals.assignment import sweep_assignments
 from engine.approvals.expiry import expire_approvals
 from engine.store import SessionStore
+from workers.webhooks import WebhookDeliverer
 
 __all__ = ["EXPIRY_LOCK", "RETENTION_LOCK", "MaintenanceScheduler"]
 
@@ -57,6 +60,7 @@ class MaintenanceScheduler:
         expiry_interval: float,
         retention: float | None = None,
         retention_interval: float = 300.0,
+        webhook_interval: float = 1.0,
     ) -> None:
         if expiry_interval <= 0:
             raise ValueError("expiry_interval must be positive.")
@@ -77,6 +81,9 @@ class MaintenanceScheduler:
         # which is irrelevant to interval jobs and can fail on minimal containers.
         self._scheduler: Any = AsyncIOScheduler(timezone=UTC)
         self._current: asyncio.Task[Any] | None = None  # the job run in progress, if any
+        #: Delivers the webhook outbox, when the engine configures any webhook.
+        self.webhooks = WebhookDeliverer(engine, store) if engine.webhooks.any else None
+        self.webhook_interval = webhook_interval
 
     @property
     def running(self) -> bool:
@@ -89,6 +96,8 @@ class MaintenanceScheduler:
         self._every(self.expiry_interval, self.run_expiry, "expire_approvals", "expire approvals")
         if self.retention is not None:
             self._every(self.retention_interval, self.run_retention, "prune_sessions", "retention")
+        if self.webhooks is not None:
+            self._every(self.webhook_interval, self.run_webhooks, "deliver_webhooks", "webhooks")
         self._scheduler.start()
 
     def _every(
@@ -122,6 +131,8 @@ class MaintenanceScheduler:
         # AsyncIOScheduler.shutdown only queues the real shutdown on the loop
         # (call_soon_threadsafe): yield once so it runs before our caller moves on.
         await asyncio.sleep(0)
+        if self.webhooks is not None:
+            await self.webhooks.aclose()
 
     async def run_expiry(self) -> None:
         """One run of the expiry job; never raises (a failure is logged and retried next
@@ -134,6 +145,18 @@ class MaintenanceScheduler:
         never raises (a failure is logged and retried next interval)."""
         if self.retention is not None:
             await self._run_locked(RETENTION_LOCK, self._prune, self.retention_interval)
+
+    async def run_webhooks(self) -> None:
+        """One run of the webhook job on this worker (no cluster lock: deliveries are
+        leased one by one, so workers share the outbox); never raises (a failure is logged
+        and the job runs again next interval)."""
+        if self.webhooks is None:
+            return
+        self._current = asyncio.current_task()
+        try:
+            await self.webhooks.run_once()
+        except Exception:
+            logger.exception("webhooks failed; will retry in %.1fs", self.webhook_interval)
 
     async def _run_locked(
         self, lock_name: str, work: Callable[[], Awaitable[None]], interval: float

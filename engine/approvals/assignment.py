@@ -39,6 +39,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from engine.approval_policy import ApprovalPolicy, ApprovalRefusedError, Approver, same_principal
+from engine.approvals.webhooks import change_deliveries
 from engine.errors import AgentError, FailedPreconditionError, InvalidArgumentError
 from engine.store import (
     ApprovalClaimedError,
@@ -50,6 +51,7 @@ from engine.store import (
     Key,
     PendingApproval,
     SessionStore,
+    WebhookDelivery,
 )
 from engine.store.rules import apply_change
 from engine.telemetry import instruments
@@ -432,8 +434,12 @@ async def _escalate_due(
     )
     change = AssignmentChange(action="escalate", by=ESCALATION_ACTOR, group=target, at=now)
     for approval in await store.list_due_approvals(query):
+        # Escalation heard by the interrupt's webhooks and the new group's.
+        hooks = change_deliveries(
+            agent, approval, "escalated", at=now, group=target, details={"escalated_to": target}
+        )
         try:
-            moved = await _change(agent, approval, change)
+            moved = await _change(agent, approval, change.model_copy(update={"deliveries": hooks}))
         except AgentError as error:  # decided meanwhile
             logger.info("escalation of %s:%s skipped: %s", approval.turn_id, approval.ref, error)
             continue
@@ -470,8 +476,16 @@ async def _remind_due(
     )
     change = AssignmentChange(action="remind", every_seconds=every, at=now)
     for approval in await store.list_due_approvals(query):
+        hooks: tuple[WebhookDelivery, ...] = ()
+        if agent.webhooks.any:  # a reminder is heard by the group holding the approval now
+            holder = await current_assignment(agent, approval)
+            hooks = change_deliveries(
+                agent, approval, "reminded", at=now, group=holder.group, assignee=holder.assignee
+            )
         try:
-            reminded = await _change(agent, approval, change)
+            reminded = await _change(
+                agent, approval, change.model_copy(update={"deliveries": hooks})
+            )
         except AgentError:
             continue
         if reminded is None:

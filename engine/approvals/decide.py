@@ -24,6 +24,7 @@ from engine.approval_policy import ApprovalPolicy, Approver
 from engine.approvals.assignment import check_may_decide
 from engine.approvals.edits import check_arguments_seen, make_edit, standing_edit
 from engine.approvals.rules import decision_rule, vote_rule
+from engine.approvals.webhooks import announcing_decision
 from engine.conversation.parts import RESUMED, Part
 from engine.conversation.schemas import SchemaViolation, to_jsonable
 from engine.errors import (
@@ -268,7 +269,11 @@ async def decide(
             approval.turn_id,
             approval.round,
             approval.ref,
-            decision_rule(answer, decided_by=decided_by, assignment_seen=assignment),
+            announcing_decision(
+                agent,
+                approval,
+                decision_rule(answer, decided_by=decided_by, assignment_seen=assignment),
+            ),
         )
         assert outcome.decided is not None  # a decision rule always decides
         decided = outcome.decided
@@ -292,16 +297,20 @@ async def decide(
             approval.turn_id,
             approval.round,
             approval.ref,
-            vote_rule(
-                voter=approver.id,
-                answer=answer,
-                approves=approves,
-                required=policy.required_approvals,
-                # Earlier votes approved other arguments: an edit starts the count again.
-                resets=decision.edit is not None,
-                # Counted only if no edit landed since the votes were read above.
-                edit_seen=standing,
-                assignment_seen=assignment,
+            announcing_decision(
+                agent,
+                approval,
+                vote_rule(
+                    voter=approver.id,
+                    answer=answer,
+                    approves=approves,
+                    required=policy.required_approvals,
+                    # Earlier votes approved other arguments: an edit starts the count again.
+                    resets=decision.edit is not None,
+                    # Counted only if no edit landed since the votes were read above.
+                    edit_seen=standing,
+                    assignment_seen=assignment,
+                ),
             ),
         )
         votes = outcome.votes

@@ -51,6 +51,8 @@ from engine.store import (
     TurnRecord,
     Vote,
     VoteOutcome,
+    WebhookDelivery,
+    WebhookSettlement,
 )
 from engine.store.relay import ChunkBroker, ChunkSubscription
 from engine.store.rules import (
@@ -65,6 +67,7 @@ from engine.store.rules import (
     check_session,
     check_transition,
     claim_after,
+    settled_fields,
     transition_changes,
 )
 from engine.store.signals import (
@@ -111,6 +114,7 @@ class InMemorySessionStore:
         self._events: dict[str, list[TurnEvent]] = {}
         self._votes: dict[str, dict[tuple[int, str], list[Vote]]] = {}
         self._assignments: dict[tuple[str, int, str], Assignment] = {}
+        self._deliveries: dict[str, WebhookDelivery] = {}
         #: Each agent definition a turn was pinned to, by fingerprint (first one kept).
         self._definitions: dict[str, dict[str, Any]] = {}
 
@@ -639,6 +643,7 @@ class InMemorySessionStore:
                 }
             )
             self._calls[turn_id][(round, ref)] = decided
+            self._add(change.deliveries)
         elif change.vote is not None:
             # No turn changed status: open inbox pages still re-read the vote count.
             self._any_change.fire(turn_id)
@@ -677,8 +682,95 @@ class InMemorySessionStore:
             self._assignments.setdefault(key, current)
             return None
         self._assignments[key] = changed
+        self._add(change.deliveries)
         self._any_change.fire(turn_id)
         return changed.model_copy()
+
+    def _add(self, deliveries: Sequence[WebhookDelivery]) -> int:
+        new = [d for d in deliveries if d.id not in self._deliveries]
+        for d in new:
+            self._deliveries[d.id] = d.model_copy(
+                update={"next_attempt_at": d.next_attempt_at or d.occurred_at}
+            )
+        return len(new)
+
+    async def add_deliveries(self, deliveries: Sequence[WebhookDelivery]) -> int:
+        """See :meth:`engine.store.WebhookOutbox.add_deliveries`."""
+        return self._add(deliveries)
+
+    async def opened_watermark(self) -> datetime | None:
+        """See :meth:`engine.store.WebhookOutbox.opened_watermark`."""
+        opened = [d.occurred_at for d in self._deliveries.values() if d.event == "opened"]
+        return max(opened, default=None)
+
+    async def list_unannounced(
+        self, interrupts: Collection[tuple[str, str]], *, since: datetime | None, limit: int
+    ) -> list[PendingApproval]:
+        """See :meth:`engine.store.WebhookOutbox.list_unannounced`."""
+        announced = {
+            (d.turn_id, d.round, d.ref) for d in self._deliveries.values() if d.event == "opened"
+        }
+        found = [
+            a
+            for a in await self.list_approvals(ApprovalQuery(limit=1000))
+            if (a.agent, a.interrupt) in set(interrupts)
+            and (since is None or a.created_at >= since)
+            and (a.turn_id, a.round, a.ref) not in announced
+        ]
+        return found[:limit]
+
+    async def claim_deliveries(
+        self, *, urls: Collection[str], lease_token: str, lease_seconds: float, limit: int
+    ) -> list[WebhookDelivery]:
+        """See :meth:`engine.store.WebhookOutbox.claim_deliveries`."""
+        now = _now()
+        due = sorted(
+            (
+                d
+                for d in self._deliveries.values()
+                if d.status == "pending"
+                and d.url in urls
+                and d.next_attempt_at is not None
+                and d.next_attempt_at <= now
+                and (d.lease_expires_at is None or d.lease_expires_at <= now)
+            ),
+            key=lambda d: (d.next_attempt_at or now, d.occurred_at, d.id),
+        )[:limit]
+        claimed = []
+        for d in due:
+            held = d.model_copy(
+                update={
+                    "lease_token": lease_token,
+                    "lease_expires_at": now + timedelta(seconds=lease_seconds),
+                    "attempts": d.attempts + 1,
+                }
+            )
+            self._deliveries[d.id] = held
+            claimed.append(held.model_copy())
+        return claimed
+
+    async def settle_delivery(self, settlement: WebhookSettlement) -> bool:
+        """See :meth:`engine.store.WebhookOutbox.settle_delivery`."""
+        held = self._deliveries.get(settlement.id)
+        if held is None or held.status != "pending" or held.lease_token != settlement.lease_token:
+            return False
+        self._deliveries[settlement.id] = held.model_copy(update=settled_fields(settlement))
+        return True
+
+    async def list_deliveries(
+        self, *, turn_id: str | None = None, status: str | None = None, limit: int = 100
+    ) -> list[WebhookDelivery]:
+        """See :meth:`engine.store.WebhookOutbox.list_deliveries`."""
+        found = sorted(
+            (
+                d.model_copy()
+                for d in self._deliveries.values()
+                if (turn_id is None or d.turn_id == turn_id)
+                and (status is None or d.status == status)
+            ),
+            key=lambda d: (d.occurred_at, d.event_id, d.url),
+        )
+        return found[:limit]
 
     async def list_due_approvals(self, query: DueQuery) -> list[PendingApproval]:
         """See :meth:`engine.store.AssignmentBook.list_due_approvals`."""
@@ -763,6 +855,8 @@ class InMemorySessionStore:
                     table.pop(turn_id, None)
                 for key in [k for k in self._assignments if k[0] == turn_id]:
                     del self._assignments[key]
+                for sent in [d.id for d in self._deliveries.values() if d.turn_id == turn_id]:
+                    del self._deliveries[sent]
             del self._sessions[session_id]
         # A branch in another session outlives its parent: it holds its own copy of the
         # conversation, and its parent reference goes with the parent.

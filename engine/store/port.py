@@ -40,6 +40,8 @@ from engine.store.records import (
     TurnRecord,
     Vote,
     VoteOutcome,
+    WebhookDelivery,
+    WebhookSettlement,
 )
 from engine.store.relay import ChunkSubscription
 from engine.store.signals import ChangeSubscription
@@ -61,6 +63,7 @@ __all__ = [
     "TurnQueue",
     "TurnTimeline",
     "VoteBook",
+    "WebhookOutbox",
 ]
 
 
@@ -368,6 +371,52 @@ class TurnTimeline(Protocol):
         ...
 
 
+class WebhookOutbox(Protocol):
+    """The durable queue of outgoing webhook deliveries (:mod:`engine.approvals.webhooks`).
+
+    Deliveries reporting a decision, an escalation or a reminder arrive with that change
+    (:attr:`ApprovalChange.deliveries`, :attr:`AssignmentChange.deliveries`) and are written
+    in its transaction; those announcing an opened approval through :meth:`add_deliveries`.
+    Writing a delivery whose ``id`` is kept already writes nothing, so every event is queued
+    once per endpoint however often it is written.
+    """
+
+    async def add_deliveries(self, deliveries: Sequence[WebhookDelivery]) -> int:
+        """Queue these deliveries (a kept ``id`` is skipped); how many were new."""
+        ...
+
+    async def opened_watermark(self) -> datetime | None:
+        """When the newest approval announced as opened was created (``None``: none yet)."""
+        ...
+
+    async def list_unannounced(
+        self, interrupts: Collection[tuple[str, str]], *, since: datetime | None, limit: int
+    ) -> list[PendingApproval]:
+        """Open approvals of these ``(agent, interrupt)`` pairs, created at or after ``since``
+        (``None``: any time), with no ``opened`` delivery queued yet, oldest first."""
+        ...
+
+    async def claim_deliveries(
+        self, *, urls: Collection[str], lease_token: str, lease_seconds: float, limit: int
+    ) -> list[WebhookDelivery]:
+        """Lease up to ``limit`` pending deliveries to ``urls`` (the endpoints the claimer
+        can sign for) that are due and not leased, oldest event first, counting the attempt:
+        two claimers never hold one delivery at once (a lease that expired, its worker gone,
+        is claimed again)."""
+        ...
+
+    async def settle_delivery(self, settlement: WebhookSettlement) -> bool:
+        """Record an attempt's outcome and release the lease; ``False`` (nothing written)
+        when the lease is no longer ``settlement.lease_token``'s."""
+        ...
+
+    async def list_deliveries(
+        self, *, turn_id: str | None = None, status: str | None = None, limit: int = 100
+    ) -> list[WebhookDelivery]:
+        """Deliveries of one turn and/or in one status, oldest event first."""
+        ...
+
+
 @runtime_checkable
 class SessionStore(
     TurnQueue,
@@ -380,6 +429,7 @@ class SessionStore(
     ApprovalHistory,
     ChangeFeed,
     TurnTimeline,
+    WebhookOutbox,
     Protocol,
 ):
     """Persistence of sessions, turns, rounds and the tool-call journal, the human side's

@@ -61,6 +61,9 @@ __all__ = [
     "TurnRecord",
     "Vote",
     "VoteOutcome",
+    "WebhookDelivery",
+    "WebhookEvent",
+    "WebhookSettlement",
 ]
 
 
@@ -503,6 +506,51 @@ class ApprovalChange:
     decides: bool = False
     answer: Any = None
     decided_by: str | None = None
+    #: Webhook deliveries reporting the decision, written to the outbox in the same transaction.
+    deliveries: tuple[WebhookDelivery, ...] = ()
+
+
+WebhookEvent = Literal["opened", "reminded", "escalated", "decided"]
+
+
+class WebhookDelivery(BaseModel):
+    """One webhook event for one endpoint, as the outbox keeps it until it is delivered or
+    given up (:mod:`engine.approvals.webhooks`).
+
+    ``id`` is derived from ``event_id`` and ``url``, so writing the same event twice keeps
+    one row; the endpoint's secret is never stored, only looked up by ``url`` when sending.
+    """
+
+    id: str
+    event_id: str
+    event: WebhookEvent
+    turn_id: str
+    round: int
+    ref: str
+    url: str
+    #: The request body, rendered once so every attempt sends the same bytes.
+    body: str
+    occurred_at: datetime
+    status: Literal["pending", "delivered", "failed"] = "pending"
+    attempts: int = 0
+    next_attempt_at: datetime | None = None
+    lease_token: str | None = None
+    lease_expires_at: datetime | None = None
+    last_error: str | None = None
+    delivered_at: datetime | None = None
+
+
+class WebhookSettlement(BaseModel):
+    """The outcome of one attempt at a claimed delivery, written only while the claim's
+    ``lease_token`` still holds it: ``delivered``, ``retry`` at ``retry_at``, or ``failed``
+    for good."""
+
+    id: str
+    lease_token: str
+    outcome: Literal["delivered", "retry", "failed"]
+    error: str | None = None
+    retry_at: datetime | None = None
+    at: datetime
 
 
 class AssignmentChangedError(ApprovalNotPendingError):
@@ -581,6 +629,8 @@ class AssignmentChange(BaseModel):
     every_seconds: float | None = None
     #: The moment of the change (``None``: the store's clock); the sweep passes its own.
     at: datetime | None = None
+    #: Webhook deliveries reporting the change, written only if the change is (same transaction).
+    deliveries: tuple[WebhookDelivery, ...] = ()
 
 
 class DueQuery(BaseModel):

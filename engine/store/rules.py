@@ -38,6 +38,7 @@ from engine.store.records import (
     ToolCallStatus,
     Transition,
     TurnRecord,
+    WebhookSettlement,
 )
 
 __all__ = [
@@ -58,6 +59,7 @@ __all__ = [
     "check_transition",
     "claim_after",
     "same_answer",
+    "settled_fields",
     "transition_changes",
 ]
 
@@ -334,3 +336,16 @@ def check_recorded(row: ToolCallRecord, answer: Any, snapshot_id: str | None = N
 def same_answer(recorded: Any, answer: Any) -> bool:
     """Whether two journal answers are the same decision (deep JSON equality)."""
     return canonical_json(recorded) == canonical_json(answer)
+
+
+def settled_fields(settlement: WebhookSettlement) -> dict[str, Any]:
+    """What recording ``settlement`` changes on its delivery: the lease released, and the
+    delivery delivered, given up, or due again at ``retry_at`` with the attempt's error."""
+    fields: dict[str, Any] = {"lease_token": None, "lease_expires_at": None}
+    if settlement.outcome == "delivered":
+        fields.update(status="delivered", delivered_at=settlement.at, last_error=None)
+    elif settlement.outcome == "failed":
+        fields.update(status="failed", last_error=settlement.error)
+    else:
+        fields.update(next_attempt_at=settlement.retry_at, last_error=settlement.error)
+    return fields

@@ -72,6 +72,10 @@ class Instrument(Protocol):
     def chunks_relayed(self, count: int, batches: int) -> None:
         """``count`` chunks of running turns left this process in ``batches`` transactions."""
 
+    def webhook_delivery(self, outcome: str) -> None:
+        """An attempt at a webhook delivery ended ``outcome``: ``delivered``, ``retried``
+        (it failed and will be tried again) or ``failed`` (given up)."""
+
     def ui_login_failure(self, reason: str) -> None:
         """A sign-in to the inbox UI failed: ``refused`` (the authenticator said no) or
         ``limited`` (too many failures: refused without asking)."""
@@ -168,6 +172,16 @@ def chunks_relayed(count: int, batches: int) -> None:
     if _refs:
         for instrument in instruments():
             instrument.chunks_relayed(count, batches)
+
+
+def webhook_delivery(outcome: str) -> None:
+    """Report a webhook delivery attempt to every instrument (see
+    :meth:`Instrument.webhook_delivery`)."""
+    for instrument in instruments():
+        # An instrument written before webhooks existed simply does not count them.
+        report = getattr(instrument, "webhook_delivery", None)
+        if report is not None:
+            report(outcome)
 
 
 def ui_login_failure(reason: str) -> None:

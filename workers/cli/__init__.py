@@ -41,6 +41,7 @@ from workers.cli.stats import stats
 from workers.cli.turns import turns
 from workers.cli.ui import ui
 from workers.cli.versions import migrate_turns
+from workers.cli.webhooks import webhooks
 from workers.cli.worker import worker
 
 __all__ = [
@@ -84,6 +85,7 @@ cli.add_command(turns)
 cli.add_command(approvals)
 cli.add_command(stats)
 cli.add_command(ui)
+cli.add_command(webhooks)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
