@@ -27,9 +27,9 @@ from engine.store import (
 )
 from engine.webhooks import Webhook
 from examples.banking import BankingApp
+from tests.integration.guarded_support import BOB
+from tests.integration.guarded_support import paused as paused_tool
 from tests.integration.test_approval_assignment import Paused, paused
-from tests.integration.test_edit_before_approve import BOB
-from tests.integration.test_edit_before_approve import paused as paused_tool
 from tests.webhook_receiver import receiving
 from workers.webhooks import WebhookDeliverer
 
