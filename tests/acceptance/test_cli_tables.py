@@ -6,7 +6,8 @@ against a database holding the banking example's turns (paused at approvals, fai
 completed), created through its agent. What a person sees must fit the terminal, show what
 each approval asks with its amount, and print each id whole, ready to paste into the next
 command; ``--wide`` shows every column. Every command taking an id (a turn's, an
-approval's, a browser session's) takes a unique prefix of it
+approval's, a browser session's) takes a unique prefix of it; deciding an approval through
+the example's app, whose signing key is published, takes ``--dev``
 (issue 33).
 """
 
@@ -343,12 +344,14 @@ async def test_approval_ids_by_prefix(banking_db: str) -> None:
     claimed = run(url, "approvals", "claim", "748c8e91-b", "--by", "dave", "--app", APP)
     assert claimed.status == 0, claimed.err
     assert claimed.out.startswith(f"{BOB}:approval-1: assigned to dave")
-    approved = run(
-        url, "approvals", "approve", f"{ALICE[:8]}:approval-1", "--by", "alice", "--app", APP
-    )
+    decide = ("approvals", "approve", f"{ALICE[:8]}:approval-1", "--by", "alice", "--app", APP)
+    # The example signs its client-managed agent's state with a published key.
+    refused = run(url, *decide)
+    assert refused.status == 2 and "--dev" in refused.err, refused
+    approved = run(url, *decide, "--dev")
     assert approved.status == 0, approved.err
     assert approved.out.startswith(f"{ALICE}:approval-1: ")
-    again = run(url, "approvals", "approve", ALICE[:8], "--by", "bob", "--app", APP)
+    again = run(url, "approvals", "approve", ALICE[:8], "--by", "bob", "--app", APP, "--dev")
     assert again.status == 1 and f"approval {ALICE}:approval-1 is no longer pending" in again.err
 
 
