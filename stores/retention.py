@@ -5,6 +5,11 @@ its latest turn is not paused at an interrupt — an open approval is kept howev
 because long-lived approvals are the point. Deletion is batched and takes the sessions' row
 locks (``SKIP LOCKED``), so it never waits behind, nor races, a turn being created: creating a
 turn locks its session row first.
+
+A batch costs its sessions, not the history (issue 34): it walks ``ix_sessions_updated_at``
+from the session idle longest, looks at each one's turns through ``(session_id, seq)``, and
+deletes their rows by key. It still steps over the old sessions it keeps (paused at an
+approval) on every batch.
 """
 
 from __future__ import annotations
@@ -25,27 +30,48 @@ _CHUNK = 500
 
 def prune_sessions(connection: Connection, *, settled_before: datetime, limit: int) -> int:
     """Delete up to ``limit`` prunable sessions idle since ``settled_before``; how many went."""
-    later = turns.alias("later")
-    recent_or_running = sa.exists().where(
-        turns.c.session_id == sessions.c.id,
-        sa.or_(
-            turns.c.status.in_([TurnStatus.PENDING.value, TurnStatus.ABORTING.value]),
-            turns.c.updated_at >= settled_before,
-        ),
+    # Scalar subqueries, not EXISTS: the planner runs them once per session the index walk
+    # reaches, reading that session's turns by key, where it turned an anti-join over
+    # EXISTS into reads of every turn.
+    recent_or_running = (
+        sa.select(sa.func.count())
+        .where(
+            turns.c.session_id == sessions.c.id,
+            sa.or_(
+                turns.c.status.in_([TurnStatus.PENDING.value, TurnStatus.ABORTING.value]),
+                turns.c.updated_at >= settled_before,
+            ),
+        )
+        .scalar_subquery()
     )
-    paused_latest = sa.exists().where(
-        turns.c.session_id == sessions.c.id,
-        turns.c.status == TurnStatus.COMPLETED.value,
-        turns.c.finish_reason == FinishReason.INTERRUPTED.value,
-        ~sa.exists().where(later.c.session_id == turns.c.session_id, later.c.seq > turns.c.seq),
+    latest_is_paused = (
+        sa.select(
+            sa.and_(
+                turns.c.status == TurnStatus.COMPLETED.value,
+                turns.c.finish_reason == FinishReason.INTERRUPTED.value,
+            )
+        )
+        .where(turns.c.session_id == sessions.c.id)
+        .order_by(turns.c.seq.desc())
+        .limit(1)
+        .scalar_subquery()
     )
+    # The oldest idle sessions first, in the order of ix_sessions_updated_at: a batch reads
+    # the index from its start and stops once it holds ``limit`` sessions to delete.
     candidates = (
         sa.select(sessions.c.id)
-        .where(sessions.c.updated_at < settled_before, ~recent_or_running, ~paused_latest)
-        .order_by(sessions.c.updated_at)
+        .where(
+            sessions.c.updated_at < settled_before,
+            recent_or_running == 0,
+            latest_is_paused.is_not(True),
+        )
+        .order_by(sessions.c.updated_at, sessions.c.id)
         .limit(limit)
     )
     if connection.dialect.name == "postgresql":
+        # The planner cannot tell how soon the walk finds a batch, so it costs the whole
+        # index and would JIT-compile a statement that runs in milliseconds, for longer.
+        connection.exec_driver_sql("SET LOCAL jit = off")
         # Lock the chosen sessions: a concurrent create_turn (which locks its session row
         # first) waits for us instead of adding a turn to a session being deleted; sessions
         # somebody else holds are skipped until the next run.

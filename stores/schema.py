@@ -102,6 +102,8 @@ sessions = sa.Table(
     sa.Column("owner", sa.Text),
     sa.Column("created_at", TIMESTAMP, nullable=False),
     sa.Column("updated_at", TIMESTAMP, nullable=False),
+    # Retention takes the sessions idle longest first, a batch at a time (migration 0017).
+    sa.Index("ix_sessions_updated_at", "updated_at", "id"),
     comment="One conversation with one agent: a chain (or tree) of turns.",
 )
 

@@ -1,11 +1,13 @@
 """The operator's tables in a real terminal, and ids given by their first characters.
 
-``turnstile turns ls`` and ``approvals ls`` run as ``python -m workers.cli`` processes on a
-pseudo-terminal 80 columns wide, against a database holding the banking example's turns
-(paused at approvals, failed, completed), created through its agent. What a person sees
-must fit the terminal, show what each approval asks with its amount, and print each id
-whole, ready to paste into the next command; ``--wide`` shows every column. Every command
-taking an id (a turn's, an approval's, a browser session's) takes a unique prefix of it
+``turnstile turns ls``, ``approvals ls``, and the tables of ``turns show`` and ``turns
+retry``, run as ``python -m workers.cli`` processes on a pseudo-terminal 80 columns wide,
+against a database holding the banking example's turns (paused at approvals, failed,
+completed), created through its agent. What a person sees must fit the terminal, show what
+each approval asks with its amount, and print each id whole, ready to paste into the next
+command; ``--wide`` shows every column. Every command taking an id (a turn's, an
+approval's, a browser session's) takes a unique prefix of it; deciding an approval through
+the example's app, whose signing key is published, takes ``--dev``
 (issue 33).
 """
 
@@ -163,6 +165,12 @@ async def sqlite_banking_db() -> str:
     return url
 
 
+def _table(lines: list[str], title: str) -> list[str]:
+    """The title, header and first row of the table titled ``title``."""
+    start = next(n for n, line in enumerate(lines) if line.strip() == title)
+    return lines[start : start + 3]
+
+
 def _rows(lines: list[str]) -> Iterator[tuple[str, str]]:
     """Each row's first cell (its id) and the row's line, for lines starting a row."""
     for line in lines[1:]:
@@ -193,7 +201,9 @@ async def test_approvals_ls_fits_80_columns_and_each_id_pastes(sqlite_banking_db
 
 async def test_turns_ls_fits_80_columns_and_each_id_pastes(sqlite_banking_db: str) -> None:
     """At 80 columns every line of ``turns ls`` fits, each turn's id is whole and names it
-    in ``turns show``, and a paused turn says what its approval asks."""
+    in ``turns show``, and a paused turn says what its approval asks; so do the tool calls
+    of ``turns show`` (what each call asks first; the columns empty in every call left out)
+    and the turns ``turns retry`` retried (how each ended; both ids pasteable)."""
     url = sqlite_banking_db
     lines = in_terminal(url, "turns", "ls")
     assert all(len(line) <= 80 for line in lines), lines
@@ -207,6 +217,23 @@ async def test_turns_ls_fits_80_columns_and_each_id_pastes(sqlite_banking_db: st
         assert done.status == 0, done.err
         resolved.add(done.json()["turn"]["id"])  # type: ignore[index]
     assert resolved == {turn_id for turn_id, _ in SEEDS}
+    # The tables of `turns show` and `turns retry` keep to the same rules.
+    shown = in_terminal(url, "turns", "show", ALICE[:8])
+    assert all(len(line) <= 80 for line in shown), shown
+    calls = _table(shown, "Tool calls")
+    assert calls[1].split() == ["ROUND", "REF", "CALL", "STATE"], calls
+    assert calls[2].split()[:3] == ["1", "approval-1", "userApproval:"], calls
+    assert "Transfer $1234567 to alice" in "\n".join(calls)
+    retried = in_terminal(url, "turns", "retry", FAILED[:8], "--app", APP)
+    table = _table(retried, "Retried")
+    assert all(len(line) <= 80 for line in table), table
+    assert table[1].split() == ["TURN", "RETRY", "TURN", "ENDED", "AGENT"], table
+    turn, retry_turn, *ended = table[2].split()
+    assert " ".join(ended) == "INTERNAL: Scripted model failure bankingAgent"
+    for pasted, kind in ((turn, "message"), (retry_turn, "retry")):
+        found = run(url, "turns", "show", pasted, "--json")
+        assert found.status == 0, found.err
+        assert found.json()["turn"]["input"]["kind"] == kind  # type: ignore[index]
 
 
 async def test_wide_shows_every_column_with_whole_ids(sqlite_banking_db: str) -> None:
@@ -245,6 +272,21 @@ async def test_wide_shows_every_column_with_whole_ids(sqlite_banking_db: str) ->
     assert all(turn_id in "\n".join(turns) for turn_id, _ in SEEDS)
     default = in_terminal(url, "approvals", "ls")
     assert not {"DEADLINE", "ASSIGNEE", "GROUP"} & set(default[0].split())
+    calls = _table(in_terminal(url, "turns", "show", ALICE, "--wide"), "Tool calls")
+    assert calls[1].split() == [
+        "ROUND",
+        "REF",
+        "NAME",
+        "STATE",
+        "IDEMPOTENCY",
+        "KEY",
+        "INPUT",
+        "RESULT",
+        "DECIDED",
+        "BY",
+    ]
+    assert f"{ALICE}:approval-1" in calls[2]
+    assert '{"action": "transferMoney", "details": "Transfer $1234567 to alice"}' in calls[2]
 
 
 async def test_turn_ids_by_prefix(banking_db: str) -> None:
@@ -302,12 +344,14 @@ async def test_approval_ids_by_prefix(banking_db: str) -> None:
     claimed = run(url, "approvals", "claim", "748c8e91-b", "--by", "dave", "--app", APP)
     assert claimed.status == 0, claimed.err
     assert claimed.out.startswith(f"{BOB}:approval-1: assigned to dave")
-    approved = run(
-        url, "approvals", "approve", f"{ALICE[:8]}:approval-1", "--by", "alice", "--app", APP
-    )
+    decide = ("approvals", "approve", f"{ALICE[:8]}:approval-1", "--by", "alice", "--app", APP)
+    # The example signs its client-managed agent's state with a published key.
+    refused = run(url, *decide)
+    assert refused.status == 2 and "--dev" in refused.err, refused
+    approved = run(url, *decide, "--dev")
     assert approved.status == 0, approved.err
     assert approved.out.startswith(f"{ALICE}:approval-1: ")
-    again = run(url, "approvals", "approve", ALICE[:8], "--by", "bob", "--app", APP)
+    again = run(url, "approvals", "approve", ALICE[:8], "--by", "bob", "--app", APP, "--dev")
     assert again.status == 1 and f"approval {ALICE}:approval-1 is no longer pending" in again.err
 
 

@@ -307,13 +307,23 @@ def test_a_metrics_scrape_reads_the_open_approvals_from_their_index() -> None:
     }
 
 
-def test_a_retention_batch_deletes_its_sessions_through_indexes() -> None:
-    """A batch of 50 sessions out of 20,000 (a batch is a sliver of a long history) deletes
-    their turns, messages, journal rows and events by key: no statement after the choice of
-    sessions scans a whole table."""
+#: Sessions a retention batch deletes in the plan test: a sliver of the history.
+BATCH = 50
+
+
+def test_a_retention_batch_reads_and_deletes_through_indexes() -> None:
+    """A batch of 50 sessions out of 20,000 (a batch is a sliver of a long history) chooses
+    its sessions by walking ix_sessions_updated_at from the oldest, looking at each one's
+    turns by key, and deletes their turns, messages, journal rows and events by key: no
+    statement scans a whole table, and the choice reads about a batch's worth of rows."""
     with postgres_url() as url:
         with psycopg.connect(libpq_dsn(url), autocommit=True) as connection:
             _populate(connection)
+            connection.execute(
+                """UPDATE sessions
+                   SET updated_at = now() - (%(n)s - substr(id, 2)::int) * interval '2s'""",
+                {"n": SESSIONS},
+            )
             connection.execute(
                 """INSERT INTO messages (turn_id, round, position, role, content, committed,
                                          created_at)
@@ -330,14 +340,31 @@ def test_a_retention_batch_deletes_its_sessions_through_indexes() -> None:
 
         def prune(connection: Connection) -> Any:
             with connection.begin():
-                return retention_sql.prune_sessions(connection, settled_before=later, limit=50)
+                return retention_sql.prune_sessions(connection, settled_before=later, limit=BATCH)
 
         sent = _statements(url, prune)
+        choices = {
+            statement: _analyzed(url, statement, parameters)
+            for statement, parameters in sent
+            if statement.lstrip().startswith("SELECT")
+        }
         plans = {
             statement: _explained(url, statement, parameters)
             for statement, parameters in sent
             if statement.lstrip().startswith(("DELETE", "UPDATE"))
         }
+    # Costed as a walk of the whole index, the choice would be JIT-compiled for longer
+    # than it runs.
+    assert ("SET LOCAL jit = off", None) in [(s, p or None) for s, p in sent[:1]], sent[:1]
+    assert len(choices) == 2, list(choices)
+    [sessions_chosen] = [s for s in choices if "FROM sessions" in s]
+    for statement, nodes in choices.items():
+        detail = f"{statement}\n{json.dumps(nodes[0], indent=1)}"
+        assert _seq_scans(nodes) == set(), detail
+        assert _rows_visited(nodes, "sessions") <= 2 * BATCH, detail
+        assert _rows_visited(nodes, "turns") <= 10 * BATCH, detail
+    scans = {n.get("Index Name") for n in choices[sessions_chosen] if "Relation Name" in n}
+    assert "ix_sessions_updated_at" in scans, scans
     assert len(plans) == 6, list(plans)
     for statement, nodes in plans.items():
         assert _seq_scans(nodes) == set(), f"{statement}\n{json.dumps(nodes[0], indent=1)}"

@@ -8,7 +8,8 @@ restriction are not checked (the operator holds the database), the claim guard a
 :func:`engine.approvals.decide.decide` with the app's agent (``--app``), the call behind
 ``POST /inbox/{id}/decision``: the answer is checked against the interrupt's output schema,
 recorded once (a second decision is refused, exit 1), with ``--by`` as ``decided_by``; the
-last decision of a paused turn queues its resume for the workers.
+last decision of a paused turn queues its resume for the workers. Like ``worker``, they
+refuse an app whose client-managed agents sign with a published key unless ``--dev``.
 """
 
 from __future__ import annotations
@@ -77,8 +78,8 @@ from workers.cli.output import (
     short,
     table,
 )
-from workers.cli.params import db_option, option
-from workers.cli.startup import Refused
+from workers.cli.params import db_option, dev_option, option
+from workers.cli.startup import Refused, allow_prompt_edits, check_keys
 
 __all__ = ["approvals", "assignment_fields", "yes_no_answer"]
 
@@ -485,6 +486,17 @@ async def _decide_on_store(
         raise Refused(str(exc)) from exc
 
 
+def _open_deciding_app(app_spec: str, db: str | None, *, dev: bool) -> tuple[Engine, str]:
+    """The app a decision resumes turns through, checked as ``turnstile worker`` checks it:
+    a client-managed agent signing with a published or missing key is refused unless
+    ``dev``, which also lets a turn paused before a prompt edit resume."""
+    engine, url = open_app(app_spec, db)
+    check_keys(engine, dev=dev)
+    if dev:
+        allow_prompt_edits(engine)
+    return engine, url
+
+
 def _decide_command(verb: str, help_text: str) -> click.Command:
     @approvals.command(verb, help=help_text, short_help=help_text.split(" (")[0].rstrip(".") + ".")
     @click.argument("approval", metavar="ID")
@@ -513,6 +525,7 @@ def _decide_command(verb: str, help_text: str) -> click.Command:
     @option("--by", required=True, metavar="NAME", help="who decides (recorded as decided_by)")
     @option("--app", required=True, metavar="MODULE:ATTR", help="the app's Engine")
     @db_option
+    @dev_option
     @json_option
     def command(
         approval: str,
@@ -522,12 +535,13 @@ def _decide_command(verb: str, help_text: str) -> click.Command:
         by: str,
         app: str,
         db: str | None,
+        dev: bool,
         as_json: bool,
     ) -> int:
         given = _answer_value(answer, answer_file)
         if not by.strip():
             raise click.BadParameter("must name who decides", param_hint="--by")
-        engine, url = open_app(app, db)
+        engine, url = _open_deciding_app(app, db, dev=dev)
 
         async def run(store: SqlSessionStore) -> tuple[str, DecisionOutcome]:
             return await _decide_on_store(
@@ -614,9 +628,10 @@ restart = _decide_command(
 @option("--by", required=True, metavar="NAME", help="who decides (recorded as decided_by)")
 @option("--app", required=True, metavar="MODULE:ATTR", help="the app's Engine")
 @db_option
+@dev_option
 @json_option
 def reject_command(
-    approval: str, reason: str, by: str, app: str, db: str | None, as_json: bool
+    approval: str, reason: str, by: str, app: str, db: str | None, dev: bool, as_json: bool
 ) -> int:
     if not by.strip():
         raise click.BadParameter("must name who decides", param_hint="--by")
@@ -627,7 +642,7 @@ def reject_command(
             f"must be 1 to {MAX_REASON_LENGTH} characters, not only spaces",
             param_hint="--reason",
         ) from exc
-    engine, url = open_app(app, db)
+    engine, url = _open_deciding_app(app, db, dev=dev)
 
     async def run(store: SqlSessionStore) -> tuple[str, DecisionOutcome]:
         return await _decide_on_store(store, engine, app, approval, by, lambda _entry: decision)

@@ -37,6 +37,7 @@ __all__ = [
     "part_text",
     "print_columns",
     "print_listing",
+    "print_rows",
     "short",
     "stderr_console",
     "table",
@@ -202,7 +203,12 @@ def _text(value: Any) -> str:
 
 
 def _listing(
-    columns: Sequence[Column[T]], rows: Sequence[T], *, drop_empty: bool, width: int
+    columns: Sequence[Column[T]],
+    rows: Sequence[T],
+    *,
+    drop_empty: bool,
+    width: int,
+    title: str | None = None,
 ) -> Table:
     """The listing's table: no frame, two spaces between columns; each id column as wide as
     its longest id, and only the summary folding. When even that is wider than ``width``,
@@ -221,7 +227,15 @@ def _listing(
     optional = [index for index in kept if not (columns[index].is_id or columns[index].folds)]
     while optional and sum(map(needs, kept)) + COLUMN_GAP * (len(kept) - 1) > width:
         kept.remove(optional.pop())
-    shown = Table(box=None, pad_edge=False, padding=(0, COLUMN_GAP // 2), header_style="bold")
+    shown = Table(
+        title=title,
+        title_justify="left",
+        title_style="bold",
+        box=None,
+        pad_edge=False,
+        padding=(0, COLUMN_GAP // 2),
+        header_style="bold",
+    )
     for index in kept:
         column = columns[index]
         shown.add_column(
@@ -255,9 +269,23 @@ def print_columns(
     elif not rows:
         click.echo(empty, err=True)
     else:
-        out = console(unbounded=wide)
-        chosen = wide_columns if wide else columns
-        out.print(_listing(chosen, rows, drop_empty=not wide, width=out.width))
+        print_rows(rows, wide=wide, columns=columns, wide_columns=wide_columns)
+
+
+def print_rows(
+    rows: Sequence[T],
+    *,
+    wide: bool,
+    columns: Sequence[Column[T]],
+    wide_columns: Sequence[Column[T]],
+    title: str | None = None,
+) -> None:
+    """Print ``rows`` as a listing prints them (a part of a larger answer, under its
+    ``title``): ``columns`` that fit the terminal, those empty in every row left out, or
+    with ``wide`` every one of ``wide_columns``, nothing folded."""
+    out = console(unbounded=wide)
+    chosen = wide_columns if wide else columns
+    out.print(_listing(chosen, rows, drop_empty=not wide, width=out.width, title=title))
 
 
 def fields(pairs: Mapping[str, Any]) -> Table:

@@ -11,6 +11,7 @@ wait for them. The JSON shapes are documented in ``docs/cli.md``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -19,7 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from engine.errors import AgentError
 from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus
-from engine.store import ToolCallRecord, TurnInput, TurnRecord
+from engine.store import ToolCallRecord, TurnError, TurnInput, TurnRecord
 from engine.turns.request import TurnRequest
 from stores.operations import PAUSED, TurnDetail, TurnQuery, TurnRow, WaitingApproval
 from stores.sql import SqlSessionStore
@@ -48,6 +49,7 @@ from workers.cli.output import (
     iso,
     message_text,
     print_columns,
+    print_rows,
     seconds_since,
     short,
     stderr_console,
@@ -64,6 +66,8 @@ RETRYABLE = (TurnStatus.FAILED, TurnStatus.ABORTED)
 LISTED_OUTCOMES = 20
 #: Messages of the history a folded conversation shows before the turn's own.
 FOLDED_HISTORY = 2
+#: One turn ``retry`` retried or skipped, as ``--json`` prints it.
+Outcome = dict[str, Any]
 
 
 def _app_option(function: Any) -> Any:
@@ -132,8 +136,13 @@ def _summary(row: TurnRow) -> str:
     if row.waiting:
         return "; ".join(in_words(w.interrupt, w.input) for w in row.waiting)
     if row.error is not None:
-        return f"{row.error.status}: {' '.join(row.error.message.split())}"
+        return _error_text(row.error)
     return row.message_text or row.input_kind
+
+
+def _error_text(error: TurnError) -> str:
+    """A turn's error on one line: ``STATUS: message``."""
+    return f"{error.status}: {' '.join(error.message.split())}"
 
 
 async def _listed(
@@ -281,15 +290,17 @@ def detail_wire(detail: TurnDetail, now: datetime) -> dict[str, Any]:
     }
 
 
-def _call_result(call: ToolCallRecord) -> str:
+def _call_result(call: ToolCallRecord, width: int | None = 80) -> str:
+    """What a call returned, its error, or the answer it was resumed with (cut to
+    ``width``; ``None``: whole)."""
     if call.error is not None:
-        return "error: " + short(call.error, 80)
+        return "error: " + short(call.error, width)
     if call.answer is not None:
-        return "answer: " + short(call.answer, 80)
-    return short(call.output, 80)
+        return "answer: " + short(call.answer, width)
+    return short(call.output, width)
 
 
-def _print_detail(detail: TurnDetail, now: datetime, full: bool) -> None:
+def _print_detail(detail: TurnDetail, now: datetime, *, full: bool, wide: bool) -> None:
     turn = detail.turn
     out = console()
     out.print(
@@ -346,34 +357,28 @@ def _print_detail(detail: TurnDetail, now: datetime, full: bool) -> None:
     out.print("\n".join(lines) or "  (empty)", markup=False)
     if detail.calls:
         out.print()
-        out.print(
-            table(
-                "Tool calls",
-                [
-                    "ROUND",
-                    "REF",
-                    "NAME",
-                    "STATE",
-                    "IDEMPOTENCY KEY",
-                    "INPUT",
-                    "RESULT",
-                    "DECIDED BY",
-                ],
-                (
-                    [
-                        c.round,
-                        c.ref,
-                        c.name,
-                        c.status.value,
-                        c.idempotency_key,
-                        short(c.input, 40 if not full else 400),
-                        _call_result(c),
-                        c.decided_by or "",
-                    ]
-                    for c in detail.calls
-                ),
-                no_wrap=["IDEMPOTENCY KEY"],
-            )
+        print_rows(
+            detail.calls,
+            wide=wide,
+            title="Tool calls",
+            columns=[
+                Column("ROUND", lambda c: c.round),
+                Column("REF", lambda c: c.ref, is_id=True),
+                Column("CALL", lambda c: in_words(c.name, c.input), folds=True),
+                Column("STATE", lambda c: c.status.value),
+                Column("RESULT", _call_result, folds=True),
+                Column("DECIDED BY", lambda c: c.decided_by),
+            ],
+            wide_columns=[
+                Column("ROUND", lambda c: c.round),
+                Column("REF", lambda c: c.ref, is_id=True),
+                Column("NAME", lambda c: c.name),
+                Column("STATE", lambda c: c.status.value),
+                Column("IDEMPOTENCY KEY", lambda c: c.idempotency_key, is_id=True),
+                Column("INPUT", lambda c: short(c.input, None)),
+                Column("RESULT", lambda c: _call_result(c, None)),
+                Column("DECIDED BY", lambda c: c.decided_by),
+            ],
         )
 
 
@@ -388,8 +393,9 @@ def _cut(text: str, width: int | None) -> str:
 @click.argument("turn_id", metavar="ID")
 @db_option
 @named_option("--full", "full", is_flag=True, help="the whole conversation, nothing cut")
+@wide_option
 @json_option
-def show(turn_id: str, db: str | None, full: bool, as_json: bool) -> int:
+def show(turn_id: str, db: str | None, full: bool, wide: bool, as_json: bool) -> int:
     """Show one turn: status, error, conversation, rounds and tool calls."""
 
     async def read(store: SqlSessionStore) -> TurnDetail | None:
@@ -403,7 +409,7 @@ def show(turn_id: str, db: str | None, full: bool, as_json: bool) -> int:
     if as_json:
         emit_json(detail_wire(detail, now))
     else:
-        _print_detail(detail, now, full)
+        _print_detail(detail, now, full=full, wide=wide)
     return 0
 
 
@@ -557,6 +563,7 @@ async def _retry_targets(
 )
 @_app_option
 @db_option
+@wide_option
 @json_option
 def retry(
     turn_ids: tuple[str, ...],
@@ -567,6 +574,7 @@ def retry(
     dry_run: bool,
     app: str | None,
     db: str | None,
+    wide: bool,
     as_json: bool,
 ) -> int:
     """Retry failed or aborted turns, each from its last completed round."""
@@ -589,23 +597,56 @@ def retry(
         if statuses
         else None
     )
+    abbreviate = not (wide or as_json)
     if dry_run:
-        chosen, skipped = run_on_store(db, lambda store: _retry_targets(store, turn_ids, query))
-        retried: list[dict[str, Any]] = [
-            {"turn_id": t.id, "agent": t.agent, "retry_id": None} for t in chosen
-        ]
+
+        async def plan(store: SqlSessionStore) -> _Retries:
+            chosen, skipped = await _retry_targets(store, turn_ids, query)
+            retried = [{"turn_id": t.id, "agent": t.agent, "retry_id": None} for t in chosen]
+            return await _outcomes(store, chosen, retried, skipped, abbreviate=abbreviate)
+
+        outcomes = run_on_store(db, plan)
     else:
         engine, url = open_app(_require_app(app, "retry"), db)
 
-        async def run(store: SqlSessionStore) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        async def run(store: SqlSessionStore) -> _Retries:
             chosen, skipped = await _retry_targets(store, turn_ids, query)
             for turn in chosen:  # an unknown agent is a usage error before anything is queued
                 agent_of(engine, turn.agent, str(app))
-            return await _retry_all(engine, chosen, skipped, quiet=as_json)
+            retried, skipped = await _retry_all(engine, chosen, skipped, quiet=as_json)
+            return await _outcomes(store, chosen, retried, skipped, abbreviate=abbreviate)
 
-        retried, skipped = run_on_app(engine, url, run)
-    _report_retries(retried, skipped, dry_run=dry_run, as_json=as_json)
-    return 1 if skipped else 0
+        outcomes = run_on_app(engine, url, run)
+    _report_retries(outcomes, dry_run=dry_run, wide=wide, as_json=as_json)
+    return 1 if outcomes.skipped else 0
+
+
+@dataclass(frozen=True)
+class _Retries:
+    """What ``turns retry`` did (or would do), and how to print its turns."""
+
+    retried: list[dict[str, Any]]
+    skipped: list[dict[str, Any]]
+    #: Each chosen turn's id → how it ended (its error, or ``aborted``).
+    ended: dict[str, str]
+    #: Each retried and retry turn's id → its shortest unique prefix (none when not wanted).
+    short_ids: dict[str, str]
+
+
+async def _outcomes(
+    store: SqlSessionStore,
+    chosen: list[TurnRow | TurnRecord],
+    retried: list[dict[str, Any]],
+    skipped: list[dict[str, Any]],
+    *,
+    abbreviate: bool,
+) -> _Retries:
+    ids = [r["turn_id"] for r in retried] + [r["retry_id"] for r in retried if r["retry_id"]]
+    short_ids = (
+        await store.id_prefixes("turn", ids, shortest=SHORT_ID) if abbreviate and ids else {}
+    )
+    ended = {t.id: _error_text(t.error) if t.error else t.status.value for t in chosen}
+    return _Retries(retried, skipped, ended, short_ids)
 
 
 async def _retry_all(
@@ -642,40 +683,35 @@ async def _retry_all(
     return retried, skipped
 
 
-def _report_retries(
-    retried: list[dict[str, Any]], skipped: list[dict[str, Any]], *, dry_run: bool, as_json: bool
-) -> None:
+def _report_retries(outcomes: _Retries, *, dry_run: bool, wide: bool, as_json: bool) -> None:
+    retried, skipped = outcomes.retried, outcomes.skipped
     if as_json:
         emit_json({"dry_run": dry_run, "retried": retried, "skipped": skipped})
         return
-    out = console()
     if retried and (dry_run or len(retried) <= LISTED_OUTCOMES):
-        out.print(
-            table(
-                "Would retry" if dry_run else "Retried",
-                ["TURN", "AGENT"] if dry_run else ["TURN", "AGENT", "RETRY TURN"],
-                (
-                    [r["turn_id"], r["agent"]] + ([] if dry_run else [r["retry_id"]])
-                    for r in retried
-                ),
-                no_wrap=["TURN", "RETRY TURN"],
-            )
-        )
+
+        def shown(turn_id: str) -> str:
+            return outcomes.short_ids.get(turn_id, turn_id)
+
+        turn = Column[Outcome]("TURN", lambda r: shown(r["turn_id"]), is_id=True)
+        retry_turn = Column[Outcome]("RETRY TURN", lambda r: shown(r["retry_id"]), is_id=True)
+        ended = Column[Outcome]("ENDED", lambda r: outcomes.ended.get(r["turn_id"]), folds=True)
+        agent = Column[Outcome]("AGENT", lambda r: r["agent"])
+        columns = [turn, ended, agent] if dry_run else [turn, retry_turn, ended, agent]
+        title = "Would retry" if dry_run else "Retried"
+        print_rows(retried, wide=wide, title=title, columns=columns, wide_columns=columns)
     if skipped:
-        out.print(
-            table(
-                "Skipped",
-                ["TURN", "WHY"],
-                ([s["turn_id"], s["reason"]] for s in skipped),
-                no_wrap=["TURN"],
-            )
-        )
+        reasons = [
+            Column[Outcome]("TURN", lambda s: s["turn_id"], is_id=True),
+            Column[Outcome]("WHY", lambda s: s["reason"], folds=True),
+        ]
+        print_rows(skipped, wide=wide, title="Skipped", columns=reasons, wide_columns=reasons)
     verb = "would retry" if dry_run else "retried"
     summary = f"{verb} {len(retried)} turn{'s' if len(retried) != 1 else ''}"
     summary += f", skipped {len(skipped)}" if skipped else ""
     if not dry_run and retried:
         summary += "; the workers run them (follow with `turnstile turns ls --status pending`)"
-    out.print(summary + ".", markup=False)
+    console().print(summary + ".", markup=False)
 
 
 # -- fork ----------------------------------------------------------------------------------
