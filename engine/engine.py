@@ -16,7 +16,7 @@ from engine.state.signing import StateSigner
 from engine.state.versioning import Migration, MigrationFn
 from engine.store import SessionStore
 from engine.store.signals import AbortSignal
-from engine.tools import InterruptTool, Tool, ToolFn
+from engine.tools import InterruptTool, SummarySpec, Tool, ToolFn
 from engine.turns.executor import LeaseSettings, RetryPolicy
 
 __all__ = ["Engine", "EngineOptions"]
@@ -140,6 +140,8 @@ class Engine:
         editable: bool = False,
         approvers: ApprovalPolicy | ApproverCheck | None = None,
         required_approvals: int | None = None,
+        title: str | None = None,
+        summary: SummarySpec | None = None,
     ) -> Tool:
         """Define a tool. ``fn(input, ctx)`` is sync or async; ``ctx`` may be left out.
 
@@ -149,7 +151,7 @@ class Engine:
         ``editable=True`` lets an approver deciding a paused call of this tool (one that
         paused itself with ``ctx.interrupt()``) change its arguments before restarting it;
         ``approvers`` and ``required_approvals`` set who may decide such a call, as for
-        :meth:`define_interrupt`.
+        :meth:`define_interrupt`, and ``title`` and ``summary`` how the inbox words it.
         """
         tool = Tool(
             name=name,
@@ -160,6 +162,8 @@ class Engine:
             idempotent=idempotent,
             editable=editable,
             approval_policy=policy_of(approvers, required_approvals),
+            title=title,
+            summary=summary,
         )
         return self._register(tool)
 
@@ -201,6 +205,8 @@ class Engine:
         required_approvals: int | None = None,
         group: str | None = None,
         remind_every: float | timedelta | None = None,
+        title: str | None = None,
+        summary: SummarySpec | None = None,
     ) -> InterruptTool:
         """Define an interrupt: a tool that pauses the turn until someone answers it.
 
@@ -211,7 +217,10 @@ class Engine:
         ``timeout`` with ``on_timeout`` (a default answer, ``"fail"``, or
         ``{"escalate": "group"}``), ``group`` and ``remind_every`` set what happens to an
         approval nobody answers (:mod:`engine.approvals.expiry`,
-        :mod:`engine.approvals.assignment`).
+        :mod:`engine.approvals.assignment`). ``title`` names the approval and ``summary`` says
+        what it asks in the approver's words — a template over the input
+        (``"Transfer ${amount} to {toAccount}"``) or a function of the validated input — on
+        every page, listing and export that shows it (:mod:`engine.approvals.wording`).
         """
         tool = InterruptTool(
             name=name,
@@ -224,6 +233,8 @@ class Engine:
             approval_policy=policy_of(approvers, required_approvals),
             group=group,
             remind_every=remind_every,
+            title=title,
+            summary=summary,
         )
         self._register(tool)
         return tool
