@@ -21,7 +21,10 @@ import logging
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from engine.agent import Agent
 
 __all__ = [
     "MAX_SUMMARY_CHARS",
@@ -30,6 +33,7 @@ __all__ = [
     "input_summary",
     "one_line",
     "plain_value",
+    "word_approval",
     "wording_of",
 ]
 
@@ -54,6 +58,21 @@ class Wording:
     #: Whether the application declared the summary (and it rendered): pages then keep the
     #: code name for the details.
     declared: bool
+    #: Whether the application declared the title (else it is the code name).
+    titled: bool = False
+
+    @property
+    def headline(self) -> str:
+        """What a row or a page leads with: the declared summary, else the title."""
+        return self.summary if self.declared else self.title
+
+    @property
+    def subline(self) -> str:
+        """What follows the headline: the declared title (never the code name) under a
+        declared summary, else the input's values."""
+        if self.declared:
+            return self.title if self.titled else ""
+        return self.summary
 
 
 def one_line(text: str, limit: int) -> str:
@@ -155,8 +174,16 @@ def wording_of(tool: Any, name: str, value: Any) -> Wording:
     """How an approval of ``tool`` (the app's interrupt or tool; ``None`` when the app no
     longer defines ``name``) asking ``value`` is worded. Never raises."""
     declared_title = getattr(tool, "title", None)
+    titled = isinstance(declared_title, str)
     title = one_line(declared_title if isinstance(declared_title, str) else name, MAX_TITLE_CHARS)
     summary = _declared_summary(tool, value) if tool is not None else None
     if summary is not None:
-        return Wording(title=title, summary=summary, declared=True)
-    return Wording(title=title, summary=input_summary(value), declared=False)
+        return Wording(title=title, summary=summary, declared=True, titled=titled)
+    return Wording(title=title, summary=input_summary(value), declared=False, titled=titled)
+
+
+def word_approval(agents: Mapping[str, Agent], agent: str, name: str, value: Any) -> Wording:
+    """An approval of ``agent``'s interrupt or tool ``name`` asking ``value``, worded by the
+    app's definition of it (the code name and the input when the app no longer has it)."""
+    served = agents.get(agent)
+    return wording_of(served.tools.get(name) if served is not None else None, name, value)

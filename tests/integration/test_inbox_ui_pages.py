@@ -87,8 +87,11 @@ async def test_an_open_server_lists_and_decides_without_signing_in(
     assert decided.status_code == 303
     shown = await client.get(decided.headers["location"])
     assert "Your decision was recorded." in shown.text
+    # The sibling is named by what it asks (the example's declared summary), then its ref.
     sibling = re.search(
-        r'waits for decisions on <a href="(/ui/approvals/[^"]+)">approval-2</a>', shown.text
+        r'waits for decisions on <a href="(/ui/approvals/[^"]+)">Transfer \$30 to bob</a> '
+        r'<span class="muted">\(approval-2\)</span>',
+        shown.text,
     )
     assert sibling is not None, shown.text
     assert sibling.group(1) in approval_links(inbox.text)

@@ -81,7 +81,7 @@ def test_a_template_that_cannot_be_filled_falls_back() -> None:
 
 def test_a_function_returning_no_text_falls_back() -> None:
     """A summary function must return a string; anything else shows the default wording."""
-    tool = engine().define_interrupt(name="notText", summary=lambda _v: 42)  # type: ignore[arg-type,return-value]
+    tool = engine().define_interrupt(name="notText", summary=lambda _v: 42)  # type: ignore[arg-type]
     assert not wording_of(tool, tool.name, {"a": "b"}).declared
 
 
