@@ -43,7 +43,7 @@ MAX_TITLE_CHARS = 80
 MAX_SUMMARY_CHARS = 200
 
 _log = logging.getLogger(__name__)
-_warned: set[tuple[str, str]] = set()
+_warned: set[str] = set()
 _warned_lock = threading.Lock()
 
 
@@ -77,8 +77,12 @@ class Wording:
 
 def one_line(text: str, limit: int) -> str:
     """``text`` on one line, without control characters, at most ``limit`` characters."""
-    flat = " ".join("".join(c if c.isprintable() else " " for c in text).split())
-    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+    # Only a bounded head is read, so a huge value costs no more than a short one.
+    head = text[: limit * 8]
+    flat = " ".join("".join(c if c.isprintable() else " " for c in head).split())
+    if len(flat) > limit:
+        return flat[: limit - 1] + "…"
+    return flat + "…" if len(head) < len(text) else flat
 
 
 def plain_value(value: Any) -> str:
@@ -137,14 +141,13 @@ def _fill(template: str, value: Any) -> str:
     return template.format_map(fields)
 
 
-def _warn_once(tool_name: str, what: str, problem: BaseException) -> None:
+def _warn_once(tool_name: str, problem: BaseException) -> None:
     with _warned_lock:
-        if (tool_name, what) in _warned:
+        if tool_name in _warned:
             return
-        _warned.add((tool_name, what))
+        _warned.add(tool_name)
     _log.warning(
-        "The %s declared on '%s' could not be rendered (%s: %s); showing the default wording.",
-        what,
+        "The summary declared on '%s' could not be rendered (%s: %s); showing the default wording.",
         tool_name,
         type(problem).__name__,
         problem,
@@ -164,7 +167,7 @@ def _declared_summary(tool: Any, value: Any) -> str | None:
             if not isinstance(text, str):
                 raise TypeError(f"the summary function returned {type(text).__name__}, not str")
     except Exception as problem:  # any failure of app code shows the default wording
-        _warn_once(str(getattr(tool, "name", "?")), "summary", problem)
+        _warn_once(str(getattr(tool, "name", "?")), problem)
         return None
     text = one_line(text, MAX_SUMMARY_CHARS)
     return text or None

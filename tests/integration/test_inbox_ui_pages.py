@@ -66,6 +66,10 @@ async def test_an_open_server_lists_and_decides_without_signing_in(
     inbox = await client.get("/ui")
     assert inbox.status_code == 200
     assert "<title>(2) Inbox · Turnstile</title>" in inbox.text
+    # The two approvals of one turn say that they were asked together.
+    assert inbox.text.count("asked together with 1 more in the same turn") == 2
+    # Asked under the version served now: the row does not repeat it.
+    assert "app-version" not in inbox.text
     assert "no authentication" in inbox.text
     assert inbox.headers["content-security-policy"].startswith("default-src 'none'")
     newest = await client.get("/ui", params={"order": "newest"})

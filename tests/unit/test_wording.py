@@ -128,3 +128,10 @@ def test_a_tool_that_pauses_itself_is_worded_too() -> None:
     )
     said = wording_of(tool, "refund", {"amount": 12, "customer": "ann"})
     assert (said.title, said.summary) == ("Refund", "Refund 12 to ann")
+
+
+def test_a_huge_value_is_cut_from_a_bounded_head() -> None:
+    """Text that only whitespace fills for long still ends in an ellipsis when it is cut."""
+    tool = engine().define_interrupt(name="spaces", summary="{note}")
+    said = wording_of(tool, "spaces", {"note": "start" + " " * 100_000 + "end"})
+    assert said.summary == "start…"
