@@ -76,7 +76,11 @@ async def test_an_open_server_lists_and_decides_without_signing_in(
     assert approval_links(newest.text) == list(reversed(approval_links(inbox.text)))
 
     first = approval_links(inbox.text)[0]
-    _page, token = await page_and_token(client, first)
+    opened, token = await page_and_token(client, first)
+    # The open page links the other call's approval by what it asks.
+    assert re.search(
+        r'Its approval: <a href="/ui/approvals/[^"]+">Transfer \$30 to bob</a>', opened.text
+    )
     missing = await client.post(
         f"{first}/decision", data={"csrf_token": token, "action": "respond"}
     )
