@@ -16,7 +16,7 @@ from engine.state.signing import StateSigner
 from engine.state.versioning import Migration, MigrationFn
 from engine.store import SessionStore
 from engine.store.signals import AbortSignal
-from engine.tools import InterruptTool, Tool, ToolFn
+from engine.tools import InterruptTool, SummarySpec, Tool, ToolFn
 from engine.turns.executor import LeaseSettings, RetryPolicy
 from engine.webhooks import Webhook, WebhookRoutes
 
@@ -52,7 +52,7 @@ class Engine:
     ``unclaimed_warning``: the agents' seconds before a
     caller waiting for a queued turn that no worker claimed warns (default 30; 0 never).
 
-    ``webhooks`` (group → :class:`~engine.approvals.webhooks.Webhook` list) tells those
+    ``webhooks`` (group → :class:`~engine.webhooks.Webhook` list) tells those
     endpoints about every approval assigned to that group: opened, reminded, escalated to
     it, decided (the worker pool delivers them; docs/webhooks.md).
     The engine reads no environment variable: a deployment's ``TURNSTILE_*`` values reach it
@@ -149,6 +149,8 @@ class Engine:
         approvers: ApprovalPolicy | ApproverCheck | None = None,
         required_approvals: int | None = None,
         webhooks: Sequence[Webhook] = (),
+        title: str | None = None,
+        summary: SummarySpec | None = None,
     ) -> Tool:
         """Define a tool. ``fn(input, ctx)`` is sync or async; ``ctx`` may be left out.
 
@@ -158,8 +160,8 @@ class Engine:
         ``editable=True`` lets an approver deciding a paused call of this tool (one that
         paused itself with ``ctx.interrupt()``) change its arguments before restarting it;
         ``approvers`` and ``required_approvals`` set who may decide such a call, as for
-        :meth:`define_interrupt`; ``webhooks`` hear of such a call's approval as for
-        :meth:`define_interrupt`.
+        :meth:`define_interrupt`; ``webhooks`` hear of such a call's approval, and ``title``
+        and ``summary`` say how the inbox words it, as for :meth:`define_interrupt`.
         """
         tool = Tool(
             name=name,
@@ -171,6 +173,8 @@ class Engine:
             editable=editable,
             approval_policy=policy_of(approvers, required_approvals),
             webhooks=webhooks,
+            title=title,
+            summary=summary,
         )
         return self._register(tool)
 
@@ -213,6 +217,8 @@ class Engine:
         group: str | None = None,
         remind_every: float | timedelta | None = None,
         webhooks: Sequence[Webhook] = (),
+        title: str | None = None,
+        summary: SummarySpec | None = None,
     ) -> InterruptTool:
         """Define an interrupt: a tool that pauses the turn until someone answers it.
 
@@ -224,8 +230,12 @@ class Engine:
         ``{"escalate": "group"}``), ``group`` and ``remind_every`` set what happens to an
         approval nobody answers (:mod:`engine.approvals.expiry`,
         :mod:`engine.approvals.assignment`). ``webhooks``
-        (:class:`~engine.approvals.webhooks.Webhook`) are told when an approval of it opens,
-        is reminded about, escalates or is decided (docs/webhooks.md).
+        (:class:`~engine.webhooks.Webhook`) are told when an approval of it opens,
+        is reminded about, escalates or is decided (docs/webhooks.md). ``title`` names the
+        approval and ``summary`` says what it asks in the approver's words — a template over
+        the input (``"Transfer ${amount} to {toAccount}"``) or a function of the validated
+        input — on every page, listing and export that shows it
+        (:mod:`engine.approvals.wording`).
         """
         tool = InterruptTool(
             name=name,
@@ -239,6 +249,8 @@ class Engine:
             group=group,
             remind_every=remind_every,
             webhooks=webhooks,
+            title=title,
+            summary=summary,
         )
         self._register(tool)
         return tool

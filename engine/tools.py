@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import contextvars
 import inspect
+import string
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,10 +31,12 @@ if TYPE_CHECKING:
 __all__ = [
     "ESCALATE",
     "InterruptTool",
+    "SummarySpec",
     "Tool",
     "ToolContext",
     "ToolFn",
     "ToolInterrupt",
+    "check_wording",
     "escalation_target",
     "in_daemon_thread",
     "malformed_call_reason",
@@ -41,6 +44,11 @@ __all__ = [
 ]
 
 ToolFn = Callable[..., Any] | Callable[..., Awaitable[Any]]
+
+#: What ``summary=`` accepts: a template over the call's input (``"Transfer ${amount} to
+#: {toAccount}"``), or a function of the validated input returning text (rendered by
+#: :mod:`engine.approvals.wording`).
+SummarySpec = str | Callable[[Any], str]
 
 #: The key of ``on_timeout={"escalate": "group"}`` (see :mod:`engine.approvals.assignment`).
 ESCALATE = "escalate"
@@ -115,6 +123,27 @@ class ToolContext:
         return self.session
 
 
+def check_wording(title: Any, summary: Any) -> None:
+    """Refuse, at definition time, a ``title`` or ``summary`` of the wrong kind, or a summary
+    template that is not a valid format string."""
+    if title is not None and (not isinstance(title, str) or not title.strip()):
+        raise ValueError("title must be a non-empty string.")
+    if summary is None:
+        return
+    if isinstance(summary, str):
+        if not summary.strip():
+            raise ValueError("summary must be a non-empty template or a function.")
+        try:
+            names = [f for _, f, _, _ in string.Formatter().parse(summary) if f is not None]
+        except ValueError as problem:
+            raise ValueError(f"summary is not a valid template: {problem}") from problem
+        if any(not n or n[0].isdigit() for n in names):
+            raise ValueError("summary's template names the input's keys: {amount}, not {} or {0}.")
+        return
+    if not callable(summary):
+        raise ValueError("summary must be a template string or a function of the input.")
+
+
 def _wants_context(fn: Callable[..., Any]) -> bool:
     """Whether ``fn`` takes a second positional parameter (the ToolContext)."""
     try:
@@ -146,9 +175,16 @@ class Tool:
         editable: bool = False,
         approval_policy: ApprovalPolicy | None = None,
         webhooks: Sequence[Webhook] = (),
+        title: str | None = None,
+        summary: SummarySpec | None = None,
     ) -> None:
         if not name:
             raise ValueError("A tool needs a name.")
+        check_wording(title, summary)
+        #: What an approval of this tool is called, and what it asks, in the approver's
+        #: words (see :mod:`engine.approvals.wording`); ``None``: the code name, the input.
+        self.title = title
+        self.summary = summary
         self.name = name
         self.description = description
         self.input = Schema(input_schema)
@@ -246,6 +282,8 @@ class InterruptTool(Tool):
         group: str | None = None,
         remind_every: float | timedelta | None = None,
         webhooks: Sequence[Webhook] = (),
+        title: str | None = None,
+        summary: SummarySpec | None = None,
     ) -> None:
         super().__init__(
             name=name,
@@ -255,6 +293,8 @@ class InterruptTool(Tool):
             fn=None,
             approval_policy=approval_policy,
             webhooks=webhooks,
+            title=title,
+            summary=summary,
         )
         self.metadata = metadata
         self.timeout = seconds_of(timeout, "timeout")

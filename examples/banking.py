@@ -111,6 +111,9 @@ def build(
         description="Ask the user for approval before a sensitive action.",
         input_schema=ApprovalRequest,
         output_schema=ApprovalDecision,
+        # What the inbox, the CLI and the history lead with, instead of the code name.
+        title="Transfer approval",
+        summary="{details}",
     )
 
     def transfer(request: TransferRequest, ctx: ToolContext) -> TransferReceipt:

@@ -13,6 +13,10 @@
   principal (maker-checker included), 409 when it voted already, and ``decided: false`` while
   the quorum is not reached.
 
+Each entry carries ``title`` and ``summary``: what it asks in the approver's words, as the
+app declared them on the interrupt or tool (:mod:`engine.approvals.wording`), else the
+interrupt's name and its input's values in one line.
+
 Entries of interrupts with an approval policy carry ``policy``: who may vote, the approvals
 required, the votes so far and whether the caller may still vote (``null`` without a policy).
 
@@ -50,6 +54,7 @@ from engine.approvals.decide import (
     find_approval,
     parse_approval_id,
 )
+from engine.approvals.wording import word_approval
 from engine.engine import Engine
 from engine.errors import AgentError, ApprovalNotPendingError, InvalidArgumentError, NotFoundError
 from engine.remote.auth import InboxPolicy, Principal
@@ -91,9 +96,12 @@ class _AnyText(Convertor[str]):
 register_url_convertor("turnstile_any", _AnyText())
 
 
-def _wire(approval: PendingApproval, now: datetime) -> dict[str, Any]:
+def _wire(approval: PendingApproval, now: datetime, agents: Mapping[str, Agent]) -> dict[str, Any]:
+    said = word_approval(agents, approval.agent, approval.interrupt, approval.input)
     return {
         "id": approval_id(approval.turn_id, approval.ref),
+        "title": said.title,
+        "summary": said.summary,
         "turnId": approval.turn_id,
         "sessionId": approval.session_id,
         "agent": approval.agent,
@@ -341,7 +349,7 @@ class InboxRoutes:
         )
         items = []
         for approval in page:
-            item = _wire(approval, now)
+            item = _wire(approval, now, self.engine.agents)
             item["policy"] = await self._policy(approval, principal)
             item["assignment"] = assignment_wire(
                 held[(approval.turn_id, approval.round, approval.ref)]
@@ -384,7 +392,7 @@ class InboxRoutes:
             assignment = await current_assignment(self.engine.agents[approval.agent], approval)
         except AgentError as error:
             return error_response(error)
-        item = _wire(approval, datetime.now(UTC))
+        item = _wire(approval, datetime.now(UTC), self.engine.agents)
         item["open"] = is_open
         item["policy"] = policy
         tool = self.engine.agents[approval.agent].tools.get(approval.interrupt)

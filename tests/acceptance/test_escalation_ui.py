@@ -80,9 +80,9 @@ def test_escalation_on_timeout(browser: Browser, tmp_path: Path) -> None:
         expect(section.locator("#assigned-to")).to_contain_text("group leads")
         expect(section.locator("#assigned-to")).to_contain_text("escalation")
         expect(section.locator("#escalation")).to_contain_text("from group payments to group leads")
-        expect(lena.get_by_role("heading", name=re.compile("userApproval"))).to_contain_text(
-            "Waiting"
-        )
+        expect(
+            lena.get_by_role("heading", name=re.compile("Transfer \\$900 to bob"))
+        ).to_contain_text("Waiting")
         screenshot(lena, "escalation-approval-page")
 
         paula.goto(f"{base}/ui/approvals/{approval}")

@@ -105,7 +105,10 @@ def test_approving_from_the_form_lets_the_worker_finish_the_transfer(
     approval = stack.wait_for_approval(turn_id)
     sign_in(page, stack.base, "bob", start=f"/ui/approvals/{approval['id']}")
 
-    expect(page.get_by_role("heading", level=1)).to_contain_text("userApproval")
+    # The page leads with what is asked (the example's declared summary).
+    expect(page.get_by_role("heading", level=1)).to_contain_text(
+        "Transfer $500 to my savings account"
+    )
     asked = page.get_by_role("table", name=re.compile("arguments of the paused call"))
     expect(asked).to_contain_text("Transfer $500 to my savings account")
     expect(page.locator(".facts")).to_contain_text("alice")
@@ -169,7 +172,7 @@ def test_denying_cancels_the_transfer_and_shows_in_the_history(stack: Stack, pag
     assert exported.status == 200
     assert exported.headers["content-type"].startswith("text/csv")
     lines = exported.text().splitlines()
-    assert lines[0].startswith("decided_at,agent,interrupt,turn_id")
+    assert lines[0].startswith("decided_at,agent,interrupt,summary,turn_id")
     assert len(lines) == 2 and turn_id in lines[1] and ",bob," in lines[1]
     none = page.context.request.get(f"{stack.base}/ui/history.csv?decided_by=carol")
     assert none.text().splitlines()[1:] == []

@@ -53,6 +53,9 @@ CALL_KEYS = {
 }
 APPROVAL_KEYS = {
     "id",
+    # What it asks in the approver's words (the code name and input without --app).
+    "title",
+    "summary",
     "turn_id",
     "session_id",
     "agent",

@@ -66,13 +66,21 @@ async def test_an_open_server_lists_and_decides_without_signing_in(
     inbox = await client.get("/ui")
     assert inbox.status_code == 200
     assert "<title>(2) Inbox · Turnstile</title>" in inbox.text
+    # The two approvals of one turn say that they were asked together.
+    assert inbox.text.count("asked together with 1 more in the same turn") == 2
+    # Asked under the version served now: the row does not repeat it.
+    assert "app-version" not in inbox.text
     assert "no authentication" in inbox.text
     assert inbox.headers["content-security-policy"].startswith("default-src 'none'")
     newest = await client.get("/ui", params={"order": "newest"})
     assert approval_links(newest.text) == list(reversed(approval_links(inbox.text)))
 
     first = approval_links(inbox.text)[0]
-    _page, token = await page_and_token(client, first)
+    opened, token = await page_and_token(client, first)
+    # The open page links the other call's approval by what it asks.
+    assert re.search(
+        r'Its approval: <a href="/ui/approvals/[^"]+">Transfer \$30 to bob</a>', opened.text
+    )
     missing = await client.post(
         f"{first}/decision", data={"csrf_token": token, "action": "respond"}
     )
@@ -87,8 +95,11 @@ async def test_an_open_server_lists_and_decides_without_signing_in(
     assert decided.status_code == 303
     shown = await client.get(decided.headers["location"])
     assert "Your decision was recorded." in shown.text
+    # The sibling is named by what it asks (the example's declared summary), then its ref.
     sibling = re.search(
-        r'waits for decisions on <a href="(/ui/approvals/[^"]+)">approval-2</a>', shown.text
+        r'waits for decisions on <a href="(/ui/approvals/[^"]+)">Transfer \$30 to bob</a> '
+        r'<span class="muted">\(approval-2\)</span>',
+        shown.text,
     )
     assert sibling is not None, shown.text
     assert sibling.group(1) in approval_links(inbox.text)
@@ -338,3 +349,37 @@ async def test_the_inspector_says_a_paused_turn_was_answered_and_continued(
     assert "paused, answered and continued" in answered.text
     assert "paused again" not in answered.text
     assert re.search(r'Continued by</dt><dd><a href="/ui/turns/[^"]+"', answered.text)
+
+
+async def test_a_hostile_or_broken_summary_is_escaped_cut_or_replaced_never_a_500(
+    open_server: tuple[BankingApp, httpx.AsyncClient],
+) -> None:
+    """A declared summary carrying markup is shown as text and cut short on the inbox and the
+    approval page; one that raises shows the default wording instead of failing the page."""
+    app, client = open_server
+    app.user_approval.title = "<b>Transfer</b> approval"
+    app.user_approval.summary = lambda request: "<script>alert(1)</script>" + "y" * 5000
+    await app.banking_agent.chat().send("Transfer $5 to carol")
+    inbox = await client.get("/ui")
+    assert inbox.status_code == 200
+    assert "<script>alert" not in inbox.text and "<b>Transfer" not in inbox.text
+    headline = re.search(r'<span class="approval-name">([^<]*)</span>', inbox.text)
+    assert headline is not None
+    assert headline.group(1).startswith("&lt;script&gt;alert(1)&lt;/script&gt;yyy")
+    assert headline.group(1).endswith("y…") and headline.group(1).count("y") < 200
+    assert "&lt;b&gt;Transfer&lt;/b&gt; approval" in inbox.text
+    [page_link] = approval_links(inbox.text)
+    page = await client.get(page_link)
+    assert page.status_code == 200 and "<script>alert" not in page.text
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page.text
+
+    def broken(_request: object) -> str:
+        raise KeyError("no such field")
+
+    app.user_approval.summary = broken
+    fallback = await client.get("/ui")
+    assert fallback.status_code == 200
+    assert '<span class="approval-name">&lt;b&gt;Transfer&lt;/b&gt; approval</span>' in (
+        fallback.text
+    )
+    assert "transferMoney — Transfer $5 to carol" in fallback.text

@@ -7,7 +7,7 @@ import io
 
 from rich.console import Console
 
-from workers.cli.output import Column, _listing, in_words
+from workers.cli.output import Column, _listing, fields, in_words
 
 ROWS = [
     ("748c8e91-a:approval-1", "userApproval: Transfer $1234567 to alice", "bankingAgent", ""),
@@ -63,3 +63,16 @@ def test_a_very_narrow_listing_leaves_out_other_columns_before_the_summary() -> 
 def test_wide_keeps_every_column() -> None:
     """Without dropping, the empty column stays."""
     assert _render(200, drop_empty=False)[0].split() == ["ID", "ASKED", "AGENT", "GROUP"]
+
+
+def test_cells_are_text_not_markup() -> None:
+    """What a model or an app wrote — square brackets included — prints as written in a
+    listing and in a record, instead of being read as (possibly broken) markup."""
+    asked = "[/oops] [bold]Transfer[/bold] $5"
+    out = Console(file=io.StringIO(), width=100, color_system=None)
+    out.print(
+        _listing(COLUMNS, [("a:approval-1", asked, "bankingAgent", "")], drop_empty=True, width=100)
+    )
+    out.print(fields({"asks": asked}))
+    text = out.file.getvalue()  # type: ignore[attr-defined]
+    assert text.count(asked) == 2

@@ -15,14 +15,15 @@ refuse an app whose client-managed agents sign with a published key unless ``--d
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 from pydantic import ValidationError
 
-from engine import Engine
+from engine import Agent, Engine
 from engine.approval_policy import ApprovalRefusedError
 from engine.approvals.assignment import assign, claim, current_assignments, release
 from engine.approvals.decide import (
@@ -34,6 +35,7 @@ from engine.approvals.decide import (
     find_approval,
     yes_no_answer,
 )
+from engine.approvals.wording import word_approval
 from engine.conversation.parts import Message
 from engine.errors import ApprovalNotPendingError, FailedPreconditionError, InvalidArgumentError
 from engine.rejection import MAX_REASON_LENGTH, Rejection
@@ -83,6 +85,8 @@ from workers.cli.startup import Refused, allow_prompt_edits, check_keys
 
 __all__ = ["approvals", "assignment_fields", "yes_no_answer"]
 
+T = TypeVar("T")
+
 #: Messages before the pause that ``show`` prints unless ``--full``.
 FOLDED_CONVERSATION = 6
 #: What ``ls`` shows for an approval with no stored assignment.
@@ -130,10 +134,16 @@ def assignment_fields(assignment: Assignment | None) -> dict[str, Any]:
     }
 
 
-def approval_wire(approval: PendingApproval, now: datetime) -> dict[str, Any]:
-    """One approval as ``approvals ls --json`` prints it (the inbox's fields, snake_case)."""
+def approval_wire(
+    approval: PendingApproval, now: datetime, agents: Mapping[str, Agent]
+) -> dict[str, Any]:
+    """One approval as ``approvals ls --json`` prints it (the inbox's fields, snake_case),
+    worded by ``agents`` (the app's, with ``--app``; else none: the code name and input)."""
+    said = word_approval(agents, approval.agent, approval.interrupt, approval.input)
     return {
         "id": approval_id(approval.turn_id, approval.ref),
+        "title": said.title,
+        "summary": said.summary,
         "turn_id": approval.turn_id,
         "session_id": approval.session_id,
         "agent": approval.agent,
@@ -148,6 +158,25 @@ def approval_wire(approval: PendingApproval, now: datetime) -> dict[str, Any]:
         "created_at": iso(approval.created_at),
         "age_seconds": seconds_since(approval.created_at, now),
     }
+
+
+def _read(
+    db: str | None,
+    app: str | None,
+    work: Callable[[SqlSessionStore, Engine | None], Awaitable[T]],
+) -> tuple[T, Mapping[str, Agent]]:
+    """``work`` on the database, beside the app ``--app`` names when given; with the app's
+    agents (none without it), which word the approvals."""
+    if app is None:
+        return run_on_store(db, lambda store: work(store, None)), {}
+    engine, url = open_app(app, db)
+    return run_on_app(engine, url, lambda store: work(store, engine)), engine.agents
+
+
+def _asked(approval: PendingApproval, agents: Mapping[str, Agent]) -> str:
+    """What ``approval`` asks, uncut: the app's declared summary, else the call in words."""
+    said = word_approval(agents, approval.agent, approval.interrupt, approval.input)
+    return said.summary if said.declared else in_words(approval.interrupt, approval.input)
 
 
 async def _find(store: SqlSessionStore, value: str) -> tuple[PendingApproval, bool]:
@@ -207,7 +236,7 @@ async def _listed(
     "--app",
     default=None,
     metavar="MODULE:ATTR",
-    help="the app's Engine: show the interrupts' default groups too",
+    help="the app's Engine: say what each approval asks in its words, show default groups",
 )
 @option("--agent", multiple=True, help="only this agent's approvals (repeatable)")
 @option("--interrupt", default=None, help="only approvals of this interrupt")
@@ -235,22 +264,18 @@ def ls(
         limit=limit,
     )
     abbreviate = not (wide or as_json)
-    if app is not None:
-        engine, url = open_app(app, db)
-        found = run_on_app(engine, url, lambda s: _listed(s, query, engine, short=abbreviate))
-    else:
-        found = run_on_store(db, lambda s: _listed(s, query, None, short=abbreviate))
+    found, agents = _read(db, app, lambda s, engine: _listed(s, query, engine, short=abbreviate))
     holder = found.holder
 
     print_columns(
         found.rows,
         as_json=as_json,
         wide=wide,
-        wire=lambda a: approval_wire(a, now) | assignment_fields(found.stored(a)),
+        wire=lambda a: approval_wire(a, now, agents) | assignment_fields(found.stored(a)),
         empty="No open approvals match.",
         columns=[
             Column("ID", found.short_id, is_id=True),
-            Column("ASKED", lambda a: in_words(a.interrupt, a.input), folds=True),
+            Column("ASKED", lambda a: _asked(a, agents), folds=True),
             Column("AGENT", lambda a: a.agent),
             Column("AGE", lambda a: ago(a.created_at, now)),
             Column("DEADLINE", lambda a: iso(a.deadline)),
@@ -316,17 +341,23 @@ async def _read_approval(
 @approvals.command("show", short_help="One approval: input, paused call, conversation.")
 @click.argument("approval", metavar="ID")
 @db_option
+@option(
+    "--app",
+    default=None,
+    metavar="MODULE:ATTR",
+    help="the app's Engine: say what the approval asks in its words",
+)
 @named_option("--full", "full", is_flag=True, help="the whole conversation before the pause")
 @json_option
-def show(approval: str, db: str | None, full: bool, as_json: bool) -> int:
-    """Show one approval: its input, the call it pauses, and the conversation before it."""
-    entry, is_open, call, siblings, conversation, held = run_on_store(
-        db, lambda store: _read_approval(store, approval)
+def show(approval: str, db: str | None, app: str | None, full: bool, as_json: bool) -> int:
+    """Show one approval: what it asks, the call it pauses, and the conversation before it."""
+    (entry, is_open, call, siblings, conversation, held), agents = _read(
+        db, app, lambda store, _engine: _read_approval(store, approval)
     )
     now = datetime.now(UTC)
     before = conversation[:-1]  # the last message is the paused model message
     if as_json:
-        described = approval_wire(entry, now)
+        described = approval_wire(entry, now, agents)
         described.update(
             {
                 "open": is_open,
@@ -357,9 +388,12 @@ def show(approval: str, db: str | None, full: bool, as_json: bool) -> int:
         )
         return 0
     out = console()
+    said = word_approval(agents, entry.agent, entry.interrupt, entry.input)
     out.print(
         fields(
             {
+                "asks": _asked(entry, agents),
+                "title": said.title if said.titled else None,
                 "approval": approval_id(entry.turn_id, entry.ref),
                 "state": _state(call, is_open),
                 "agent": entry.agent,

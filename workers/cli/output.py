@@ -23,6 +23,7 @@ from typing import Any, Generic, TypeVar
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from engine.conversation.parts import Message, Part
 
@@ -160,7 +161,7 @@ def table(
         # A narrow terminal folds the wider columns; none shrinks below its header.
         shown.add_column(name, no_wrap=name in no_wrap, overflow="fold", min_width=len(name))
     for row in rows:
-        shown.add_row(*("" if cell is None else str(cell) for cell in row))
+        shown.add_row(*(Text("" if cell is None else str(cell)) for cell in row))
     return shown
 
 
@@ -245,7 +246,8 @@ def _listing(
             min_width=needs(index) if column.is_id else len(column.header),
         )
     for line in cells:
-        shown.add_row(*(line[index] for index in kept))
+        # Cells are text, not markup: what a model or an app wrote shows as written.
+        shown.add_row(*(Text(line[index]) for index in kept))
     return shown
 
 
@@ -295,5 +297,5 @@ def fields(pairs: Mapping[str, Any]) -> Table:
     shown.add_column(overflow="fold")
     for label, value in pairs.items():
         if value is not None and value != "":
-            shown.add_row(label, str(value))
+            shown.add_row(label, Text(str(value)))
     return shown

@@ -6,14 +6,16 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import replace
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from engine.agent import Agent
 from engine.approvals.decide import approval_id
+from engine.approvals.wording import word_approval
 from engine.remote.ui import present
 from engine.remote.ui.kit import PageKit, Viewer, query_of
 from engine.remote.ui.queries import HistoryFilters
@@ -29,6 +31,7 @@ CSV_COLUMNS = (
     "decided_at",
     "agent",
     "interrupt",
+    "summary",
     "turn_id",
     "ref",
     "session_id",
@@ -109,6 +112,7 @@ class HistoryPages:
         """The filtered history as CSV, newest first, up to :data:`MAX_EXPORT_ROWS` rows."""
         filters = HistoryFilters.from_query(query_of(request))
         catalog = self.kit.catalog
+        agents = catalog.engine.agents
 
         async def lines() -> AsyncIterator[str]:
             buffer = io.StringIO()
@@ -124,7 +128,7 @@ class HistoryPages:
                     viewer.principal, current, limit=min(_EXPORT_PAGE, MAX_EXPORT_ROWS - sent)
                 )
                 for entry in page.items:
-                    writer.writerow([csv_cell(v) for v in _csv_row(entry)])
+                    writer.writerow([csv_cell(v) for v in _csv_row(entry, agents)])
                 sent += len(page.items)
                 yield buffer.getvalue()
                 buffer.seek(0)
@@ -141,11 +145,13 @@ class HistoryPages:
         return self.kit.finish(response, request, viewer)
 
 
-def _csv_row(entry: DecidedApproval) -> list[Any]:
+def _csv_row(entry: DecidedApproval, agents: Mapping[str, Agent]) -> list[Any]:
     return [
         entry.decided_at.isoformat(),
         entry.agent,
         entry.interrupt,
+        # What was approved, in the words the approver read.
+        word_approval(agents, entry.agent, entry.interrupt, entry.input).summary,
         entry.turn_id,
         entry.ref,
         entry.session_id,

@@ -9,6 +9,7 @@ earlier and on the right field.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -18,6 +19,7 @@ from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
+from engine.agent import Agent
 from engine.approval_policy import ApprovalRefusedError
 from engine.approvals.decide import (
     Decision,
@@ -26,6 +28,7 @@ from engine.approvals.decide import (
     parse_approval_id,
     yes_no_answer,
 )
+from engine.approvals.wording import Wording, word_approval
 from engine.errors import (
     ApprovalNotPendingError,
     FailedPreconditionError,
@@ -87,8 +90,13 @@ class InboxPages:
         viewer: Viewer,
     ) -> list[dict[str, Any]]:
         held = await self.kit.catalog.assignments(approvals)
+        agents = self.kit.catalog.engine.agents
+        per_turn = Counter(a.turn_id for a in approvals)
         return [
             {
+                **_words(word_approval(agents, a.agent, a.interrupt, a.input)),
+                # Approvals one turn asks together sit side by side; the row says so.
+                "together": per_turn[a.turn_id] - 1,
                 "assigned": held[(a.turn_id, a.round, a.ref)].describe(),
                 "votes": await self._votes_text(a, viewer),
                 "id": approval_id(a.turn_id, a.ref),
@@ -96,9 +104,9 @@ class InboxPages:
                     request, f"/ui/approvals/{segment(approval_id(a.turn_id, a.ref))}"
                 ),
                 "interrupt": a.interrupt,
-                "summary": present.input_summary(a.input),
                 "agent": a.agent,
-                "version": a.app_version,
+                # A version shows only when it is not the one served now.
+                "version": a.app_version if _other_version(agents, a) else None,
                 "requester": a.owner,
                 "created_at": a.created_at,
                 "age": present.ago(a.created_at, now),
@@ -383,12 +391,16 @@ class ApprovalPages:
             ),
             None,
         )
+        agents = {approval.agent: found.agent}
         others = [
             {
                 "name": p.tool_request.name,
                 "ref": p.tool_request.ref or "",
                 "status": statuses.get((approval.round, p.tool_request.ref or ""), "—"),
                 "rows": present.value_rows(p.tool_request.input),
+                "headline": word_approval(
+                    agents, approval.agent, p.tool_request.name, p.tool_request.input
+                ).headline,
             }
             for p in (paused.content if paused else [])
             if p.tool_request is not None and p.tool_request.ref != approval.ref
@@ -397,7 +409,7 @@ class ApprovalPages:
         if not found.is_open:
             following = await next_turn(store, await self._turn(found))
         waiting = [
-            c.ref
+            c
             for c in journal
             if c.status is ToolCallStatus.INTERRUPTED and c.decided_at is None and c.interrupt
         ]
@@ -406,6 +418,10 @@ class ApprovalPages:
             "nav": "inbox",
             "approval": approval,
             "approval_id": approval_id(approval.turn_id, approval.ref),
+            "words": _words(
+                word_approval(agents, approval.agent, approval.interrupt, approval.input)
+            ),
+            "other_version": _other_version(agents, approval),
             "call": call,
             "is_open": found.is_open,
             "is_interrupt": tool is None or tool.is_interrupt,
@@ -441,9 +457,13 @@ class ApprovalPages:
             ),
             # Each approval the turn still waits for, to link from this one.
             "waiting": [
-                {"id": approval_id(approval.turn_id, ref), "ref": ref}
-                for ref in waiting
-                if ref != approval.ref
+                {
+                    "id": approval_id(approval.turn_id, c.ref),
+                    "ref": c.ref,
+                    "headline": word_approval(agents, approval.agent, c.name, c.input).headline,
+                }
+                for c in waiting
+                if c.ref != approval.ref
             ],
             "notice": notice,
             "problem": problem,
@@ -454,6 +474,17 @@ class ApprovalPages:
             "state": _fingerprint(found, following),
             **await assignment_context(found, principal),
         }
+
+
+def _words(said: Wording) -> dict[str, str]:
+    """What a row or a page shows of an approval's wording."""
+    return {"headline": said.headline, "subline": said.subline, "title": said.title}
+
+
+def _other_version(agents: Mapping[str, Agent], approval: PendingApproval) -> bool:
+    """Whether ``approval`` was asked under another app version than the one served now."""
+    served = agents.get(approval.agent)
+    return bool(approval.app_version) and (served is None or served.version != approval.app_version)
 
 
 async def _standing_arguments(found: ApprovalFound) -> Any:

@@ -6,12 +6,12 @@ print, so a tool argument or a model's text cannot inject HTML into a page.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from engine.approvals import wording
 from engine.conversation.parts import Message, Part
 
 __all__ = [
@@ -66,15 +66,8 @@ class MessageView:
     parts: tuple[PartView, ...]
 
 
-def format_value(value: Any) -> str:
-    """A JSON value as a person reads it: Yes/No, an em dash for null, JSON for structures."""
-    if value is None:
-        return "—"
-    if isinstance(value, bool):
-        return "Yes" if value else "No"
-    if isinstance(value, int | float | str):
-        return str(value)
-    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False)
+#: A JSON value as a person reads it: Yes/No, an em dash for null, JSON for structures.
+format_value = wording.plain_value
 
 
 def _row(key: str, label: str, value: Any, description: str | None = None) -> Row:
@@ -121,19 +114,12 @@ def schema_rows(schema: Mapping[str, Any] | None, value: Any) -> tuple[Row, ...]
 
 
 def _cut(text: str) -> str:
-    flat = " ".join(text.split())
-    return flat if len(flat) <= _SUMMARY_CHARS else flat[: _SUMMARY_CHARS - 1] + "…"
+    return wording.one_line(text, _SUMMARY_CHARS)
 
 
 def input_summary(value: Any) -> str:
     """A one-line summary of an interrupt's input for a list: its string values, joined."""
-    if isinstance(value, dict):
-        texts = [str(v) for v in value.values() if isinstance(v, str | int | float) and v != ""]
-        if texts:
-            return _cut(" — ".join(texts))
-    if value is None or value is True:
-        return ""
-    return _cut(format_value(value))
+    return wording.input_summary(value, _SUMMARY_CHARS)
 
 
 def answer_summary(answer: Any) -> str:
