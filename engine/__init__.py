@@ -10,6 +10,7 @@ The engine never imports :mod:`stores` or :mod:`workers`.
 from __future__ import annotations
 
 from engine.agent import Agent
+from engine.approvals.escalation import EscalationStep
 from engine.chat import Chat
 from engine.conversation.parts import Message, Part
 from engine.conversation.session_state import Artifact, StateSchemaError
@@ -33,6 +34,7 @@ __all__ = [
     "Artifact",
     "Chat",
     "Engine",
+    "EscalationStep",
     "FinishReason",
     "FunctionModel",
     "InterruptTool",

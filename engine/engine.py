@@ -209,8 +209,10 @@ class Engine:
         the deciding principal, or an :class:`~engine.approval_policy.ApprovalPolicy`) and
         ``required_approvals`` set the inbox's approval policy (maker-checker, quorum).
         ``timeout`` with ``on_timeout`` (a default answer, ``"fail"``, or
-        ``{"escalate": "group"}``), ``group`` and ``remind_every`` set what happens to an
-        approval nobody answers (:mod:`engine.approvals.expiry`,
+        ``{"escalate": "group"}``, or a chain of groups each with its own wait:
+        ``{"escalate": [EscalationStep("leads", timedelta(hours=4)), ...]}``), ``group`` and
+        ``remind_every`` set what happens to an approval nobody answers
+        (:mod:`engine.approvals.expiry`, :mod:`engine.approvals.escalation`,
         :mod:`engine.approvals.assignment`).
         """
         tool = InterruptTool(

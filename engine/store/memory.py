@@ -691,7 +691,13 @@ class InMemorySessionStore:
         due: list[PendingApproval] = []
         for entry in await self.list_approvals(every):
             stored = self._assignments.get((entry.turn_id, entry.round, entry.ref))
-            if query.unescalated and stored is not None and stored.escalated_at is not None:
+            step = stored.escalation_step if stored is not None else 0
+            if query.escalation_step is not None and step != query.escalation_step:
+                continue
+            escalated = stored.escalated_at if stored is not None else None
+            if query.escalated_before is not None and (
+                escalated is None or escalated > query.escalated_before
+            ):
                 continue
             reminded = stored.last_reminded_at if stored is not None else None
             if query.reminded_before is not None and reminded and reminded > query.reminded_before:

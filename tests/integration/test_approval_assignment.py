@@ -32,6 +32,7 @@ from engine.approvals.assignment import (
     sweep_assignments,
 )
 from engine.approvals.decide import Decision, decide, find_approval
+from engine.approvals.escalation import escalation_chain
 from engine.approvals.expiry import expire_approvals
 from engine.approvals.rules import vote_rule
 from engine.conversation.parts import Message
@@ -118,7 +119,7 @@ async def paused(store: SessionStore, *, escalate: bool = True, remind: bool = F
     interrupt = app.user_approval
     interrupt.group = "payments"
     if escalate:
-        interrupt.timeout, interrupt.escalate_to = 60.0, "leads"
+        interrupt.escalation = escalation_chain(interrupt.name, {"escalate": "leads"}, timeout=60)
     if remind:
         interrupt.remind_every = 60.0
     response = await app.banking_agent.run_turn(
@@ -279,7 +280,7 @@ async def test_two_sweeps_at_once_escalate_once() -> None:
             store=(second := SqlSessionStore(url)), state_keys=TEST_STATE_KEYS, execution="inline"
         )
         second_app.user_approval.group = "payments"
-        second_app.user_approval.timeout, second_app.user_approval.escalate_to = 60.0, "leads"
+        second_app.user_approval.escalation = ctx.app.user_approval.escalation
         try:
             slow = asyncio.ensure_future(sweep_assignments(ctx.app.ai, first, now=ctx.at(61)))
             await wait_until_a_commit_sleeps(url)

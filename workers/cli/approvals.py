@@ -33,6 +33,7 @@ from engine.approvals.decide import (
     find_approval,
     yes_no_answer,
 )
+from engine.approvals.escalation import EscalationProgress, progress
 from engine.conversation.parts import Message
 from engine.errors import ApprovalNotPendingError, FailedPreconditionError, InvalidArgumentError
 from engine.rejection import MAX_REASON_LENGTH, Rejection
@@ -95,10 +96,30 @@ def _assigned_text(assignment: Assignment | None) -> str | None:
     text = f"{assignment.describe()} (by {assignment.assigned_by or '-'})"
     if assignment.escalated_at is not None:
         text += (
-            f"; escalated at {iso(assignment.escalated_at)} from "
+            f"; escalated to {assignment.escalated_to} (step {assignment.escalation_step}) at "
+            f"{iso(assignment.escalated_at)} from "
             f"{assignment.escalated_from_assignee or assignment.escalated_from_group or '-'}"
         )
     return text
+
+
+def _escalation_progress(
+    app: Engine | None, entry: PendingApproval, held: Assignment | None, is_open: bool
+) -> EscalationProgress | None:
+    """Where the approval is in its interrupt's escalation chain (``None``: no ``--app``, or
+    the interrupt does not escalate)."""
+    agent = app.agents.get(entry.agent) if app is not None else None
+    tool = agent.tools.get(entry.interrupt) if agent is not None else None
+    chain = getattr(tool, "escalation", None)
+    if chain is None:
+        return None
+    return progress(
+        chain,
+        held.escalation_step if held is not None else 0,
+        created_at=entry.created_at,
+        escalated_at=held.escalated_at if held is not None else None,
+        is_open=is_open,
+    )
 
 
 def _group_text(assignment: Assignment) -> str:
@@ -126,6 +147,7 @@ def assignment_fields(assignment: Assignment | None) -> dict[str, Any]:
         "escalated_to": held.escalated_to,
         "reminders": held.reminders,
         "last_reminded_at": iso(held.last_reminded_at),
+        "escalation_step": held.escalation_step,
     }
 
 
@@ -287,6 +309,19 @@ def _edit_line(answer: Any) -> str | None:
     return f"{changes} (by {edit.get('by') or 'an anonymous approver'} at {edit.get('at')})"
 
 
+def _progress_wire(where: EscalationProgress | None) -> dict[str, Any] | None:
+    """``show --json``'s ``escalation`` (``None``: no ``--app``, or no chain)."""
+    if where is None:
+        return None
+    upcoming = where.next
+    return {
+        "step": where.reached,
+        "steps": where.total,
+        "next_group": upcoming.group if upcoming else None,
+        "next_at": iso(upcoming.due_at) if upcoming else None,
+    }
+
+
 def _state(call: ToolCallRecord, is_open: bool) -> str:
     if is_open:
         return "open"
@@ -315,13 +350,24 @@ async def _read_approval(
 @approvals.command("show", short_help="One approval: input, paused call, conversation.")
 @click.argument("approval", metavar="ID")
 @db_option
+@option(
+    "--app",
+    default=None,
+    metavar="MODULE:ATTR",
+    help="the app's Engine: show where the approval is in its escalation chain too",
+)
 @named_option("--full", "full", is_flag=True, help="the whole conversation before the pause")
 @json_option
-def show(approval: str, db: str | None, full: bool, as_json: bool) -> int:
+def show(approval: str, db: str | None, app: str | None, full: bool, as_json: bool) -> int:
     """Show one approval: its input, the call it pauses, and the conversation before it."""
-    entry, is_open, call, siblings, conversation, held = run_on_store(
-        db, lambda store: _read_approval(store, approval)
-    )
+    engine = None
+    if app is not None:
+        engine, url = open_app(app, db)
+        read = run_on_app(engine, url, lambda store: _read_approval(store, approval))
+    else:
+        read = run_on_store(db, lambda store: _read_approval(store, approval))
+    entry, is_open, call, siblings, conversation, held = read
+    chain_progress = _escalation_progress(engine, entry, held, is_open)
     now = datetime.now(UTC)
     before = conversation[:-1]  # the last message is the paused model message
     if as_json:
@@ -334,6 +380,7 @@ def show(approval: str, db: str | None, full: bool, as_json: bool) -> int:
                 "decided_by": call.decided_by,
                 "decided_at": iso(call.decided_at),
                 **assignment_fields(held),
+                "escalation": _progress_wire(chain_progress),
             }
         )
         emit_json(
@@ -367,6 +414,7 @@ def show(approval: str, db: str | None, full: bool, as_json: bool) -> int:
                 "asked": f"{iso(entry.created_at)} ({ago(entry.created_at, now)} ago)",
                 "deadline": iso(entry.deadline),
                 "assigned": _assigned_text(held),
+                "escalation": chain_progress.describe(iso) if chain_progress else None,
                 "decided": f"by {call.decided_by or 'an anonymous approver'} at "
                 f"{iso(call.decided_at)}: {json.dumps(call.answer)}"
                 if call.decided_at
