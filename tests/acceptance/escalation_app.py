@@ -3,8 +3,8 @@
 ``--app tests.acceptance.escalation_app:ai``: the banking example whose ``userApproval`` is
 assigned to group ``payments``, escalates to group ``leads`` when nobody decides it within
 ``TURNSTILE_TEST_ESCALATE_SECONDS`` (default 4), and reminds every second while open. With
-``TURNSTILE_TEST_CHAIN_SECONDS`` it escalates along a chain instead: to ``leads`` after that
-many seconds, then to ``directors`` after as many more.
+``TURNSTILE_TEST_CHAIN_SECONDS=A,B`` it escalates along a chain instead: to ``leads`` A
+seconds after it was asked, then to ``directors`` B seconds after that.
 ``--auth tests.acceptance.escalation_app:auth``: alice asks; paula is in payments, lena in
 leads, dora in directors; all hold ``approver`` (the server runs with ``--inbox-policy
 role:approver``).
@@ -30,11 +30,12 @@ GROUPS = {"alice": "requesters", "paula": "payments", "lena": "leads", "dora": "
 
 user_approval.group = "payments"
 user_approval.remind_every = 1.0
-_chain_wait = os.environ.get("TURNSTILE_TEST_CHAIN_SECONDS")
+# "5,10": to leads 5 s after the approval is asked, to directors 10 s after that.
+_chain_waits = os.environ.get("TURNSTILE_TEST_CHAIN_SECONDS", "").split(",")
 user_approval.escalation = escalation_chain(
     user_approval.name,
-    {"escalate": [("leads", float(_chain_wait)), ("directors", float(_chain_wait))]}
-    if _chain_wait
+    {"escalate": list(zip(("leads", "directors"), map(float, _chain_waits), strict=True))}
+    if _chain_waits != [""]
     else {"escalate": "leads"},
     timeout=float(os.environ.get("TURNSTILE_TEST_ESCALATE_SECONDS", "4")),
 )
