@@ -8,7 +8,9 @@ reminders. A chain moves it on from group to group, each at its step."""
 from __future__ import annotations
 
 import re
+from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -16,7 +18,13 @@ from playwright.sync_api import Browser, Locator, Page, ViewportSize, expect
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.acceptance.escalation_app import TOKENS
-from tests.acceptance.inbox_ui_support import evidence, open_stack, screenshot, signed_in
+from tests.acceptance.inbox_ui_support import (
+    Stack,
+    evidence,
+    open_stack,
+    screenshot,
+    signed_in,
+)
 from tests.http_support import run_turnstile
 
 pytestmark = pytest.mark.postgres
@@ -38,21 +46,25 @@ def counter(base: str, name: str, agent: str) -> float:
     return 0.0
 
 
+def escalation_stack(
+    tmp_path: Path, env: dict[str, str], **options: Any
+) -> AbstractContextManager[Stack]:
+    """:func:`open_stack` of the escalation app and its approvers, with ``env``."""
+    settings = {"TURNSTILE_UI_SECRET": "escalation-ui-acceptance-secret-0123456789abcdef", **env}
+    return open_stack(
+        tmp_path,
+        app=ESCALATION_APP,
+        auth="tests.acceptance.escalation_app:auth",
+        tokens=TOKENS,
+        env=settings,
+        **options,
+    )
+
+
 def test_escalation_on_timeout(browser: Browser, tmp_path: Path) -> None:
-    env = {
-        "TURNSTILE_UI_SECRET": "escalation-ui-acceptance-secret-0123456789abcdef",
-        "TURNSTILE_TEST_ESCALATE_SECONDS": str(ESCALATE_SECONDS),
-    }
+    env = {"TURNSTILE_TEST_ESCALATE_SECONDS": str(ESCALATE_SECONDS)}
     with (
-        open_stack(
-            tmp_path,
-            app=ESCALATION_APP,
-            auth="tests.acceptance.escalation_app:auth",
-            tokens=TOKENS,
-            env=env,
-            worker=False,
-            serve_workers=1,
-        ) as stack,
+        escalation_stack(tmp_path, env, worker=False, serve_workers=1) as stack,
         signed_in(browser, stack, "paula", viewport=WIDE) as paula,
         signed_in(browser, stack, "lena", viewport=WIDE) as lena,
         evidence(paula, "escalation-paula"),
@@ -115,18 +127,11 @@ def test_escalation_chain_moves_the_approval_group_by_group(
     no longer does; the approval page says which step it reached and what comes next, as
     does ``turnstile approvals show --app``; the director's approval finishes the transfer."""
     env = {
-        "TURNSTILE_UI_SECRET": "escalation-ui-acceptance-secret-0123456789abcdef",
         "TURNSTILE_TEST_CHAIN_SECONDS": f"{TO_LEADS},{TO_DIRECTORS}",
         "TURNSTILE_EXPIRY_INTERVAL": "0.3",
     }
     with (
-        open_stack(
-            tmp_path,
-            app=ESCALATION_APP,
-            auth="tests.acceptance.escalation_app:auth",
-            tokens=TOKENS,
-            env=env,
-        ) as stack,
+        escalation_stack(tmp_path, env) as stack,
         signed_in(browser, stack, "paula", viewport=WIDE) as paula,
         signed_in(browser, stack, "lena", viewport=WIDE) as lena,
         signed_in(browser, stack, "dora", viewport=WIDE) as dora,

@@ -17,8 +17,10 @@ after it, and an escalation would move an approval a decision had just closed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -284,24 +286,35 @@ async def test_two_sweeps_at_once_escalate_once() -> None:
     async with sql_store("postgres") as first:
         ctx = await paused(first)
         url = first.url.render_as_string(hide_password=False)
-        with psycopg.connect(libpq_dsn(first.url), autocommit=True) as admin:
-            admin.execute(SLOW_ESCALATION_COMMIT)
-        second_app = build(
-            store=(second := SqlSessionStore(url)), state_keys=TEST_STATE_KEYS, execution="inline"
-        )
-        second_app.user_approval.group = "payments"
-        second_app.user_approval.escalation = ctx.app.user_approval.escalation
-        try:
+        async with second_worker(ctx) as (second_app, second):
             slow = asyncio.ensure_future(sweep_assignments(ctx.app.ai, first, now=ctx.at(61)))
             await wait_until_a_commit_sleeps(url)
             other = await sweep_assignments(second_app.ai, second, now=ctx.at(61))
             first_report = await slow
-        finally:
-            await second.close()
         assert len(first_report.escalated) + len(other.escalated) == 1
         assert len(first_report.escalated) == 1, "the sweep that slept escalated it"
         moved = await ctx.assignment()
         assert (moved.group, moved.escalated_from_group) == ("leads", "payments")
+
+
+@contextlib.asynccontextmanager
+async def second_worker(ctx: Paused) -> AsyncIterator[tuple[BankingApp, SqlSessionStore]]:
+    """Another worker process's app and store on ``ctx``'s database, with the same interrupt
+    settings; on PostgreSQL, each escalation's commit there is slowed (so two sweeps at once
+    overlap)."""
+    first = ctx.store
+    assert isinstance(first, SqlSessionStore)
+    if first.url.get_backend_name() == "postgresql":
+        with psycopg.connect(libpq_dsn(first.url), autocommit=True) as admin:
+            admin.execute(SLOW_ESCALATION_COMMIT)
+    second = SqlSessionStore(first.url.render_as_string(hide_password=False))
+    app = build(store=second, state_keys=TEST_STATE_KEYS, execution="inline")
+    app.user_approval.group = ctx.app.user_approval.group
+    app.user_approval.escalation = ctx.app.user_approval.escalation
+    try:
+        yield app, second
+    finally:
+        await second.close()
 
 
 async def sweep_twice_at_once(
@@ -309,8 +322,8 @@ async def sweep_twice_at_once(
 ) -> int:
     """Two sweeps of one database at once, ``at`` seconds after the approval was asked; how
     many escalations they made together. On PostgreSQL the second runs while the first's
-    escalation commits (the slowed commit trigger must be installed); SQLite serialises
-    writers, so there the two simply race."""
+    escalation commits (:func:`second_worker` slows it); SQLite serialises writers, so there
+    the two simply race."""
     first = ctx.store
     assert isinstance(first, SqlSessionStore)
     if first.url.get_backend_name() != "postgresql":
@@ -332,23 +345,14 @@ async def test_a_chain_moves_each_step_once_with_two_sweeps_at_once(backend: str
     recorded with where it came from; past the last step nothing moves it."""
     async with sql_store(backend) as first:
         ctx = await paused(first, chain=True)
-        url = first.url.render_as_string(hide_password=False)
-        if backend == "postgres":
-            with psycopg.connect(libpq_dsn(first.url), autocommit=True) as admin:
-                admin.execute(SLOW_ESCALATION_COMMIT)
-        second_app = build(
-            store=(second := SqlSessionStore(url)), state_keys=TEST_STATE_KEYS, execution="inline"
-        )
-        second_app.user_approval.group = "payments"
-        second_app.user_approval.escalation = ctx.app.user_approval.escalation
+        async with second_worker(ctx) as (second_app, second):
 
-        async def moved_by_either(at: float) -> int:
-            """Both workers sweep, one after the other, when nothing should be due."""
-            one = await sweep_assignments(ctx.app.ai, first, now=ctx.at(at))
-            two = await sweep_assignments(second_app.ai, second, now=ctx.at(at))
-            return len(one.escalated) + len(two.escalated)
+            async def moved_by_either(at: float) -> int:
+                """Both workers sweep, one after the other, when nothing should be due."""
+                one = await sweep_assignments(ctx.app.ai, first, now=ctx.at(at))
+                two = await sweep_assignments(second_app.ai, second, now=ctx.at(at))
+                return len(one.escalated) + len(two.escalated)
 
-        try:
             assert await moved_by_either(59) == 0
             assert await sweep_twice_at_once(ctx, second_app, second, 61) == 1
             at_leads = await ctx.assignment()
@@ -364,8 +368,6 @@ async def test_a_chain_moves_each_step_once_with_two_sweeps_at_once(backend: str
                 "directors",
             )
             assert await moved_by_either(10_000) == 0
-        finally:
-            await second.close()
 
 
 async def test_a_decided_approval_stops_the_chain(store: SessionStore) -> None:
