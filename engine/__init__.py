@@ -10,12 +10,12 @@ The engine never imports :mod:`stores` or :mod:`workers`.
 from __future__ import annotations
 
 from engine.agent import Agent
-from engine.approvals.escalation import EscalationStep
 from engine.chat import Chat
 from engine.conversation.parts import Message, Part
 from engine.conversation.session_state import Artifact, StateSchemaError
 from engine.engine import Engine
 from engine.errors import AgentError, TurnFailedError, TurnstileError
+from engine.escalation import EscalationStep
 from engine.model import Model, ModelRequest, ModelResponse
 from engine.models.function import FunctionModel
 from engine.response import AgentChunk, AgentInterrupt, AgentResponse

@@ -212,7 +212,7 @@ class Engine:
         ``{"escalate": "group"}``, or a chain of groups each with its own wait:
         ``{"escalate": [EscalationStep("leads", timedelta(hours=4)), ...]}``), ``group`` and
         ``remind_every`` set what happens to an approval nobody answers
-        (:mod:`engine.approvals.expiry`, :mod:`engine.approvals.escalation`,
+        (:mod:`engine.approvals.expiry`, :mod:`engine.escalation`,
         :mod:`engine.approvals.assignment`).
         """
         tool = InterruptTool(

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from engine.approvals.escalation import escalation_chain
 from engine.conversation.parts import MALFORMED_INPUT, Part
 from engine.conversation.schemas import Schema, SchemaSpec, SchemaViolation
 from engine.conversation.session_state import Artifact, Effect, LiveState
 from engine.errors import ToolError
+from engine.escalation import escalation_chain
 from engine.model import ToolSpec
 
 if TYPE_CHECKING:
@@ -214,7 +214,7 @@ class InterruptTool(Tool):
     """A tool whose only job is to pause the turn (``define_interrupt``).
 
     ``timeout`` (seconds or a timedelta) and ``on_timeout`` (a default answer, ``"fail"``, or
-    ``{"escalate": ...}``, a group or a chain: :mod:`engine.approvals.escalation`) describe
+    ``{"escalate": ...}``, a group or a chain: :mod:`engine.escalation`) describe
     what happens to an approval nobody answers; the durable worker pool enforces them.
     ``group`` assigns every approval to a group from the start and ``remind_every`` (seconds
     or a timedelta) asks for reminders while it stays open (see

@@ -17,7 +17,7 @@ for every decision path:
   named too; assign to a person alone keeps the group.
 * **Escalation.** ``timeout=`` with ``on_timeout={"escalate": "group"}``: once the approval
   has been open that long, the worker's sweep (:func:`sweep_assignments`) moves it to that
-  group, once, recording when and from whom. A chain (:mod:`engine.approvals.escalation`)
+  group, once, recording when and from whom. A chain (:mod:`engine.escalation`)
   moves it on from group to group, each step once after its own wait. It does not decide
   it: the turn stays paused.
 * **Reminders.** ``remind_every=``: while the approval stays open, the sweep logs a reminder
@@ -41,8 +41,8 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from engine.approval_policy import ApprovalPolicy, ApprovalRefusedError, Approver, same_principal
-from engine.approvals.escalation import EscalationChain
 from engine.errors import AgentError, FailedPreconditionError, InvalidArgumentError
+from engine.escalation import EscalationChain
 from engine.store import (
     ApprovalClaimedError,
     Assignment,

@@ -5,7 +5,7 @@ Revises: 0012
 Create Date: 2026-12-06 22:10:00.000000
 
 ``on_timeout={"escalate": [...]}`` moves an unanswered approval along a chain of groups, each
-step after its own wait (``engine/approvals/escalation.py``, docs/inbox.md). The row records
+step after its own wait (``engine/escalation.py``, docs/inbox.md). The row records
 the step reached, 0 before any; ``escalated_at``, ``escalated_from_*`` and ``escalated_to``
 now describe the last step. The sweep's guarded UPDATE moves an approval from the step it
 read, so each step happens once with several workers. An approval escalated before this

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 
-from engine.approvals.escalation import escalation_chain
+from engine.escalation import escalation_chain
 from engine.remote.auth import BearerTokenAuth, Principal
 from examples.banking import ai, user_approval
 

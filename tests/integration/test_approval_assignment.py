@@ -36,11 +36,11 @@ from engine.approvals.assignment import (
     sweep_assignments,
 )
 from engine.approvals.decide import Decision, decide, find_approval
-from engine.approvals.escalation import escalation_chain
 from engine.approvals.expiry import expire_approvals
 from engine.approvals.rules import vote_rule
 from engine.conversation.parts import Message
 from engine.errors import ApprovalNotPendingError
+from engine.escalation import escalation_chain
 from engine.remote.auth import Principal
 from engine.status import FinishReason, TurnStatus
 from engine.store import (

@@ -18,8 +18,8 @@ import pytest
 
 from engine.approvals.assignment import claim, sweep_assignments
 from engine.approvals.decide import Decision, decide, find_approval
-from engine.approvals.escalation import escalation_chain
 from engine.conversation.parts import Message
+from engine.escalation import escalation_chain
 from engine.remote import BearerTokenAuth, Principal, RoleInboxPolicy, create_app
 from engine.remote.ui import UiSettings
 from engine.store import TurnInput

@@ -1,4 +1,4 @@
-"""Escalation chains (engine.approvals.escalation): the shapes ``on_timeout={"escalate": ...}``
+"""Escalation chains (engine.escalation): the shapes ``on_timeout={"escalate": ...}``
 accepts, the mistakes refused at definition time, which step is due when, and the guard that
 moves an approval from one step to the next once."""
 
@@ -10,7 +10,7 @@ import pytest
 
 from engine import Engine, EscalationStep
 from engine.approval_policy import ApprovalPolicy, role
-from engine.approvals.escalation import DueStep, EscalationChain, progress
+from engine.escalation import DueStep, EscalationChain, progress
 from engine.store import Assignment, AssignmentChange
 from engine.store.rules import apply_change
 from tests.conftest import TEST_STATE_KEYS

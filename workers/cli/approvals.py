@@ -33,9 +33,9 @@ from engine.approvals.decide import (
     find_approval,
     yes_no_answer,
 )
-from engine.approvals.escalation import EscalationProgress, progress
 from engine.conversation.parts import Message
 from engine.errors import ApprovalNotPendingError, FailedPreconditionError, InvalidArgumentError
+from engine.escalation import EscalationProgress, progress
 from engine.rejection import MAX_REASON_LENGTH, Rejection
 from engine.store import (
     ApprovalClaimedError,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine.approvals.assignment import current_assignment, may_act, needs_quorum
-from engine.approvals.escalation import progress
+from engine.escalation import progress
 from engine.remote.auth import Principal
 from engine.remote.ui.queries import ApprovalFound
 
