@@ -77,6 +77,7 @@ APPROVAL_KEYS = {
     "escalated_to",
     "reminders",
     "last_reminded_at",
+    "escalation_step",
 }
 
 
