@@ -576,6 +576,7 @@ class InMemorySessionStore:
             escalated_from_group=escalation.escalated_from_group if escalation else None,
             escalated_from_assignee=escalation.escalated_from_assignee if escalation else None,
             escalated_to=escalation.escalated_to if escalation else None,
+            escalation_step=escalation.escalation_step if escalation else 0,
         )
 
     async def active_turn_ids(self, owner: str | None, *, limit: int) -> list[str]:

@@ -626,6 +626,9 @@ class DecidedApproval(ApprovalEntry):
     escalated_from_assignee: str | None = None
     #: The group it escalated to.
     escalated_to: str | None = None
+    #: The step of its escalation chain it reached (0: none; the ``escalated_*`` fields
+    #: describe that last step).
+    escalation_step: int = 0
 
     @property
     def edit(self) -> dict[str, Any] | None:

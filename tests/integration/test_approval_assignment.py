@@ -48,6 +48,7 @@ from engine.store import (
     Assignment,
     AssignmentChange,
     AssignmentChangedError,
+    DecisionQuery,
     PendingApproval,
     SessionStore,
     ToolCallRecord,
@@ -372,7 +373,7 @@ async def test_a_chain_moves_each_step_once_with_two_sweeps_at_once(backend: str
 
 async def test_a_decided_approval_stops_the_chain(store: SessionStore) -> None:
     """An approval decided at the chain's first step is never moved to the next one, however
-    late the sweep runs."""
+    late the sweep runs; its decision's history says the step it reached."""
     ctx = await paused(store, chain=True)
     agent, engine = ctx.app.banking_agent, ctx.app.ai
     assert len((await sweep_assignments(engine, store, now=ctx.at(61))).escalated) == 1
@@ -380,6 +381,8 @@ async def test_a_decided_approval_stops_the_chain(store: SessionStore) -> None:
     assert (await sweep_assignments(engine, store, now=ctx.at(10_000))).escalated == []
     stored = await store.get_assignments([(ctx.approval.turn_id, ctx.approval.round, "approval-1")])
     assert [(a.escalation_step, a.group) for a in stored.values()] == [(1, "leads")]
+    [decided] = await store.list_decisions(DecisionQuery())
+    assert (decided.escalation_step, decided.escalated_to) == (1, "leads")
 
 
 async def test_escalations_and_reminders_are_counted_per_agent(store: SessionStore) -> None:

@@ -11,6 +11,7 @@ import pytest
 from engine import Engine, EscalationStep
 from engine.approval_policy import ApprovalPolicy, role
 from engine.escalation import DueStep, EscalationChain, progress
+from engine.remote.ui.present import escalation_summary
 from engine.store import Assignment, AssignmentChange
 from engine.store.rules import apply_change
 from tests.conftest import TEST_STATE_KEYS
@@ -123,3 +124,14 @@ def test_an_escalation_moves_only_from_the_step_it_names() -> None:
         "leads",
     )
     assert apply_change(at_two, second, NOW + HOURS_8) is None
+
+
+def test_the_history_names_the_step_past_a_chains_first() -> None:
+    """A decided approval's escalation reads as before after one step, and names the step
+    reached after more."""
+    assert escalation_summary("payments", "dave", "leads") == (
+        "from group payments (held by dave) to group leads"
+    )
+    assert escalation_summary("leads", None, "directors", step=2) == (
+        "from group leads to group directors (step 2)"
+    )

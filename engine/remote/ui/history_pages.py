@@ -46,6 +46,7 @@ CSV_COLUMNS = (
     "escalated_from_group",
     "escalated_from_assignee",
     "escalated_to",
+    "escalation_step",
 )
 
 
@@ -53,7 +54,10 @@ def _escalation(entry: DecidedApproval) -> str:
     if entry.escalated_at is None:
         return ""
     return present.escalation_summary(
-        entry.escalated_from_group, entry.escalated_from_assignee, entry.escalated_to
+        entry.escalated_from_group,
+        entry.escalated_from_assignee,
+        entry.escalated_to,
+        step=entry.escalation_step,
     )
 
 
@@ -163,4 +167,5 @@ def _csv_row(entry: DecidedApproval) -> list[Any]:
         entry.escalated_from_group,
         entry.escalated_from_assignee,
         entry.escalated_to,
+        entry.escalation_step,
     ]
