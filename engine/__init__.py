@@ -15,6 +15,7 @@ from engine.conversation.parts import Message, Part
 from engine.conversation.session_state import Artifact, StateSchemaError
 from engine.engine import Engine
 from engine.errors import AgentError, TurnFailedError, TurnstileError
+from engine.escalation import EscalationStep
 from engine.model import Model, ModelRequest, ModelResponse
 from engine.models.function import FunctionModel
 from engine.response import AgentChunk, AgentInterrupt, AgentResponse
@@ -33,6 +34,7 @@ __all__ = [
     "Artifact",
     "Chat",
     "Engine",
+    "EscalationStep",
     "FinishReason",
     "FunctionModel",
     "InterruptTool",

@@ -148,6 +148,11 @@ class ApprovalPolicy:
             return False
         return approver is not None and not any(same_principal(approver.id, v) for v in voted)
 
+    def admits_group(self, group: str) -> bool:
+        """Whether the members of ``group`` (holders of that role) may decide, whoever they
+        are: what an assignment or an escalation to the group needs."""
+        return self.approvers is None or self.approvers(_GroupMember(roles=frozenset({group})))
+
     def check(self, approver: Approver | None, *, requester: str | None, approving: bool) -> None:
         """Raise :class:`ApprovalRefusedError` when ``approver`` may not cast this vote."""
         if approver is None:
@@ -163,6 +168,14 @@ class ApprovalPolicy:
                 f"'{approver.id}' started this turn and may not approve it: another approver "
                 "must (maker-checker)."
             )
+
+
+@dataclass(frozen=True)
+class _GroupMember:
+    """Any member of a group, as a policy's predicate sees them: known by role alone."""
+
+    roles: frozenset[str]
+    id: str = ""
 
 
 def identity_key(principal_id: str) -> str:

@@ -227,15 +227,16 @@ class Engine:
         the deciding principal, or an :class:`~engine.approval_policy.ApprovalPolicy`) and
         ``required_approvals`` set the inbox's approval policy (maker-checker, quorum).
         ``timeout`` with ``on_timeout`` (a default answer, ``"fail"``, or
-        ``{"escalate": "group"}``), ``group`` and ``remind_every`` set what happens to an
-        approval nobody answers (:mod:`engine.approvals.expiry`,
-        :mod:`engine.approvals.assignment`). ``webhooks``
-        (:class:`~engine.webhooks.Webhook`) are told when an approval of it opens,
-        is reminded about, escalates or is decided (docs/webhooks.md). ``title`` names the
-        approval and ``summary`` says what it asks in the approver's words — a template over
-        the input (``"Transfer ${amount} to {toAccount}"``) or a function of the validated
-        input — on every page, listing and export that shows it
-        (:mod:`engine.approvals.wording`).
+        ``{"escalate": "group"}``, or a chain of groups each with its own wait:
+        ``{"escalate": [EscalationStep("leads", timedelta(hours=4)), ...]}``), ``group`` and
+        ``remind_every`` set what happens to an approval nobody answers
+        (:mod:`engine.approvals.expiry`, :mod:`engine.escalation`,
+        :mod:`engine.approvals.assignment`). ``webhooks`` (:class:`~engine.webhooks.Webhook`)
+        are told when an approval of it opens, is reminded about, escalates or is decided
+        (docs/webhooks.md). ``title`` names the approval and ``summary`` says what it asks in
+        the approver's words — a template over the input (``"Transfer ${amount} to
+        {toAccount}"``) or a function of the validated input — on every page, listing and
+        export that shows it (:mod:`engine.approvals.wording`).
         """
         tool = InterruptTool(
             name=name,

@@ -22,6 +22,7 @@ from engine.conversation.parts import MALFORMED_INPUT, Part
 from engine.conversation.schemas import Schema, SchemaSpec, SchemaViolation
 from engine.conversation.session_state import Artifact, Effect, LiveState
 from engine.errors import ToolError
+from engine.escalation import escalation_chain
 from engine.model import ToolSpec
 
 if TYPE_CHECKING:
@@ -29,7 +30,6 @@ if TYPE_CHECKING:
     from engine.webhooks import Webhook
 
 __all__ = [
-    "ESCALATE",
     "InterruptTool",
     "SummarySpec",
     "Tool",
@@ -37,7 +37,6 @@ __all__ = [
     "ToolFn",
     "ToolInterrupt",
     "check_wording",
-    "escalation_target",
     "in_daemon_thread",
     "malformed_call_reason",
     "seconds_of",
@@ -49,9 +48,6 @@ ToolFn = Callable[..., Any] | Callable[..., Awaitable[Any]]
 #: {toAccount}"``), or a function of the validated input returning text (rendered by
 #: :mod:`engine.approvals.wording`).
 SummarySpec = str | Callable[[Any], str]
-
-#: The key of ``on_timeout={"escalate": "group"}`` (see :mod:`engine.approvals.assignment`).
-ESCALATE = "escalate"
 
 
 class ToolInterrupt(BaseException):
@@ -258,10 +254,11 @@ class InterruptTool(Tool):
     """A tool whose only job is to pause the turn (``define_interrupt``).
 
     ``timeout`` (seconds or a timedelta) and ``on_timeout`` (a default answer, ``"fail"``, or
-    ``{"escalate": "group"}``) describe what happens to an approval nobody answers; the
-    durable worker pool enforces them. ``group`` assigns every approval to a group from the
-    start and ``remind_every`` (seconds or a timedelta) asks for reminders while it stays
-    open (see :mod:`engine.approvals.assignment`).
+    ``{"escalate": ...}``, a group or a chain: :mod:`engine.escalation`) describe
+    what happens to an approval nobody answers; the durable worker pool enforces them.
+    ``group`` assigns every approval to a group from the start and ``remind_every`` (seconds
+    or a timedelta) asks for reminders while it stays open (see
+    :mod:`engine.approvals.assignment`).
     ``approval_policy`` (see :mod:`engine.approval_policy`) says who may decide it and how
     many approvals it needs; the inbox enforces it.
     """
@@ -298,12 +295,12 @@ class InterruptTool(Tool):
         )
         self.metadata = metadata
         self.timeout = seconds_of(timeout, "timeout")
-        #: The group an overdue approval moves to (``on_timeout={"escalate": ...}``).
-        self.escalate_to = escalation_target(on_timeout)
-        if self.escalate_to is not None and self.timeout is None:
-            raise ValueError("An interrupt that escalates on timeout needs a timeout.")
+        #: The groups an overdue approval moves to (``on_timeout={"escalate": ...}``).
+        self.escalation = escalation_chain(
+            name, on_timeout, timeout=self.timeout, policy=approval_policy
+        )
         # An escalation is not an answer: expiry must never resume the turn with it.
-        self.on_timeout = None if self.escalate_to is not None else on_timeout
+        self.on_timeout = None if self.escalation is not None else on_timeout
         if group is not None and not group.strip():
             raise ValueError("group must name a group (a role), not be empty.")
         self.group = group
@@ -313,7 +310,7 @@ class InterruptTool(Tool):
     def expires_after(self) -> float | None:
         """Seconds after which expiry decides an unanswered approval (``None``: never; an
         escalating interrupt is moved, not decided)."""
-        return None if self.escalate_to is not None else self.timeout
+        return None if self.escalation is not None else self.timeout
 
     async def invoke(self, raw_input: Any, ctx: ToolContext) -> Any:
         """Validate the input, then pause: an interrupt never executes."""
@@ -364,17 +361,6 @@ def seconds_of(value: float | timedelta | None, what: str) -> float | None:
     if not seconds > 0:
         raise ValueError(f"{what} must be positive (seconds or a timedelta), not {value!r}.")
     return seconds
-
-
-def escalation_target(on_timeout: Any) -> str | None:
-    """The group of ``on_timeout={"escalate": "group"}`` (``None``: not an escalation);
-    ``ValueError`` for an escalation that names no group."""
-    if not (isinstance(on_timeout, Mapping) and ESCALATE in on_timeout):
-        return None
-    target = on_timeout[ESCALATE]
-    if len(on_timeout) != 1 or not isinstance(target, str) or not target.strip():
-        raise ValueError('on_timeout escalates as {"escalate": "<group>"}, with nothing else.')
-    return target
 
 
 def malformed_call_reason(tool: Tool, part: Part) -> str | None:

@@ -144,6 +144,7 @@ def list_decisions(connection: Connection, query: DecisionQuery) -> list[Decided
             a.escalated_from_group,
             a.escalated_from_assignee,
             a.escalated_to,
+            sa.func.coalesce(a.escalation_step, 0).label("escalation_step"),
         )
         .select_from(
             tool_calls.join(turns, turns.c.id == c.turn_id)

@@ -1,5 +1,5 @@
 """SQL for the assignment, escalation and reminders of open approvals (``approval_assignments``,
-migration 0010; the rules are :mod:`engine.approvals.assignment`'s).
+migrations 0010 and 0015; the rules are :mod:`engine.approvals.assignment`'s).
 
 An approval has a row once anything was assigned, escalated or reminded; before that it is
 assigned to its interrupt's default group. A change first inserts that starting row if there
@@ -7,8 +7,9 @@ is none (``ON CONFLICT DO NOTHING``: two writers at once insert it once), then m
 in one guarded UPDATE: the approval must still be open (in ``approval_queue``, undecided) and
 the change's own guard must hold. Of two writers at once, PostgreSQL makes the second wait for
 the first's row lock and then re-checks the guard against the committed row, so an approval
-escalates once and is reminded once per interval; SQLite serialises writers anyway. A change
-announces itself on the change channel (no turn's status changes), for the inbox's live pages.
+moves once per step of its escalation chain and is reminded once per interval; SQLite
+serialises writers anyway. A change announces itself on the change channel (no turn's status
+changes), for the inbox's live pages.
 
 A change first locks the approval's journal row, the lock a decision or a vote takes
 (:func:`stores.approvals.change_approval`, whose rule checks the assignment the decider saw
@@ -119,7 +120,8 @@ def _plan(
             guard = [a.assignee == change.holder]
         return guard, {"assignee": None, **stamp}
     if change.action == "escalate":
-        return [a.escalated_at.is_(None)], {
+        return [a.escalation_step == change.from_step], {
+            "escalation_step": change.from_step + 1,
             "escalated_from_assignee": a.assignee,
             "escalated_from_group": a.assigned_group,
             "escalated_to": change.group,
@@ -174,8 +176,9 @@ def change_assignment(
 
 
 def list_due_approvals(connection: Connection, query: DueQuery) -> list[PendingApproval]:
-    """Open approvals of one interrupt old enough, not escalated and/or not reminded lately,
-    oldest first (along ``approval_queue``'s ``created_at`` index)."""
+    """Open approvals of one interrupt old enough, at one step of their escalation chain and
+    there long enough, and/or not reminded lately, oldest first (along ``approval_queue``'s
+    ``created_at`` index)."""
     q = approval_queue.c
     a = approval_assignments.c
     conditions: list[sa.ColumnElement[bool]] = [
@@ -184,8 +187,11 @@ def list_due_approvals(connection: Connection, query: DueQuery) -> list[PendingA
         q.name == query.interrupt,
         q.created_at <= query.created_before,
     ]
-    if query.unescalated:
-        conditions.append(a.escalated_at.is_(None))
+    if query.escalation_step is not None:
+        # No row yet: the approval is where it started, at step 0.
+        conditions.append(sa.func.coalesce(a.escalation_step, 0) == query.escalation_step)
+    if query.escalated_before is not None:
+        conditions.append(a.escalated_at <= query.escalated_before)
     if query.reminded_before is not None:
         conditions.append(
             sa.or_(a.last_reminded_at.is_(None), a.last_reminded_at <= query.reminded_before)

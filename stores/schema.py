@@ -376,10 +376,19 @@ approval_assignments = sa.Table(
         "assigned_by", sa.Text, comment="Who made the last change ('escalation': the sweep)."
     ),
     sa.Column("assigned_at", TIMESTAMP, comment="When the last change was made."),
-    sa.Column("escalated_at", TIMESTAMP, comment="When the timeout moved it (at most once)."),
+    sa.Column(
+        "escalated_at", TIMESTAMP, comment="When the last step of the escalation chain moved it."
+    ),
     sa.Column("escalated_from_assignee", sa.Text, comment="The assignee before the escalation."),
     sa.Column("escalated_from_group", sa.Text, comment="The group before the escalation."),
     sa.Column("escalated_to", sa.Text, comment="The group the escalation moved it to."),
+    sa.Column(
+        "escalation_step",
+        sa.Integer,
+        nullable=False,
+        server_default="0",
+        comment="The step of the escalation chain reached (0: not escalated); migration 0015.",
+    ),
     sa.Column(
         "last_reminded_at",
         TIMESTAMP,

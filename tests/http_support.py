@@ -73,12 +73,15 @@ def _turnstile(*args: str) -> list[str]:
     return [sys.executable, "-m", "workers.cli", *args]
 
 
-def run_turnstile(*args: str, db_url: str) -> subprocess.CompletedProcess[str]:
-    """A ``turnstile`` command run to its end with the processes' environment for ``db_url``."""
+def run_turnstile(
+    *args: str, db_url: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """A ``turnstile`` command run to its end with the processes' environment for ``db_url``
+    (``env`` overriding it)."""
     return subprocess.run(
         _turnstile(*args),
         cwd=ROOT,
-        env=_env(db_url, None),
+        env=_env(db_url, env),
         capture_output=True,
         text=True,
         timeout=120,

@@ -17,7 +17,9 @@ for every decision path:
   named too; assign to a person alone keeps the group.
 * **Escalation.** ``timeout=`` with ``on_timeout={"escalate": "group"}``: once the approval
   has been open that long, the worker's sweep (:func:`sweep_assignments`) moves it to that
-  group, once, recording when and from whom. It does not decide it: the turn stays paused.
+  group, once, recording when and from whom. A chain (:mod:`engine.escalation`)
+  moves it on from group to group, each step once after its own wait. It does not decide
+  it: the turn stays paused.
 * **Reminders.** ``remind_every=``: while the approval stays open, the sweep logs a reminder
   (``turnstile.assignment``, with the turn, session, approval and assignee) once per interval
   and reports it to the metrics; the last reminder's time is stored, so several workers remind
@@ -41,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 from engine.approval_policy import ApprovalPolicy, ApprovalRefusedError, Approver, same_principal
 from engine.approvals.webhooks import change_deliveries
 from engine.errors import AgentError, FailedPreconditionError, InvalidArgumentError
+from engine.escalation import EscalationChain
 from engine.store import (
     ApprovalClaimedError,
     Assignment,
@@ -247,11 +250,7 @@ def check_target(
                 f"'{assignee}' may not decide this approval (approvers: {policy.who()}): it "
                 "cannot be assigned to them."
             )
-    if (
-        group is not None
-        and policy.approvers is not None
-        and not policy.approvers(_Candidate("", roles=frozenset({group})))
-    ):
+    if group is not None and not policy.admits_group(group):
         raise ApprovalRefusedError(
             f"Members of group '{group}' may not decide this approval (approvers: "
             f"{policy.who()}): it cannot be assigned to that group."
@@ -405,10 +404,9 @@ async def sweep_assignments(
         if agent.store is not store:
             continue
         for tool in agent.tools.values():
-            target = getattr(tool, "escalate_to", None)
-            timeout = getattr(tool, "timeout", None)
-            if target is not None and timeout is not None:
-                await _escalate_due(agent, store, tool.name, target, timeout, moment, limit, report)
+            chain = getattr(tool, "escalation", None)
+            if chain is not None:
+                await _escalate_due(agent, store, tool.name, chain, moment, limit, report)
             every = getattr(tool, "remind_every", None)
             if every is not None:
                 await _remind_due(agent, store, tool.name, every, moment, limit, report)
@@ -419,42 +417,53 @@ async def _escalate_due(
     agent: Agent,
     store: AssignmentBook,
     interrupt: str,
-    target: str,
-    timeout: float,
+    chain: EscalationChain,
     now: datetime,
     limit: int,
     report: SweepReport,
 ) -> None:
-    query = DueQuery(
-        agents=(agent.name,),
-        interrupt=interrupt,
-        created_before=now - timedelta(seconds=timeout),
-        unescalated=True,
-        limit=limit,
-    )
-    change = AssignmentChange(action="escalate", by=ESCALATION_ACTOR, group=target, at=now)
-    for approval in await store.list_due_approvals(query):
-        # Escalation heard by the interrupt's webhooks and the new group's.
-        hooks = change_deliveries(
-            agent, approval, "escalated", at=now, group=target, details={"escalated_to": target}
+    for reached in range(len(chain)):
+        cutoff = chain.due_cutoff(reached, now)
+        query = DueQuery(
+            agents=(agent.name,),
+            interrupt=interrupt,
+            created_before=cutoff,
+            escalation_step=reached,
+            escalated_before=cutoff if reached else None,
+            limit=limit,
         )
-        try:
-            moved = await _change(agent, approval, change.model_copy(update={"deliveries": hooks}))
-        except AgentError as error:  # decided meanwhile
-            logger.info("escalation of %s:%s skipped: %s", approval.turn_id, approval.ref, error)
-            continue
-        if moved is None:
-            continue  # another worker escalated it first
-        report.escalated.append(moved)
-        instruments.approval_escalated(agent.name)
-        logger.warning(
-            "approval %s:%s escalated from %s to group %s",
-            approval.turn_id,
-            approval.ref,
-            moved.escalated_from_assignee or moved.escalated_from_group or "nobody",
-            target,
-            extra=_fields(approval, moved),
+        target = chain.groups[reached]
+        change = AssignmentChange(
+            action="escalate", by=ESCALATION_ACTOR, group=target, from_step=reached, at=now
         )
+        for approval in await store.list_due_approvals(query):
+            # Escalation heard by the interrupt's webhooks and the new group's.
+            hooks = change_deliveries(
+                agent, approval, "escalated", at=now, group=target, details={"escalated_to": target}
+            )
+            try:
+                moved = await _change(
+                    agent, approval, change.model_copy(update={"deliveries": hooks})
+                )
+            except AgentError as error:  # decided meanwhile
+                logger.info(
+                    "escalation of %s:%s skipped: %s", approval.turn_id, approval.ref, error
+                )
+                continue
+            if moved is None:
+                continue  # another worker moved it first
+            report.escalated.append(moved)
+            instruments.approval_escalated(agent.name)
+            logger.warning(
+                "approval %s:%s escalated from %s to group %s (step %d of %d)",
+                approval.turn_id,
+                approval.ref,
+                moved.escalated_from_assignee or moved.escalated_from_group or "nobody",
+                target,
+                moved.escalation_step,
+                len(chain),
+                extra=_fields(approval, moved),
+            )
 
 
 async def _remind_due(
@@ -514,4 +523,5 @@ def _fields(approval: PendingApproval, assignment: Assignment) -> dict[str, Any]
         "assignee": assignment.assignee,
         "assigned_group": assignment.group,
         "reminders": assignment.reminders,
+        "escalation_step": assignment.escalation_step,
     }

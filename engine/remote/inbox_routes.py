@@ -132,6 +132,7 @@ def assignment_wire(assignment: Assignment) -> dict[str, Any]:
         "escalatedFromAssignee": assignment.escalated_from_assignee,
         "escalatedFromGroup": assignment.escalated_from_group,
         "escalatedTo": assignment.escalated_to,
+        "escalationStep": assignment.escalation_step,
         "reminders": assignment.reminders,
         "lastRemindedAt": moment(assignment.last_reminded_at),
     }

@@ -580,6 +580,7 @@ class InMemorySessionStore:
             escalated_from_group=escalation.escalated_from_group if escalation else None,
             escalated_from_assignee=escalation.escalated_from_assignee if escalation else None,
             escalated_to=escalation.escalated_to if escalation else None,
+            escalation_step=escalation.escalation_step if escalation else 0,
         )
 
     async def active_turn_ids(self, owner: str | None, *, limit: int) -> list[str]:
@@ -783,7 +784,13 @@ class InMemorySessionStore:
         due: list[PendingApproval] = []
         for entry in await self.list_approvals(every):
             stored = self._assignments.get((entry.turn_id, entry.round, entry.ref))
-            if query.unescalated and stored is not None and stored.escalated_at is not None:
+            step = stored.escalation_step if stored is not None else 0
+            if query.escalation_step is not None and step != query.escalation_step:
+                continue
+            escalated = stored.escalated_at if stored is not None else None
+            if query.escalated_before is not None and (
+                escalated is None or escalated > query.escalated_before
+            ):
                 continue
             reminded = stored.last_reminded_at if stored is not None else None
             if query.reminded_before is not None and reminded and reminded > query.reminded_before:

@@ -572,6 +572,9 @@ class Assignment(BaseModel):
     escalated_from_assignee: str | None = None
     escalated_from_group: str | None = None
     escalated_to: str | None = None
+    #: The step of the interrupt's escalation chain it reached (0: not escalated); the
+    #: ``escalated_*`` fields describe that step.
+    escalation_step: int = 0
     last_reminded_at: datetime | None = None
     reminders: int = 0
 
@@ -615,8 +618,9 @@ class AssignmentChange(BaseModel):
     * ``assign``: ``group`` (when given; the assignee then becomes ``assignee``) and/or
       ``assignee``;
     * ``release``: no assignee, only when ``holder`` holds it (``holder=None``: whoever does);
-    * ``escalate``: ``group = group``, no assignee, the previous ones recorded, only when not
-      escalated before;
+    * ``escalate``: ``group = group``, no assignee, the previous ones recorded, the step
+      reached becoming ``from_step + 1``, only when it is still at step ``from_step`` (each
+      step of a chain moves it once);
     * ``remind``: ``last_reminded_at = now``, only when not reminded in the last
       ``every_seconds``.
     """
@@ -627,6 +631,8 @@ class AssignmentChange(BaseModel):
     group: str | None = None
     holder: str | None = None
     every_seconds: float | None = None
+    #: The escalation step an ``escalate`` moves the approval from (0: not escalated yet).
+    from_step: int = 0
     #: The moment of the change (``None``: the store's clock); the sweep passes its own.
     at: datetime | None = None
     #: Webhook deliveries reporting the change, written only if the change is (same transaction).
@@ -640,8 +646,10 @@ class DueQuery(BaseModel):
     interrupt: str
     #: Only approvals created at or before this moment.
     created_before: datetime
-    #: Only approvals not escalated yet.
-    unescalated: bool = False
+    #: Only approvals at this step of their escalation chain (0: not escalated yet).
+    escalation_step: int | None = None
+    #: Only approvals whose last escalation was at or before this moment.
+    escalated_before: datetime | None = None
     #: Only approvals never reminded, or last reminded at or before this moment.
     reminded_before: datetime | None = None
     limit: int = 100
@@ -668,6 +676,9 @@ class DecidedApproval(ApprovalEntry):
     escalated_from_assignee: str | None = None
     #: The group it escalated to.
     escalated_to: str | None = None
+    #: The step of its escalation chain it reached (0: none; the ``escalated_*`` fields
+    #: describe that last step).
+    escalation_step: int = 0
 
     @property
     def edit(self) -> dict[str, Any] | None:

@@ -299,10 +299,11 @@ def apply_change(current: Assignment, change: AssignmentChange, now: datetime) -
             return None
         return current.model_copy(update={"assignee": None, **stamp})
     if change.action == "escalate":
-        if current.escalated_at is not None:
+        if current.escalation_step != change.from_step:
             return None
         return current.model_copy(
             update={
+                "escalation_step": change.from_step + 1,
                 "escalated_from_assignee": current.assignee,
                 "escalated_from_group": current.group,
                 "escalated_to": change.group,

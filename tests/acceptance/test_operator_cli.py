@@ -80,6 +80,7 @@ APPROVAL_KEYS = {
     "escalated_to",
     "reminders",
     "last_reminded_at",
+    "escalation_step",
 }
 
 

@@ -1,12 +1,14 @@
 """Assignment, escalation and reminders of approvals (engine.approvals.assignment) on every store:
 who may claim, assign, release and decide; an overdue approval escalating once without being
-decided; reminders once per interval; two sweeps at once on PostgreSQL escalating once; a decision
-and an escalation at once on PostgreSQL never both written.
+decided; reminders once per interval; two sweeps at once on PostgreSQL escalating once; a chain
+moved one step at a time, each once, by two sweeps at once on PostgreSQL and SQLite, and no
+further once decided; a decision and an escalation at once on PostgreSQL never both written.
 
 The concurrent tests make the race wide on PostgreSQL: a deferred constraint trigger, created
 only in the test's own database, sleeps at the commit of an escalation (or of a decision), and
-the other writer runs meanwhile. Without the guard on ``escalated_at`` (``stores/assignments.py``),
-the second sweep would escalate again once the first commits; without the assignment guard of a
+the other writer runs meanwhile. Without the guard on ``escalation_step`` (the step the sweep
+moves from, ``stores/assignments.py``), the second sweep would escalate again once the first
+commits; without the assignment guard of a
 decision (the journal row lock every assignment change takes, and the assignment the decider
 saw checked under it), a decision checked before an escalation committed would be recorded
 after it, and an escalation would move an approval a decision had just closed.
@@ -15,8 +17,10 @@ after it, and an escalation would move an approval a decision had just closed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -36,6 +40,7 @@ from engine.approvals.expiry import expire_approvals
 from engine.approvals.rules import vote_rule
 from engine.conversation.parts import Message
 from engine.errors import ApprovalNotPendingError
+from engine.escalation import escalation_chain
 from engine.remote.auth import Principal
 from engine.status import FinishReason, TurnStatus
 from engine.store import (
@@ -43,6 +48,7 @@ from engine.store import (
     Assignment,
     AssignmentChange,
     AssignmentChangedError,
+    DecisionQuery,
     PendingApproval,
     SessionStore,
     ToolCallRecord,
@@ -112,13 +118,21 @@ class Paused:
         return self.approval.created_at + timedelta(seconds=seconds)
 
 
-async def paused(store: SessionStore, *, escalate: bool = True, remind: bool = False) -> Paused:
-    """alice asks for a transfer; the turn pauses at userApproval, assigned to payments."""
+#: A chain: to leads a minute after the approval was asked, to directors two minutes later.
+CHAIN = {"escalate": [("leads", 60), ("directors", 120)]}
+
+
+async def paused(
+    store: SessionStore, *, escalate: bool = True, remind: bool = False, chain: bool = False
+) -> Paused:
+    """alice asks for a transfer; the turn pauses at userApproval, assigned to payments (and
+    escalating to leads after a minute, or along :data:`CHAIN` with ``chain``)."""
     app = build(store=store, state_keys=TEST_STATE_KEYS, execution="inline")
     interrupt = app.user_approval
     interrupt.group = "payments"
     if escalate:
-        interrupt.timeout, interrupt.escalate_to = 60.0, "leads"
+        on_timeout = CHAIN if chain else {"escalate": "leads"}
+        interrupt.escalation = escalation_chain(interrupt.name, on_timeout, timeout=60)
     if remind:
         interrupt.remind_every = 60.0
     response = await app.banking_agent.run_turn(
@@ -273,24 +287,102 @@ async def test_two_sweeps_at_once_escalate_once() -> None:
     async with sql_store("postgres") as first:
         ctx = await paused(first)
         url = first.url.render_as_string(hide_password=False)
-        with psycopg.connect(libpq_dsn(first.url), autocommit=True) as admin:
-            admin.execute(SLOW_ESCALATION_COMMIT)
-        second_app = build(
-            store=(second := SqlSessionStore(url)), state_keys=TEST_STATE_KEYS, execution="inline"
-        )
-        second_app.user_approval.group = "payments"
-        second_app.user_approval.timeout, second_app.user_approval.escalate_to = 60.0, "leads"
-        try:
+        async with second_worker(ctx) as (second_app, second):
             slow = asyncio.ensure_future(sweep_assignments(ctx.app.ai, first, now=ctx.at(61)))
             await wait_until_a_commit_sleeps(url)
             other = await sweep_assignments(second_app.ai, second, now=ctx.at(61))
             first_report = await slow
-        finally:
-            await second.close()
         assert len(first_report.escalated) + len(other.escalated) == 1
         assert len(first_report.escalated) == 1, "the sweep that slept escalated it"
         moved = await ctx.assignment()
         assert (moved.group, moved.escalated_from_group) == ("leads", "payments")
+
+
+@contextlib.asynccontextmanager
+async def second_worker(ctx: Paused) -> AsyncIterator[tuple[BankingApp, SqlSessionStore]]:
+    """Another worker process's app and store on ``ctx``'s database, with the same interrupt
+    settings; on PostgreSQL, each escalation's commit there is slowed (so two sweeps at once
+    overlap)."""
+    first = ctx.store
+    assert isinstance(first, SqlSessionStore)
+    if first.url.get_backend_name() == "postgresql":
+        with psycopg.connect(libpq_dsn(first.url), autocommit=True) as admin:
+            admin.execute(SLOW_ESCALATION_COMMIT)
+    second = SqlSessionStore(first.url.render_as_string(hide_password=False))
+    app = build(store=second, state_keys=TEST_STATE_KEYS, execution="inline")
+    app.user_approval.group = ctx.app.user_approval.group
+    app.user_approval.escalation = ctx.app.user_approval.escalation
+    try:
+        yield app, second
+    finally:
+        await second.close()
+
+
+async def sweep_twice_at_once(
+    ctx: Paused, second_app: BankingApp, second: SqlSessionStore, at: float
+) -> int:
+    """Two sweeps of one database at once, ``at`` seconds after the approval was asked; how
+    many escalations they made together. On PostgreSQL the second runs while the first's
+    escalation commits (:func:`second_worker` slows it); SQLite serialises writers, so there
+    the two simply race."""
+    first = ctx.store
+    assert isinstance(first, SqlSessionStore)
+    if first.url.get_backend_name() != "postgresql":
+        reports = await asyncio.gather(
+            sweep_assignments(ctx.app.ai, first, now=ctx.at(at)),
+            sweep_assignments(second_app.ai, second, now=ctx.at(at)),
+        )
+        return sum(len(r.escalated) for r in reports)
+    slow = asyncio.ensure_future(sweep_assignments(ctx.app.ai, first, now=ctx.at(at)))
+    await wait_until_a_commit_sleeps(first.url.render_as_string(hide_password=False))
+    other = await sweep_assignments(second_app.ai, second, now=ctx.at(at))
+    return len((await slow).escalated) + len(other.escalated)
+
+
+@pytest.mark.parametrize("backend", ["postgres", "sqlite"])
+async def test_a_chain_moves_each_step_once_with_two_sweeps_at_once(backend: str) -> None:
+    """Along payments → leads (after 60 s) → directors (120 s after that), two workers
+    sweeping at once move the approval to leads once, then to directors once, each step
+    recorded with where it came from; past the last step nothing moves it."""
+    async with sql_store(backend) as first:
+        ctx = await paused(first, chain=True)
+        async with second_worker(ctx) as (second_app, second):
+
+            async def moved_by_either(at: float) -> int:
+                """Both workers sweep, one after the other, when nothing should be due."""
+                one = await sweep_assignments(ctx.app.ai, first, now=ctx.at(at))
+                two = await sweep_assignments(second_app.ai, second, now=ctx.at(at))
+                return len(one.escalated) + len(two.escalated)
+
+            assert await moved_by_either(59) == 0
+            assert await sweep_twice_at_once(ctx, second_app, second, 61) == 1
+            at_leads = await ctx.assignment()
+            assert (at_leads.escalation_step, at_leads.group) == (1, "leads")
+            assert at_leads.escalated_at == ctx.at(61)
+            # Step 2 waits its 120 s from when step 1 happened, not from the creation.
+            assert await moved_by_either(180) == 0
+            assert await sweep_twice_at_once(ctx, second_app, second, 182) == 1
+            at_directors = await ctx.assignment()
+            assert (at_directors.escalation_step, at_directors.group) == (2, "directors")
+            assert (at_directors.escalated_from_group, at_directors.escalated_to) == (
+                "leads",
+                "directors",
+            )
+            assert await moved_by_either(10_000) == 0
+
+
+async def test_a_decided_approval_stops_the_chain(store: SessionStore) -> None:
+    """An approval decided at the chain's first step is never moved to the next one, however
+    late the sweep runs; its decision's history says the step it reached."""
+    ctx = await paused(store, chain=True)
+    agent, engine = ctx.app.banking_agent, ctx.app.ai
+    assert len((await sweep_assignments(engine, store, now=ctx.at(61))).escalated) == 1
+    assert (await decide(agent, ctx.approval, APPROVE, decided_by="lena", approver=LEAD)).is_decided
+    assert (await sweep_assignments(engine, store, now=ctx.at(10_000))).escalated == []
+    stored = await store.get_assignments([(ctx.approval.turn_id, ctx.approval.round, "approval-1")])
+    assert [(a.escalation_step, a.group) for a in stored.values()] == [(1, "leads")]
+    [decided] = await store.list_decisions(DecisionQuery())
+    assert (decided.escalation_step, decided.escalated_to) == (1, "leads")
 
 
 async def test_escalations_and_reminders_are_counted_per_agent(store: SessionStore) -> None:

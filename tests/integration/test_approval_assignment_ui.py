@@ -19,6 +19,7 @@ import pytest
 from engine.approvals.assignment import claim, sweep_assignments
 from engine.approvals.decide import Decision, decide, find_approval
 from engine.conversation.parts import Message
+from engine.escalation import escalation_chain
 from engine.remote import BearerTokenAuth, Principal, RoleInboxPolicy, create_app
 from engine.remote.ui import UiSettings
 from engine.store import TurnInput
@@ -209,7 +210,8 @@ async def test_history_shows_the_escalation_before_a_decision(backend: str) -> N
     async with sql_store(backend) as store:
         app = build(store=store, state_keys=TEST_STATE_KEYS, execution="inline")
         interrupt = app.user_approval
-        interrupt.group, interrupt.timeout, interrupt.escalate_to = "payments", 60.0, "leads"
+        interrupt.group = "payments"
+        interrupt.escalation = escalation_chain(interrupt.name, {"escalate": "leads"}, timeout=60)
         response = await app.banking_agent.run_turn(
             TurnRequest(
                 input=TurnInput(kind="message", message=Message.user("transfer $40 to carol")),
@@ -255,7 +257,9 @@ async def test_a_decision_racing_an_escalation_is_a_409(
     approval = f"{turn_id}:approval-1"
     store = app.banking_agent.store
     assert isinstance(store, SqlSessionStore)
-    app.user_approval.timeout, app.user_approval.escalate_to = 60.0, "leads"
+    app.user_approval.escalation = escalation_chain(
+        app.user_approval.name, {"escalate": "leads"}, timeout=60
+    )
 
     def api(who: str) -> httpx.AsyncClient:
         return httpx.AsyncClient(base_url=base, headers={"Authorization": f"Bearer {TOKENS[who]}"})

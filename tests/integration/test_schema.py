@@ -475,3 +475,29 @@ def test_the_common_paths_statements_are_never_jit_compiled() -> None:
         assert "JIT" not in plan, f"{name}:\n{plan}"
     if available:  # the check can fail: a connection left to the defaults compiles
         assert "JIT" in unset, unset
+
+
+def test_escalation_chains_migration_sets_the_step_of_approvals_escalated_before() -> None:
+    """Migration 0015 records an approval escalated under the one-group rule as at step 1
+    and one never escalated at step 0, and its downgrade drops the column again."""
+    with postgres_url() as url:
+        command.downgrade(_config(url), "0015-1")
+        with psycopg.connect(_dsn(url)) as connection:
+            assert connection.execute(
+                "SELECT count(*) FROM information_schema.columns "
+                "WHERE table_name = 'approval_assignments' AND column_name = 'escalation_step'"
+            ).fetchone() == (0,)
+            # The journal rows these would belong to are beside the point: no FK checks.
+            connection.execute("SET session_replication_role = replica")
+            connection.execute(
+                "INSERT INTO approval_assignments (turn_id, round, ref, assigned_group, "
+                "escalated_at, escalated_to) VALUES "
+                "('moved', 1, 'a', 'leads', now(), 'leads'), ('waiting', 1, 'a', 'payments', "
+                "NULL, NULL)"
+            )
+        migrate(url)
+        with psycopg.connect(_dsn(url)) as connection:
+            steps = connection.execute(
+                "SELECT turn_id, escalation_step FROM approval_assignments ORDER BY turn_id"
+            ).fetchall()
+        assert steps == [("moved", 1), ("waiting", 0)]

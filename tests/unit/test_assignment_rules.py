@@ -38,11 +38,12 @@ def test_an_escalating_interrupt_has_a_timeout_but_no_expiry() -> None:
         group="payments",
         remind_every=timedelta(minutes=1),
     )
-    assert (tool.timeout, tool.escalate_to, tool.on_timeout) == (300.0, "leads", None)
+    assert tool.escalation is not None and tool.escalation.groups == ("leads",)
+    assert (tool.timeout, tool.on_timeout) == (300.0, None)
     assert tool.expires_after is None
     assert (tool.group, tool.remind_every) == ("payments", 60.0)
     expiring = ai.define_interrupt(name="expiring", timeout=30, on_timeout=False)
-    assert (expiring.expires_after, expiring.on_timeout, expiring.escalate_to) == (
+    assert (expiring.expires_after, expiring.on_timeout, expiring.escalation) == (
         30.0,
         False,
         None,
@@ -53,7 +54,7 @@ def test_an_escalating_interrupt_has_a_timeout_but_no_expiry() -> None:
     ("arguments", "message"),
     [
         ({"on_timeout": {"escalate": "leads"}}, "needs a timeout"),
-        ({"timeout": 5, "on_timeout": {"escalate": ""}}, "escalate"),
+        ({"timeout": 5, "on_timeout": {"escalate": ""}}, "must name a group"),
         ({"timeout": 5, "on_timeout": {"escalate": "leads", "also": 1}}, "nothing else"),
         ({"timeout": 0}, "timeout must be positive"),
         ({"remind_every": timedelta(0)}, "remind_every must be positive"),

@@ -15,6 +15,7 @@ ENGINE = [
     "Artifact",
     "Chat",
     "Engine",
+    "EscalationStep",
     "FinishReason",
     "FunctionModel",
     "InterruptTool",

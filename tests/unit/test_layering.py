@@ -103,6 +103,7 @@ FLOORS: list[tuple[str, ...]] = [
     (
         "engine.response",
         "engine.approval_policy",
+        "engine.escalation",
         "engine.rejection",
         "engine.telemetry",
         "engine.webhooks",

@@ -38,6 +38,7 @@ from engine.approvals.decide import (
 from engine.approvals.wording import word_approval
 from engine.conversation.parts import Message
 from engine.errors import ApprovalNotPendingError, FailedPreconditionError, InvalidArgumentError
+from engine.escalation import EscalationProgress, progress
 from engine.rejection import MAX_REASON_LENGTH, Rejection
 from engine.store import (
     ApprovalClaimedError,
@@ -100,10 +101,30 @@ def _assigned_text(assignment: Assignment | None) -> str | None:
     text = f"{assignment.describe()} (by {assignment.assigned_by or '-'})"
     if assignment.escalated_at is not None:
         text += (
-            f"; escalated at {iso(assignment.escalated_at)} from "
+            f"; escalated to {assignment.escalated_to} (step {assignment.escalation_step}) at "
+            f"{iso(assignment.escalated_at)} from "
             f"{assignment.escalated_from_assignee or assignment.escalated_from_group or '-'}"
         )
     return text
+
+
+def _escalation_progress(
+    agents: Mapping[str, Agent], entry: PendingApproval, held: Assignment | None, is_open: bool
+) -> EscalationProgress | None:
+    """Where the approval is in its interrupt's escalation chain (``None``: no ``--app``, or
+    the interrupt does not escalate)."""
+    agent = agents.get(entry.agent)
+    tool = agent.tools.get(entry.interrupt) if agent is not None else None
+    chain = getattr(tool, "escalation", None)
+    if chain is None:
+        return None
+    return progress(
+        chain,
+        held.escalation_step if held is not None else 0,
+        created_at=entry.created_at,
+        escalated_at=held.escalated_at if held is not None else None,
+        is_open=is_open,
+    )
 
 
 def _group_text(assignment: Assignment) -> str:
@@ -131,6 +152,7 @@ def assignment_fields(assignment: Assignment | None) -> dict[str, Any]:
         "escalated_to": held.escalated_to,
         "reminders": held.reminders,
         "last_reminded_at": iso(held.last_reminded_at),
+        "escalation_step": held.escalation_step,
     }
 
 
@@ -313,6 +335,19 @@ def _edit_line(answer: Any) -> str | None:
     return f"{changes} (by {edit.get('by') or 'an anonymous approver'} at {edit.get('at')})"
 
 
+def _progress_wire(where: EscalationProgress | None) -> dict[str, Any] | None:
+    """``show --json``'s ``escalation`` (``None``: no ``--app``, or no chain)."""
+    if where is None:
+        return None
+    upcoming = where.next
+    return {
+        "step": where.reached,
+        "steps": where.total,
+        "next_group": upcoming.group if upcoming else None,
+        "next_at": iso(upcoming.due_at) if upcoming else None,
+    }
+
+
 def _state(call: ToolCallRecord, is_open: bool) -> str:
     if is_open:
         return "open"
@@ -345,7 +380,7 @@ async def _read_approval(
     "--app",
     default=None,
     metavar="MODULE:ATTR",
-    help="the app's Engine: say what the approval asks in its words",
+    help="the app's Engine: what the approval asks in its words, where it is in its chain",
 )
 @named_option("--full", "full", is_flag=True, help="the whole conversation before the pause")
 @json_option
@@ -354,6 +389,7 @@ def show(approval: str, db: str | None, app: str | None, full: bool, as_json: bo
     (entry, is_open, call, siblings, conversation, held), agents = _read(
         db, app, lambda store, _engine: _read_approval(store, approval)
     )
+    chain_progress = _escalation_progress(agents, entry, held, is_open)
     now = datetime.now(UTC)
     before = conversation[:-1]  # the last message is the paused model message
     if as_json:
@@ -366,6 +402,7 @@ def show(approval: str, db: str | None, app: str | None, full: bool, as_json: bo
                 "decided_by": call.decided_by,
                 "decided_at": iso(call.decided_at),
                 **assignment_fields(held),
+                "escalation": _progress_wire(chain_progress),
             }
         )
         emit_json(
@@ -402,6 +439,7 @@ def show(approval: str, db: str | None, app: str | None, full: bool, as_json: bo
                 "asked": f"{iso(entry.created_at)} ({ago(entry.created_at, now)} ago)",
                 "deadline": iso(entry.deadline),
                 "assigned": _assigned_text(held),
+                "escalation": chain_progress.describe(iso) if chain_progress else None,
                 "decided": f"by {call.decided_by or 'an anonymous approver'} at "
                 f"{iso(call.decided_at)}: {json.dumps(call.answer)}"
                 if call.decided_at

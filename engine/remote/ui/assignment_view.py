@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 from engine.approvals.assignment import current_assignment, may_act, needs_quorum
+from engine.escalation import progress
 from engine.remote.auth import Principal
 from engine.remote.ui.queries import ApprovalFound
 
@@ -15,12 +15,16 @@ __all__ = ["assignment_context"]
 async def assignment_context(found: ApprovalFound, principal: Principal | None) -> dict[str, Any]:
     """What the approval page shows of the approval's assignment, and which forms it offers."""
     assignment = await current_assignment(found.agent, found.approval)
-    tool = found.agent.tools.get(found.approval.interrupt)
-    target = getattr(tool, "escalate_to", None)
-    timeout = getattr(tool, "timeout", None)
-    escalates_at = (
-        found.approval.created_at + timedelta(seconds=timeout)
-        if target is not None and timeout is not None
+    chain = getattr(found.agent.tools.get(found.approval.interrupt), "escalation", None)
+    where = (
+        progress(
+            chain,
+            assignment.escalation_step,
+            created_at=found.approval.created_at,
+            escalated_at=assignment.escalated_at,
+            is_open=found.is_open,
+        )
+        if chain is not None
         else None
     )
     quorum = needs_quorum(found.agent, found.approval)
@@ -29,8 +33,7 @@ async def assignment_context(found: ApprovalFound, principal: Principal | None) 
     return {
         "assignment": assignment,
         "holder": assignment.describe(),
-        "escalates_to": target,
-        "escalates_at": escalates_at,
+        "escalation": where,
         # Someone else's claim is taken over by assigning, not by claiming (which it refuses).
         "may_claim": acts and assignment.assignee is None,
         "may_release": (

@@ -49,6 +49,7 @@ CSV_COLUMNS = (
     "escalated_from_group",
     "escalated_from_assignee",
     "escalated_to",
+    "escalation_step",
 )
 
 
@@ -56,7 +57,10 @@ def _escalation(entry: DecidedApproval) -> str:
     if entry.escalated_at is None:
         return ""
     return present.escalation_summary(
-        entry.escalated_from_group, entry.escalated_from_assignee, entry.escalated_to
+        entry.escalated_from_group,
+        entry.escalated_from_assignee,
+        entry.escalated_to,
+        step=entry.escalation_step,
     )
 
 
@@ -169,4 +173,5 @@ def _csv_row(entry: DecidedApproval, agents: Mapping[str, Agent]) -> list[Any]:
         entry.escalated_from_group,
         entry.escalated_from_assignee,
         entry.escalated_to,
+        entry.escalation_step,
     ]

@@ -153,14 +153,15 @@ def edit_summary(edit: Any) -> str:
 
 
 def escalation_summary(
-    from_group: str | None, from_assignee: str | None, to_group: str | None
+    from_group: str | None, from_assignee: str | None, to_group: str | None, *, step: int = 1
 ) -> str:
     """Where an escalation moved an approval: ``from group payments (held by dave) to group
-    leads``."""
+    leads``, with ``(step 2)`` past a chain's first step."""
     source = f"group {from_group}" if from_group else "no group"
     held = f" (held by {from_assignee})" if from_assignee else ""
     target = f"group {to_group}" if to_group else "no group"
-    return f"from {source}{held} to {target}"
+    reached = f" (step {step})" if step > 1 else ""
+    return f"from {source}{held} to {target}{reached}"
 
 
 def _call_view(kind: str, name: str, ref: str | None, value: Any) -> PartView:
