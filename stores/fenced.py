@@ -371,6 +371,8 @@ def _transition_statement(
     statuses = ", ".join(f"'{status}'" for status in movable) or "NULL"
     token = "lease_token = :lease_token AND " if fenced else ""
     notifications = ", ".join(f"pg_notify('{channel}', turn_id)" for channel in notify)
+    # Only the lease holder's own transition is its act (an abort request is not).
+    actor = "from_owner" if fenced else "NULL"
     # `found` locks the row (FOR UPDATE, as SQLite's form's first read) and reads it as it
     # is once locked; `current` keeps it if the guard holds, with the status, attempt and
     # worker the transition leaves, for its turn_events row.
@@ -391,7 +393,7 @@ moved AS (
         f"""
 event AS (
     INSERT INTO turn_events (turn_id, from_status, to_status, attempt, note, at, actor)
-    SELECT id, from_status, status, from_attempt, :note, :now, from_owner FROM moved
+    SELECT id, from_status, status, from_attempt, :note, :now, {actor} FROM moved
     RETURNING {notifications})""",
         *_writes("moved", round=round, calls=calls),
     ]

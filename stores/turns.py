@@ -294,7 +294,8 @@ def transition(
         now,
         change.note,
         channels,
-        actor=current.lease_owner,
+        # Only the lease holder's own transition is its act (an abort request is not).
+        actor=current.lease_owner if change.lease_token is not None else None,
     )
     return record(moved)
 

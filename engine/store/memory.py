@@ -366,7 +366,7 @@ class InMemorySessionStore:
                 attempt=turn.attempts,
                 at=now,
                 note=change.note,
-                actor=turn.lease_owner,
+                actor=turn.lease_owner if change.lease_token is not None else None,
             )
         )
         return moved.model_copy(deep=True)

@@ -12,6 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 from engine.approvals.rules import vote_rule
+from engine.status import FinishReason
 from engine.store import (
     AssignmentChange,
     RoundRecord,
@@ -23,6 +24,8 @@ from engine.store import (
 from stores.sql import SqlSessionStore
 from tests.databases import sql_store
 from tests.integration.store_support import (
+    ABORTED,
+    ABORTING,
     COMPLETED,
     PENDING,
     SHORT_LEASE,
@@ -199,3 +202,29 @@ async def test_the_database_refuses_to_rewrite_history(kind: str) -> None:
         with pytest.raises(Exception, match="append-only"):
             await store.db.write(rewrite)
         assert "forged" not in {e.detail for e in await store.timeline("t1")}
+
+
+async def test_an_abort_is_recorded_as_requested_then_as_stopped_by_its_worker(
+    store: SessionStore,
+) -> None:
+    """An abort request is nobody's lease act; the worker that stops the turn is the actor of
+    the final transition."""
+    await store.create_turn(new_turn("t1"))
+    leased = await claim(store, "t1", owner="w1")
+    assert (await store.request_abort("t1")).status is ABORTING
+    await store.transition(
+        "t1",
+        Transition(
+            expected={ABORTING},
+            new=ABORTED,
+            lease_token=leased.lease_token,
+            finish_reason=FinishReason.ABORTED,
+        ),
+    )
+
+    entries = [e for e in await store.timeline("t1") if e.kind == "status"]
+
+    assert [(e.attempt, e.actor, e.detail) for e in entries[1:]] == [
+        (1, None, "pending -> aborting (abort requested)"),
+        (1, "w1", "aborting -> aborted"),
+    ]
