@@ -16,10 +16,11 @@ from typing import Any
 
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+from rich.table import Table
 
 from engine.errors import AgentError
 from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus
-from engine.store import ToolCallRecord, TurnInput, TurnRecord
+from engine.store import TimelineEntry, ToolCallRecord, TurnInput, TurnRecord
 from engine.turns.request import TurnRequest
 from stores.operations import PAUSED, TurnDetail, TurnQuery, TurnRow, WaitingApproval
 from stores.sql import SqlSessionStore
@@ -392,18 +393,23 @@ def _cut(text: str, width: int | None) -> str:
 def show(turn_id: str, db: str | None, full: bool, as_json: bool) -> int:
     """Show one turn: status, error, conversation, rounds and tool calls."""
 
-    async def read(store: SqlSessionStore) -> TurnDetail | None:
+    async def read(store: SqlSessionStore) -> tuple[TurnDetail, list[TimelineEntry]] | None:
         found = await resolve_id(store, "turn", turn_id)
-        return await store.turn_detail(found) if found is not None else None
+        if found is None:
+            return None
+        detail = await store.turn_detail(found)
+        return None if detail is None else (detail, await store.timeline(found))
 
-    detail = run_on_store(db, read)
-    if detail is None:
+    read_back = run_on_store(db, read)
+    if read_back is None:
         raise NotFound(f"no turn {turn_id!r}; find one with `turnstile turns ls`.")
+    detail, entries = read_back
     now = datetime.now(UTC)
     if as_json:
-        emit_json(detail_wire(detail, now))
+        emit_json({**detail_wire(detail, now), "timeline": _timeline_wire(entries)})
     else:
         _print_detail(detail, now, full)
+        console().print(_timeline_table("Timeline", entries))
     return 0
 
 
@@ -417,40 +423,57 @@ def show(turn_id: str, db: str | None, full: bool, as_json: bool) -> int:
 def timeline(turn_id: str, db: str | None, as_json: bool) -> int:
     """Everything that happened to a turn, in order (the turn_timeline view)."""
 
-    async def read(store: SqlSessionStore) -> tuple[str, list[Any]] | None:
+    async def read(store: SqlSessionStore) -> tuple[str, list[TimelineEntry]] | None:
         found = await resolve_id(store, "turn", turn_id)
         if found is None:
             return None
-        # docs/schema.md's query orders by (at, kind): things at one moment come out alike.
-        return found, sorted(await store.timeline(found), key=lambda e: (e.at, e.kind))
+        # The store's order: by time, then as appended (docs/schema.md's query).
+        return found, await store.timeline(found)
 
     read_back = run_on_store(db, read)
     if read_back is None:
         raise NotFound(f"no turn {turn_id!r}; find one with `turnstile turns ls`.")
     full_id, entries = read_back
     if as_json:
-        emit_json(
-            {"items": [{"at": iso(e.at), "kind": e.kind, "detail": e.detail} for e in entries]}
-        )
+        emit_json({"items": _timeline_wire(entries)})
         return 0
-    start = entries[0].at if entries else None
-    console().print(
-        table(
-            f"Timeline of {full_id}",
-            ["AT", "+SECONDS", "KIND", "DETAIL"],
-            (
-                [
-                    iso(e.at),
-                    f"{(e.at - start).total_seconds():.3f}" if start else "",
-                    e.kind,
-                    e.detail,
-                ]
-                for e in entries
-            ),
-            no_wrap=["AT"],
-        )
-    )
+    console().print(_timeline_table(f"Timeline of {full_id}", entries))
     return 0
+
+
+def _timeline_wire(entries: list[TimelineEntry]) -> list[dict[str, Any]]:
+    return [
+        {
+            "at": iso(e.at),
+            "kind": e.kind,
+            "attempt": e.attempt,
+            "actor": e.actor,
+            "detail": e.detail,
+        }
+        for e in entries
+    ]
+
+
+def _timeline_table(title: str, entries: list[TimelineEntry]) -> Table:
+    """A turn's history as a table: each entry's time (and seconds since the first), its
+    kind, attempt, actor and words."""
+    start = entries[0].at if entries else None
+    return table(
+        title,
+        ["AT", "+SECONDS", "KIND", "ATTEMPT", "ACTOR", "DETAIL"],
+        (
+            [
+                iso(e.at),
+                f"{(e.at - start).total_seconds():.3f}" if start else "",
+                e.kind,
+                "" if e.attempt is None else str(e.attempt),
+                e.actor or "",
+                e.detail,
+            ]
+            for e in entries
+        ),
+        no_wrap=["AT"],
+    )
 
 
 # -- abort ---------------------------------------------------------------------------------

@@ -46,6 +46,9 @@ CSV_COLUMNS = (
     "escalated_from_group",
     "escalated_from_assignee",
     "escalated_to",
+    # What was approved: the decision in words, and the arguments it was made on.
+    "decision",
+    "arguments",
 )
 
 
@@ -163,4 +166,6 @@ def _csv_row(entry: DecidedApproval) -> list[Any]:
         entry.escalated_from_group,
         entry.escalated_from_assignee,
         entry.escalated_to,
+        present.answer_summary(entry.answer),
+        json.dumps(edit["input"] if edit and "input" in edit else entry.input, ensure_ascii=False),
     ]
