@@ -34,9 +34,11 @@ from engine.store import (
     Vote,
     VoteOutcome,
 )
+from engine.store.history import decision_entry, vote_entry
 from stores.approval_rows import pending_approval, select_pending
 from stores.assignments import stored_assignment
 from stores.database import record_from_row
+from stores.history import append_history
 from stores.notify import CHANGE_CHANNEL, notify
 from stores.schema import (
     approval_assignments,
@@ -236,6 +238,7 @@ def change_approval(
         )
     if change.vote is not None:
         connection.execute(sa.insert(approval_votes).values(**change.vote.model_dump()))
+        append_history(connection, turn_id, vote_entry(call, change.vote))
         # Delivered with the commit, so open inbox pages re-read the vote count.
         notify(connection, CHANGE_CHANNEL, turn_id)
     if change.clear_votes or change.vote is not None:
@@ -252,6 +255,9 @@ def change_approval(
         if row is None:
             refuse_not_pending(connection, turn_id, round, ref)
         decided = record_of(row)
+        append_history(
+            connection, turn_id, decision_entry(call, change.answer, change.decided_by, now)
+        )
     # The outbox rows reporting the decision commit or roll back with it.
     add_deliveries(connection, change.deliveries)
     return VoteOutcome(votes=votes, decided=decided)

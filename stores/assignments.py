@@ -29,8 +29,10 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
 from engine.store import Assignment, AssignmentChange, DueQuery, PendingApproval
+from engine.store.history import assignment_entry
 from stores.approval_rows import pending_approval, select_pending
 from stores.database import record_from_row
+from stores.history import append_history
 from stores.notify import CHANGE_CHANNEL, notify
 from stores.schema import approval_assignments, approval_queue
 from stores.tool_calls import lock_open_call, refuse_not_pending
@@ -165,9 +167,13 @@ def change_assignment(
     ).first()
     if row is not None:
         notify(connection, CHANGE_CHANNEL, turn_id)
+        changed = _assignment_of(row)
+        append_history(
+            connection, turn_id, assignment_entry(ref, change, changed, change.at or now)
+        )
         # The outbox rows reporting the change, only when it was made (same transaction).
         add_deliveries(connection, change.deliveries)
-        return _assignment_of(row)
+        return changed
     if not connection.execute(
         sa.select(sa.literal(1)).where(_is_open(turn_id, round, ref))
     ).first():

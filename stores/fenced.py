@@ -371,25 +371,29 @@ def _transition_statement(
     statuses = ", ".join(f"'{status}'" for status in movable) or "NULL"
     token = "lease_token = :lease_token AND " if fenced else ""
     notifications = ", ".join(f"pg_notify('{channel}', turn_id)" for channel in notify)
+    # Only the lease holder's own transition is its act (an abort request is not).
+    actor = "from_owner" if fenced else "NULL"
     # `found` locks the row (FOR UPDATE, as SQLite's form's first read) and reads it as it
-    # is once locked; `current` keeps it if the guard holds, with the status and attempt the
-    # transition leaves, for its turn_events row.
+    # is once locked; `current` keeps it if the guard holds, with the status, attempt and
+    # worker the transition leaves, for its turn_events row.
     ctes = [
         """
 found AS (
-    SELECT id, status, lease_token, attempts FROM turns WHERE id = :turn_id FOR UPDATE)""",
+    SELECT id, status, lease_token, attempts, lease_owner
+    FROM turns WHERE id = :turn_id FOR UPDATE)""",
         f"""
 current AS (
-    SELECT id, status, attempts FROM found WHERE {token}status IN ({statuses}))""",
+    SELECT id, status, attempts, lease_owner FROM found WHERE {token}status IN ({statuses}))""",
         f"""
 moved AS (
     UPDATE turns SET {sets}
     FROM current WHERE turns.id = current.id
-    RETURNING turns.*, current.status AS from_status, current.attempts AS from_attempt)""",
+    RETURNING turns.*, current.status AS from_status, current.attempts AS from_attempt,
+              current.lease_owner AS from_owner)""",
         f"""
 event AS (
-    INSERT INTO turn_events (turn_id, from_status, to_status, attempt, note, at)
-    SELECT id, from_status, status, from_attempt, :note, :now FROM moved
+    INSERT INTO turn_events (turn_id, from_status, to_status, attempt, note, at, actor)
+    SELECT id, from_status, status, from_attempt, :note, :now, {actor} FROM moved
     RETURNING {notifications})""",
         *_writes("moved", round=round, calls=calls),
     ]

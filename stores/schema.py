@@ -279,12 +279,27 @@ turn_events = sa.Table(
     sa.Column("id", sa.Integer, sa.Identity(), primary_key=True),
     sa.Column("turn_id", sa.Text, sa.ForeignKey("turns.id", ondelete="CASCADE"), nullable=False),
     sa.Column("from_status", turn_status),
+    # On an entry that is not a transition: the status the turn was in (migration 0013).
     sa.Column("to_status", turn_status, nullable=False),
     sa.Column("attempt", sa.Integer, nullable=False),
     sa.Column("note", sa.Text),
     sa.Column("at", TIMESTAMP, nullable=False),
+    # The history beyond status transitions (migration 0013).
+    sa.Column(
+        "kind",
+        sa.Text,
+        nullable=False,
+        server_default="status",
+        comment="What happened: status, claimed, lease lost, tool started, decided, vote, ...",
+    ),
+    sa.Column(
+        "actor",
+        sa.Text,
+        comment="Who did it: the worker holding the attempt, or the principal deciding.",
+    ),
+    sa.Column("detail", JSON, comment="What the entry is about, as data (its call, answer...)."),
     sa.Index("ix_turn_events_turn_id", "turn_id", "id"),
-    comment="Every status transition of every turn (the audit trail).",
+    comment="Every turn's history, append-only: transitions, claims, tool calls, decisions.",
 )
 
 # Written only by the triggers of stores/triggers.py.

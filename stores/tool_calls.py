@@ -12,8 +12,10 @@ from sqlalchemy.engine import Connection
 from engine.errors import ApprovalNotPendingError
 from engine.status import FinishReason, TurnStatus
 from engine.store import InterruptAnswer, ToolCallRecord, ToolCallStatus
+from engine.store.history import decision_entry
 from engine.store.rules import check_answerable
 from stores.database import record_from_row, upsert_statement
+from stores.history import append_history
 from stores.schema import approval_queue, tool_calls, turns
 
 __all__ = [
@@ -87,11 +89,17 @@ def answer_calls(connection: Connection, answers: Sequence[InterruptAnswer], now
     for answer in answers:
         key = {"a_turn_id": answer.turn_id, "a_round": answer.round, "a_ref": answer.ref}
         row = connection.execute(_LOCK_CALL, key).first()
-        decider = check_answerable(record_of(row) if row is not None else None, answer)
+        call = record_of(row) if row is not None else None
+        decider = check_answerable(call, answer)
         connection.execute(
             _ANSWER,
             {**key, "answer": answer.answer, "decided_by": decider, "a_decided_at": now},
         )
+        if call is not None and call.decided_at is None:
+            # An approver's decision was recorded when made; this one is made by the answer.
+            append_history(
+                connection, answer.turn_id, decision_entry(call, answer.answer, decider, now)
+            )
 
 
 # Built once (statement construction costs more CPU than these queries). The locked read

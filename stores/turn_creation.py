@@ -34,6 +34,7 @@ from engine.store import (
     ToolCallRecord,
     TurnRecord,
 )
+from engine.store.history import decision_summary
 from engine.store.rules import (
     CreationRefused,
     check_creation,
@@ -108,6 +109,8 @@ async def create_turn_in_one_statement(
             "ref": answer.ref,
             "answer": answer.answer,
             "decided_by": answer.decided_by,
+            # The decision's words for the parent's history, when the answer makes it.
+            "summary": decision_summary(answer.answer, answer.decided_by),
         }
         for answer in answers
     ]
@@ -203,7 +206,8 @@ def _raced(turn: NewTurn, refused: StatementRefused) -> AgentError | StatementRe
 NOT_NULL_VIOLATION = "23502"
 
 _ANSWERS = """jsonb_to_recordset(CAST(:answers AS jsonb))
-             AS a(turn_id text, round integer, ref text, answer jsonb, decided_by text)"""
+             AS a(turn_id text, round integer, ref text, answer jsonb, decided_by text,
+                  summary text)"""
 
 
 # The CTEs run as one statement, all on one snapshot:
@@ -303,6 +307,24 @@ created AS (
     FROM session
     RETURNING *),"""
     )
+    if answers:
+        # The parent's history gets the decisions the answers make (the calls no approver
+        # decided before): this read sees the journal as it was before `answered`.
+        parts.append(
+            f"""
+decided AS (
+    INSERT INTO turn_events (turn_id, to_status, kind, attempt, actor, note, detail, at)
+    SELECT c.turn_id, p.status, 'decided', p.attempts, a.decided_by,
+           c.name || ' ' || c.ref || ' ' || a.summary,
+           jsonb_build_object('round', c.round, 'ref', c.ref, 'name', c.name, 'answer', a.answer),
+           :now
+    FROM {_ANSWERS}
+    JOIN tool_calls AS c
+      ON c.turn_id = :parent_id AND c.turn_id = a.turn_id AND c.round = a.round
+     AND c.ref = a.ref
+    JOIN turns AS p ON p.id = c.turn_id
+    WHERE c.decided_at IS NULL AND EXISTS (SELECT 1 FROM created)),"""
+        )
     if opening:
         parts.append(
             """

@@ -119,8 +119,10 @@ def _event(
     now: datetime,
     note: str | None,
     notify: tuple[str, ...] = (),
+    actor: str | None = None,
 ) -> None:
-    """Record a transition in ``turn_events`` and send the ``notify`` channels its turn id.
+    """Record a transition in ``turn_events`` (``actor``: the worker whose lease it ends, if
+    any) and send the ``notify`` channels its turn id.
 
     On PostgreSQL the notifications ride on the INSERT (``RETURNING pg_notify(…)``): one
     round trip less per transition. Like any NOTIFY they are delivered only if the
@@ -137,6 +139,7 @@ def _event(
             "attempt": attempt,
             "note": note,
             "at": now,
+            "actor": actor,
         },
     )
 
@@ -282,7 +285,18 @@ def transition(
         raise StaleTransitionError(turn_id, f"Turn {turn_id} changed concurrently.")
     new = change.new
     channels = (CHANGE_CHANNEL, WORK_CHANNEL) if new is TurnStatus.PENDING else (CHANGE_CHANNEL,)
-    _event(connection, turn_id, current.status, new, current.attempts, now, change.note, channels)
+    _event(
+        connection,
+        turn_id,
+        current.status,
+        new,
+        current.attempts,
+        now,
+        change.note,
+        channels,
+        # Only the lease holder's own transition is its act (an abort request is not).
+        actor=current.lease_owner if change.lease_token is not None else None,
+    )
     return record(moved)
 
 
@@ -308,9 +322,11 @@ _MOVES = {
 
 
 def list_events(connection: Connection, turn_id: str) -> list[TurnEvent]:
-    """The turn's transitions, oldest first."""
+    """The turn's transitions, oldest first (its other history entries left out)."""
     rows = connection.execute(
-        sa.select(turn_events).where(turn_events.c.turn_id == turn_id).order_by(turn_events.c.id)
+        sa.select(turn_events)
+        .where(turn_events.c.turn_id == turn_id, turn_events.c.kind == "status")
+        .order_by(turn_events.c.id)
     ).all()
     return [record_from_row(TurnEvent, r) for r in rows]
 

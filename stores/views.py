@@ -89,28 +89,17 @@ WHERE status IN ('pending', 'aborting')
        OR status = 'aborting'
        OR attempts > 1
        OR (lease_owner IS NULL AND run_after < {clock.minute_ago}))""",
-        # Everything that happened to a turn, in order.
+        # Everything that happened to a turn, in order: its append-only history alone.
         "turn_timeline": """
 CREATE VIEW turn_timeline AS
-SELECT turn_id, at, 'status' AS kind,
-       COALESCE(CAST(from_status AS TEXT), 'new') || ' -> ' || CAST(to_status AS TEXT)
-         || COALESCE(' (' || note || ')', '') AS detail
-FROM turn_events
-UNION ALL
-SELECT turn_id, created_at, 'message',
-       'round ' || CAST(round AS TEXT) || ': ' || role
-         || CASE WHEN committed THEN '' ELSE ' (open)' END
-FROM messages
-UNION ALL
-SELECT turn_id, started_at, 'tool started', name || ' ' || ref
-FROM tool_calls WHERE started_at IS NOT NULL
-UNION ALL
-SELECT turn_id, finished_at, 'tool ' || CAST(status AS TEXT), name || ' ' || ref
-FROM tool_calls WHERE finished_at IS NOT NULL
-UNION ALL
-SELECT turn_id, decided_at, 'decided',
-       name || ' ' || ref || ' by ' || COALESCE(decided_by, 'unknown')
-FROM tool_calls WHERE decided_at IS NOT NULL""",
+SELECT turn_id, id AS seq, at, kind, attempt, actor,
+       CASE WHEN kind = 'status'
+         THEN COALESCE(CAST(from_status AS TEXT), 'new') || ' -> ' || CAST(to_status AS TEXT)
+              || COALESCE(' (' || note || ')', '')
+         ELSE COALESCE(note, '')
+       END AS detail,
+       detail AS data
+FROM turn_events""",
     }
 
 
@@ -153,8 +142,12 @@ def stuck_turns(connection: Connection) -> list[StuckTurn]:
 def timeline(connection: Connection, turn_id: str) -> list[TimelineEntry]:
     """Everything that happened to one turn, in order."""
     rows = _rows(
-        connection, "SELECT at, kind, detail FROM turn_timeline WHERE turn_id = :t", t=turn_id
+        connection,
+        "SELECT seq, at, kind, detail, attempt, actor FROM turn_timeline WHERE turn_id = :t",
+        t=turn_id,
     )
     for row in rows:
         row["at"] = _parse_time(row["at"])
-    return sorted((TimelineEntry.model_validate(r) for r in rows), key=lambda e: e.at)
+    # Entries of one moment keep the order they were appended in.
+    rows.sort(key=lambda r: (r["at"], r["seq"]))
+    return [TimelineEntry.model_validate(r) for r in rows]

@@ -54,6 +54,16 @@ from engine.store import (
     WebhookDelivery,
     WebhookSettlement,
 )
+from engine.store.history import (
+    CLAIMED,
+    STATUS,
+    HistoryEntry,
+    assignment_entry,
+    call_entries,
+    claim_entries,
+    decision_entry,
+    vote_entry,
+)
 from engine.store.relay import ChunkBroker, ChunkSubscription
 from engine.store.rules import (
     ABANDONED_ABORT,
@@ -154,6 +164,11 @@ class InMemorySessionStore:
             )
         self._sessions[turn.session_id] = session.model_copy(update={"updated_at": now})
         for call, answer in answered:
+            if call.decided_at is None:
+                self._append(
+                    answer.turn_id,
+                    decision_entry(call, answer.answer, answer.decided_by, now),
+                )
             self._calls[answer.turn_id][(answer.round, answer.ref)] = call.model_copy(
                 update={
                     "status": ToolCallStatus.ANSWERED,
@@ -254,6 +269,8 @@ class InMemorySessionStore:
             }
         )
         self._turns[turn.id] = leased
+        for entry in claim_entries(turn, leased):
+            self._append(turn.id, entry)
         return leased.model_copy(deep=True)
 
     async def claim_turn(self, turn_id: str, *, owner: str, lease_seconds: float) -> TurnRecord:
@@ -353,6 +370,7 @@ class InMemorySessionStore:
                 attempt=turn.attempts,
                 at=now,
                 note=change.note,
+                actor=turn.lease_owner if change.lease_token is not None else None,
             )
         )
         return moved.model_copy(deep=True)
@@ -423,6 +441,8 @@ class InMemorySessionStore:
     def _upsert_call(self, turn_id: str, call: ToolCallRecord) -> None:
         # created_at keeps the first write's time, as the SQL journal does.
         earlier = self._calls[turn_id].get((call.round, call.ref))
+        for entry in call_entries(earlier, call, self._worker(turn_id), _now()):
+            self._append(turn_id, entry)
         created = earlier.created_at if earlier is not None else None
         self._calls[turn_id][(call.round, call.ref)] = call.model_copy(
             deep=True, update={"created_at": created or call.created_at or _now()}
@@ -634,6 +654,7 @@ class InMemorySessionStore:
             votes.clear()
         if change.vote is not None:
             votes.append(change.vote.model_copy())
+            self._append(turn_id, vote_entry(call, change.vote))
         decided = None
         if change.decides:
             decided = call.model_copy(
@@ -642,6 +663,11 @@ class InMemorySessionStore:
                     "decided_by": change.decided_by,
                     "decided_at": _now(),
                 }
+            )
+            assert decided.decided_at is not None
+            self._append(
+                turn_id,
+                decision_entry(call, change.answer, change.decided_by, decided.decided_at),
             )
             self._calls[turn_id][(round, ref)] = decided
             self._add(change.deliveries)
@@ -683,6 +709,7 @@ class InMemorySessionStore:
             self._assignments.setdefault(key, current)
             return None
         self._assignments[key] = changed
+        self._append(turn_id, assignment_entry(ref, change, changed, change.at or _now()))
         self._add(change.deliveries)
         self._any_change.fire(turn_id)
         return changed.model_copy()
@@ -812,19 +839,42 @@ class InMemorySessionStore:
         await self._changes.wait(turn_id, timeout)
 
     async def timeline(self, turn_id: str) -> list[TimelineEntry]:
-        """See :meth:`engine.store.TurnTimeline.timeline`: the turn's status changes (this
-        store keeps no separate times for messages and calls)."""
+        """See :meth:`engine.store.TurnTimeline.timeline`: the turn's history, in order."""
+        events = sorted(enumerate(self._events.get(turn_id, [])), key=lambda e: (e[1].at, e[0]))
         return [
             TimelineEntry(
                 at=event.at,
-                kind="status",
-                detail=(
-                    f"{event.from_status.value if event.from_status else 'new'} -> "
-                    f"{event.to_status.value}" + (f" ({event.note})" if event.note else "")
-                ),
+                kind=event.kind,
+                detail=_describe(event),
+                attempt=event.attempt,
+                actor=event.actor,
             )
-            for event in self._events.get(turn_id, [])
+            for _, event in events
         ]
+
+    def _append(self, turn_id: str, entry: HistoryEntry) -> None:
+        """Append ``entry`` to the turn's history, at the turn's current attempt."""
+        self._events[turn_id].append(
+            TurnEvent(
+                turn_id=turn_id,
+                from_status=None,
+                to_status=self._turns[turn_id].status,
+                attempt=self._turns[turn_id].attempts if entry.attempt is None else entry.attempt,
+                at=entry.at,
+                note=entry.note,
+                kind=entry.kind,
+                actor=entry.actor,
+                detail=copy.deepcopy(entry.detail),
+            )
+        )
+
+    def _worker(self, turn_id: str) -> str | None:
+        """The worker that claimed the turn's current attempt (its lease may be gone)."""
+        attempt = self._turns[turn_id].attempts
+        for event in reversed(self._events.get(turn_id, [])):
+            if event.kind == CLAIMED and event.attempt == attempt:
+                return event.actor
+        return None
 
     def watch_changes(self) -> AbstractContextManager[ChangeSubscription]:
         """See :meth:`engine.store.ChangeFeed.watch_changes`."""
@@ -887,4 +937,13 @@ class InMemorySessionStore:
 def list_events(store: InMemorySessionStore, turn_id: str) -> list[TurnEvent]:
     """The turn's status transitions in ``store``, oldest first: the audit trail, which the
     engine writes but never reads back (as :func:`stores.turns.list_events` on SQL)."""
-    return [e.model_copy(deep=True) for e in store._events.get(turn_id, [])]
+    return [e.model_copy(deep=True) for e in store._events.get(turn_id, []) if e.kind == STATUS]
+
+
+def _describe(event: TurnEvent) -> str:
+    """An entry's words on the timeline (a status change as the SQL view ``turn_timeline``
+    spells it)."""
+    if event.kind != STATUS:
+        return event.note or ""
+    moved = f"{event.from_status.value if event.from_status else 'new'} -> "
+    return moved + event.to_status.value + (f" ({event.note})" if event.note else "")

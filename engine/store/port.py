@@ -365,9 +365,10 @@ class TurnTimeline(Protocol):
     """What happened to a turn, in order (the turn inspector's timeline)."""
 
     async def timeline(self, turn_id: str) -> list[TimelineEntry]:
-        """Everything recorded of the turn, oldest first: status changes, messages, tool
-        calls and decisions where the store keeps them (a SQL store's ``turn_timeline``
-        view), at least its status changes."""
+        """The turn's append-only history, oldest first (then as appended): status changes,
+        claims and lost leases, each attempt's tool call starts and ends, pauses, decisions,
+        votes and assignment changes, each with its attempt and actor, in the words of
+        :mod:`engine.store.history` (a SQL store's ``turn_timeline`` view)."""
         ...
 
 

@@ -292,10 +292,16 @@ class TimelineEntry(BaseModel):
     at: datetime
     kind: str
     detail: str
+    #: The turn's attempt when it happened (0: before any worker claimed it).
+    attempt: int | None = None
+    #: Who did it: the worker running the attempt, or the principal deciding or assigning.
+    actor: str | None = None
 
 
 class TurnEvent(BaseModel):
-    """One status transition of a turn (the audit trail)."""
+    """One entry of a turn's append-only history: a status transition (``kind`` ``status``)
+    or another change (:mod:`engine.store.history` names the kinds), which leaves
+    ``from_status`` empty and ``to_status`` the status the turn was in."""
 
     turn_id: str
     from_status: TurnStatus | None
@@ -303,6 +309,9 @@ class TurnEvent(BaseModel):
     attempt: int
     at: datetime
     note: str | None = None
+    kind: str = "status"
+    actor: str | None = None
+    detail: dict[str, Any] | None = None
 
 
 class ApprovalEntry(BaseModel):

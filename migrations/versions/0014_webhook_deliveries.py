@@ -1,7 +1,7 @@
 """The outbox of outgoing webhooks about approvals: the webhook_deliveries table.
 
 Revision ID: 0014
-Revises: 0012
+Revises: 0013
 Create Date: 2026-12-06 22:00:00.000000
 
 One row per webhook event (an approval opened, reminded, escalated or decided) and endpoint,
@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0014"
-down_revision: str | None = "0012"
+down_revision: str | None = "0013"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -42,7 +42,7 @@ async def events_of(cluster: Cluster, turn_id: str) -> list[tuple[str | None, st
     """The turn's transitions as ``(from, to, attempt)``."""
     rows = await cluster.query(
         "SELECT from_status::text, to_status::text, attempt FROM turn_events "
-        "WHERE turn_id = %s ORDER BY id",
+        "WHERE turn_id = %s AND kind = 'status' ORDER BY id",
         (turn_id,),
     )
     return [(r[0], r[1], r[2]) for r in rows]
@@ -133,7 +133,8 @@ async def test_four_worker_processes_run_each_of_500_turns_exactly_once(cluster:
     wrong = [r for r in rows if r[1:4] != ("completed", "interrupted", 1)]
     assert not wrong, f"{len(wrong)} turns not run exactly once: {wrong[:5]}\n{cluster.logs()}"
     histories = await cluster.query(
-        "SELECT turn_id, array_agg(to_status::text ORDER BY id) FROM turn_events GROUP BY turn_id"
+        "SELECT turn_id, array_agg(to_status::text ORDER BY id) FROM turn_events "
+        "WHERE kind = 'status' GROUP BY turn_id"
     )
     assert len(histories) == 500
     assert {tuple(h[1]) for h in histories} == {("pending", "completed")}

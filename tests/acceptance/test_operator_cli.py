@@ -163,7 +163,7 @@ async def test_turns_show_and_timeline(seeded: tuple[OperatorDatabase, dict[str,
     done = await db.run_cli("turns", "show", ids["paused"], "--json")
     assert done.status == 0, done.err
     shown = done.json()
-    assert set(shown) == {"turn", "conversation", "rounds", "tool_calls"}
+    assert set(shown) == {"turn", "conversation", "rounds", "tool_calls", "timeline"}
     turn = shown["turn"]
     assert set(turn) >= TURN_KEYS | {"input", "lease_owner", "run_after", "children"}
     assert turn["input"]["kind"] == "message"
@@ -185,16 +185,22 @@ async def test_turns_show_and_timeline(seeded: tuple[OperatorDatabase, dict[str,
     timeline = await db.run_cli("turns", "timeline", ids["paused"], "--json")
     assert timeline.status == 0, timeline.err
     entries = timeline.json()["items"]
-    assert all(set(e) == {"at", "kind", "detail"} for e in entries)
-    assert {"at": entries[0]["at"], "kind": "status", "detail": "new -> pending"} in entries[:2]
-    assert [(e["at"], e["kind"]) for e in entries] == sorted((e["at"], e["kind"]) for e in entries)
-    assert ("tool interrupted", "userApproval approval-1") in {
-        (e["kind"], e["detail"]) for e in entries
+    assert all(set(e) == {"at", "kind", "attempt", "actor", "detail"} for e in entries)
+    assert entries[0] == {
+        "at": entries[0]["at"],
+        "kind": "status",
+        "attempt": 0,
+        "actor": None,
+        "detail": "new -> pending",
     }
+    assert ("paused", 1, "userApproval approval-1") in {
+        (e["kind"], e["attempt"], e["detail"]) for e in entries
+    }
+    assert shown["timeline"] == entries
     assert entries[-1]["detail"] == "pending -> completed"
     assert [e["at"] for e in entries] == sorted(e["at"] for e in entries)
     human_timeline = await db.run_cli("turns", "timeline", ids["paused"])
-    assert "new -> pending" in human_timeline.out and "tool interrupted" in human_timeline.out
+    assert "new -> pending" in human_timeline.out and "paused" in human_timeline.out
 
     for command in ("show", "timeline"):
         missing = await db.run_cli("turns", command, "no-such-turn")

@@ -104,7 +104,8 @@ class Deploy:
     def notes(self, turn_id: str) -> list[str]:
         with psycopg.connect(libpq_dsn(self.url), autocommit=True) as connection:
             rows = connection.execute(
-                "SELECT note FROM turn_events WHERE turn_id = %s AND note IS NOT NULL ORDER BY id",
+                "SELECT note FROM turn_events "
+                "WHERE turn_id = %s AND kind = 'status' AND note IS NOT NULL ORDER BY id",
                 (turn_id,),
             ).fetchall()
         return [r[0] for r in rows]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import html
 import io
+import json
 import re
 
 from examples.guarded_banking import GuardedApp
@@ -100,6 +101,7 @@ async def test_edit_form_history_and_csv(served: tuple[GuardedApp, str]) -> None
         exported = await bob.get("/ui/history.csv")
         rows = list(csv.DictReader(io.StringIO(exported.text)))
         assert [(r["edit"], r["edited_by"]) for r in rows] == [("amount: 40 → 500 (by bob)", "bob")]
+        assert [json.loads(r["arguments"])["amount"] for r in rows] == [500]
     finally:
         await bob.aclose()
 

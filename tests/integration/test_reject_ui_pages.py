@@ -84,6 +84,8 @@ async def test_a_reject_from_the_page(served: tuple[GuardedApp, str]) -> None:
             "Carol is not a known payee."
         ]
         assert [r["decided_by"] for r in rows] == ["bob"]
+        assert [r["decision"] for r in rows] == ["rejected: Carol is not a known payee."]
+        assert [json.loads(r["arguments"]) for r in rows] != [None]
     finally:
         await bob.aclose()
     store = app.agent.store

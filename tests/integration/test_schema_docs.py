@@ -76,14 +76,17 @@ def test_open_approvals_lists_the_paused_transfer(populated: Any) -> None:
 
 
 def test_timeline_tells_the_story_of_an_approved_turn(populated: Any) -> None:
-    """The timeline of the resumed turn shows the decision, the transfer and settlement."""
+    """The timeline of the resumed turn shows its claim, the transfer and settlement, each
+    with the attempt and the worker that ran it."""
     url, ids = populated
     rows = run(url, documented_queries()[2], turn_id=ids["approved"])
     kinds = [r[1] for r in rows]
-    details = " | ".join(r[2] for r in rows)
-    assert "tool started" in kinds and "tool done" in kinds
+    details = " | ".join(r[4] for r in rows)
+    assert "claimed" in kinds and "tool started" in kinds and "tool done" in kinds
     assert "transferMoney transfer-1" in details
     assert "pending -> completed" in details
+    [worker] = {r[3] for r in rows if r[1] == "claimed"}
+    assert {(r[2], r[3]) for r in rows if r[1].startswith("tool")} == {(1, worker)}
 
 
 def test_decisions_and_failures_are_queryable(populated: Any) -> None:

@@ -20,7 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from engine.errors import AgentError
 from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus
-from engine.store import ToolCallRecord, TurnError, TurnInput, TurnRecord
+from engine.store import TimelineEntry, ToolCallRecord, TurnError, TurnInput, TurnRecord
 from engine.turns.request import TurnRequest
 from stores.operations import PAUSED, TurnDetail, TurnQuery, TurnRow, WaitingApproval
 from stores.sql import SqlSessionStore
@@ -398,18 +398,24 @@ def _cut(text: str, width: int | None) -> str:
 def show(turn_id: str, db: str | None, full: bool, wide: bool, as_json: bool) -> int:
     """Show one turn: status, error, conversation, rounds and tool calls."""
 
-    async def read(store: SqlSessionStore) -> TurnDetail | None:
+    async def read(store: SqlSessionStore) -> tuple[TurnDetail, list[TimelineEntry]] | None:
         found = await resolve_id(store, "turn", turn_id)
-        return await store.turn_detail(found) if found is not None else None
+        if found is None:
+            return None
+        detail = await store.turn_detail(found)
+        return None if detail is None else (detail, await store.timeline(found))
 
-    detail = run_on_store(db, read)
-    if detail is None:
+    read_back = run_on_store(db, read)
+    if read_back is None:
         raise NotFound(f"no turn {turn_id!r}; find one with `turnstile turns ls`.")
+    detail, entries = read_back
     now = datetime.now(UTC)
     if as_json:
-        emit_json(detail_wire(detail, now))
+        emit_json({**detail_wire(detail, now), "timeline": _timeline_wire(entries)})
     else:
         _print_detail(detail, now, full=full, wide=wide)
+        console().print()
+        _print_timeline("Timeline", entries, wide=wide)
     return 0
 
 
@@ -419,44 +425,62 @@ def show(turn_id: str, db: str | None, full: bool, wide: bool, as_json: bool) ->
 @turns.command("timeline", short_help="Everything that happened to a turn.")
 @click.argument("turn_id", metavar="ID")
 @db_option
+@wide_option
 @json_option
-def timeline(turn_id: str, db: str | None, as_json: bool) -> int:
+def timeline(turn_id: str, db: str | None, wide: bool, as_json: bool) -> int:
     """Everything that happened to a turn, in order (the turn_timeline view)."""
 
-    async def read(store: SqlSessionStore) -> tuple[str, list[Any]] | None:
+    async def read(store: SqlSessionStore) -> tuple[str, list[TimelineEntry]] | None:
         found = await resolve_id(store, "turn", turn_id)
         if found is None:
             return None
-        # docs/schema.md's query orders by (at, kind): things at one moment come out alike.
-        return found, sorted(await store.timeline(found), key=lambda e: (e.at, e.kind))
+        # The store's order: by time, then as appended (docs/schema.md's query).
+        return found, await store.timeline(found)
 
     read_back = run_on_store(db, read)
     if read_back is None:
         raise NotFound(f"no turn {turn_id!r}; find one with `turnstile turns ls`.")
     full_id, entries = read_back
     if as_json:
-        emit_json(
-            {"items": [{"at": iso(e.at), "kind": e.kind, "detail": e.detail} for e in entries]}
-        )
+        emit_json({"items": _timeline_wire(entries)})
         return 0
-    start = entries[0].at if entries else None
-    console().print(
-        table(
-            f"Timeline of {full_id}",
-            ["AT", "+SECONDS", "KIND", "DETAIL"],
-            (
-                [
-                    iso(e.at),
-                    f"{(e.at - start).total_seconds():.3f}" if start else "",
-                    e.kind,
-                    e.detail,
-                ]
-                for e in entries
-            ),
-            no_wrap=["AT"],
-        )
-    )
+    _print_timeline(f"Timeline of {full_id}", entries, wide=wide)
     return 0
+
+
+def _timeline_wire(entries: list[TimelineEntry]) -> list[dict[str, Any]]:
+    return [
+        {
+            "at": iso(e.at),
+            "kind": e.kind,
+            "attempt": e.attempt,
+            "actor": e.actor,
+            "detail": e.detail,
+        }
+        for e in entries
+    ]
+
+
+def _print_timeline(title: str, entries: list[TimelineEntry], *, wide: bool) -> None:
+    """A turn's history as a listing: each entry's seconds since the first, kind, attempt,
+    worker or principal and words (the words fold); ``wide`` adds each entry's moment."""
+    start = entries[0].at if entries else None
+
+    def since(entry: TimelineEntry) -> str:
+        return f"{(entry.at - start).total_seconds():.3f}" if start else ""
+
+    def attempt(entry: TimelineEntry) -> str:
+        return "" if entry.attempt is None else str(entry.attempt)
+
+    columns = [
+        Column[TimelineEntry]("+SECONDS", since),
+        Column[TimelineEntry]("KIND", lambda e: e.kind),
+        Column[TimelineEntry]("ATTEMPT", attempt),
+        Column[TimelineEntry]("ACTOR", lambda e: e.actor, is_id=True),
+        Column[TimelineEntry]("DETAIL", lambda e: e.detail, folds=True),
+    ]
+    wide_columns = [Column[TimelineEntry]("AT", lambda e: iso(e.at), is_id=True), *columns]
+    print_rows(entries, wide=wide, title=title, columns=columns, wide_columns=wide_columns)
 
 
 # -- abort ---------------------------------------------------------------------------------

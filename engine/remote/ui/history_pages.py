@@ -50,6 +50,9 @@ CSV_COLUMNS = (
     "escalated_from_assignee",
     "escalated_to",
     "escalation_step",
+    # What was approved: the decision in words, and the arguments it was made on.
+    "decision",
+    "arguments",
 )
 
 
@@ -174,4 +177,6 @@ def _csv_row(entry: DecidedApproval, agents: Mapping[str, Agent]) -> list[Any]:
         entry.escalated_from_assignee,
         entry.escalated_to,
         entry.escalation_step,
+        present.answer_summary(entry.answer),
+        json.dumps(edit["input"] if edit and "input" in edit else entry.input, ensure_ascii=False),
     ]

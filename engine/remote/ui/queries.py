@@ -80,11 +80,13 @@ class Page(Generic[T]):
 
 @dataclass(frozen=True)
 class TimelineRow:
-    """One thing that happened to a turn."""
+    """One thing that happened to a turn: when, what, on which attempt, by whom."""
 
     at: datetime
     kind: str
     detail: str
+    attempt: int | None = None
+    actor: str | None = None
 
 
 @dataclass(frozen=True)
@@ -448,5 +450,6 @@ async def next_turn(store: SessionStore, turn: TurnRecord) -> TurnRecord | None:
 async def timeline(store: SessionStore, turn_id: str) -> list[TimelineRow]:
     """Everything that happened to the turn, in order (the store's :class:`TurnTimeline`)."""
     return [
-        TimelineRow(at=e.at, kind=e.kind, detail=e.detail) for e in await store.timeline(turn_id)
+        TimelineRow(at=e.at, kind=e.kind, detail=e.detail, attempt=e.attempt, actor=e.actor)
+        for e in await store.timeline(turn_id)
     ]
