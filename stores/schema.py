@@ -101,6 +101,8 @@ sessions = sa.Table(
     sa.Column("owner", sa.Text),
     sa.Column("created_at", TIMESTAMP, nullable=False),
     sa.Column("updated_at", TIMESTAMP, nullable=False),
+    # A requester's runs page finds her sessions, then their turns (migration 0016).
+    sa.Index("ix_sessions_owner", "owner"),
     comment="One conversation with one agent: a chain (or tree) of turns.",
 )
 
@@ -189,6 +191,8 @@ turns = sa.Table(
         "id",
         where="status IN ('failed', 'aborted')",
     ),
+    # The runs page's id-prefix search: LIKE reads an index only in byte order (0016).
+    sa.Index("ix_turns_id_pattern", "id", postgresql_ops={"id": "text_pattern_ops"}),
     # The queued turns of one version: `turnstile turns migrate`, queue depth by version (the
     # paused ones are found through approval_queue; migration 0012).
     _partial_index(

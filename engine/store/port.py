@@ -37,7 +37,9 @@ from engine.store.records import (
     ToolCallRecord,
     Transition,
     TurnProgress,
+    TurnQuery,
     TurnRecord,
+    TurnRow,
     Vote,
     VoteOutcome,
 )
@@ -58,6 +60,7 @@ __all__ = [
     "Relay",
     "Retention",
     "SessionStore",
+    "TurnListing",
     "TurnQueue",
     "TurnTimeline",
     "VoteBook",
@@ -368,6 +371,15 @@ class TurnTimeline(Protocol):
         ...
 
 
+class TurnListing(Protocol):
+    """Turns by filter, newest first (``turnstile turns ls`` and the browser's runs page)."""
+
+    async def list_turns(self, query: TurnQuery) -> list[TurnRow]:
+        """The turns ``query`` selects, newest first (ties by id, descending), after its
+        keyset cursor, each with the open approvals it waits for."""
+        ...
+
+
 @runtime_checkable
 class SessionStore(
     TurnQueue,
@@ -380,6 +392,7 @@ class SessionStore(
     ApprovalHistory,
     ChangeFeed,
     TurnTimeline,
+    TurnListing,
     Protocol,
 ):
     """Persistence of sessions, turns, rounds and the tool-call journal, the human side's
