@@ -13,7 +13,7 @@ conversation up to its last committed round, never a dangling tool request.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -738,3 +738,13 @@ class TurnRow(BaseModel):
     def key(self) -> tuple[datetime, str]:
         """The row's place in the newest-first order (what ``TurnQuery.before`` takes)."""
         return self.created_at, self.id
+
+    def about(self, describe: Callable[[str, Any], str]) -> str:
+        """What the turn is about: what the approvals it waits for ask (each put in words by
+        ``describe(interrupt, input)``), the error it failed with, or the user's message it
+        started with (else its kind: ``resume``, ``retry`` ...)."""
+        if self.waiting:
+            return "; ".join(describe(w.interrupt, w.input) for w in self.waiting)
+        if self.error is not None:
+            return f"{self.error.status}: {' '.join(self.error.message.split())}"
+        return self.message_text or self.input_kind

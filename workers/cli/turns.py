@@ -127,13 +127,8 @@ def _status_text(
 
 
 def _summary(row: TurnRow) -> str:
-    """What a listed turn is about: what the approvals it waits for ask, the error it failed
-    with, or the user's message it started with (else its kind: ``resume``, ``retry`` ...)."""
-    if row.waiting:
-        return "; ".join(in_words(w.interrupt, w.input) for w in row.waiting)
-    if row.error is not None:
-        return f"{row.error.status}: {' '.join(row.error.message.split())}"
-    return row.message_text or row.input_kind
+    """What a listed turn is about, its approvals' inputs in the CLI's words."""
+    return row.about(in_words)
 
 
 async def _listed(

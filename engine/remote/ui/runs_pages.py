@@ -27,7 +27,14 @@ from engine.remote.wire import MAX_ID_LENGTH, check_text
 from engine.status import TurnStatus
 from engine.store import PAUSED, SessionStore, TurnQuery, TurnRow
 
-__all__ = ["RUN_AGE_CHOICES", "STATUS_CHOICES", "RunFilters", "RunsPages", "find_runs"]
+__all__ = [
+    "RUN_AGE_CHOICES",
+    "STATUS_CHOICES",
+    "RunFilters",
+    "RunsPages",
+    "find_runs",
+    "status_words",
+]
 
 PAGE_SIZE = 50
 #: The status filter's values and what the list offers (``paused``: waiting at approvals).
@@ -164,17 +171,10 @@ def status_words(row: TurnRow) -> str:
     )
 
 
-def summary(row: TurnRow) -> str:
-    """What the turn is about: what its open approvals ask, the error it failed with, or the
-    user's message it started with (else its kind: ``resume``, ``retry`` ...)."""
-    if row.waiting:
-        return "; ".join(
-            f"{w.interrupt}: {text}" if (text := present.input_summary(w.input)) else w.interrupt
-            for w in row.waiting
-        )
-    if row.error is not None:
-        return f"{row.error.status}: {' '.join(row.error.message.split())}"
-    return row.message_text or row.input_kind
+def _asks(interrupt: str, value: Any) -> str:
+    """What an open approval asks, as the inbox summarises its input."""
+    text = present.input_summary(value)
+    return f"{interrupt}: {text}" if text else interrupt
 
 
 class RunsPages:
@@ -193,7 +193,7 @@ class RunsPages:
             {
                 "turn": row,
                 "status": status_words(row),
-                "summary": summary(row),
+                "summary": row.about(_asks),
                 "age": present.ago(row.created_at, now),
             }
             for row in page.items
