@@ -191,8 +191,9 @@ turns = sa.Table(
         "id",
         where="status IN ('failed', 'aborted')",
     ),
-    # The runs page's id-prefix search: LIKE reads an index only in byte order (0016).
-    sa.Index("ix_turns_id_pattern", "id", postgresql_ops={"id": "text_pattern_ops"}),
+    # The runs page's id-prefix search: LIKE reads an index only in byte order. Collated
+    # "C" (not text_pattern_ops) so that lookups by id keep to the primary key (0016).
+    sa.Index("ix_turns_id_prefix", "id", postgresql_ops={"id": 'COLLATE "C"'}),
     # The queued turns of one version: `turnstile turns migrate`, queue depth by version (the
     # paused ones are found through approval_queue; migration 0012).
     _partial_index(

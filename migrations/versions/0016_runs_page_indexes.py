@@ -1,4 +1,4 @@
-"""The runs page's reads cost their page: ``ix_sessions_owner`` and ``ix_turns_id_pattern``.
+"""The runs page's reads cost their page: ``ix_sessions_owner`` and ``ix_turns_id_prefix``.
 
 Revision ID: 0016
 Revises: 0012
@@ -11,8 +11,12 @@ index on ``sessions.owner`` her page walked everyone's turns back until it found
 history for a requester with few. ``ix_sessions_owner (owner)`` finds her sessions, and their
 turns come by ``uq_turns_session_id_seq``. The id-prefix search (``LIKE 'ab12%'``) can use a
 B-tree on ``turns.id`` only when it orders by bytes; the primary key orders by the database's
-collation, so ``ix_turns_id_pattern (id text_pattern_ops)`` holds that order on PostgreSQL (on
-SQLite it is a plain index on ``id``: SQLite's ``LIKE`` ignores case and reads no index).
+collation, so ``ix_turns_id_prefix (id COLLATE "C")`` holds that order on PostgreSQL. It is
+collated rather than built with ``text_pattern_ops``: a pattern-ops index also answers
+``id = …``, and the planner would take it in place of the primary key on the hot path's
+lookups by id; a ``"C"`` index serves only comparisons made in that collation, such as
+``LIKE``'s prefix. On SQLite it is a plain index on ``id`` (SQLite's ``LIKE`` ignores case and
+reads no index).
 
 On PostgreSQL they are built with a plain ``CREATE INDEX``, which blocks writes to the table
 while it reads it: on a large database, create them beforehand with ``CREATE INDEX
@@ -35,15 +39,15 @@ depends_on: str | Sequence[str] | None = None
 def upgrade() -> None:
     op.create_index("ix_sessions_owner", "sessions", ["owner"], unique=False, if_not_exists=True)
     op.create_index(
-        "ix_turns_id_pattern",
+        "ix_turns_id_prefix",
         "turns",
         ["id"],
         unique=False,
         if_not_exists=True,
-        postgresql_ops={"id": "text_pattern_ops"},
+        postgresql_ops={"id": 'COLLATE "C"'},
     )
 
 
 def downgrade() -> None:
-    op.drop_index("ix_turns_id_pattern", table_name="turns")
+    op.drop_index("ix_turns_id_prefix", table_name="turns")
     op.drop_index("ix_sessions_owner", table_name="sessions")
