@@ -18,11 +18,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from engine.errors import InvalidArgumentError
+from engine.remote.auth import Principal
 from engine.remote.cursors import CursorKey
 from engine.remote.inbox_routes import gather_rows, take_page
 from engine.remote.ui import present
 from engine.remote.ui.kit import PageKit, Viewer, query_of
-from engine.remote.ui.queries import Page, optional_id
+from engine.remote.ui.queries import Catalog, Page, optional_id
 from engine.remote.wire import MAX_ID_LENGTH, check_text
 from engine.status import TurnStatus
 from engine.store import PAUSED, SessionStore, TurnQuery, TurnRow
@@ -124,12 +125,10 @@ def _key(row: TurnRow) -> CursorKey:
 
 
 async def find_runs(
-    kit: PageKit, viewer: Viewer, filters: RunFilters, *, limit: int = PAGE_SIZE
+    catalog: Catalog, principal: Principal | None, filters: RunFilters, *, limit: int = PAGE_SIZE
 ) -> Page[TurnRow]:
-    """A page of the turns ``viewer`` may see that ``filters`` select, newest first: a
+    """A page of the turns ``principal`` may see that ``filters`` select, newest first: a
     requester's own (whatever requester she names), an operator's any."""
-    catalog = kit.catalog
-    principal = viewer.principal
     allowed = catalog.policy.owner_filter(principal)
     before = catalog.cursors.open(filters.cursor) if filters.cursor else None
     since = None
@@ -187,7 +186,7 @@ class RunsPages:
         """A page of runs, newest first, with the filters that found them."""
         filters = RunFilters.from_query(query_of(request))
         catalog = self.kit.catalog
-        page = await find_runs(self.kit, viewer, filters)
+        page = await find_runs(catalog, viewer.principal, filters)
         now = datetime.now(UTC)
         rows = [
             {
