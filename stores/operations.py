@@ -21,7 +21,15 @@ from sqlalchemy.engine import Connection
 
 from engine.conversation.parts import Message
 from engine.status import FinishReason, TurnStatus
-from engine.store import RoundRecord, ToolCallRecord, TurnError, TurnRecord
+from engine.store import (
+    PAUSED,
+    RoundRecord,
+    ToolCallRecord,
+    TurnQuery,
+    TurnRecord,
+    TurnRow,
+    WaitingApproval,
+)
 from stores import messages as message_sql
 from stores import tool_calls as call_sql
 from stores import turns as turn_sql
@@ -56,8 +64,6 @@ __all__ = [
     "turn_detail",
 ]
 
-#: The status filter for turns paused at approvals (``completed`` / ``interrupted``).
-PAUSED = "paused"
 #: The age buckets of open approvals: a label and the age (seconds) it starts at.
 AGE_BUCKETS: tuple[tuple[str, float], ...] = (
     ("<1h", 0.0),
@@ -65,53 +71,6 @@ AGE_BUCKETS: tuple[tuple[str, float], ...] = (
     ("1d-7d", 86400.0),
     (">=7d", 7 * 86400.0),
 )
-
-
-class TurnQuery(BaseModel):
-    """Which turns to list: every filter given must hold; newest first."""
-
-    #: Statuses (``pending``, …, or :data:`PAUSED`); ``None`` or empty: any.
-    statuses: tuple[str, ...] | None = None
-    agent: str | None = None
-    session_id: str | None = None
-    #: Only turns created at or after this moment.
-    since: datetime | None = None
-    #: Only turns that are their session's latest (the ones a retry may continue).
-    latest_only: bool = False
-    limit: int = Field(default=50, ge=1, le=100_000)
-
-
-class WaitingApproval(BaseModel):
-    """An open, undecided approval a paused turn waits for."""
-
-    turn_id: str
-    ref: str
-    interrupt: str
-    created_at: datetime
-    #: What the approver is shown (the interrupt's input).
-    input: Any = None
-
-
-class TurnRow(BaseModel):
-    """One turn as a list shows it."""
-
-    id: str
-    session_id: str
-    seq: int
-    agent: str
-    parent_id: str | None
-    status: TurnStatus
-    finish_reason: FinishReason | None
-    input_kind: str
-    attempts: int
-    max_attempts: int
-    error: TurnError | None
-    created_at: datetime
-    updated_at: datetime
-    settled_at: datetime | None
-    waiting: list[WaitingApproval] = Field(default_factory=list)
-    #: The text of the user's message the turn started with (a ``message`` turn).
-    message_text: str | None = None
 
 
 class TurnDetail(BaseModel):
@@ -214,10 +173,24 @@ def _conditions(query: TurnQuery) -> list[sa.ColumnElement[bool]]:
         conditions.append(turns.c.id.in_(_any_status_page(query)))
     if query.agent is not None:
         conditions.append(turns.c.agent == query.agent)
+    if query.agents is not None:
+        conditions.append(turns.c.agent.in_(query.agents))
     if query.session_id is not None:
         conditions.append(turns.c.session_id == query.session_id)
+    if query.owner is not None:
+        # Her sessions through ix_sessions_owner, then their turns by session: a requester's
+        # page reads her turns, not the history of everyone's.
+        owned = sa.select(sessions.c.id).where(sessions.c.owner == query.owner)
+        conditions.append(turns.c.session_id.in_(owned))
+    if query.app_version is not None:
+        conditions.append(turns.c.app_version == query.app_version)
+    if query.id_prefix is not None:
+        conditions.append(_starts_with(turns.c.id, query.id_prefix))
     if query.since is not None:
         conditions.append(turns.c.created_at >= query.since)
+    if query.before is not None:
+        seen_at, seen_id = query.before
+        conditions.append(sa.tuple_(turns.c.created_at, turns.c.id) < (seen_at, seen_id))
     if query.latest_only:
         conditions.append(_is_latest())
     return conditions
@@ -260,7 +233,10 @@ def list_turns(connection: Connection, query: TurnQuery) -> list[TurnRow]:
             t.created_at,
             t.updated_at,
             t.settled_at,
+            t.app_version,
+            sessions.c.owner,
         )
+        .select_from(turns.join(sessions, sessions.c.id == t.session_id))
         .where(*_conditions(query))
         .order_by(t.created_at.desc(), t.id.desc())
         .limit(query.limit)

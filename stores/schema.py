@@ -102,6 +102,8 @@ sessions = sa.Table(
     sa.Column("owner", sa.Text),
     sa.Column("created_at", TIMESTAMP, nullable=False),
     sa.Column("updated_at", TIMESTAMP, nullable=False),
+    # A requester's runs page finds her sessions, then their turns (migration 0016).
+    sa.Index("ix_sessions_owner", "owner"),
     # Retention takes the sessions idle longest first, a batch at a time (migration 0017).
     sa.Index("ix_sessions_updated_at", "updated_at", "id"),
     comment="One conversation with one agent: a chain (or tree) of turns.",
@@ -192,6 +194,9 @@ turns = sa.Table(
         "id",
         where="status IN ('failed', 'aborted')",
     ),
+    # The runs page's id-prefix search: LIKE reads an index only in byte order. Collated
+    # "C" (not text_pattern_ops) so that lookups by id keep to the primary key (0016).
+    sa.Index("ix_turns_id_prefix", "id", postgresql_ops={"id": 'COLLATE "C"'}),
     # The queued turns of one version: `turnstile turns migrate`, queue depth by version (the
     # paused ones are found through approval_queue; migration 0012).
     _partial_index(

@@ -27,6 +27,7 @@ from engine.errors import (
 from engine.model import ModelUsage
 from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus
 from engine.store import (
+    PAUSED,
     AbortOutcome,
     ApprovalQuery,
     ApprovalRule,
@@ -48,9 +49,12 @@ from engine.store import (
     Transition,
     TurnEvent,
     TurnProgress,
+    TurnQuery,
     TurnRecord,
+    TurnRow,
     Vote,
     VoteOutcome,
+    WaitingApproval,
     WebhookDelivery,
     WebhookSettlement,
 )
@@ -552,6 +556,69 @@ class InMemorySessionStore:
                     found.append(entry)
         found.sort(key=lambda e: (e.created_at, e.turn_id, e.ref), reverse=query.descending)
         return found[: query.limit]
+
+    async def list_turns(self, query: TurnQuery) -> list[TurnRow]:
+        """See :meth:`engine.store.TurnListing.list_turns`."""
+        found = [self._turn_row(turn) for turn in self._turns.values() if self._lists(turn, query)]
+        found.sort(key=lambda row: row.key, reverse=True)
+        return found[: query.limit]
+
+    def _lists(self, turn: TurnRecord, query: TurnQuery) -> bool:
+        """Whether ``query`` selects ``turn``."""
+        owner = self._sessions[turn.session_id].owner
+        latest = self._turn_order[turn.session_id][-1] == turn.id
+        paused = self._paused_latest(turn.id) is not None and any(
+            call.status is ToolCallStatus.INTERRUPTED for call in self._calls[turn.id].values()
+        )
+        statuses = query.statuses or ()
+        return (
+            (not statuses or (PAUSED in statuses and paused) or turn.status.value in statuses)
+            and query.agent in (None, turn.agent)
+            and (query.agents is None or turn.agent in query.agents)
+            and query.session_id in (None, turn.session_id)
+            and (query.owner is None or owner == query.owner)
+            and (query.app_version is None or turn.app_version == query.app_version)
+            and (query.id_prefix is None or turn.id.startswith(query.id_prefix))
+            and (query.since is None or turn.created_at >= query.since)
+            and (query.before is None or (turn.created_at, turn.id) < query.before)
+            and (latest or not query.latest_only)
+        )
+
+    def _turn_row(self, turn: TurnRecord) -> TurnRow:
+        """``turn`` as a list shows it, with the undecided approvals it waits for."""
+        waiting = [
+            WaitingApproval(
+                turn_id=turn.id,
+                ref=call.ref,
+                interrupt=call.name,
+                created_at=call.created_at or turn.updated_at,
+                input=copy.deepcopy(call.input),
+            )
+            for call in self._calls[turn.id].values()
+            if call.status is ToolCallStatus.INTERRUPTED and call.decided_at is None
+        ]
+        message = turn.input.message
+        texts = [p.text for p in message.content if p.text is not None] if message else []
+        return TurnRow(
+            id=turn.id,
+            session_id=turn.session_id,
+            seq=self._turn_order[turn.session_id].index(turn.id) + 1,
+            agent=turn.agent,
+            parent_id=turn.parent_id,
+            status=turn.status,
+            finish_reason=turn.finish_reason,
+            input_kind=turn.input.kind,
+            attempts=turn.attempts,
+            max_attempts=turn.max_attempts,
+            error=turn.error,
+            created_at=turn.created_at,
+            updated_at=turn.updated_at,
+            settled_at=turn.settled_at,
+            waiting=sorted(waiting, key=lambda w: (w.created_at, w.ref)),
+            message_text=" ".join(" ".join(texts).split()) or None,
+            owner=self._sessions[turn.session_id].owner,
+            app_version=turn.app_version,
+        )
 
     async def list_decisions(self, query: DecisionQuery) -> list[DecidedApproval]:
         """See :meth:`engine.store.ApprovalHistory.list_decisions`."""

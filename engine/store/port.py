@@ -37,7 +37,9 @@ from engine.store.records import (
     ToolCallRecord,
     Transition,
     TurnProgress,
+    TurnQuery,
     TurnRecord,
+    TurnRow,
     Vote,
     VoteOutcome,
     WebhookDelivery,
@@ -60,6 +62,7 @@ __all__ = [
     "Relay",
     "Retention",
     "SessionStore",
+    "TurnListing",
     "TurnQueue",
     "TurnTimeline",
     "VoteBook",
@@ -418,6 +421,15 @@ class WebhookOutbox(Protocol):
         ...
 
 
+class TurnListing(Protocol):
+    """Turns by filter, newest first (``turnstile turns ls`` and the browser's runs page)."""
+
+    async def list_turns(self, query: TurnQuery) -> list[TurnRow]:
+        """The turns ``query`` selects, newest first (ties by id, descending), after its
+        keyset cursor, each with the open approvals it waits for."""
+        ...
+
+
 @runtime_checkable
 class SessionStore(
     TurnQueue,
@@ -430,6 +442,7 @@ class SessionStore(
     ApprovalHistory,
     ChangeFeed,
     TurnTimeline,
+    TurnListing,
     WebhookOutbox,
     Protocol,
 ):

@@ -13,7 +13,7 @@ conversation up to its last committed round, never a dangling tool request.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -29,6 +29,7 @@ from engine.status import FinishReason, TurnStatus
 
 __all__ = [
     "EDIT",
+    "PAUSED",
     "AbortOutcome",
     "AlreadyVotedError",
     "ApprovalChange",
@@ -58,9 +59,12 @@ __all__ = [
     "TurnEvent",
     "TurnInput",
     "TurnProgress",
+    "TurnQuery",
     "TurnRecord",
+    "TurnRow",
     "Vote",
     "VoteOutcome",
+    "WaitingApproval",
     "WebhookDelivery",
     "WebhookEvent",
     "WebhookSettlement",
@@ -101,6 +105,10 @@ class TurnError(BaseModel):
     status: str
     message: str
     details: Any = None
+
+    def one_line(self) -> str:
+        """``STATUS: message``, the message's whitespace collapsed (for a listing's row)."""
+        return f"{self.status}: {' '.join(self.message.split())}"
 
 
 class SessionRecord(BaseModel):
@@ -731,3 +739,86 @@ EDIT = "edit"
 
 class EditedMeanwhileError(ApprovalNotPendingError):
     """Another approver edited the call's arguments after this one read them (HTTP 409)."""
+
+
+# -- turns by filter (the operators' ``turns ls`` and the browser's runs page) ----------------
+
+#: The status filter for turns paused at approvals (``completed`` / ``interrupted``).
+PAUSED = "paused"
+
+
+class TurnQuery(BaseModel):
+    """Which turns to list: every filter given must hold; newest first (``created_at``, then
+    id, both descending), keyset-paged by ``before``."""
+
+    #: Statuses (``pending``, …, or :data:`PAUSED`); ``None`` or empty: any.
+    statuses: tuple[str, ...] | None = None
+    agent: str | None = None
+    #: Only turns of these agents (the agents a server serves from the store).
+    agents: tuple[str, ...] | None = None
+    session_id: str | None = None
+    #: Only turns of sessions owned by this principal (who asked).
+    owner: str | None = None
+    #: Only turns pinned to this application version.
+    app_version: str | None = None
+    #: Only turns whose id starts with these characters (taken literally).
+    id_prefix: str | None = None
+    #: Only turns created at or after this moment.
+    since: datetime | None = None
+    #: Keyset cursor: the ``(created_at, id)`` of the last turn already seen.
+    before: tuple[datetime, str] | None = None
+    #: Only turns that are their session's latest (the ones a retry may continue).
+    latest_only: bool = False
+    limit: int = Field(default=50, ge=1, le=100_000)
+
+
+class WaitingApproval(BaseModel):
+    """An open, undecided approval a paused turn waits for."""
+
+    turn_id: str
+    ref: str
+    interrupt: str
+    created_at: datetime
+    #: What the approver is shown (the interrupt's input).
+    input: Any = None
+
+
+class TurnRow(BaseModel):
+    """One turn as a list shows it."""
+
+    id: str
+    session_id: str
+    seq: int
+    agent: str
+    parent_id: str | None
+    status: TurnStatus
+    finish_reason: FinishReason | None
+    input_kind: str
+    attempts: int
+    max_attempts: int
+    error: TurnError | None
+    created_at: datetime
+    updated_at: datetime
+    settled_at: datetime | None
+    waiting: list[WaitingApproval] = Field(default_factory=list)
+    #: The text of the user's message the turn started with (a ``message`` turn).
+    message_text: str | None = None
+    #: Who owns the turn's session (``None``: a local caller).
+    owner: str | None = None
+    #: The application version the turn is pinned to (``None``: created before pinning).
+    app_version: str | None = None
+
+    @property
+    def key(self) -> tuple[datetime, str]:
+        """The row's place in the newest-first order (what ``TurnQuery.before`` takes)."""
+        return self.created_at, self.id
+
+    def about(self, describe: Callable[[str, Any], str]) -> str:
+        """What the turn is about: what the approvals it waits for ask (each put in words by
+        ``describe(interrupt, input)``), the error it failed with, or the user's message it
+        started with (else its kind: ``resume``, ``retry`` ...)."""
+        if self.waiting:
+            return "; ".join(describe(w.interrupt, w.input) for w in self.waiting)
+        if self.error is not None:
+            return self.error.one_line()
+        return self.message_text or self.input_kind

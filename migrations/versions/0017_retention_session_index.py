@@ -1,7 +1,7 @@
 """Retention walks the idle sessions in time order through ``ix_sessions_updated_at``.
 
 Revision ID: 0017
-Revises: 0015
+Revises: 0016
 Create Date: 2026-12-06 22:00:00.000000
 
 A retention batch (``stores/retention.py``) takes the sessions idle longest, ``WHERE
@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from alembic import op
 
 revision: str = "0017"
-down_revision: str | None = "0015"
+down_revision: str | None = "0016"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -174,6 +174,64 @@ def test_a_page_of_turns_reads_a_page_of_turns(history: str, name: str) -> None:
     assert _rows_visited(nodes, "turns") <= 3_000, detail
 
 
+#: A requester who owns a few of the history's sessions, and the agents a server serves.
+REQUESTER = "ann"
+REQUESTER_EVERY = 997
+SERVED = ("bankingAgent", "clerkAgent")
+RUNS_PAGES = {
+    "a requester's first page": TurnQuery(owner=REQUESTER, agents=SERVED),
+    "a requester's failed turns": TurnQuery(owner=REQUESTER, statuses=("failed",)),
+    "an id prefix": TurnQuery(id_prefix="r1234", agents=SERVED),
+    "an id prefix matching nothing": TurnQuery(id_prefix="zz", agents=SERVED),
+    "a later page": TurnQuery(
+        agents=SERVED, before=(datetime.now(UTC) - timedelta(seconds=SESSIONS), "r10000")
+    ),
+    "a version's later page": TurnQuery(
+        app_version="v1", before=(datetime.now(UTC) - timedelta(seconds=SESSIONS), "r10000")
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def owned_history(history: str) -> str:
+    """The history with every REQUESTER_EVERY-th session owned by REQUESTER (20 of 20,000)."""
+    with psycopg.connect(libpq_dsn(history), autocommit=True) as connection:
+        connection.execute(
+            "UPDATE sessions SET owner = %s WHERE substr(id, 2)::int %% %s = 0",
+            (REQUESTER, REQUESTER_EVERY),
+        )
+        connection.execute("ANALYZE sessions")
+    return history
+
+
+@pytest.mark.parametrize("name", sorted(RUNS_PAGES))
+def test_a_page_of_runs_reads_a_page_of_turns(owned_history: str, name: str) -> None:
+    """The runs page's reads (a requester's own turns, an id prefix, a page after a cursor)
+    visit at most a few hundred of the 39,980 turns, through indexes, without a sequential
+    scan of turns or sessions."""
+    nodes = _listing_plan(owned_history, RUNS_PAGES[name])
+    detail = json.dumps(nodes[0], indent=1)
+    assert not _seq_scans(nodes) & {"turns", "sessions"}, detail
+    assert _rows_visited(nodes, "turns") <= 300, detail
+    assert _rows_visited(nodes, "sessions") <= 300, detail
+
+
+def test_a_requesters_runs_are_hers_newest_first(owned_history: str) -> None:
+    """The requester's read lists exactly the turns of her sessions, newest first."""
+    engine = sa.create_engine(owned_history, poolclass=sa.NullPool)
+    try:
+        with engine.connect() as connection:
+            rows = operation_sql.list_turns(connection, TurnQuery(owner=REQUESTER, limit=100))
+    finally:
+        engine.dispose()
+    sessions = range(REQUESTER_EVERY * (SESSIONS // REQUESTER_EVERY), 0, -REQUESTER_EVERY)
+    expected = [
+        turn for g in sessions for turn in ((f"r{g}", f"p{g}") if g % OPEN_EVERY else (f"p{g}",))
+    ]
+    assert [row.id for row in rows] == expected
+    assert {row.owner for row in rows} == {REQUESTER}
+
+
 def test_the_listing_reads_the_created_at_index_backwards(history: str) -> None:
     """The first page is a backward walk of ix_turns_created_at: no sort of turns."""
     nodes = _listing_plan(history, TurnQuery())

@@ -20,7 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from engine.errors import AgentError
 from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus
-from engine.store import TimelineEntry, ToolCallRecord, TurnError, TurnInput, TurnRecord
+from engine.store import TimelineEntry, ToolCallRecord, TurnInput, TurnRecord
 from engine.turns.request import TurnRequest
 from stores.operations import PAUSED, TurnDetail, TurnQuery, TurnRow, WaitingApproval
 from stores.sql import SqlSessionStore
@@ -131,18 +131,8 @@ def _status_text(
 
 
 def _summary(row: TurnRow) -> str:
-    """What a listed turn is about: what the approvals it waits for ask, the error it failed
-    with, or the user's message it started with (else its kind: ``resume``, ``retry`` ...)."""
-    if row.waiting:
-        return "; ".join(in_words(w.interrupt, w.input) for w in row.waiting)
-    if row.error is not None:
-        return _error_text(row.error)
-    return row.message_text or row.input_kind
-
-
-def _error_text(error: TurnError) -> str:
-    """A turn's error on one line: ``STATUS: message``."""
-    return f"{error.status}: {' '.join(error.message.split())}"
+    """What a listed turn is about, its approvals' inputs in the CLI's words."""
+    return row.about(in_words)
 
 
 async def _listed(
@@ -669,7 +659,7 @@ async def _outcomes(
     short_ids = (
         await store.id_prefixes("turn", ids, shortest=SHORT_ID) if abbreviate and ids else {}
     )
-    ended = {t.id: _error_text(t.error) if t.error else t.status.value for t in chosen}
+    ended = {t.id: t.error.one_line() if t.error else t.status.value for t in chosen}
     return _Retries(retried, skipped, ended, short_ids)
 
 

@@ -35,6 +35,7 @@ from engine.remote.ui.history_pages import HistoryPages
 from engine.remote.ui.inbox_pages import ApprovalPages, InboxPages
 from engine.remote.ui.kit import STATIC, PageKit, UiSettings
 from engine.remote.ui.queries import Catalog
+from engine.remote.ui.runs_pages import RunsPages
 from engine.remote.ui.sessions import SECRET_ENV
 from engine.remote.ui.turn_pages import TurnPages
 
@@ -110,6 +111,7 @@ class InboxUI:
             Route("/ui/logout", auth.logout, methods=["POST"]),
             Route("/ui/history", guarded(kit, history.history), methods=["GET"]),
             Route("/ui/history.csv", guarded(kit, history.export), methods=["GET"]),
+            Route("/ui/runs", guarded(kit, RunsPages(kit).runs), methods=["GET"]),
             Route(f"{approval}/decision", guarded(kit, approvals.decision), methods=["POST"]),
             Route(f"{approval}/state", guarded_json(kit, approvals.state), methods=["GET"]),
             Route(f"{approval}/claim", guarded(kit, assignments.claim), methods=["POST"]),
