@@ -7,7 +7,8 @@ workers at once, is kept once. A worker claims due deliveries in one ``UPDATE`` 
 ``SELECT ... FOR UPDATE SKIP LOCKED`` on PostgreSQL (two workers skip each other's rows;
 SQLite has one writer at a time), setting a lease token and expiry and counting the attempt;
 it then posts outside any transaction and settles the delivery with an ``UPDATE`` guarded by
-its token, so a worker whose lease expired and was taken over writes nothing.
+its token, so a worker whose lease expired and was taken over writes nothing. A delivery queued
+and each attempt's outcome are entries of its turn's history, appended in the same transaction.
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
 from engine.store import PendingApproval, WebhookDelivery, WebhookSettlement
+from engine.store.history import delivery_entry, settlement_entry
 from engine.store.rules import settled_fields
 from stores.approval_rows import pending_approval, select_pending
 from stores.database import record_from_row, utc
+from stores.history import append_history
 from stores.schema import approval_queue, webhook_deliveries
 
 __all__ = [
@@ -46,13 +49,18 @@ def add_deliveries(connection: Connection, deliveries: Sequence[WebhookDelivery]
     rows = [d.model_dump(include=set(_STORED)) for d in deliveries]
     for row in rows:
         row["next_attempt_at"] = row["next_attempt_at"] or row["occurred_at"]
-    result = connection.execute(
+    added = connection.execute(
         dialect.insert(webhook_deliveries)
         .values(rows)
         .on_conflict_do_nothing(index_elements=["id"])
-        .returning(webhook_deliveries.c.id)
-    )
-    return len(result.all())
+        .returning(*webhook_deliveries.columns)
+    ).all()
+    for added_row in added:
+        delivery = record_from_row(WebhookDelivery, added_row)
+        append_history(
+            connection, delivery.turn_id, delivery_entry(delivery, "queued", delivery.occurred_at)
+        )
+    return len(added)
 
 
 def opened_watermark(connection: Connection) -> datetime | None:
@@ -138,7 +146,7 @@ def claim_deliveries(
 def settle_delivery(connection: Connection, settlement: WebhookSettlement) -> bool:
     """See :meth:`engine.store.WebhookOutbox.settle_delivery`."""
     w = webhook_deliveries.c
-    result = connection.execute(
+    row = connection.execute(
         sa.update(webhook_deliveries)
         .where(
             w.id == settlement.id,
@@ -146,8 +154,13 @@ def settle_delivery(connection: Connection, settlement: WebhookSettlement) -> bo
             w.status == "pending",
         )
         .values(**settled_fields(settlement))
-    )
-    return result.rowcount == 1
+        .returning(*webhook_deliveries.columns)
+    ).first()
+    if row is None:
+        return False
+    delivery = record_from_row(WebhookDelivery, row)
+    append_history(connection, delivery.turn_id, settlement_entry(delivery, settlement))
+    return True
 
 
 def list_deliveries(

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
+from urllib.parse import urlsplit
 
 from engine.store.records import (
     EDIT,
@@ -24,6 +25,8 @@ from engine.store.records import (
     ToolCallStatus,
     TurnRecord,
     Vote,
+    WebhookDelivery,
+    WebhookSettlement,
 )
 
 __all__ = [
@@ -38,6 +41,7 @@ __all__ = [
     "STATUS",
     "TOOL_STARTED",
     "VOTE",
+    "WEBHOOK",
     "HistoryEntry",
     "assignment_entry",
     "call_entries",
@@ -45,6 +49,8 @@ __all__ = [
     "decision_entry",
     "decision_summary",
     "decision_words",
+    "delivery_entry",
+    "settlement_entry",
     "vote_entry",
 ]
 
@@ -58,6 +64,7 @@ VOTE = "vote"
 ASSIGNMENT = "assignment"
 ESCALATION = "escalation"
 REMINDER = "reminder"
+WEBHOOK = "webhook"
 
 #: The journal key of a reject's record (engine.rejection.REJECT, a floor above this one).
 _REJECT = "reject"
@@ -222,4 +229,44 @@ def assignment_entry(
         at=at,
         actor=change.by,
         detail={"ref": ref, "action": change.action, "holder": holder},
+    )
+
+
+def delivery_entry(
+    delivery: WebhookDelivery, outcome: str, at: datetime, error: str | None = None
+) -> HistoryEntry:
+    """A webhook delivery's entry: ``outcome`` is ``queued`` (written with the change it
+    reports), ``delivered``, ``retrying`` or ``given up`` (one per attempt's outcome).
+
+    Only the endpoint's host is recorded: a webhook URL's path often is its secret (Slack's
+    are), and the history is shown to approvers."""
+    host = urlsplit(delivery.url).netloc or "the endpoint"
+    note = f"{delivery.event} to {host} {outcome}" + (f": {error}" if error else "")
+    return HistoryEntry(
+        kind=WEBHOOK,
+        note=note,
+        at=at,
+        detail={
+            "round": delivery.round,
+            "ref": delivery.ref,
+            "event": delivery.event,
+            "host": host,
+            "outcome": outcome,
+            "attempts": delivery.attempts,
+        },
+    )
+
+
+#: How each outcome of an attempt reads on the timeline.
+_SETTLED_WORDS = {
+    "delivered": "delivered",
+    "retry": "failed, retrying",
+    "failed": "failed, given up",
+}
+
+
+def settlement_entry(delivery: WebhookDelivery, settlement: WebhookSettlement) -> HistoryEntry:
+    """The entry of one attempt's outcome at ``delivery`` (as claimed for that attempt)."""
+    return delivery_entry(
+        delivery, _SETTLED_WORDS[settlement.outcome], settlement.at, settlement.error
     )

@@ -66,6 +66,8 @@ from engine.store.history import (
     call_entries,
     claim_entries,
     decision_entry,
+    delivery_entry,
+    settlement_entry,
     vote_entry,
 )
 from engine.store.relay import ChunkBroker, ChunkSubscription
@@ -787,6 +789,7 @@ class InMemorySessionStore:
             self._deliveries[d.id] = d.model_copy(
                 update={"next_attempt_at": d.next_attempt_at or d.occurred_at}
             )
+            self._append(d.turn_id, delivery_entry(d, "queued", d.occurred_at))
         return len(new)
 
     async def add_deliveries(self, deliveries: Sequence[WebhookDelivery]) -> int:
@@ -850,6 +853,7 @@ class InMemorySessionStore:
         if held is None or held.status != "pending" or held.lease_token != settlement.lease_token:
             return False
         self._deliveries[settlement.id] = held.model_copy(update=settled_fields(settlement))
+        self._append(held.turn_id, settlement_entry(held, settlement))
         return True
 
     async def list_deliveries(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -257,6 +258,15 @@ async def test_delivery_retries_while_the_receiver_fails_then_delivers_signed(
     assert done.status == "delivered" and done.delivered_at is not None
     assert [r.signed for r in receiver.received] == [True]
     assert receiver.events() == [f"{ctx.approval.turn_id}:approval-1/opened"]
+    # The turn's history tells the delivery's story, naming the endpoint by its host alone
+    # (the receiver's path, /hooks, is not in it).
+    host = urlsplit(receiver.url).netloc
+    told = [e.detail for e in await store.timeline(ctx.approval.turn_id) if e.kind == "webhook"]
+    assert told == [
+        f"opened to {host} queued",
+        f"opened to {host} failed, retrying: HTTP 503",
+        f"opened to {host} delivered",
+    ]
 
 
 async def test_a_delivery_is_given_up_after_its_last_attempt(store: SessionStore) -> None:
