@@ -1,10 +1,12 @@
 """A turn's history with real worker processes on real PostgreSQL (issue 32): a worker
 SIGKILLed mid-transfer and another reclaiming the turn after the lease expired both stay on
-the timeline, as ``turnstile turns timeline`` / ``turns show`` and the SQL view
-``turn_timeline`` tell it, with the pause and the decision before them at their own times."""
+the timeline, as ``turnstile turns timeline`` / ``turns show``, the SQL view ``turn_timeline``
+and the turn inspector in Debian's Chromium (against a real ``turnstile serve``) tell it, with
+the pause and the decision before them at their own times."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime
 from typing import Any
 
@@ -12,11 +14,13 @@ import pytest
 
 from engine.approvals.decide import Decision, decide
 from engine.store import ApprovalQuery
-from tests.acceptance.durable_support import Cluster
+from tests.acceptance.durable_support import APP_SPEC, Cluster
+from tests.acceptance.inbox_ui_support import launch_chromium, new_page
 from tests.acceptance.test_cli_tables import run
 
 # `cluster` is the fixture: a fresh database whose workers are killed at teardown.
 from tests.acceptance.test_durable_workers import cluster, paused_transfer  # noqa: F401
+from tests.http_support import serve_process
 
 
 def timeline_of(db: Cluster, turn_id: str) -> list[dict[str, Any]]:
@@ -30,6 +34,21 @@ def timeline_of(db: Cluster, turn_id: str) -> list[dict[str, Any]]:
 def story(entries: list[dict[str, Any]]) -> list[tuple[str, int | None, str | None, str]]:
     """(kind, attempt, actor, detail) of each entry, in order."""
     return [(e["kind"], e["attempt"], e["actor"], e["detail"]) for e in entries]
+
+
+def inspector_rows(db: Cluster, turn_id: str) -> list[tuple[str, str, str, str]]:
+    """(what, attempt, by, detail) of each row of the turn inspector's timeline, as Chromium
+    shows it from a ``turnstile serve`` on the cluster's database (no sign-in: no --auth)."""
+    with (
+        serve_process(db.url, app=APP_SPEC) as (base, _server),
+        launch_chromium() as browser,
+        new_page(browser) as page,
+    ):
+        page.goto(f"{base}/ui/turns/{turn_id}")
+        cells = page.locator("#timeline tbody tr").evaluate_all(
+            "rows => rows.map(row => [...row.cells].map(cell => cell.innerText.trim()))"
+        )
+    return [(what, attempt, by, detail) for _when, what, attempt, by, detail in cells]
 
 
 @pytest.mark.timeout(120)
@@ -83,6 +102,10 @@ async def test_a_reclaimed_turn_shows_both_attempts_the_lost_lease_and_the_decis
         (turn_id,),
     )
     assert [tuple(r) for r in view] == story(entries)
+
+    # The inspector runs Playwright's sync API, which wants a thread without an event loop.
+    rows = await asyncio.to_thread(inspector_rows, cluster, turn_id)
+    assert rows == [(k, "" if a is None else str(a), o or "", d) for k, a, o, d in story(entries)]
 
     shown_turn = run(cluster.url, "turns", "show", turn_id, "--json")
     assert shown_turn.status == 0, shown_turn.err
