@@ -122,7 +122,7 @@ async def _phases(
     return loaded, idle, errors + more + last, seconds
 
 
-async def _turnstile_clients(
+async def turnstile_clients(
     url: str, args: argparse.Namespace, watch: Callable[[], None]
 ) -> Phases:
     """The product's client side: concurrent chats on one store, in this process."""
@@ -174,7 +174,7 @@ def _peer_phases(
     return (loaded, idle, errors + more + last, seconds), peer.start_up_cpu
 
 
-def _start_workers(
+def start_workers(
     impl: str,
     processes: int,
     slots: int,
@@ -260,12 +260,12 @@ def measure(bench: Bench, impl: str, processes: int, slots: int, round: int = 1)
             loaded, idle, errors, seconds = phases
         else:
             try:
-                _start_workers(impl, processes, slots, name, children, logs, args.profile)
+                start_workers(impl, processes, slots, name, children, logs, args.profile)
                 # Not per-workflow work: importing, connecting, checking the schema (≈ 0.5 s
                 # of CPU for each of our workers), counted apart so four processes do not
                 # look like four times the cost per workflow.
                 start_up = children.cpu_seconds()
-                clients = _floor_clients if is_floor(impl) else _turnstile_clients
+                clients = _floor_clients if is_floor(impl) else turnstile_clients
                 target = dsn if is_floor(impl) else url_for(name)
                 loaded, idle, errors, seconds = asyncio.run(clients(target, args, children.check))
             finally:

@@ -38,6 +38,7 @@ __all__ = [
     "fmt",
     "machine",
     "percentile",
+    "process_cpu_seconds",
     "raise_on_sigterm",
     "read_claims",
     "read_stats",
@@ -142,7 +143,7 @@ def read_stats(database: str) -> ServerStats:
     return ServerStats(*(int(value) for value in row))
 
 
-def _cpu_seconds(process: Path, *, reaped: bool = False) -> float:
+def process_cpu_seconds(process: Path, *, reaped: bool = False) -> float:
     """User + system CPU of the process whose /proc folder is ``process`` (with ``reaped``,
     also that of its children it has waited for). Raises OSError once it has gone."""
     # The fields after the command's closing parenthesis: utime, stime, cutime and cstime
@@ -163,7 +164,7 @@ def server_cpu_seconds() -> float | None:
             continue
         with contextlib.suppress(OSError, ValueError, IndexError):
             if (entry / "comm").read_text().startswith("postgres"):
-                total += _cpu_seconds(entry, reaped=True)
+                total += process_cpu_seconds(entry, reaped=True)
                 found = True
     return total if found else None
 
@@ -262,7 +263,7 @@ class Processes:
         total = 0.0
         for child, _, _ in self.children:
             with contextlib.suppress(OSError, ValueError, IndexError):
-                total += _cpu_seconds(Path(f"/proc/{child.pid}"))
+                total += process_cpu_seconds(Path(f"/proc/{child.pid}"))
         return total
 
     def check(self) -> None:

@@ -1,0 +1,434 @@
+"""Where the database's work per approval workflow goes: the statement budget.
+
+``python bench/statement_budget.py [--slots 1,8] [--workflows 500]``
+
+Starts a **private** PostgreSQL 15 instance (``initdb`` into a temporary folder, its own port
+and socket folder, ``pg_stat_statements`` preloaded with ``track = all``, ``track_io_timing``
+on, ``fsync`` on as in production), so the shared server and its counters are never touched.
+For each slot count it copies a migrated template, starts one ``turnstile worker`` process
+with that many slots, runs ``--workflows`` approval workflows from ``--clients`` concurrent
+chats in this process (``bench/approvals.py``'s Turnstile path, no warm-up, no idle phase)
+and prints, per normalized statement (the statements inside trigger functions included,
+marked ``nested``): calls, rows, mean and total execution ms, share of the top-level total,
+WAL bytes and shared blocks hit / dirtied, all per workflow. Then the totals per workflow:
+commits (``pg_stat_database.xact_commit``), writing transactions, WAL bytes
+(``pg_current_wal_lsn``) and the server's CPU (every process of the private instance, from
+/proc). The instance is stopped and deleted at the end, also on Ctrl-C or SIGTERM.
+
+A nested statement's time and WAL are also inside its top-level statement's figures, so the
+shares are of the top-level total and the nested rows say where part of a top-level cost
+went. ``docs/performance.md`` ("The statement budget") reads the result.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import psycopg
+
+from bench import common
+
+__all__ = [
+    "Budget",
+    "Line",
+    "PrivateServer",
+    "StatementStats",
+    "Totals",
+    "budget",
+    "main",
+    "private_server",
+    "read_statements",
+    "render",
+    "short_name",
+]
+
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+
+#: Settings of the private instance: the statistics the budget reads, durability as in
+#: production, and no statement log (it would cost the server CPU being measured).
+SERVER_SETTINGS = {
+    "shared_preload_libraries": "'pg_stat_statements'",
+    "pg_stat_statements.track": "all",
+    "pg_stat_statements.track_utility": "on",
+    "pg_stat_statements.max": "10000",
+    "track_io_timing": "on",
+    "fsync": "on",
+    "synchronous_commit": "on",
+    "shared_buffers": "128MB",
+    "max_connections": "100",
+    "listen_addresses": "'127.0.0.1'",
+}
+
+STATEMENTS_QUERY = """
+SELECT queryid::text, toplevel, query, calls, rows, total_exec_time,
+       wal_bytes::bigint, shared_blks_hit, shared_blks_dirtied
+FROM pg_stat_statements
+WHERE dbid = (SELECT oid FROM pg_database WHERE datname = %s)
+"""
+
+
+@dataclass(frozen=True)
+class StatementStats:
+    """One row of ``pg_stat_statements`` for the measured database (raw, whole run)."""
+
+    queryid: str
+    toplevel: bool
+    query: str
+    calls: int
+    rows: int
+    total_exec_ms: float
+    wal_bytes: int
+    blocks_hit: int
+    blocks_dirtied: int
+
+
+@dataclass(frozen=True)
+class Totals:
+    """Whole-run counters of the measured database and the private instance."""
+
+    workflows: int
+    seconds: float
+    commits: int
+    write_xacts: int
+    wal_bytes: int
+    server_cpu_s: float | None
+    errors: int
+
+
+@dataclass(frozen=True)
+class Line:
+    """One normalized statement's cost per workflow."""
+
+    name: str
+    query: str
+    nested: bool
+    calls: float
+    rows: float
+    mean_ms: float
+    ms: float
+    share: float  # of the top-level statements' total execution time
+    wal_bytes: float
+    blocks_hit: float
+    blocks_dirtied: float
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The ranked statements of one run, per workflow, and the run's totals."""
+
+    label: str
+    lines: list[Line]
+    totals: Totals
+
+    @property
+    def top_level_ms(self) -> float:
+        """Execution ms per workflow of the statements the clients sent."""
+        return sum(line.ms for line in self.lines if not line.nested)
+
+    @property
+    def round_trips(self) -> float:
+        """Statements per workflow the clients sent (each one a round trip)."""
+        return sum(line.calls for line in self.lines if not line.nested)
+
+
+def short_name(query: str, width: int = 72) -> str:
+    """The statement on one line, whitespace collapsed, cut to ``width`` characters."""
+    flat = re.sub(r"\s+", " ", query).strip()
+    return flat if len(flat) <= width else flat[: width - 1] + "…"
+
+
+def budget(label: str, stats: Sequence[StatementStats], totals: Totals) -> Budget:
+    """Merge the rows of each normalized statement (same text and level: the same statement
+    can get several query ids, e.g. from two search paths), divide by the workflows, rank
+    by total execution time."""
+    merged: dict[tuple[str, bool], list[StatementStats]] = {}
+    for row in stats:
+        merged.setdefault((short_name(row.query, 10_000), row.toplevel), []).append(row)
+    per = max(totals.workflows, 1)
+    top_total = sum(row.total_exec_ms for row in stats if row.toplevel) or 1.0
+    lines = []
+    for (text, toplevel), rows in merged.items():
+        calls = sum(r.calls for r in rows)
+        total_ms = sum(r.total_exec_ms for r in rows)
+        lines.append(
+            Line(
+                name=short_name(text),
+                query=text,
+                nested=not toplevel,
+                calls=calls / per,
+                rows=sum(r.rows for r in rows) / per,
+                mean_ms=total_ms / calls if calls else 0.0,
+                ms=total_ms / per,
+                share=total_ms / top_total,
+                wal_bytes=sum(r.wal_bytes for r in rows) / per,
+                blocks_hit=sum(r.blocks_hit for r in rows) / per,
+                blocks_dirtied=sum(r.blocks_dirtied for r in rows) / per,
+            )
+        )
+    lines.sort(key=lambda line: (-line.ms, line.name))
+    return Budget(label, lines, totals)
+
+
+def render(result: Budget, *, limit: int | None = None, min_calls: float = 0.0) -> str:
+    """The budget as a plain-text table and a totals line (``limit`` rows at most; rows
+    with fewer than ``min_calls`` calls per workflow left out, e.g. start-up statements)."""
+    shown = [line for line in result.lines if line.calls >= min_calls][:limit]
+    rows = [
+        [
+            f"{rank}",
+            "nested" if line.nested else "top",
+            common.fmt(line.calls, 2),
+            common.fmt(line.rows, 2),
+            common.fmt(line.mean_ms, 3),
+            common.fmt(line.ms, 3),
+            f"{line.share:.1%}",
+            common.fmt(line.wal_bytes, 0),
+            common.fmt(line.blocks_hit, 1),
+            common.fmt(line.blocks_dirtied, 2),
+            line.name,
+        ]
+        for rank, line in enumerate(shown, 1)
+    ]
+    headers = ["#", "level", "calls", "rows", "mean ms", "ms", "share", "WAL B"]
+    headers += ["hit", "dirtied", "statement (per workflow)"]
+    t = result.totals
+    per = max(t.workflows, 1)
+    cpu = "-" if t.server_cpu_s is None else f"{t.server_cpu_s * 1000 / per:.2f}"
+    summary = (
+        f"{result.label}: {t.workflows} workflows in {t.seconds:.1f} s "
+        f"({t.workflows / t.seconds if t.seconds else 0:.1f}/s, {t.errors} errors); per "
+        f"workflow: {result.round_trips:.1f} statements sent, top-level exec "
+        f"{result.top_level_ms:.2f} ms, commits {t.commits / per:.2f}, write xacts "
+        f"{t.write_xacts / per:.2f}, WAL {t.wal_bytes / per:,.0f} B, server CPU {cpu} ms"
+    )
+    return "\n".join([summary, common.render_table(headers, rows)])
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class PrivateServer:
+    """A throwaway PostgreSQL 15 cluster in a temporary folder, owned by the ``postgres``
+    OS user when this runs as root (``initdb`` refuses root). :meth:`stop` deletes it."""
+
+    def __init__(self) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix="turnstile-budget-"))
+        self.data = self.folder / "data"
+        self.port = _free_port()
+        self.started = False
+
+    def _run(self, *argv: str) -> None:
+        prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        subprocess.run([*prefix, *argv], check=True, capture_output=True, cwd=self.folder)
+
+    def start(self) -> None:
+        """initdb, configure and start the instance; wait until it accepts connections."""
+        if os.geteuid() == 0:
+            shutil.chown(self.folder, "postgres", "postgres")
+        self._run(str(PG_BIN / "initdb"), "-D", str(self.data), "-U", "postgres", "-A", "trust")
+        settings = dict(SERVER_SETTINGS, port=str(self.port))
+        settings["unix_socket_directories"] = f"'{self.folder}'"
+        with (self.data / "postgresql.conf").open("a") as conf:
+            conf.writelines(f"{key} = {value}\n" for key, value in settings.items())
+        self.started = True
+        log = str(self.folder / "server.log")
+        self._run(str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-l", log, "-w", "start")
+        with psycopg.connect(self.dsn, autocommit=True) as connection:
+            connection.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+
+    @property
+    def dsn(self) -> str:
+        """The admin database's libpq URL."""
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU of the postmaster, its live children and its exited ones."""
+        postmaster = int((self.data / "postmaster.pid").read_text().split()[0])
+        total = common.process_cpu_seconds(Path(f"/proc/{postmaster}"), reaped=True)
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                    if parent == postmaster:
+                        total += common.process_cpu_seconds(entry)
+        return total
+
+    def stop(self) -> None:
+        """Stop the instance (fast shutdown) and delete its folder."""
+        try:
+            if self.started:
+                self._run(str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-m", "fast", "stop")
+        finally:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def private_server() -> Iterator[PrivateServer]:
+    """A started :class:`PrivateServer` that the benchmark's helpers (``bench.common``) use
+    as their admin server; stopped and deleted on exit."""
+    server = PrivateServer()
+    previous = common.ADMIN_URL
+    try:
+        server.start()
+        common.ADMIN_URL = server.dsn
+        yield server
+    finally:
+        common.ADMIN_URL = previous
+        server.stop()
+
+
+def _lsn(connection: psycopg.Connection[Any]) -> int:
+    row = connection.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()
+    return int(row[0]) if row else 0
+
+
+def read_statements(connection: psycopg.Connection[Any], database: str) -> list[StatementStats]:
+    """Every ``pg_stat_statements`` row of ``database`` (top-level and nested)."""
+    rows = connection.execute(STATEMENTS_QUERY, (database,)).fetchall()
+    return [
+        StatementStats(
+            queryid=str(row[0]),
+            toplevel=bool(row[1]),
+            query=str(row[2]),
+            calls=int(row[3]),
+            rows=int(row[4]),
+            total_exec_ms=float(row[5]),
+            wal_bytes=int(row[6]),
+            blocks_hit=int(row[7]),
+            blocks_dirtied=int(row[8]),
+        )
+        for row in rows
+    ]
+
+
+def measure(
+    server: PrivateServer, databases: common.Databases, template: str, args: argparse.Namespace
+) -> Budget:
+    """One run: a fresh copy of the template, one worker process of ``args.slots`` slots,
+    ``args.workflows`` workflows; the budget read before the copy is dropped."""
+    from bench import approvals  # reads bench.common's admin URL when called
+
+    name = databases.create(f"{args.slots}s", template=template)
+    logs = Path(tempfile.mkdtemp(prefix="turnstile-budget-logs-"))
+    children = common.Processes()
+    try:
+        common.checkpoint()
+        with common.admin() as connection:
+            connection.execute("SELECT pg_stat_statements_reset()")
+            lsn_before = _lsn(connection)
+        before, cpu_before = common.read_stats(name), server.cpu_seconds()
+        phases = argparse.Namespace(
+            workflows=args.workflows, warmup=0, idle=0, clients=args.clients, profile=None
+        )
+        try:
+            approvals.start_workers("turnstile", 1, args.slots, name, children, logs)
+            _, _, errors, seconds = asyncio.run(
+                approvals.turnstile_clients(common.url_for(name), phases, children.check)
+            )
+        finally:
+            children.stop()
+        common.wait_until_idle(name)
+        stats, cpu = common.read_stats(name) - before, server.cpu_seconds() - cpu_before
+        with common.admin() as connection:
+            wal = _lsn(connection) - lsn_before
+            statements = read_statements(connection, name)
+        totals = Totals(
+            workflows=args.workflows,
+            seconds=seconds,
+            commits=stats.commits,
+            write_xacts=stats.write_xacts,
+            wal_bytes=wal,
+            server_cpu_s=cpu,
+            errors=len(errors),
+        )
+        return budget(f"1 process x {args.slots} slots", statements, totals)
+    finally:
+        shutil.rmtree(logs, ignore_errors=True)
+        databases.drop(name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the options, start the private instance, run each slot count, print budgets."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--workflows", type=int, default=500, help="workflows per run")
+    parser.add_argument("--slots", default="1,8", help="slots of the one worker, e.g. 1,8")
+    parser.add_argument("--clients", type=int, default=32, help="concurrent client chats")
+    parser.add_argument("--limit", type=int, default=40, help="statements printed per run")
+    parser.add_argument(
+        "--min-calls",
+        type=float,
+        default=0.01,
+        help="leave out statements called less often per workflow (start-up, polling)",
+    )
+    parser.add_argument("--full", action="store_true", help="also print each full statement")
+    parser.add_argument("--json", type=Path, help="also write the raw budgets here")
+    parser.add_argument(
+        "--what-if",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="SQL_FILE",
+        help="run this SQL on the migrated template first (bench/what_if/*.sql); the "
+        "figures are then not the product's. Repeatable, applied in order",
+    )
+    args = parser.parse_args(argv)
+    common.raise_on_sigterm()
+    results: list[Budget] = []
+    with private_server() as server:
+        databases = common.Databases("turnstile_budget")
+        try:
+            template = databases.create("template")
+            from stores import migrate
+
+            migrate(common.url_for(template))
+            with psycopg.connect(common.dsn_for(template), autocommit=True) as connection:
+                for what_if in args.what_if:
+                    print(f"what-if: {what_if} on the template (figures are NOT the product's)")
+                    connection.execute(what_if.read_text())
+            for slots in [int(part) for part in args.slots.split(",") if part.strip()]:
+                started = time.monotonic()
+                run_args = argparse.Namespace(**{**vars(args), "slots": slots})
+                result = measure(server, databases, template, run_args)
+                results.append(result)
+                print(render(result, limit=args.limit, min_calls=args.min_calls))
+                if args.full:
+                    for rank, line in enumerate(result.lines[: args.limit], 1):
+                        print(f"\n[{rank}] {line.query}")
+                print(f"({time.monotonic() - started:.0f} s)\n", flush=True)
+        finally:
+            databases.close()
+    if args.json:
+        args.json.write_text(json.dumps([asdict(r) for r in results], indent=1))
+    return 1 if any(r.totals.errors for r in results) else 0
+
+
+if __name__ == "__main__":
+    try:
+        raise SystemExit(main())
+    except KeyboardInterrupt:
+        print(
+            "interrupted; the private PostgreSQL instance is stopped and deleted", file=sys.stderr
+        )
+        raise SystemExit(130) from None
