@@ -40,7 +40,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import psycopg
@@ -52,11 +52,13 @@ __all__ = [
     "Line",
     "PrivateServer",
     "StatementStats",
+    "TableWrites",
     "Totals",
     "budget",
     "main",
     "private_server",
     "read_statements",
+    "read_table_writes",
     "render",
     "short_name",
 ]
@@ -69,6 +71,7 @@ SERVER_SETTINGS = {
     "shared_preload_libraries": "'pg_stat_statements'",
     "pg_stat_statements.track": "all",
     "pg_stat_statements.track_utility": "on",
+    "pg_stat_statements.track_planning": "on",
     "pg_stat_statements.max": "10000",
     "track_io_timing": "on",
     "fsync": "on",
@@ -79,7 +82,7 @@ SERVER_SETTINGS = {
 }
 
 STATEMENTS_QUERY = """
-SELECT queryid::text, toplevel, query, calls, rows, total_exec_time,
+SELECT queryid::text, toplevel, query, calls, rows, total_exec_time, plans, total_plan_time,
        wal_bytes::bigint, shared_blks_hit, shared_blks_dirtied
 FROM pg_stat_statements
 WHERE dbid = (SELECT oid FROM pg_database WHERE datname = %s)
@@ -96,6 +99,8 @@ class StatementStats:
     calls: int
     rows: int
     total_exec_ms: float
+    plans: int
+    total_plan_ms: float
     wal_bytes: int
     blocks_hit: int
     blocks_dirtied: int
@@ -110,6 +115,8 @@ class Totals:
     commits: int
     write_xacts: int
     wal_bytes: int
+    wal_records: int
+    wal_fpi: int
     server_cpu_s: float | None
     errors: int
 
@@ -125,10 +132,23 @@ class Line:
     rows: float
     mean_ms: float
     ms: float
+    plans: float
+    plan_ms: float  # planning, outside the execution time (a prepared statement plans rarely)
     share: float  # of the top-level statements' total execution time
     wal_bytes: float
     blocks_hit: float
     blocks_dirtied: float
+
+
+@dataclass(frozen=True)
+class TableWrites:
+    """Row versions one table got during the run (``pg_stat_user_tables``), whole run."""
+
+    table: str
+    inserted: int
+    updated: int
+    hot_updated: int  # updates that wrote no index entry
+    deleted: int
 
 
 @dataclass(frozen=True)
@@ -138,6 +158,7 @@ class Budget:
     label: str
     lines: list[Line]
     totals: Totals
+    tables: list[TableWrites] = field(default_factory=list)
 
     @property
     def top_level_ms(self) -> float:
@@ -156,7 +177,12 @@ def short_name(query: str, width: int = 72) -> str:
     return flat if len(flat) <= width else flat[: width - 1] + "…"
 
 
-def budget(label: str, stats: Sequence[StatementStats], totals: Totals) -> Budget:
+def budget(
+    label: str,
+    stats: Sequence[StatementStats],
+    totals: Totals,
+    tables: Sequence[TableWrites] = (),
+) -> Budget:
     """Merge the rows of each normalized statement (same text and level: the same statement
     can get several query ids, e.g. from two search paths), divide by the workflows, rank
     by total execution time."""
@@ -178,6 +204,8 @@ def budget(label: str, stats: Sequence[StatementStats], totals: Totals) -> Budge
                 rows=sum(r.rows for r in rows) / per,
                 mean_ms=total_ms / calls if calls else 0.0,
                 ms=total_ms / per,
+                plans=sum(r.plans for r in rows) / per,
+                plan_ms=sum(r.total_plan_ms for r in rows) / per,
                 share=total_ms / top_total,
                 wal_bytes=sum(r.wal_bytes for r in rows) / per,
                 blocks_hit=sum(r.blocks_hit for r in rows) / per,
@@ -185,7 +213,9 @@ def budget(label: str, stats: Sequence[StatementStats], totals: Totals) -> Budge
             )
         )
     lines.sort(key=lambda line: (-line.ms, line.name))
-    return Budget(label, lines, totals)
+    written = [t for t in tables if t.inserted or t.updated or t.deleted]
+    written.sort(key=lambda t: (-(t.inserted + t.updated + t.deleted), t.table))
+    return Budget(label, lines, totals, written)
 
 
 def render(result: Budget, *, limit: int | None = None, min_calls: float = 0.0) -> str:
@@ -200,6 +230,8 @@ def render(result: Budget, *, limit: int | None = None, min_calls: float = 0.0) 
             common.fmt(line.rows, 2),
             common.fmt(line.mean_ms, 3),
             common.fmt(line.ms, 3),
+            common.fmt(line.plans, 2),
+            common.fmt(line.plan_ms, 3),
             f"{line.share:.1%}",
             common.fmt(line.wal_bytes, 0),
             common.fmt(line.blocks_hit, 1),
@@ -208,7 +240,7 @@ def render(result: Budget, *, limit: int | None = None, min_calls: float = 0.0) 
         ]
         for rank, line in enumerate(shown, 1)
     ]
-    headers = ["#", "level", "calls", "rows", "mean ms", "ms", "share", "WAL B"]
+    headers = ["#", "level", "calls", "rows", "mean ms", "ms", "plans", "plan ms", "share", "WAL B"]
     headers += ["hit", "dirtied", "statement (per workflow)"]
     t = result.totals
     per = max(t.workflows, 1)
@@ -218,9 +250,24 @@ def render(result: Budget, *, limit: int | None = None, min_calls: float = 0.0) 
         f"({t.workflows / t.seconds if t.seconds else 0:.1f}/s, {t.errors} errors); per "
         f"workflow: {result.round_trips:.1f} statements sent, top-level exec "
         f"{result.top_level_ms:.2f} ms, commits {t.commits / per:.2f}, write xacts "
-        f"{t.write_xacts / per:.2f}, WAL {t.wal_bytes / per:,.0f} B, server CPU {cpu} ms"
+        f"{t.write_xacts / per:.2f}, WAL {t.wal_bytes / per:,.0f} B ({t.wal_records / per:.0f} "
+        f"records, {t.wal_fpi / per:.2f} full pages), server CPU {cpu} ms"
     )
-    return "\n".join([summary, common.render_table(headers, rows)])
+    parts = [summary, common.render_table(headers, rows)]
+    if result.tables:
+        table_rows = [
+            [
+                t.table,
+                common.fmt(t.inserted / per, 2),
+                common.fmt(t.updated / per, 2),
+                common.fmt(t.hot_updated / per, 2),
+                common.fmt(t.deleted / per, 2),
+            ]
+            for t in result.tables
+        ]
+        headers = ["rows per workflow", "inserted", "updated", "of them HOT", "deleted"]
+        parts += ["", common.render_table(headers, table_rows)]
+    return "\n".join(parts)
 
 
 def _free_port() -> int:
@@ -315,12 +362,28 @@ def read_statements(connection: psycopg.Connection[Any], database: str) -> list[
             calls=int(row[3]),
             rows=int(row[4]),
             total_exec_ms=float(row[5]),
-            wal_bytes=int(row[6]),
-            blocks_hit=int(row[7]),
-            blocks_dirtied=int(row[8]),
+            plans=int(row[6]),
+            total_plan_ms=float(row[7]),
+            wal_bytes=int(row[8]),
+            blocks_hit=int(row[9]),
+            blocks_dirtied=int(row[10]),
         )
         for row in rows
     ]
+
+
+TABLES_QUERY = """
+SELECT relname, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del
+FROM pg_stat_user_tables ORDER BY relname
+"""
+
+
+def read_table_writes(database: str) -> list[TableWrites]:
+    """Rows each table of ``database`` got since it was created (read once every backend
+    that wrote has exited, so their counters are flushed)."""
+    with psycopg.connect(common.dsn_for(database), autocommit=True) as connection:
+        rows = connection.execute(TABLES_QUERY).fetchall()
+    return [TableWrites(str(row[0]), *(int(value) for value in row[1:])) for row in rows]
 
 
 def measure(
@@ -354,16 +417,19 @@ def measure(
         with common.admin() as connection:
             wal = _lsn(connection) - lsn_before
             statements = read_statements(connection, name)
+        tables = read_table_writes(name)
         totals = Totals(
             workflows=args.workflows,
             seconds=seconds,
             commits=stats.commits,
             write_xacts=stats.write_xacts,
             wal_bytes=wal,
+            wal_records=stats.wal_records,
+            wal_fpi=stats.wal_fpi,
             server_cpu_s=cpu,
             errors=len(errors),
         )
-        return budget(f"1 process x {args.slots} slots", statements, totals)
+        return budget(f"1 process x {args.slots} slots", statements, totals, tables)
     finally:
         shutil.rmtree(logs, ignore_errors=True)
         databases.drop(name)

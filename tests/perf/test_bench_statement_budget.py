@@ -28,6 +28,8 @@ def _row(
         calls=calls,
         rows=calls,
         total_exec_ms=ms,
+        plans=1,
+        total_plan_ms=ms / 10,
         wal_bytes=wal,
         blocks_hit=3 * calls,
         blocks_dirtied=calls,
@@ -43,9 +45,16 @@ SAMPLE = [
     _row("SELECT  *  FROM turns WHERE id = $1", calls=10, ms=1.0),
 ]
 TOTALS = Totals(
-    workflows=10, seconds=2.0, commits=50, write_xacts=20, wal_bytes=9000, server_cpu_s=0.05,
+    workflows=10,
+    seconds=2.0,
+    commits=50,
+    write_xacts=20,
+    wal_bytes=9000,
+    wal_records=600,
+    wal_fpi=5,
+    server_cpu_s=0.05,
     errors=0,
-)  # fmt: skip
+)
 
 
 def test_the_budget_is_per_workflow_ranked_and_shares_the_top_level_total() -> None:
@@ -71,7 +80,11 @@ def test_the_rendered_budget_prints_the_totals_and_filters_rare_statements() -> 
     less often than asked (start-up and polling statements)."""
     text = render(budget("sample", SAMPLE, TOTALS), min_calls=3.0)
     summary, header, _rule, *rows = text.splitlines()
-    assert "commits 5.00" in summary and "WAL 900 B" in summary and "server CPU 5.00 ms" in summary
+    assert (
+        "commits 5.00" in summary
+        and "WAL 900 B (60 records" in summary
+        and "server CPU 5.00 ms" in summary
+    )
     assert header.split()[:3] == ["#", "level", "calls"]
     assert len(rows) == 1 and rows[0].endswith("SELECT * FROM turns WHERE id = $1")
 
