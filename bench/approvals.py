@@ -62,6 +62,8 @@ from bench.common import (
     Databases,
     Processes,
     Sample,
+    add_what_if_option,
+    apply_what_ifs,
     checkpoint,
     count_backends,
     drive,
@@ -354,16 +356,7 @@ def main(argv: list[str] | None = None) -> int:
         help="write cProfile stats here: the client's throughput phase and each worker "
         "process (slows both; for finding hot spots, not for figures)",
     )
-    parser.add_argument(
-        "--what-if",
-        type=Path,
-        action="append",
-        default=[],
-        metavar="SQL_FILE",
-        help="run this SQL on Turnstile's migrated template before the runs: a schema "
-        "experiment (e.g. dropping a trigger), measured as if it were the product; "
-        "its figures are not the product's. Repeat to apply several, in order",
-    )
+    add_what_if_option(parser)
     args = parser.parse_args(argv)
     if args.quick:
         args.workflows, args.idle = min(args.workflows, 100), min(args.idle, 20)
@@ -393,11 +386,7 @@ def main(argv: list[str] | None = None) -> int:
         from stores import migrate
 
         migrate(url_for(template))
-        if args.what_if:
-            with psycopg.connect(dsn_for(template), autocommit=True) as connection:
-                for what_if in args.what_if:
-                    print(f"what-if: {what_if} on the template (figures are NOT the product's)")
-                    connection.execute(what_if.read_text())
+        apply_what_ifs(template, args.what_if)
         bench = Bench(args, databases, children, template, workdir)
         runs = [
             (processes, slots, round, impl)

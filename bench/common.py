@@ -7,6 +7,7 @@ databases next to the one in that URL and drop them when they end, however they 
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import math
@@ -30,7 +31,9 @@ __all__ = [
     "Processes",
     "Sample",
     "ServerStats",
+    "add_what_if_option",
     "admin",
+    "apply_what_ifs",
     "checkpoint",
     "count_backends",
     "drive",
@@ -68,6 +71,30 @@ def url_for(database: str) -> str:
 def admin() -> psycopg.Connection[Any]:
     """An autocommit connection to the admin database."""
     return psycopg.connect(dsn_for(make_url(ADMIN_URL).database or "postgres"), autocommit=True)
+
+
+def add_what_if_option(parser: argparse.ArgumentParser) -> None:
+    """``--what-if SQL_FILE`` (repeatable): a schema experiment run on the migrated template."""
+    parser.add_argument(
+        "--what-if",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="SQL_FILE",
+        help="run this SQL on Turnstile's migrated template before the runs: a schema "
+        "experiment (e.g. dropping a trigger, bench/what_if/*.sql), measured as if it were "
+        "the product; its figures are not the product's. Repeat to apply several, in order",
+    )
+
+
+def apply_what_ifs(database: str, what_ifs: Sequence[Path]) -> None:
+    """Run each what-if's SQL on ``database``, in order, saying so."""
+    if not what_ifs:
+        return
+    with psycopg.connect(dsn_for(database), autocommit=True) as connection:
+        for what_if in what_ifs:
+            print(f"what-if: {what_if} on the template (figures are NOT the product's)")
+            connection.execute(what_if.read_text())
 
 
 class Databases:

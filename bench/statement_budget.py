@@ -450,15 +450,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--full", action="store_true", help="also print each full statement")
     parser.add_argument("--json", type=Path, help="also write the raw budgets here")
-    parser.add_argument(
-        "--what-if",
-        type=Path,
-        action="append",
-        default=[],
-        metavar="SQL_FILE",
-        help="run this SQL on the migrated template first (bench/what_if/*.sql); the "
-        "figures are then not the product's. Repeatable, applied in order",
-    )
+    common.add_what_if_option(parser)
     args = parser.parse_args(argv)
     common.raise_on_sigterm()
     results: list[Budget] = []
@@ -469,10 +461,7 @@ def main(argv: list[str] | None = None) -> int:
             from stores import migrate
 
             migrate(common.url_for(template))
-            with psycopg.connect(common.dsn_for(template), autocommit=True) as connection:
-                for what_if in args.what_if:
-                    print(f"what-if: {what_if} on the template (figures are NOT the product's)")
-                    connection.execute(what_if.read_text())
+            common.apply_what_ifs(template, args.what_if)
             for slots in [int(part) for part in args.slots.split(",") if part.strip()]:
                 started = time.monotonic()
                 run_args = argparse.Namespace(**{**vars(args), "slots": slots})
