@@ -48,6 +48,7 @@ import psycopg
 from bench import common
 
 __all__ = [
+    "EXPLAIN_SETTINGS",
     "Budget",
     "Line",
     "PrivateServer",
@@ -79,6 +80,18 @@ SERVER_SETTINGS = {
     "shared_buffers": "128MB",
     "max_connections": "100",
     "listen_addresses": "'127.0.0.1'",
+}
+
+#: With ``--explain``: auto_explain logs ``EXPLAIN (ANALYZE, BUFFERS)`` of a sample of the
+#: statements, nested ones included (its timing makes the run's figures slower).
+EXPLAIN_SETTINGS = {
+    "session_preload_libraries": "'auto_explain'",
+    "auto_explain.log_min_duration": "0",
+    "auto_explain.log_analyze": "on",
+    "auto_explain.log_buffers": "on",
+    "auto_explain.log_nested_statements": "on",
+    "auto_explain.log_triggers": "on",
+    "auto_explain.sample_rate": "0.02",
 }
 
 STATEMENTS_QUERY = """
@@ -280,9 +293,11 @@ class PrivateServer:
     """A throwaway PostgreSQL 15 cluster in a temporary folder, owned by the ``postgres``
     OS user when this runs as root (``initdb`` refuses root). :meth:`stop` deletes it."""
 
-    def __init__(self) -> None:
+    def __init__(self, settings: dict[str, str] | None = None) -> None:
         self.folder = Path(tempfile.mkdtemp(prefix="turnstile-budget-"))
         self.data = self.folder / "data"
+        self.log = self.folder / "server.log"
+        self.settings = dict(SERVER_SETTINGS, **(settings or {}))
         self.port = _free_port()
         self.started = False
 
@@ -295,12 +310,12 @@ class PrivateServer:
         if os.geteuid() == 0:
             shutil.chown(self.folder, "postgres", "postgres")
         self._run(str(PG_BIN / "initdb"), "-D", str(self.data), "-U", "postgres", "-A", "trust")
-        settings = dict(SERVER_SETTINGS, port=str(self.port))
+        settings = dict(self.settings, port=str(self.port))
         settings["unix_socket_directories"] = f"'{self.folder}'"
         with (self.data / "postgresql.conf").open("a") as conf:
             conf.writelines(f"{key} = {value}\n" for key, value in settings.items())
         self.started = True
-        log = str(self.folder / "server.log")
+        log = str(self.log)
         self._run(str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-l", log, "-w", "start")
         with psycopg.connect(self.dsn, autocommit=True) as connection:
             connection.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
@@ -332,10 +347,11 @@ class PrivateServer:
 
 
 @contextlib.contextmanager
-def private_server() -> Iterator[PrivateServer]:
-    """A started :class:`PrivateServer` that the benchmark's helpers (``bench.common``) use
-    as their admin server; stopped and deleted on exit."""
-    server = PrivateServer()
+def private_server(settings: dict[str, str] | None = None) -> Iterator[PrivateServer]:
+    """A started :class:`PrivateServer` (with ``settings`` added to its configuration) that
+    the benchmark's helpers (``bench.common``) use as their admin server; stopped and
+    deleted on exit."""
+    server = PrivateServer(settings)
     previous = common.ADMIN_URL
     try:
         server.start()
@@ -450,11 +466,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--full", action="store_true", help="also print each full statement")
     parser.add_argument("--json", type=Path, help="also write the raw budgets here")
+    parser.add_argument(
+        "--explain",
+        type=Path,
+        metavar="LOG_FILE",
+        help="log EXPLAIN (ANALYZE, BUFFERS) of 2%% of the statements (auto_explain) and copy "
+        "the server's log here; the run's times are then inflated",
+    )
     common.add_what_if_option(parser)
     args = parser.parse_args(argv)
     common.raise_on_sigterm()
     results: list[Budget] = []
-    with private_server() as server:
+    with private_server(EXPLAIN_SETTINGS if args.explain else None) as server:
         databases = common.Databases("turnstile_budget")
         try:
             template = databases.create("template")
@@ -474,6 +497,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"({time.monotonic() - started:.0f} s)\n", flush=True)
         finally:
             databases.close()
+            if args.explain:
+                shutil.copyfile(server.log, args.explain)
     if args.json:
         args.json.write_text(json.dumps([asdict(r) for r in results], indent=1))
     return 1 if any(r.totals.errors for r in results) else 0
