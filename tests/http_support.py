@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import secrets
 import signal
 import socket
@@ -21,7 +22,14 @@ import httpx
 import uvicorn
 from starlette.applications import Starlette
 
-__all__ = ["free_port", "serve_in_loop", "serve_process", "worker_process"]
+__all__ = [
+    "csrf_of",
+    "free_port",
+    "serve_in_loop",
+    "serve_process",
+    "signed_in_with",
+    "worker_process",
+]
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -194,3 +202,22 @@ def closing_all(sockets: list[socket.socket]) -> Iterator[list[socket.socket]]:
     finally:
         for sock in sockets:
             sock.close()
+
+
+def csrf_of(page: str) -> str:
+    """The CSRF token of the first form on an inbox UI ``page``."""
+    found = re.search(r'name="csrf_token" value="([^"]+)"', page)
+    assert found is not None, "the page has no form"
+    return found.group(1)
+
+
+async def signed_in_with(base: str, token: str) -> httpx.AsyncClient:
+    """A browser-like client of the server at ``base``, signed in to the inbox UI with
+    ``token`` through its login form (the caller closes it)."""
+    client = httpx.AsyncClient(base_url=base)
+    login = await client.get("/ui/login")
+    signed = await client.post(
+        "/ui/login", data={"csrf_token": csrf_of(login.text), "token": token, "next": "/ui"}
+    )
+    assert signed.status_code == 303 and signed.headers["location"] == "/ui"
+    return client

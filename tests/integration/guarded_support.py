@@ -3,7 +3,6 @@ and served over real HTTP: what the edit-before-approve and reject tests share."
 
 from __future__ import annotations
 
-import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -21,7 +20,7 @@ from engine.store import PendingApproval, SessionStore, TurnInput
 from engine.turns.request import TurnRequest
 from examples.guarded_banking import GuardedApp, build
 from tests.databases import sql_store
-from tests.http_support import serve_in_loop
+from tests.http_support import csrf_of, serve_in_loop, signed_in_with
 
 __all__ = [
     "ALICE",
@@ -123,20 +122,6 @@ async def ask_transfer(base: str) -> str:
     return f"{started.json()['result']['snapshotId']}:transfer-1"
 
 
-def csrf_of(page: str) -> str:
-    """The CSRF token of the first form on ``page``."""
-    found = re.search(r'name="csrf_token" value="([^"]+)"', page)
-    assert found is not None, "the page has no form"
-    return found.group(1)
-
-
 async def signed_in(base: str, who: str) -> httpx.AsyncClient:
-    """A browser-like client signed in to the UI as ``who`` (the caller closes it)."""
-    client = httpx.AsyncClient(base_url=base)
-    login = await client.get("/ui/login")
-    signed = await client.post(
-        "/ui/login",
-        data={"csrf_token": csrf_of(login.text), "token": TOKENS[who], "next": "/ui"},
-    )
-    assert signed.status_code == 303
-    return client
+    """A client signed in to the UI as ``who``."""
+    return await signed_in_with(base, TOKENS[who])

@@ -28,7 +28,7 @@ from examples.banking import BankingApp, build
 from stores import SqlSessionStore
 from tests.conftest import TEST_STATE_KEYS
 from tests.databases import libpq_dsn, sql_store
-from tests.http_support import serve_in_loop
+from tests.http_support import csrf_of, serve_in_loop, signed_in_with
 from tests.integration.test_approval_assignment import (
     SLOW_ESCALATION_COMMIT,
     wait_until_a_commit_sleeps,
@@ -45,12 +45,6 @@ TOKENS = {who: f"{who}-assignment-token" for who in ROLES}
 AUTH = BearerTokenAuth(
     {TOKENS[who]: Principal(id=who, roles=frozenset(roles)) for who, roles in ROLES.items()}
 )
-
-
-def csrf_of(html: str) -> str:
-    found = re.search(r'name="csrf_token" value="([^"]+)"', html)
-    assert found is not None, "the page has no form"
-    return found.group(1)
 
 
 @pytest.fixture
@@ -75,14 +69,8 @@ async def served() -> AsyncIterator[tuple[BankingApp, str, str]]:
 
 
 async def signed_in(base: str, who: str) -> httpx.AsyncClient:
-    client = httpx.AsyncClient(base_url=base)
-    login = await client.get("/ui/login")
-    signed = await client.post(
-        "/ui/login",
-        data={"csrf_token": csrf_of(login.text), "token": TOKENS[who], "next": "/ui"},
-    )
-    assert signed.status_code == 303
-    return client
+    """A client signed in to the UI as ``who``."""
+    return await signed_in_with(base, TOKENS[who])
 
 
 async def post_form(

@@ -4,7 +4,6 @@ form."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import AsyncIterator
 
 import httpx
@@ -16,18 +15,12 @@ from engine.remote.ui import UiSettings
 from examples.banking import BankingApp, build
 from tests.conftest import TEST_STATE_KEYS
 from tests.databases import sql_store
-from tests.http_support import serve_in_loop
+from tests.http_support import csrf_of, serve_in_loop, signed_in_with
 
 SETTINGS = UiSettings(secret="policy-pages-secret-0123456789abcdef", poll_seconds=1)
 APPROVER = frozenset({"approver"})
 TOKENS = {"alice": "alice-token", "bob": "bob-token", "carol": "carol-token"}
 AUTH = BearerTokenAuth({token: Principal(id=who, roles=APPROVER) for who, token in TOKENS.items()})
-
-
-def csrf_of(html: str) -> str:
-    found = re.search(r'name="csrf_token" value="([^"]+)"', html)
-    assert found is not None, "the page has no form"
-    return found.group(1)
 
 
 @pytest.fixture
@@ -46,14 +39,8 @@ async def served() -> AsyncIterator[tuple[BankingApp, str]]:
 
 
 async def signed_in(base: str, who: str) -> httpx.AsyncClient:
-    client = httpx.AsyncClient(base_url=base)
-    login = await client.get("/ui/login")
-    signed = await client.post(
-        "/ui/login",
-        data={"csrf_token": csrf_of(login.text), "token": TOKENS[who], "next": "/ui"},
-    )
-    assert signed.status_code == 303
-    return client
+    """A client signed in to the UI as ``who``."""
+    return await signed_in_with(base, TOKENS[who])
 
 
 async def approve(client: httpx.AsyncClient, path: str) -> httpx.Response:

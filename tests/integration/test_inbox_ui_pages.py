@@ -18,7 +18,7 @@ from engine.remote.ui import UiSettings
 from engine.store.memory import InMemorySessionStore
 from examples.banking import BankingApp, build
 from tests.databases import sql_store
-from tests.http_support import serve_in_loop
+from tests.http_support import csrf_of, serve_in_loop, signed_in_with
 
 SETTINGS = UiSettings(secret="pages-test-secret-0123456789abcdef", poll_seconds=1)
 TOKENS = {"alice": "alice-token", "bob": "bob-token", "mallory": "mallory-token"}
@@ -29,12 +29,6 @@ AUTH = BearerTokenAuth(
         TOKENS["mallory"]: Principal(id="mallory"),
     }
 )
-
-
-def csrf_of(html: str) -> str:
-    found = re.search(r'name="csrf_token" value="([^"]+)"', html)
-    assert found is not None, "the page has no form"
-    return found.group(1)
 
 
 def approval_links(html: str) -> list[str]:
@@ -234,14 +228,8 @@ async def queued_server() -> AsyncIterator[tuple[BankingApp, str]]:
 
 
 async def signed_in(base: str, who: str) -> httpx.AsyncClient:
-    client = httpx.AsyncClient(base_url=base)
-    login = await client.get("/ui/login")
-    signed = await client.post(
-        "/ui/login",
-        data={"csrf_token": csrf_of(login.text), "token": TOKENS[who], "next": "/ui"},
-    )
-    assert signed.status_code == 303 and signed.headers["location"] == "/ui"
-    return client
+    """A client signed in to the UI as ``who``."""
+    return await signed_in_with(base, TOKENS[who])
 
 
 async def test_abort_and_retry_from_the_inspector_are_the_owners(

@@ -4,7 +4,6 @@ per client address and per account, on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -20,7 +19,7 @@ from engine.store.memory import InMemorySessionStore
 from examples.banking import build
 from stores.ui_sessions import SqlBrowserSessions
 from tests.databases import sql_store
-from tests.http_support import serve_in_loop
+from tests.http_support import csrf_of, serve_in_loop
 
 TOKENS = {"alice": "alice-token", "bob": "bob-token"}
 AUTH = BearerTokenAuth(
@@ -35,12 +34,6 @@ SETTINGS = UiSettings(
     idle_seconds=600,
     login_limit=3,
 )
-
-
-def csrf_of(html: str) -> str:
-    found = re.search(r'name="csrf_token" value="([^"]+)"', html)
-    assert found is not None, "the page has no form"
-    return found.group(1)
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
