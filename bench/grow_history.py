@@ -4,9 +4,10 @@
 
 :func:`build` runs ``seed`` genuine workflows of the banking example through the product (a
 ``WorkerPool`` and the chats in this process, as ``bench/in_process.py`` does): send, pause at
-the userApproval interrupt, approve, transfer, done — except an ``open_fraction`` of them left
-paused at the approval. Then :func:`grow` multiplies those rows with ``INSERT … SELECT``, a
-batch of copies per transaction, until the table ``turns`` holds about ``turns`` rows.
+the userApproval interrupt, (every other one) an approver claims it, approve, transfer, done —
+except an ``open_fraction`` of them left paused at the approval. Then :func:`grow` multiplies
+those rows with ``INSERT … SELECT``, a batch of copies per transaction, until the table
+``turns`` holds about ``turns`` rows.
 
 The copier is generic over the schema: it reads the tables and columns from
 ``stores.schema.metadata``, so a column or table another change adds is copied too, by these
@@ -101,6 +102,7 @@ async def run_workflows(
     """Run ``count`` banking workflows through the product on the database at ``url``,
     ``clients`` at a time; the ``open_fraction`` left paused at the approval. Returns how many
     were left open."""
+    from engine.store import AssignmentChange
     from examples.banking import build as build_banking
     from stores import SqlSessionStore
     from workers import WorkerPool
@@ -115,6 +117,14 @@ async def run_workflows(
         for k in numbers:
             chat = app.banking_agent.chat()
             paused = await chat.send(f"Transfer ${k + 1} to acct {k}")
+            if k % 2 == 0 and paused.snapshot_id is not None:
+                # An approver claims every other approval first, as the inbox does.
+                asked = await store.list_calls(paused.snapshot_id)
+                call = next(c for c in asked if c.status == "interrupted")
+                claim = AssignmentChange(action="claim", by=f"approver-{k % 5}")
+                await store.change_assignment(
+                    call.turn_id, call.round, call.ref, claim, default_group=None
+                )
             if _is_open(k, open_fraction):
                 left_open += 1
                 continue

@@ -35,7 +35,13 @@ ORPHANS = {
     **{
         f"{table}.turn_id": f"SELECT count(*) FROM {table} c "
         "WHERE NOT EXISTS (SELECT 1 FROM turns t WHERE t.id = c.turn_id)"
-        for table in ("messages", "tool_calls", "turn_events", "approval_queue")
+        for table in (
+            "messages",
+            "tool_calls",
+            "turn_events",
+            "approval_queue",
+            "approval_assignments",
+        )
     },
 }
 
@@ -54,7 +60,15 @@ WHERE NOT EXISTS (
     SELECT 1 FROM turns asking
     WHERE asking.session_id = t.session_id AND c.idempotency_key = asking.id || ':' || c.ref)"""
 
-COUNTED = ("sessions", "turns", "messages", "tool_calls", "turn_events", "approval_queue")
+COUNTED = (
+    "sessions",
+    "turns",
+    "messages",
+    "tool_calls",
+    "turn_events",
+    "approval_queue",
+    "approval_assignments",
+)
 
 
 def _counts(connection: psycopg.Connection[Any]) -> dict[str, int]:
@@ -84,6 +98,7 @@ async def test_copies_of_genuine_workflows_are_whole_and_listed_by_the_product()
         with psycopg.connect(dsn, autocommit=True) as connection:
             seed = _counts(connection)
         assert seed["approval_queue"] == left_open
+        assert seed["approval_assignments"] == SEED / 2  # every other approval was claimed
         growth = grow(dsn, seed["turns"] * COPIES, span=timedelta(days=3), batch_turns=1)
         assert growth.copies == COPIES - 1
         assert growth.embedding == {"tool_calls": ["idempotency_key"]}
