@@ -53,6 +53,7 @@ import psycopg
 
 from bench.common import (
     Databases,
+    admin,
     checkpoint,
     dsn_for,
     fmt,
@@ -183,23 +184,31 @@ def wal_per_workflow(name: str, workflows: int, *, offset: int) -> WalCost:
     dsn = dsn_for(name)
     with psycopg.connect(dsn, autocommit=True) as connection:
         connection.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
-        row = connection.execute(
-            """SELECT pg_current_wal_lsn(), oid,
-                      (SELECT oid FROM pg_tablespace WHERE spcname = 'pg_default')
-               FROM pg_database WHERE datname = current_database()"""
+    with admin() as keeper:
+        # Other databases' checkpoints would recycle the segments before they are read: a
+        # temporary slot (dropped with this connection) keeps them.
+        keeper.execute(
+            "SELECT pg_create_physical_replication_slot(%s, true, true)",
+            (f"turnstile_bench_wal_{os.getpid()}",),
+        )
+        row = keeper.execute(
+            """SELECT oid, (SELECT oid FROM pg_tablespace WHERE spcname = 'pg_default')
+               FROM pg_database WHERE datname = %s""",
+            (name,),
         ).fetchone()
-    assert row is not None
-    start, database, tablespace = row
-    wait_until_idle(name)
-    before = read_stats(name)
-    asyncio.run(run_workflows(url_for(name), workflows, offset=offset))
-    wait_until_idle(name)
-    after = read_stats(name)
-    with psycopg.connect(dsn, autocommit=True) as connection:
-        end = connection.execute("SELECT pg_current_wal_lsn()").fetchone()
-        assert end is not None
-        params = {"start": start, "end": end[0], "database": database, "tablespace": tablespace}
-        own = connection.execute(OWN_WAL, params).fetchone()
+        assert row is not None
+        database, tablespace = row
+        wait_until_idle(name)
+        start = keeper.execute("SELECT pg_current_wal_lsn()").fetchone()
+        before = read_stats(name)
+        asyncio.run(run_workflows(url_for(name), workflows, offset=offset))
+        wait_until_idle(name)
+        after = read_stats(name)
+        end = keeper.execute("SELECT pg_current_wal_lsn()").fetchone()
+        assert start is not None and end is not None
+        params = {"start": start[0], "end": end[0], "database": database, "tablespace": tablespace}
+        with psycopg.connect(dsn, autocommit=True) as connection:
+            own = connection.execute(OWN_WAL, params).fetchone()
     assert own is not None
     commits = (after - before).commits
     return WalCost(*(float(value) / workflows for value in (*own, commits)))
