@@ -19,10 +19,12 @@ id rewritten and the history spread over 30 days), marks one settled turn in a h
 It prints the p50 in ms per read and size: a read that costs its page stays flat as the
 history grows (``stats``' count by status still reads every turn, by design).
 
-With ``--wal-workflows N`` it then runs N more genuine workflows (none left open) on that
-history and prints the WAL bytes (``pg_current_wal_lsn()`` difference, after a
-``CHECKPOINT``) and commits per workflow. Both are cluster-wide / per-database counters: run
-nothing else on the server meanwhile.
+With ``--wal-workflows N`` it then runs batches of N more genuine workflows on that history
+and prints, per workflow, the WAL of this database (``pg_walinspect``: the records changing
+its pages and their transactions' commits, read through a temporary replication slot), how
+much of it is full-page images and of which relations, and the commits: a batch right after
+a ``CHECKPOINT`` and the next one; then the same two with the product's ``uuid.uuid4()``
+replaced by time-ordered (version 7) UUIDs, a what-if that shows what the random ids cost.
 
 Then retention, which deletes what it measures, so it comes last: every session is idle (the
 copies are days old, the seed is settled before the cutoff), and ``--retention-batches``
@@ -43,8 +45,11 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 import argparse
 import asyncio
 import os
+import secrets
 import time
-from collections.abc import Awaitable, Callable
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -168,6 +173,18 @@ FROM records
 WHERE own OR (xid IN (SELECT xid FROM writers) AND NOT coalesce(own, false))"""
 
 
+#: This database's full-page images between two positions, by the relation imaged (the first
+#: block of a record that carries one), most bytes first.
+IMAGES_BY_RELATION = """
+SELECT coalesce(pg_filenode_relation(0, node::oid)::text, node) AS relation,
+       count(*) AS images, sum(fpi_length) AS bytes
+FROM (SELECT substring(block_ref FROM %(imaged_block)s) AS node, fpi_length
+      FROM pg_get_wal_records_info(%(start)s::pg_lsn, %(end)s::pg_lsn)
+      WHERE fpi_length > 0) imaged
+WHERE node IS NOT NULL
+GROUP BY 1 ORDER BY bytes DESC LIMIT 6"""
+
+
 @dataclass(frozen=True)
 class WalCost:
     """Per workflow: this database's WAL bytes, of which full-page images, their count, and
@@ -177,6 +194,30 @@ class WalCost:
     fpi_bytes: float
     fpi: float
     commits: float
+    #: Full-page images per workflow of the relations imaged most.
+    images_by_relation: dict[str, float]
+
+
+def time_ordered_uuid() -> uuid.UUID:
+    """A version 7 UUID (RFC 9562): the Unix time in milliseconds, then random bits, so the
+    ids made one after another sort together."""
+    value = (time.time_ns() // 1_000_000) << 80 | secrets.randbits(80)
+    value = value & ~(0xF << 76) | 0x7 << 76  # the version
+    value = value & ~(0x3 << 62) | 0x2 << 62  # the variant
+    return uuid.UUID(int=value)
+
+
+@contextmanager
+def _ids_made_by(kind: str) -> Iterator[None]:
+    """Measurement only: with ``time-ordered``, every ``uuid.uuid4()`` the product calls (its
+    session and turn ids) returns :func:`time_ordered_uuid` instead."""
+    original = uuid.uuid4
+    if kind == "time-ordered":
+        uuid.uuid4 = time_ordered_uuid
+    try:
+        yield
+    finally:
+        uuid.uuid4 = original
 
 
 def wal_per_workflow(name: str, workflows: int, *, offset: int) -> WalCost:
@@ -204,14 +245,18 @@ def wal_per_workflow(name: str, workflows: int, *, offset: int) -> WalCost:
         asyncio.run(run_workflows(url_for(name), workflows, offset=offset))
         wait_until_idle(name)
         after = read_stats(name)
-        end = keeper.execute("SELECT pg_current_wal_lsn()").fetchone()
+        end = keeper.execute("SELECT pg_current_wal_flush_lsn()").fetchone()
         assert start is not None and end is not None
         params = {"start": start[0], "end": end[0], "database": database, "tablespace": tablespace}
+        params["imaged_block"] = rf"rel \d+/{database}/(\d+) fork \w+ blk \d+ \(FPW"
         with psycopg.connect(dsn, autocommit=True) as connection:
             own = connection.execute(OWN_WAL, params).fetchone()
+            imaged = connection.execute(IMAGES_BY_RELATION, params).fetchall()
     assert own is not None
     commits = (after - before).commits
-    return WalCost(*(float(value) / workflows for value in (*own, commits)))
+    per_workflow = [float(value) / workflows for value in (*own, commits)]
+    by_relation = {str(relation): round(images / workflows, 2) for relation, images, _ in imaged}
+    return WalCost(*per_workflow, images_by_relation=by_relation)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -252,11 +297,16 @@ def main(argv: list[str] | None = None) -> int:
             if args.wal_workflows:
                 # Right after a CHECKPOINT every page's first change is written whole; the
                 # next batch shows what is left once the pages it touches again are imaged.
-                checkpoint()
-                for number, batch in enumerate(("after CHECKPOINT", "next batch")):
-                    offset = 10_000_000 + number * args.wal_workflows
-                    wal[size, batch] = wal_per_workflow(name, args.wal_workflows, offset=offset)
-                    print(f"  WAL per workflow, {batch}: {wal[size, batch]}", flush=True)
+                # Then the same with time-ordered ids (a what-if: the product makes UUID4s).
+                batches = ("after CHECKPOINT", "next batch")
+                for ids in ("uuid4", "time-ordered"):
+                    checkpoint()
+                    for number, batch in enumerate(batches):
+                        offset = 10_000_000 + (len(wal) + number) * args.wal_workflows
+                        with _ids_made_by(ids):
+                            cost = wal_per_workflow(name, args.wal_workflows, offset=offset)
+                        wal[size, f"{batch}, {ids}"] = cost
+                        print(f"  WAL per workflow, {batch}, {ids} ids: {cost}", flush=True)
             retention[size] = asyncio.run(
                 time_retention(url_for(name), dsn_for(name), args.retention_batches)
             )
