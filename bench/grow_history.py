@@ -59,6 +59,7 @@ import sqlalchemy as sa
 from psycopg import sql
 
 from bench.common import STATE_KEYS, Databases, dsn_for, machine, raise_on_sigterm, url_for
+from bench.open_approvals import OPEN_CALLS
 
 __all__ = [
     "CopyPlan",
@@ -81,14 +82,7 @@ FIRST, LAST = sql.SQL("%(first)s::int"), sql.SQL("%(last)s::int")
 COPIES, STEP = sql.SQL("%(copies)s::int"), sql.SQL("%(step)s::interval")
 
 #: Migration 0003's backfill: the open approvals the triggers would have queued.
-BACKFILL = """
-SELECT c.turn_id, c.round, c.ref
-FROM tool_calls c
-JOIN turns t ON t.id = c.turn_id
-WHERE c.status = 'interrupted'
-  AND t.status = 'completed' AND t.finish_reason = 'interrupted'
-  AND NOT EXISTS (
-      SELECT 1 FROM turns later WHERE later.session_id = t.session_id AND later.seq > t.seq)"""
+BACKFILL = f"SELECT c.turn_id, c.round, c.ref{OPEN_CALLS}"
 
 
 def _is_open(k: int, open_fraction: float) -> bool:
