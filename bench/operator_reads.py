@@ -1,27 +1,37 @@
-"""The operators' reads and the metrics' scrape at growing history (issue 34).
+"""The operators' reads, retention and WAL per workflow at growing history (issue 34).
 
-``python bench/operator_reads.py [--sizes 10000,100000] [--repeat 20]``
+``python bench/operator_reads.py [--sizes 10000,100000,1000000] [--repeat 20]``
 
-For each size, creates and migrates its own database and fills it with that many turns as
-``bench/open_approvals.py`` does (sessions of two turns: paused at an approval, then resumed;
-``--open-fraction`` of them still paused), marks one resumed turn in a hundred ``failed``,
+For each size, creates and migrates its own database and fills it with that many turns of
+genuine workflows copied (``bench/grow_history.py``: ``--seed`` banking workflows run through
+the product, ``--open-fraction`` of them left paused at the approval, then copied with every
+id rewritten and the history spread over 30 days), marks one settled turn in a hundred
+``failed`` (the only rows not written by the product: the banking workflow never fails),
 ``VACUUM ANALYZE``s it, then times the product's own reads through ``SqlSessionStore`` and
 ``MonitoringDatabase``:
 
 * ``turns ls`` — the first page (50), ``--status failed``, ``--status paused``,
   ``--agent --since`` (the last hour of the history);
+* ``turns show`` — one turn's detail; ``approvals ls`` — the inbox's first page;
 * ``stats`` — every count of ``turnstile stats``;
 * ``GET /metrics`` — the scrape's database gauges.
 
 It prints the p50 in ms per read and size: a read that costs its page stays flat as the
 history grows (``stats``' count by status still reads every turn, by design).
 
-Then retention, which deletes what it measures, so it comes last: each turn is given two
-messages and two status events, every session is made idle, and ``--retention-batches``
-batches of the scheduler's size run through ``SqlSessionStore.prune_sessions``; it prints
-the rows deleted per second (sessions, turns, messages, journal rows, events) and the p50 ms
-of a batch. A batch that costs its sessions deletes as fast at 100k turns as at 10k. The
-databases are dropped at the end, also when interrupted.
+With ``--wal-workflows N`` it then runs batches of N more genuine workflows on that history
+and prints, per workflow, the WAL of this database (``pg_walinspect``: the records changing
+its pages and their transactions' commits, read through a temporary replication slot), how
+much of it is full-page images and of which relations, and the commits: a batch right after
+a ``CHECKPOINT`` and the next one; then the same two with the product's ``uuid.uuid4()``
+replaced by time-ordered (version 7) UUIDs, a what-if that shows what the random ids cost.
+
+Then retention, which deletes what it measures, so it comes last: every session is idle (the
+copies are days old, the seed is settled before the cutoff), and ``--retention-batches``
+batches of the scheduler's size run through ``SqlSessionStore.prune_sessions``; it prints the
+rows deleted per second (sessions, turns, messages, journal rows, events) and the p50 ms of a
+batch. A batch that costs its sessions deletes as fast at 1M turns as at 10k. The databases
+are dropped at the end, also when interrupted.
 """
 
 from __future__ import annotations
@@ -35,8 +45,12 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 import argparse
 import asyncio
 import os
+import secrets
 import time
-from collections.abc import Awaitable, Callable
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -44,32 +58,26 @@ import psycopg
 
 from bench.common import (
     Databases,
+    admin,
+    checkpoint,
     dsn_for,
     fmt,
     machine,
     percentile,
     raise_on_sigterm,
+    read_stats,
     render_table,
     url_for,
+    wait_until_idle,
 )
-from bench.open_approvals import populate
+from bench.grow_history import build, run_workflows
 
-#: One resumed turn in a hundred failed (the populated history has none).
+#: One settled turn in a hundred failed (the banking workflow never fails).
 FAIL_SOME = """
 UPDATE turns SET status = 'failed', finish_reason = NULL,
                  error = '{"status": "INTERNAL", "message": "tool failed"}'
-WHERE seq = 2 AND split_part(id, '-', 2)::int % 100 = 0"""
+WHERE status = 'completed' AND finish_reason = 'stop' AND abs(hashtext(id)) % 100 = 0"""
 
-
-#: What a real turn holds besides its row and journal: two messages, two status events.
-TURN_ROWS = [
-    """INSERT INTO messages (turn_id, round, position, role, content, committed, created_at)
-       SELECT id, 0, p, 'user', '[{"text": "transfer $40 to carol"}]', true, created_at
-       FROM turns, generate_series(0, 1) p""",
-    """INSERT INTO turn_events (turn_id, from_status, to_status, attempt, at)
-       SELECT id, NULL::turn_status, 'pending'::turn_status, 0, created_at FROM turns
-       UNION ALL SELECT id, 'pending'::turn_status, status, 1, updated_at FROM turns""",
-]
 #: The tables whose rows a retention batch deletes, counted before and after.
 RETAINED = ("sessions", "turns", "messages", "tool_calls", "turn_events")
 
@@ -82,17 +90,6 @@ def _count_retained(dsn: str) -> int:
             assert row is not None
             total += row[0]
         return total
-
-
-def add_turn_rows(dsn: str) -> None:
-    """Give every turn its messages and events, and analyse the tables they went to."""
-    with psycopg.connect(dsn, autocommit=True) as connection:
-        # Bulk load without the foreign-key triggers: the rows are consistent by construction.
-        connection.execute("SET session_replication_role = replica")
-        for statement in TURN_ROWS:
-            connection.execute(statement)
-        connection.execute("SET session_replication_role = origin")
-        connection.execute("VACUUM ANALYZE messages, turn_events")
 
 
 async def time_retention(url: str, dsn: str, batches: int) -> tuple[int, float, list[float]]:
@@ -128,8 +125,12 @@ async def _timed(read: Callable[[], Awaitable[Any]], repeat: int, warmup: int = 
     return times
 
 
-async def time_reads(url: str, newest: datetime, repeat: int) -> dict[str, list[float]]:
-    """The p50-able timings of each read on the database at ``url``."""
+async def time_reads(
+    url: str, newest: datetime, turn_id: str, repeat: int
+) -> dict[str, list[float]]:
+    """The p50-able timings of each read on the database at ``url``; ``turn_id`` is the
+    turn ``turns show`` reads."""
+    from engine.store import ApprovalQuery
     from stores import SqlSessionStore
     from stores.monitoring import MonitoringDatabase
     from stores.operations import PAUSED, TurnQuery
@@ -143,6 +144,8 @@ async def time_reads(url: str, newest: datetime, repeat: int) -> dict[str, list[
         "turns ls --agent --since (last hour)": lambda: store.list_turns(
             TurnQuery(agent="bankingAgent", since=newest - timedelta(hours=1))
         ),
+        "turns show": lambda: store.turn_detail(turn_id),
+        "approvals ls (first page)": lambda: store.list_approvals(ApprovalQuery()),
         "stats": store.read_stats,
         "GET /metrics (database gauges)": lambda: asyncio.to_thread(
             monitoring.read_gauges, datetime.now(UTC)
@@ -155,11 +158,116 @@ async def time_reads(url: str, newest: datetime, repeat: int) -> dict[str, list[
         await store.close()
 
 
+#: This database's WAL between two positions (pg_walinspect): the records that change its
+#: pages, and the records of the same transactions that change none (their commits); the WAL
+#: of the other databases on the server (other work, other benchmarks) is left out.
+OWN_WAL = """
+WITH records AS (
+    SELECT xid, record_length, fpi_length,
+           block_ref LIKE '%%rel ' || %(tablespace)s || '/' || %(database)s || '/%%' AS own
+    FROM pg_get_wal_records_info(%(start)s::pg_lsn, %(end)s::pg_lsn)),
+writers AS (SELECT DISTINCT xid FROM records WHERE own AND xid <> '0')
+SELECT coalesce(sum(record_length), 0), coalesce(sum(fpi_length), 0),
+       count(*) FILTER (WHERE fpi_length > 0)
+FROM records
+WHERE own OR (xid IN (SELECT xid FROM writers) AND NOT coalesce(own, false))"""
+
+
+#: This database's full-page images between two positions, by the relation imaged (the first
+#: block of a record that carries one), most bytes first.
+IMAGES_BY_RELATION = """
+SELECT coalesce(pg_filenode_relation(0, node::oid)::text, node) AS relation,
+       count(*) AS images, sum(fpi_length) AS bytes
+FROM (SELECT substring(block_ref FROM %(imaged_block)s) AS node, fpi_length
+      FROM pg_get_wal_records_info(%(start)s::pg_lsn, %(end)s::pg_lsn)
+      WHERE fpi_length > 0) imaged
+WHERE node IS NOT NULL
+GROUP BY 1 ORDER BY bytes DESC LIMIT 6"""
+
+
+@dataclass(frozen=True)
+class WalCost:
+    """Per workflow: this database's WAL bytes, of which full-page images, their count, and
+    commits (read-only transactions included)."""
+
+    wal_bytes: float
+    fpi_bytes: float
+    fpi: float
+    commits: float
+    #: Full-page images per workflow of the relations imaged most.
+    images_by_relation: dict[str, float]
+
+
+def time_ordered_uuid() -> uuid.UUID:
+    """A version 7 UUID (RFC 9562): the Unix time in milliseconds, then random bits, so the
+    ids made one after another sort together."""
+    value = (time.time_ns() // 1_000_000) << 80 | secrets.randbits(80)
+    value = value & ~(0xF << 76) | 0x7 << 76  # the version
+    value = value & ~(0x3 << 62) | 0x2 << 62  # the variant
+    return uuid.UUID(int=value)
+
+
+@contextmanager
+def _ids_made_by(kind: str) -> Iterator[None]:
+    """Measurement only: with ``time-ordered``, every ``uuid.uuid4()`` the product calls (its
+    session and turn ids) returns :func:`time_ordered_uuid` instead."""
+    original = uuid.uuid4
+    if kind == "time-ordered":
+        uuid.uuid4 = time_ordered_uuid
+    try:
+        yield
+    finally:
+        uuid.uuid4 = original
+
+
+def wal_per_workflow(name: str, workflows: int, *, offset: int) -> WalCost:
+    """What ``workflows`` genuine workflows run on the database ``name`` cost in WAL."""
+    dsn = dsn_for(name)
+    with psycopg.connect(dsn, autocommit=True) as connection:
+        connection.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+    with admin() as keeper:
+        # Other databases' checkpoints would recycle the segments before they are read: a
+        # temporary slot (dropped with this connection) keeps them.
+        keeper.execute(
+            "SELECT pg_create_physical_replication_slot(%s, true, true)",
+            (f"turnstile_bench_wal_{os.getpid()}",),
+        )
+        row = keeper.execute(
+            """SELECT oid, (SELECT oid FROM pg_tablespace WHERE spcname = 'pg_default')
+               FROM pg_database WHERE datname = %s""",
+            (name,),
+        ).fetchone()
+        assert row is not None
+        database, tablespace = row
+        wait_until_idle(name)
+        start = keeper.execute("SELECT pg_current_wal_lsn()").fetchone()
+        before = read_stats(name)
+        asyncio.run(run_workflows(url_for(name), workflows, offset=offset))
+        wait_until_idle(name)
+        after = read_stats(name)
+        end = keeper.execute("SELECT pg_current_wal_flush_lsn()").fetchone()
+        assert start is not None and end is not None
+        params = {"start": start[0], "end": end[0], "database": database, "tablespace": tablespace}
+        params["imaged_block"] = rf"rel \d+/{database}/(\d+) fork \w+ blk \d+ \(FPW"
+        with psycopg.connect(dsn, autocommit=True) as connection:
+            own = connection.execute(OWN_WAL, params).fetchone()
+            imaged = connection.execute(IMAGES_BY_RELATION, params).fetchall()
+    assert own is not None
+    commits = (after - before).commits
+    per_workflow = [float(value) / workflows for value in (*own, commits)]
+    by_relation = {str(relation): round(images / workflows, 2) for relation, images, _ in imaged}
+    return WalCost(*per_workflow, images_by_relation=by_relation)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Populate each size, time the reads, print one table; always drop the databases."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--sizes", default="10000,100000", help="turns per database, commas")
-    parser.add_argument("--open-fraction", type=float, default=0.01, help="turns paused")
+    parser.add_argument("--seed", type=int, default=300, help="genuine workflows copied")
+    parser.add_argument("--open-fraction", type=float, default=0.01, help="workflows paused")
+    parser.add_argument(
+        "--wal-workflows", type=int, default=0, help="workflows run to measure WAL (0: none)"
+    )
     parser.add_argument("--repeat", type=int, default=20, help="timed runs per read")
     parser.add_argument(
         "--retention-batches", type=int, default=10, help="retention batches timed per size"
@@ -170,22 +278,35 @@ def main(argv: list[str] | None = None) -> int:
     databases = Databases(f"turnstile_bench_{os.getpid()}")
     results: dict[int, dict[str, list[float]]] = {}
     retention: dict[int, tuple[int, float, list[float]]] = {}
+    wal: dict[tuple[int, str], WalCost] = {}
     try:
         print("machine:", ", ".join(f"{k} {v}" for k, v in machine().items()), flush=True)
-        from stores import migrate
-
         for size in sizes:
             name = databases.create(f"reads{size}")
-            migrate(url_for(name))
-            info = populate(dsn_for(name), size, args.open_fraction)
+            growth = build(url_for(name), size, seed=args.seed, open_fraction=args.open_fraction)
             with psycopg.connect(dsn_for(name), autocommit=True) as connection:
                 connection.execute(FAIL_SOME)
                 connection.execute("VACUUM ANALYZE turns")
-                row = connection.execute("SELECT max(created_at) FROM turns").fetchone()
+                row = connection.execute(
+                    "SELECT max(created_at), (SELECT id FROM turns ORDER BY random() LIMIT 1)"
+                    " FROM turns"
+                ).fetchone()
             assert row is not None
-            print(f"{size:,} turns:", ", ".join(f"{k} {v}" for k, v in info.items()), flush=True)
-            results[size] = asyncio.run(time_reads(url_for(name), row[0], args.repeat))
-            add_turn_rows(dsn_for(name))
+            print(f"{size:,} turns: {growth}", flush=True)
+            results[size] = asyncio.run(time_reads(url_for(name), row[0], row[1], args.repeat))
+            if args.wal_workflows:
+                # Right after a CHECKPOINT every page's first change is written whole; the
+                # next batch shows what is left once the pages it touches again are imaged.
+                # Then the same with time-ordered ids (a what-if: the product makes UUID4s).
+                batches = ("after CHECKPOINT", "next batch")
+                for ids in ("uuid4", "time-ordered"):
+                    checkpoint()
+                    for number, batch in enumerate(batches):
+                        offset = 10_000_000 + (len(wal) + number) * args.wal_workflows
+                        with _ids_made_by(ids):
+                            cost = wal_per_workflow(name, args.wal_workflows, offset=offset)
+                        wal[size, f"{batch}, {ids}"] = cost
+                        print(f"  WAL per workflow, {batch}, {ids} ids: {cost}", flush=True)
             retention[size] = asyncio.run(
                 time_retention(url_for(name), dsn_for(name), args.retention_batches)
             )
@@ -215,6 +336,22 @@ def main(argv: list[str] | None = None) -> int:
     ]
     headers = ["history", "batches", "rows deleted", "seconds", "rows/s", "p50 ms/batch"]
     print(render_table(headers, retention_rows))
+    if wal:
+        print()
+        print(f"{args.wal_workflows} genuine workflows on each history")
+        wal_rows = [
+            [
+                f"{size:,} turns",
+                batch,
+                f"{cost.wal_bytes:,.0f}",
+                f"{cost.wal_bytes - cost.fpi_bytes:,.0f}",
+                fmt(cost.fpi, 1),
+                fmt(cost.commits, 1),
+            ]
+            for (size, batch), cost in wal.items()
+        ]
+        headers = ["history", "batch", "WAL B/wf", "without images", "images/wf", "commits/wf"]
+        print(render_table(headers, wal_rows))
     return 0
 
 
