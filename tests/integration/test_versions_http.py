@@ -104,14 +104,18 @@ async def test_the_inbox_lists_v1_s_approval_with_its_version_and_refuses_to_dec
 
 
 async def test_the_ui_shows_the_version_of_an_old_approval(rollout: Rollout) -> None:
-    """The /ui inbox row and the approval page of v1's open approval name version v1."""
+    """The /ui inbox row and the approval page of v1's open approval name version v1, which
+    the page marks as not the version served now (v2)."""
     paused = await rollout.v1.agents["bank"].chat().send("Move 5")
     inbox = await rollout.http.get(f"{rollout.url}/ui")
     assert inbox.status_code == 200, inbox.text
     assert 'title="application version">v1</span>' in inbox.text
     page = await rollout.http.get(f"{rollout.url}/ui/approvals/{paused.snapshot_id}:a1")
     assert page.status_code == 200, page.text
-    assert '<dd class="app-version">v1</dd>' in page.text
+    assert (
+        '<dd class="app-version">v1 <span class="muted">(not the version served now)</span></dd>'
+        in page.text
+    )
 
 
 async def test_the_turn_page_shows_the_version(rollout: Rollout) -> None:
