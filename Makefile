@@ -11,6 +11,12 @@ JS_STAMP := tests/js/node_modules/.installed-stamp
 # The browser the inbox UI's acceptance tests drive (Debian's package; see docs/inbox.md).
 CHROMIUM ?= /usr/bin/chromium
 
+# Test processes for `make test` and `make test-fast`. Most of an acceptance test's time is
+# spent waiting on the processes it started, so two run well on two cores; a file's tests stay
+# in one process, where its module-scoped servers and databases are shared.
+TEST_PROCESSES ?= 2
+PARALLEL := -n $(TEST_PROCESSES) --dist loadfile
+
 .PHONY: demo tour test test-unit test-fast lint typecheck install browser clean
 
 $(STAMP): pyproject.toml
@@ -49,7 +55,7 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
 test: lint typecheck $(JS_STAMP) browser
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest $(PARALLEL)
 
 # The edit-test loop: the unit tier only (no database, no processes), in seconds.
 # (tests/unit also holds the behaviour suite's other backends, marked with their tier.)
@@ -58,7 +64,7 @@ test-unit: $(STAMP)
 
 # Unit and integration tiers, no acceptance or perf tests (needs PostgreSQL, see tests/README.md).
 test-fast: $(STAMP)
-	$(VENV)/bin/pytest -m "not acceptance and not perf"
+	$(VENV)/bin/pytest $(PARALLEL) -m "not acceptance and not perf"
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .turnstile tests/js/node_modules
