@@ -135,6 +135,12 @@ def test_a_change_before_the_event_stream_opens_still_reloads_the_page(
 
         with worker_process(stack.db_url, env=stack.env):
             eventually(stack.transfers, timeout=30, what="the resumed turn's transfer")
+        # Playwright's sync API runs a route's handler only while the test calls into it, so
+        # the held stream may not be in the list yet: give it a moment through Playwright.
+        for _ in range(100):
+            if held:
+                break
+            page.wait_for_timeout(50)
         assert held, "the page opened no event stream"
         for route in held:
             route.continue_()
