@@ -35,6 +35,7 @@ from stores import json_codec
 from stores import messages as message_sql
 from stores import turn_claims as claim_sql
 from stores import turns as turn_sql
+from stores.history import journal_history_ctes
 from stores.notify import CHANGE_CHANNEL, WORK_CHANNEL
 from stores.pg import PgConnections, PgStatement, StatementRefused
 from stores.schema import ACTIVE, TIMESTAMP, turns
@@ -73,9 +74,11 @@ _CALL_UPDATED = (
 )
 
 
-def _writes(source: str, *, round: bool, calls: bool) -> list[str]:
+def _writes(source: str, *, round: bool, calls: bool, actor: str) -> list[str]:
     """The CTEs writing a round's messages and journal rows, each joined to ``source`` (the
-    fence: zero rows when the lease is lost, and then nothing is written)."""
+    fence: zero rows when the lease is lost, and then nothing is written). ``source`` holds
+    the turn as the statement leaves it (``id``, ``status``, ``attempts``) and in column
+    ``actor`` the lease owner it fenced on, who the journal's history entries name."""
     parts = []
     if round:
         # Upsert then trim, rather than delete then insert: in one statement the two
@@ -103,9 +106,7 @@ trimmed AS (
         )
     if calls:
         updated = ", ".join(f"{column} = excluded.{column}" for column in _CALL_UPDATED)
-        parts.append(
-            f"""
-journal AS (
+        upsert = f"""
     INSERT INTO tool_calls (turn_id, round, ref, name, input, status, output, interrupt,
                             error, idempotency_key, resumed, answer, decided_by, decided_at,
                             started_at, finished_at, deadline, effects, created_at)
@@ -115,8 +116,8 @@ journal AS (
            :saved_at
     FROM {source}, jsonb_to_recordset(CAST(:calls AS jsonb)) AS c({_CALL_FIELDS})
     -- created_at keeps the first write's time: an approval's age is measured from it.
-    ON CONFLICT (turn_id, round, ref) DO UPDATE SET {updated})"""
-        )
+    ON CONFLICT (turn_id, round, ref) DO UPDATE SET {updated}"""
+        parts += journal_history_ctes(upsert, turn=source, actor=actor)
     return parts
 
 
@@ -242,10 +243,12 @@ def _save_statement(*, round: bool, calls: bool, usage: bool, state: bool) -> Pg
     ctes = [
         f"""
 found AS (
-    SELECT id, status, lease_token FROM turns WHERE id = :turn_id {lock})""",
+    SELECT id, status, lease_token, attempts, lease_owner
+    FROM turns WHERE id = :turn_id {lock})""",
         f"""
 fence AS (
-    SELECT id FROM found WHERE lease_token = :lease_token AND status IN ({_ACTIVE_SQL}))""",
+    SELECT id, status, attempts, lease_owner FROM found
+    WHERE lease_token = :lease_token AND status IN ({_ACTIVE_SQL}))""",
     ]
     sets = [s for s, wanted in ((_ADD_USAGE, usage), (_SET_STATE, state)) if wanted]
     if sets:
@@ -254,7 +257,7 @@ fence AS (
             f"""
 touched AS (UPDATE turns SET {", ".join(sets)} FROM fence WHERE turns.id = fence.id)"""
         )
-    ctes += _writes("fence", round=round, calls=calls)
+    ctes += _writes("fence", round=round, calls=calls, actor="lease_owner")
     sql = f"WITH {','.join(ctes)}\n{_REPORT}"
     return PgStatement(_typed(sql))
 
@@ -395,7 +398,7 @@ event AS (
     INSERT INTO turn_events (turn_id, from_status, to_status, attempt, note, at, actor)
     SELECT id, from_status, status, from_attempt, :note, :now, {actor} FROM moved
     RETURNING {notifications})""",
-        *_writes("moved", round=round, calls=calls),
+        *_writes("moved", round=round, calls=calls, actor="from_owner"),
     ]
     # A data-modifying CTE runs to completion whether or not the query reads it: the event
     # row and its notifications need no reference here.

@@ -76,13 +76,15 @@ class SqliteSessionStore(SqlSessionStore):
                 turn_sql.add_usage(connection, turn_id, change.usage)
             # The transition locks the turn's row and checks the lease token first, so the
             # round below is written only by the lease holder, as save_round's fence ensures.
-            moved = turn_sql.transition(connection, turn_id, change, now)
+            found, moved = turn_sql.transition_from(connection, turn_id, change, now)
             if change.round is not None and change.round.state is not None:
                 turn_sql.set_state(connection, turn_id, [change.round])
                 moved = turn_sql.get_turn(connection, turn_id) or moved
             if change.round is not None:
                 message_sql.save_round(connection, turn_id, change.round, saved_at)
-            call_sql.upsert_calls(connection, turn_id, change.calls, saved_at)
+            call_sql.upsert_calls(
+                connection, turn_id, change.calls, saved_at, worker=found.lease_owner
+            )
             return moved
 
         moved = await self._write(move)
@@ -99,12 +101,12 @@ class SqliteSessionStore(SqlSessionStore):
                 # First, so the turn row is locked exclusively before the fence's share lock:
                 # upgrading share to exclusive could deadlock with a concurrent heartbeat.
                 turn_sql.add_usage(connection, turn_id, write.usage)
-            turn_sql.fence(connection, turn_id, write.lease_token)
+            worker = turn_sql.fence(connection, turn_id, write.lease_token)
             turn_sql.set_state(connection, turn_id, [write.earlier, write.round])
             for written in (write.earlier, write.round):
                 if written is not None:
                     message_sql.save_round(connection, turn_id, written, now)
-            call_sql.upsert_calls(connection, turn_id, write.calls, now)
+            call_sql.upsert_calls(connection, turn_id, write.calls, now, worker=worker)
 
         await self._write(save)
 

@@ -12,10 +12,10 @@ from sqlalchemy.engine import Connection
 from engine.errors import ApprovalNotPendingError
 from engine.status import FinishReason, TurnStatus
 from engine.store import InterruptAnswer, ToolCallRecord, ToolCallStatus
-from engine.store.history import decision_entry
+from engine.store.history import call_entries, decision_entry
 from engine.store.rules import check_answerable
 from stores.database import record_from_row, upsert_statement
-from stores.history import append_history
+from stores.history import append_entries, append_history
 from stores.schema import approval_queue, tool_calls, turns
 
 __all__ = [
@@ -61,11 +61,30 @@ def record_of(row: sa.Row[tuple[object, ...]]) -> ToolCallRecord:
 
 
 def upsert_calls(
-    connection: Connection, turn_id: str, calls: Sequence[ToolCallRecord], now: datetime
+    connection: Connection,
+    turn_id: str,
+    calls: Sequence[ToolCallRecord],
+    now: datetime,
+    *,
+    worker: str | None,
 ) -> None:
-    """Insert or update journal rows keyed by ``(turn_id, round, ref)``."""
-    if calls:
-        connection.execute(_UPSERT, [_row(turn_id, call, now) for call in calls])
+    """Insert or update journal rows keyed by ``(turn_id, round, ref)``, and append the
+    history entries each write makes (:func:`engine.store.history.call_entries`), run by
+    ``worker``, the lease owner the caller fenced on."""
+    if not calls:
+        return
+    # The rows as they were, under the transaction's write lock (SQLite serialises writers).
+    before = {(c.round, c.ref): c for c in list_calls(connection, turn_id)}
+    connection.execute(_UPSERT, [_row(turn_id, call, now) for call in calls])
+    append_entries(
+        connection,
+        turn_id,
+        [
+            entry
+            for call in calls
+            for entry in call_entries(before.get((call.round, call.ref)), call, worker, now)
+        ],
+    )
 
 
 # created_at keeps the first write's time: it is what an approval's age is measured from.

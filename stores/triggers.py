@@ -29,7 +29,6 @@ exactly these.
 from __future__ import annotations
 
 from textwrap import indent
-from typing import NamedTuple
 
 __all__ = ["definitions"]
 
@@ -210,33 +209,13 @@ _SQLITE = {
 }
 
 
-# -- A turn's history: claims and tool calls (docs/schema.md, "turn_events") -----------------
+# -- A turn's history: claims (docs/schema.md, "turn_events") ---------------------------------
 #
-# Claims and journal writes are the hot statements (the PostgreSQL claim and fenced writes are
-# single data-modifying statements), so their history entries are written by these triggers,
-# in the same statement, rather than by another round trip. Their words are those of
-# engine.store.history (claim_entries, call_entries), which the in-memory store applies.
-
-
-class _Dialect(NamedTuple):
-    """What the history triggers spell differently on each database."""
-
-    json_object: str
-    now: str
-    #: The null-safe inequality.
-    distinct: str
-
-
-_HISTORY_DIALECTS = {
-    "postgresql": _Dialect(
-        json_object="jsonb_build_object", now="now()", distinct="IS DISTINCT FROM"
-    ),
-    "sqlite": _Dialect(
-        json_object="json_object",
-        now="strftime('%Y-%m-%d %H:%M:%f', 'now')",
-        distinct="IS NOT",
-    ),
-}
+# Claims are hot statements (the PostgreSQL claim is a single data-modifying statement), so
+# their history entries are written by this trigger, in the same statement, rather than by
+# another round trip. Its words are those of engine.store.history.claim_entries, which the
+# in-memory store applies. A tool call's entries are written by the statements that write the
+# journal (stores.history.journal_history_ctes), which know the worker without a lookup.
 
 _INSERT_HISTORY = (
     "INSERT INTO turn_events (turn_id, to_status, kind, attempt, actor, note, detail, at)"
@@ -254,65 +233,10 @@ VALUES (NEW.id, NEW.status, 'claimed', NEW.attempts, NEW.lease_owner,
         NEW.updated_at);"""
 
 
-_AND = "\n  AND "
-
-
-def _call_entry(dialect: _Dialect, kind: str, at: str, conditions: list[str]) -> str:
-    """The INSERT of one entry about the journal row ``NEW``, when ``conditions`` hold: its
-    attempt is its turn's, its worker the one that claimed that attempt."""
-    return f"""{_INSERT_HISTORY}
-SELECT NEW.turn_id, t.status,
-       {kind},
-       t.attempts,
-       (SELECT e.actor FROM turn_events e
-        WHERE e.turn_id = t.id AND e.kind = 'claimed' AND e.attempt = t.attempts
-        ORDER BY e.id DESC LIMIT 1),
-       NEW.name || ' ' || NEW.ref,
-       {dialect.json_object}('round', NEW.round, 'ref', NEW.ref, 'name', NEW.name),
-       {at}
-FROM turns t
-WHERE t.id = NEW.turn_id
-  AND {_AND.join(conditions)};"""
-
-
-_ENDING_STATUSES = "('done', 'failed', 'interrupted')"
-_ENDING_KIND = """CASE WHEN NEW.status = 'interrupted' THEN 'paused'
-         ELSE 'tool ' || CAST(NEW.status AS TEXT) END"""
-
-
-def _call_entries(dialect: _Dialect, *, inserted: bool) -> str:
-    """The entries of a journal write: the call (re)started, and its run ended."""
-    started = ["NEW.started_at IS NOT NULL"]
-    ended = [f"NEW.status IN {_ENDING_STATUSES}"]
-    if not inserted:
-        started.append(f"NEW.started_at {dialect.distinct} OLD.started_at")
-        ended.append(f"NEW.status {dialect.distinct} OLD.status")
-    return "\n".join(
-        (
-            _call_entry(dialect, "'tool started'", "NEW.started_at", started),
-            _call_entry(dialect, _ENDING_KIND, f"COALESCE(NEW.finished_at, {dialect.now})", ended),
-        )
-    )
-
-
-_PG = _HISTORY_DIALECTS["postgresql"]
-
 _PG_HISTORY_FROM_CLAIM = f"""
 CREATE FUNCTION turn_history_from_claim() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
 {indent(_CLAIM_ENTRIES, "  ")}
-  RETURN NULL;
-END
-$$"""
-
-_PG_HISTORY_FROM_CALL = f"""
-CREATE FUNCTION turn_history_from_call() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-  IF TG_OP = 'INSERT' THEN
-{indent(_call_entries(_PG, inserted=True), "    ")}
-  ELSE
-{indent(_call_entries(_PG, inserted=False), "    ")}
-  END IF;
   RETURN NULL;
 END
 $$"""
@@ -325,23 +249,11 @@ BEGIN
 END
 $$"""
 
-# Heartbeats change neither the attempt nor a journal row, so they run none of these.
+# Heartbeats do not change the attempt, so they run none of these.
 _PG_CLAIM_TRIGGER = """
 CREATE TRIGGER turns_history_claim
 AFTER UPDATE OF attempts ON turns FOR EACH ROW WHEN (NEW.attempts > OLD.attempts)
 EXECUTE FUNCTION turn_history_from_claim()"""
-
-_PG_CALL_INSERT_TRIGGER = f"""
-CREATE TRIGGER tool_calls_history_insert
-AFTER INSERT ON tool_calls FOR EACH ROW
-WHEN (NEW.started_at IS NOT NULL OR NEW.status IN {_ENDING_STATUSES})
-EXECUTE FUNCTION turn_history_from_call()"""
-
-_PG_CALL_UPDATE_TRIGGER = """
-CREATE TRIGGER tool_calls_history_update
-AFTER UPDATE ON tool_calls FOR EACH ROW
-WHEN (NEW.started_at IS DISTINCT FROM OLD.started_at OR NEW.status IS DISTINCT FROM OLD.status)
-EXECUTE FUNCTION turn_history_from_call()"""
 
 _PG_APPEND_ONLY_TRIGGER = """
 CREATE TRIGGER turn_events_append_only
@@ -350,15 +262,10 @@ EXECUTE FUNCTION turn_history_append_only()"""
 
 _POSTGRESQL_HISTORY = {
     "turn_history_from_claim": _PG_HISTORY_FROM_CLAIM,
-    "turn_history_from_call": _PG_HISTORY_FROM_CALL,
     "turn_history_append_only": _PG_HISTORY_APPEND_ONLY,
     "turns_history_claim": _PG_CLAIM_TRIGGER,
-    "tool_calls_history_insert": _PG_CALL_INSERT_TRIGGER,
-    "tool_calls_history_update": _PG_CALL_UPDATE_TRIGGER,
     "turn_events_append_only": _PG_APPEND_ONLY_TRIGGER,
 }
-
-_LITE = _HISTORY_DIALECTS["sqlite"]
 
 _SQLITE_HISTORY = {
     "turns_history_claim": f"""
@@ -366,20 +273,6 @@ CREATE TRIGGER turns_history_claim
 AFTER UPDATE OF attempts ON turns FOR EACH ROW WHEN NEW.attempts > OLD.attempts
 BEGIN
 {indent(_CLAIM_ENTRIES, "  ")}
-END""",
-    "tool_calls_history_insert": f"""
-CREATE TRIGGER tool_calls_history_insert
-AFTER INSERT ON tool_calls FOR EACH ROW
-WHEN NEW.started_at IS NOT NULL OR NEW.status IN {_ENDING_STATUSES}
-BEGIN
-{indent(_call_entries(_LITE, inserted=True), "  ")}
-END""",
-    "tool_calls_history_update": f"""
-CREATE TRIGGER tool_calls_history_update
-AFTER UPDATE ON tool_calls FOR EACH ROW
-WHEN NEW.started_at IS NOT OLD.started_at OR NEW.status IS NOT OLD.status
-BEGIN
-{indent(_call_entries(_LITE, inserted=False), "  ")}
 END""",
     "turn_events_append_only": """
 CREATE TRIGGER turn_events_append_only

@@ -217,21 +217,25 @@ def _insert_turn_statement() -> sa.TextualSelect:
 _INSERT_TURN = _insert_turn_statement()
 
 
-def fence(connection: Connection, turn_id: str, lease_token: int) -> None:
-    """Check (and share-lock) that ``lease_token`` still holds the running turn.
+def fence(connection: Connection, turn_id: str, lease_token: int) -> str | None:
+    """Check (and share-lock) that ``lease_token`` still holds the running turn, and return
+    its lease owner (the worker the caller's writes are by).
 
     The share lock makes a competing claim wait until this write commits, so a write can
     never land after the turn changed hands.
     """
-    # Only the two columns the check needs: a fence runs before every journal write, and
+    # Only the columns the check needs: a fence runs before every journal write, and
     # building a full record (re-validating the turn's input) would cost more than the read.
     row = connection.execute(_FENCE, {"turn_id": turn_id}).first()
     found = None if row is None else LeaseState(TurnStatus(row[0]), row[1])
     check_lease(turn_id, lease_token, found)
+    assert row is not None  # check_lease raised otherwise
+    owner: str | None = row[2]
+    return owner
 
 
 _FENCE = (
-    sa.select(turns.c.status, turns.c.lease_token)
+    sa.select(turns.c.status, turns.c.lease_token, turns.c.lease_owner)
     .where(turns.c.id == sa.bindparam("turn_id"))
     .with_for_update(read=True)
 )
@@ -262,6 +266,14 @@ def transition(
 ) -> TurnRecord:
     """The one guarded status change (see :class:`engine.store.Transition`); the round,
     journal rows and usage that ``change`` may carry are the caller's to write."""
+    return transition_from(connection, turn_id, change, now)[1]
+
+
+def transition_from(
+    connection: Connection, turn_id: str, change: Transition, now: datetime
+) -> tuple[TurnRecord, TurnRecord]:
+    """:func:`transition`, returning the turn as it was found (under its row lock) and as
+    moved: the caller writing the change's journal rows names the lease owner it found."""
     # The row lock makes the check and the guarded UPDATE below one atomic step.
     row = connection.execute(_LOCK_BY_ID, {"turn_id": turn_id}).first()
     current = check_transition(record(row) if row else None, turn_id, change)
@@ -297,7 +309,7 @@ def transition(
         # Only the lease holder's own transition is its act (an abort request is not).
         actor=current.lease_owner if change.lease_token is not None else None,
     )
-    return record(moved)
+    return current, record(moved)
 
 
 _LOCK_BY_ID = _BY_ID.with_for_update()

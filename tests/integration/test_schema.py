@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from contextlib import nullcontext
 from datetime import UTC, datetime
 from typing import Any
 
@@ -501,3 +502,34 @@ def test_escalation_chains_migration_sets_the_step_of_approvals_escalated_before
                 "SELECT turn_id, escalation_step FROM approval_assignments ORDER BY turn_id"
             ).fetchall()
         assert steps == [("moved", 1), ("waiting", 0)]
+
+
+@pytest.mark.parametrize("kind", ["postgres", "sqlite"])
+def test_call_history_migration_drops_the_journal_triggers_and_its_downgrade_restores_them(
+    kind: str,
+) -> None:
+    """Migration 0020 leaves ``tool_calls`` without the history triggers of 0013 (the
+    writers append the entries), and its downgrade puts them back for the code before it."""
+    query = (
+        "SELECT tgname FROM pg_trigger WHERE NOT tgisinternal "
+        "AND tgrelid = 'tool_calls'::regclass AND tgname LIKE '%history%' ORDER BY tgname"
+        if kind == "postgres"
+        else "SELECT name FROM sqlite_master WHERE type = 'trigger' "
+        "AND tbl_name = 'tool_calls' AND name LIKE '%history%' ORDER BY name"
+    )
+
+    def history_triggers(url: str) -> list[str]:
+        engine = sa.create_engine(url)
+        try:
+            with engine.connect() as connection:
+                return list(connection.execute(sa.text(query)).scalars())
+        finally:
+            engine.dispose()
+
+    database = postgres_url() if kind == "postgres" else nullcontext(new_sqlite_database())
+    with database as url:
+        assert history_triggers(url) == []
+        command.downgrade(_config(url), "0020-1")
+        assert history_triggers(url) == ["tool_calls_history_insert", "tool_calls_history_update"]
+        migrate(url)
+        assert history_triggers(url) == []

@@ -94,6 +94,72 @@ async def test_a_reclaimed_turn_keeps_both_attempts_and_the_lost_lease(
     assert [e.at for e in entries] == sorted(e.at for e in entries)
 
 
+CALL_KINDS = {"tool started", "tool done", "tool failed", "paused"}
+
+
+async def call_story(
+    store: SessionStore, turn_id: str
+) -> list[tuple[str, int | None, str | None, str]]:
+    """The entries of the turn's tool calls, as (kind, attempt, actor, detail), in order."""
+    return [entry for entry in story(await store.timeline(turn_id)) if entry[0] in CALL_KINDS]
+
+
+async def test_every_journal_writer_records_each_start_and_end_once_by_the_lease_owner(
+    store: SessionStore,
+) -> None:
+    """A call recorded, a round saved with two calls, a settle pausing on a third and the
+    resume answering it: each start and each end is one entry, by the worker holding the
+    current attempt (also after the settle released its lease), and a write that repeats a
+    row unchanged, or a resume's answer, adds none."""
+    await store.create_turn(new_turn("t1"))
+    await claim(store, "t1", owner="w1", lease_seconds=SHORT_LEASE)
+    await asyncio.sleep(SHORT_LEASE * 3)
+    token = (await claim(store, "t1", owner="w2")).lease_token
+    # Times in the past, so the pause (recorded at the settle's own time) comes last.
+    now = datetime.now(UTC) - timedelta(seconds=10)
+    running = tool_call("t1", 1, "a", ToolCallStatus.RUNNING, started_at=now)
+    done = running.model_copy(
+        update={"status": ToolCallStatus.DONE, "finished_at": now + timedelta(seconds=1)}
+    )
+    other = tool_call(
+        "t1",
+        1,
+        "b",
+        ToolCallStatus.FAILED,
+        started_at=now + timedelta(seconds=2),
+        finished_at=now + timedelta(seconds=3),
+    )
+    round = RoundRecord(round=1, messages=[asks("a", "b", "r1")], committed=True)
+    paused = tool_call("t1", 1, "r1", ToolCallStatus.INTERRUPTED)
+
+    await store.record_call("t1", lease_token=token, call=running)
+    await store.record_call("t1", lease_token=token, call=running)
+    await store.save_round("t1", lease_token=token, round=round, calls=[done, other])
+    await store.save_round("t1", lease_token=token, round=round, calls=[done, other])
+    await store.transition(
+        "t1",
+        Transition(
+            expected={PENDING},
+            new=COMPLETED,
+            lease_token=token,
+            finish_reason=FinishReason.INTERRUPTED,
+            calls=[done, other, paused],
+        ),
+    )
+    before_resume = await call_story(store, "t1")
+    resumed = new_turn("t2", kind="resume", parent_id="t1", expected_latest_id="t1")
+    await store.create_turn(resumed, answers=[answer("t1", "r1", decided_by="carol")])
+
+    assert before_resume == [
+        ("tool started", 2, "w2", "transferMoney a"),
+        ("tool done", 2, "w2", "transferMoney a"),
+        ("tool started", 2, "w2", "transferMoney b"),
+        ("tool failed", 2, "w2", "transferMoney b"),
+        ("paused", 2, "w2", "transferMoney r1"),
+    ]
+    assert await call_story(store, "t1") == before_resume
+
+
 async def test_a_pause_and_a_reject_are_recorded_at_their_own_times(store: SessionStore) -> None:
     """The pause is recorded when the call paused; the reject, later, with its approver and its
     reason; the call's later answer rewrites neither."""
