@@ -13,11 +13,12 @@ id rewritten and the history spread over 30 days), marks one settled turn in a h
 * ``turns ls`` — the first page (50), ``--status failed``, ``--status paused``,
   ``--agent --since`` (the last hour of the history);
 * ``turns show`` — one turn's detail; ``approvals ls`` — the inbox's first page;
-* ``stats`` — every count of ``turnstile stats``;
+* ``stats`` — every count of ``turnstile stats`` (on PostgreSQL the settled statuses from
+  the table's statistics), and ``stats --exact`` (every status counted, all of ``turns`` read);
 * ``GET /metrics`` — the scrape's database gauges.
 
 It prints the p50 in ms per read and size: a read that costs its page stays flat as the
-history grows (``stats``' count by status still reads every turn, by design).
+history grows (``stats --exact`` reads every turn, by design).
 
 With ``--wal-workflows N`` it then runs batches of N more genuine workflows on that history
 and prints, per workflow, the WAL of this database (``pg_walinspect``: the records changing
@@ -147,6 +148,7 @@ async def time_reads(
         "turns show": lambda: store.turn_detail(turn_id),
         "approvals ls (first page)": lambda: store.list_approvals(ApprovalQuery()),
         "stats": store.read_stats,
+        "stats --exact": lambda: store.read_stats(exact=True),
         "GET /metrics (database gauges)": lambda: asyncio.to_thread(
             monitoring.read_gauges, datetime.now(UTC)
         ),

@@ -5,9 +5,10 @@ The same SQLAlchemy Core statements run on PostgreSQL and SQLite. Listing reads 
 newest first through ``ix_turns_created_at`` with the filters as conditions, the paused
 turns through ``approval_queue`` (the waiting approvals of the rows shown come from it too,
 one more statement); a turn's detail reuses the aggregates' reads (:mod:`stores.turns`,
-:mod:`stores.messages`, :mod:`stores.tool_calls`). The counts by status scan ``turns``
-once: an operator's command, not something to poll (the metrics' gauges in
-:mod:`stores.monitoring` read only the indexed active rows).
+:mod:`stores.messages`, :mod:`stores.tool_calls`). The counts read what is open through
+its partial indexes; on PostgreSQL the settled statuses, which grow with history, come from
+the planner's statistics of ``turns`` (an estimate, labelled so) unless an exact count is
+asked for, which reads every turn (docs/cli.md, "turnstile stats").
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pydantic import BaseModel, Field
 from sqlalchemy.engine import Connection
 
 from engine.conversation.parts import Message
-from engine.status import FinishReason, TurnStatus
+from engine.status import SETTLED_STATUSES, FinishReason, TurnStatus
 from engine.store import (
     PAUSED,
     RoundRecord,
@@ -136,6 +137,11 @@ class Stats(BaseModel):
     at: datetime
     #: Turns per status (every status, zero included).
     turns: dict[str, int]
+    #: The statuses whose count in ``turns`` is an estimate from PostgreSQL's statistics of
+    #: the table (the settled ones, unless counted exactly); empty when every count is exact.
+    estimated: list[str] = Field(default_factory=list)
+    #: When those statistics were gathered (``ANALYZE``, by hand or by autovacuum), if known.
+    analyzed_at: datetime | None = None
     #: Turns paused at approvals now: completed at interrupts and their session's latest
     #: (counted among ``completed``).
     paused: int
@@ -379,15 +385,25 @@ def id_prefixes(connection: Connection, kind: str, ids: list[str], shortest: int
 _NOW = sa.bindparam("now", type_=TIMESTAMP)
 
 
-def read_stats(connection: Connection, now: datetime) -> Stats:
+def read_stats(connection: Connection, now: datetime, *, exact: bool = False) -> Stats:
     """Counts by status, the queue, the oldest pending turn and the open approvals by age,
-    as of ``now``."""
-    t = turns.c
+    as of ``now``. On PostgreSQL, unless ``exact``, the settled statuses are estimated from
+    the planner's statistics (:func:`_estimated_settled`); every other count is exact."""
+    queue = _queue(connection, now)
+    # The queue's classes split the pending turns (run_after is never null) and hold the
+    # aborting ones: the open statuses counted through their partial index.
     by_status = {status.value: 0 for status in TurnStatus}
-    for row in connection.execute(
-        sa.select(t.status, sa.func.count().label("total")).group_by(t.status)
-    ):
-        by_status[str(row.status)] += int(row.total)
+    by_status[TurnStatus.PENDING.value] = queue.claimable + queue.backing_off + queue.running
+    by_status[TurnStatus.ABORTING.value] = queue.aborting
+    estimated: list[str] = []
+    analyzed_at: datetime | None = None
+    settled = None if exact else _estimated_settled(connection, sum(by_status.values()))
+    if settled is None:
+        by_status = _counted_by_status(connection)
+    else:
+        counts, analyzed_at = settled
+        by_status.update(counts)
+        estimated = list(counts)
     # approval_queue holds the interrupted calls of exactly the paused, latest turns.
     paused = connection.execute(
         sa.select(sa.func.count(sa.distinct(approval_queue.c.turn_id)))
@@ -395,12 +411,74 @@ def read_stats(connection: Connection, now: datetime) -> Stats:
     return Stats(
         at=now,
         turns=by_status,
+        estimated=estimated,
+        analyzed_at=analyzed_at,
         paused=paused,
-        queue=_queue(connection, now),
+        queue=queue,
         oldest_pending=_oldest_pending(connection),
         approvals=_approvals(connection, now),
         versions=_versions(connection, now),
     )
+
+
+def _counted_by_status(connection: Connection) -> dict[str, int]:
+    """Every status's count, exactly: a read of all of ``turns``."""
+    t = turns.c
+    by_status = {status.value: 0 for status in TurnStatus}
+    for row in connection.execute(
+        sa.select(t.status, sa.func.count().label("total")).group_by(t.status)
+    ):
+        by_status[str(row.status)] += int(row.total)
+    return by_status
+
+
+#: The settled statuses, in the enum's order: what history is made of.
+_SETTLED = [status.value for status in TurnStatus if status in SETTLED_STATUSES]
+
+#: PostgreSQL's statistics of ``turns``: its rows when last vacuumed or analyzed, scaled to
+#: the pages it has now (as the planner scales them), the most common statuses of the
+#: sample with their shares, and when it was last analyzed. No row when it never was.
+_TURN_STATISTICS = sa.text(
+    """
+    SELECT CASE WHEN c.relpages > 0
+                THEN c.reltuples / c.relpages
+                     * (pg_relation_size(c.oid) / current_setting('block_size')::int)
+                ELSE c.reltuples END AS total,
+           s.most_common_vals::text::text[] AS statuses,
+           s.most_common_freqs AS shares,
+           greatest(a.last_analyze, a.last_autoanalyze) AS analyzed_at
+    FROM pg_class c
+    JOIN pg_namespace n ON n.oid = c.relnamespace
+    JOIN pg_stats s ON s.schemaname = n.nspname AND s.tablename = c.relname
+                   AND s.attname = 'status' AND NOT s.inherited
+    LEFT JOIN pg_stat_user_tables a ON a.relid = c.oid
+    WHERE c.oid = to_regclass(:turns) AND c.reltuples >= 0
+          AND s.most_common_vals IS NOT NULL
+    """
+)
+
+
+def _estimated_settled(
+    connection: Connection, open_turns: int
+) -> tuple[dict[str, int], datetime | None] | None:
+    """The settled statuses' counts estimated from PostgreSQL's statistics of ``turns``, and
+    when they were gathered; ``None`` on SQLite, or when ``turns`` was never analyzed (it
+    is then new or small, and counting it is cheap)."""
+    if connection.dialect.name != "postgresql":
+        return None
+    row = connection.execute(_TURN_STATISTICS, {"turns": turns.name}).first()
+    if row is None:
+        return None
+    total = float(row.total)
+    shares = dict(zip(row.statuses, row.shares, strict=True))
+    counts = {status: round(shares[status] * total) for status in _SETTLED if status in shares}
+    # A status too rare to be among the sample's most common shares what the listed ones
+    # and the open turns leave.
+    unlisted = [status for status in _SETTLED if status not in shares]
+    rest = max(0.0, total - open_turns - sum(counts.values()))
+    for status in unlisted:
+        counts[status] = round(rest / len(unlisted))
+    return {status: counts[status] for status in _SETTLED}, utc(row.analyzed_at)
 
 
 def _versions(connection: Connection, now: datetime) -> list[VersionCounts]:

@@ -437,9 +437,10 @@ class SqlSessionStore:
         """One turn with its conversation, rounds, journal and children (``None``: unknown)."""
         return await self._read(lambda c: operations.turn_detail(c, turn_id))
 
-    async def read_stats(self) -> operations.Stats:
-        """Counts by status, the queue, the oldest pending turn and open approvals by age."""
-        return await self._read(lambda c: operations.read_stats(c, now_utc()))
+    async def read_stats(self, *, exact: bool = False) -> operations.Stats:
+        """Counts by status, the queue, the oldest pending turn and open approvals by age;
+        on PostgreSQL the settled statuses estimated unless ``exact``."""
+        return await self._read(lambda c: operations.read_stats(c, now_utc(), exact=exact))
 
     async def ids_starting(self, kind: str, prefix: str, *, limit: int) -> list[str]:
         """Ids of ``kind`` (``turn``, ``session``, ``browser session``) starting with

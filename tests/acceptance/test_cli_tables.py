@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from engine.conversation.parts import Message
@@ -37,7 +38,12 @@ from engine.turns.request import TurnRequest
 from examples.banking import build
 from stores.sql import SqlSessionStore
 from stores.ui_sessions import SqlBrowserSessions
-from tests.databases import drop_postgres_database, new_postgres_database, new_sqlite_database
+from tests.databases import (
+    drop_postgres_database,
+    libpq_dsn,
+    new_postgres_database,
+    new_sqlite_database,
+)
 
 #: Each test runs a dozen ``turnstile`` processes.
 pytestmark = pytest.mark.timeout(180)
@@ -234,6 +240,63 @@ async def test_turns_ls_fits_80_columns_and_each_id_pastes(sqlite_banking_db: st
         found = run(url, "turns", "show", pasted, "--json")
         assert found.status == 0, found.err
         assert found.json()["turn"]["input"]["kind"] == kind  # type: ignore[index]
+
+
+#: Settled turns added to the PostgreSQL database for its statistics: one in ten failed.
+HISTORY = 1_000
+
+
+def _grow_and_analyze(url: str) -> None:
+    """HISTORY settled turns more (each its own session's), then ``ANALYZE``: the table now
+    has statistics for stats' estimates."""
+    with psycopg.connect(libpq_dsn(url), autocommit=True) as connection:
+        connection.execute(
+            """INSERT INTO sessions (id, agent, created_at, updated_at)
+               SELECT 'h' || g, 'bankingAgent', now(), now() FROM generate_series(1, %(n)s) g""",
+            {"n": HISTORY},
+        )
+        connection.execute(
+            """INSERT INTO turns (id, session_id, seq, agent, status, input, history_length,
+                                  run_after, created_at, updated_at)
+               SELECT 'h' || g, 'h' || g, 1, 'bankingAgent',
+                      CASE WHEN g %% 10 = 0 THEN 'failed'::turn_status
+                           ELSE 'completed'::turn_status END,
+                      '{"kind": "message"}', 0, now(), now(), now()
+               FROM generate_series(1, %(n)s) g""",
+            {"n": HISTORY},
+        )
+        connection.execute("ANALYZE turns")
+
+
+def _count_cell(lines: list[str], status: str) -> str:
+    """The TURNS cell of ``status``'s row in the Turns table."""
+    row = next(line for line in lines if line.startswith(f"│ {status} "))
+    return row.split("│")[2].strip()
+
+
+async def test_stats_fits_80_columns_and_marks_its_estimates(banking_db: str) -> None:
+    """At 80 columns every line of ``stats`` fits; on PostgreSQL with statistics the settled
+    counts are marked ≈ with a line saying what they are, and ``--exact`` prints the counts
+    unmarked; SQLite's are exact and unmarked."""
+    url = banking_db
+    postgres = url.startswith("postgresql")
+    if postgres:
+        _grow_and_analyze(url)
+    lines = in_terminal(url, "stats")
+    assert all(len(line) <= 80 for line in lines), lines
+    exact_lines = in_terminal(url, "stats", "--exact")
+    assert all(len(line) <= 80 for line in exact_lines), exact_lines
+    counted = run(url, "stats", "--exact", "--json").json()["turns"]  # type: ignore[index]
+    for status in ("pending", "aborting", "completed", "failed", "aborted"):
+        assert _count_cell(exact_lines, status) == str(counted[status])
+        marked = postgres and status in ("completed", "failed", "aborted")
+        assert _count_cell(lines, status).startswith("≈ ") == marked, lines
+    note = [line for line in lines if "estimated from PostgreSQL's statistics" in line]
+    assert len(note) == (1 if postgres else 0), lines
+    assert not any("≈" in line for line in exact_lines), exact_lines
+    if postgres:
+        # The whole history is sampled at this size: the estimates are the counts.
+        assert _count_cell(lines, "completed") == f"≈ {counted['completed']}"
 
 
 async def test_wide_shows_every_column_with_whole_ids(sqlite_banking_db: str) -> None:

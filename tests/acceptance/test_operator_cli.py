@@ -274,6 +274,8 @@ async def test_stats(seeded: tuple[OperatorDatabase, dict[str, str]]) -> None:
     assert set(stats) == {
         "at",
         "turns",
+        "estimated",
+        "analyzed_at",
         "paused",
         "queue",
         "oldest_pending",
@@ -287,6 +289,11 @@ async def test_stats(seeded: tuple[OperatorDatabase, dict[str, str]]) -> None:
         "failed": 1,
         "aborted": 0,
     }
+    # A table this new was never analyzed (PostgreSQL) or is SQLite: every count is exact.
+    assert (stats["estimated"], stats["analyzed_at"]) == ([], None)
+    exact = await db.run_cli("stats", "--json", "--exact")
+    assert exact.status == 0, exact.err
+    assert exact.json()["turns"] == stats["turns"] and exact.json()["estimated"] == []
     assert stats["paused"] == 1
     assert stats["queue"] == {"claimable": 0, "backing_off": 0, "running": 0, "aborting": 0}
     assert stats["oldest_pending"] is None

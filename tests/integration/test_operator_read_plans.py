@@ -280,6 +280,41 @@ def test_the_stats_count_paused_turns_by_version_from_the_open_ones(history: str
     assert stats.paused == SESSIONS // OPEN_EVERY
 
 
+def test_the_stats_never_read_the_settled_history(history: str) -> None:
+    """Every statement of a default stats read visits at most the open turns (20 paused, none
+    pending) of the 39,980, without a sequential scan of turns: the settled statuses come
+    from the table's statistics, labelled estimates, within a few percent of their counts."""
+    now = datetime.now(UTC)
+    sent = _statements(history, lambda connection: operation_sql.read_stats(connection, now))
+    assert len(sent) >= 5, sent
+    for statement, parameters in sent:
+        nodes = _analyzed(history, statement, parameters)
+        detail = f"{statement}\n{json.dumps(nodes[0], indent=1)}"
+        assert "turns" not in _seq_scans(nodes), detail
+        assert _rows_visited(nodes, "turns") <= 100, detail
+
+    engine = sa.create_engine(history, poolclass=sa.NullPool)
+    try:
+        with engine.connect() as connection:
+            stats = operation_sql.read_stats(connection, now)
+            exact = operation_sql.read_stats(connection, now, exact=True)
+    finally:
+        engine.dispose()
+    assert stats.estimated == ["completed", "failed", "aborted"]
+    assert exact.estimated == []
+    # Every OPEN_EVERY-th session has no resumed turn: OPEN_EVERY is a multiple of FAILED_EVERY.
+    failed = SESSIONS // FAILED_EVERY - SESSIONS // OPEN_EVERY
+    assert exact.turns == {
+        "pending": 0,
+        "aborting": 0,
+        "completed": 2 * SESSIONS - SESSIONS // OPEN_EVERY - failed,
+        "failed": failed,
+        "aborted": 0,
+    }
+    for status, count in exact.turns.items():
+        assert abs(stats.turns[status] - count) <= 0.1 * count + 2, (status, stats.turns)
+
+
 def test_turns_migrate_finds_a_versions_waiting_turns_among_the_open_ones(history: str) -> None:
     """``turns migrate``'s read of a version's waiting turns visits the 20 paused turns, not
     the 20,000 ever paused, and lists exactly those, oldest first."""

@@ -1,5 +1,6 @@
 """``turnstile stats``: the database at a glance — turns by status, the queue, the oldest
-pending turn and the open approvals by age (:func:`stores.operations.read_stats`)."""
+pending turn and the open approvals by age (:func:`stores.operations.read_stats`). On
+PostgreSQL the settled statuses are estimates, marked ``≈``, unless ``--exact``."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import click
 from rich.table import Table
 
 from stores.operations import Stats
-from workers.cli.operator import OperatorCommand, json_option, run_on_store
+from workers.cli.operator import OperatorCommand, json_option, named_option, run_on_store
 from workers.cli.output import ago, console, emit_json, iso, seconds_since, table
 from workers.cli.params import db_option
 
@@ -25,6 +26,8 @@ def stats_wire(read: Stats) -> dict[str, Any]:
     return {
         "at": iso(read.at),
         "turns": dict(read.turns),
+        "estimated": list(read.estimated),
+        "analyzed_at": iso(read.analyzed_at),
         "paused": read.paused,
         "queue": read.queue.model_dump(),
         "oldest_pending": {
@@ -51,15 +54,37 @@ def _counts(title: str, columns: list[str], counts: Mapping[str, int]) -> Table:
     return table(title, columns, ([label, count] for label, count in counts.items()))
 
 
+#: What marks an estimated count in the table.
+ABOUT = "≈"
+
+
+def _turn_counts(read: Stats) -> dict[str, str]:
+    """Each status's count, an estimate marked as one, then the paused turns."""
+    counts = {
+        status: f"{ABOUT} {count}" if status in read.estimated else str(count)
+        for status, count in read.turns.items()
+    }
+    return {**counts, "(of the completed: paused at approvals now)": str(read.paused)}
+
+
+def _estimate_note(read: Stats, now: datetime) -> str:
+    """What the marked counts are, and how to count them exactly."""
+    gathered = (
+        f"gathered {ago(read.analyzed_at, now)} ago"
+        if read.analyzed_at is not None
+        else "when they were gathered is not known"
+    )
+    return (
+        f"{ABOUT} estimated from PostgreSQL's statistics of turns ({gathered}); "
+        "--exact counts them, reading every turn."
+    )
+
+
 def _print(read: Stats, now: datetime) -> None:
     out = console()
-    out.print(
-        _counts(
-            "Turns",
-            ["STATUS", "TURNS"],
-            {**read.turns, "(of the completed: paused at approvals now)": read.paused},
-        )
-    )
+    out.print(table("Turns", ["STATUS", "TURNS"], _turn_counts(read).items()))
+    if read.estimated:
+        out.print(_estimate_note(read, now), markup=False)
     queue = read.queue
     oldest = read.oldest_pending
     out.print(
@@ -108,9 +133,17 @@ def _print(read: Stats, now: datetime) -> None:
 )
 @db_option
 @json_option
-def stats(db: str | None, as_json: bool) -> int:
-    """Turns by status, the queue, the oldest pending turn, open approvals by age."""
-    read = run_on_store(db, lambda store: store.read_stats())
+@named_option(
+    "--exact",
+    "exact",
+    is_flag=True,
+    help="count the settled turns exactly (reads every turn), not from statistics",
+)
+def stats(db: str | None, as_json: bool, exact: bool) -> int:
+    """Turns by status, the queue, the oldest pending turn, open approvals by age. On
+    PostgreSQL the settled statuses (completed, failed, aborted) are estimates from the
+    table's statistics, marked ≈; --exact counts them."""
+    read = run_on_store(db, lambda store: store.read_stats(exact=exact))
     if as_json:
         emit_json(stats_wire(read))
     else:
