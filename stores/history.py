@@ -2,9 +2,10 @@
 
 The history is append-only (a trigger refuses any UPDATE of it): every change of a turn adds
 its entries in the transaction that makes it. Status transitions are written by
-:mod:`stores.turns` and :mod:`stores.fenced` with the transition, claims and tool calls by the
-triggers of :mod:`stores.triggers`; everything else (decisions, votes, assignment changes,
-and whatever else a caller records, e.g. a webhook delivery) goes through
+:mod:`stores.turns` and :mod:`stores.fenced` with the transition, tool calls by the triggers
+of :mod:`stores.triggers`, PostgreSQL's claims by the claim statement
+(:mod:`stores.turn_claims`); everything else (SQLite's claims, decisions, votes, assignment
+changes, and whatever else a caller records, e.g. a webhook delivery) goes through
 :func:`append_history`, which adds no statement of its own beyond the one INSERT.
 """
 

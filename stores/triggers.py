@@ -210,12 +210,13 @@ _SQLITE = {
 }
 
 
-# -- A turn's history: claims and tool calls (docs/schema.md, "turn_events") -----------------
+# -- A turn's history: tool calls (docs/schema.md, "turn_events") ---------------------------
 #
-# Claims and journal writes are the hot statements (the PostgreSQL claim and fenced writes are
-# single data-modifying statements), so their history entries are written by these triggers,
-# in the same statement, rather than by another round trip. Their words are those of
-# engine.store.history (claim_entries, call_entries), which the in-memory store applies.
+# Journal writes are hot statements (on PostgreSQL, single data-modifying statements whose
+# rows come as JSON), so their history entries are written by these triggers, in the same
+# statement, rather than by another round trip. Their words are those of
+# engine.store.history (call_entries), which the in-memory store applies. A claim writes its
+# own entries (stores/turn_claims.py; the trigger that did is gone since migration 0019).
 
 
 class _Dialect(NamedTuple):
@@ -241,18 +242,6 @@ _HISTORY_DIALECTS = {
 _INSERT_HISTORY = (
     "INSERT INTO turn_events (turn_id, to_status, kind, attempt, actor, note, detail, at)"
 )
-
-#: A claim moves the attempt on; the lease it takes over is the one of a worker that died.
-_CLAIM_ENTRIES = f"""{_INSERT_HISTORY}
-SELECT NEW.id, NEW.status, 'lease lost', OLD.attempts, OLD.lease_owner,
-       'lease of ' || OLD.lease_owner || ' expired (attempt ' || OLD.attempts || ')', NULL,
-       COALESCE(OLD.lease_expires_at, NEW.updated_at)
-WHERE OLD.lease_owner IS NOT NULL;
-{_INSERT_HISTORY}
-VALUES (NEW.id, NEW.status, 'claimed', NEW.attempts, NEW.lease_owner,
-        'claimed by ' || NEW.lease_owner || ' (attempt ' || NEW.attempts || ')', NULL,
-        NEW.updated_at);"""
-
 
 _AND = "\n  AND "
 
@@ -297,14 +286,6 @@ def _call_entries(dialect: _Dialect, *, inserted: bool) -> str:
 
 _PG = _HISTORY_DIALECTS["postgresql"]
 
-_PG_HISTORY_FROM_CLAIM = f"""
-CREATE FUNCTION turn_history_from_claim() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-{indent(_CLAIM_ENTRIES, "  ")}
-  RETURN NULL;
-END
-$$"""
-
 _PG_HISTORY_FROM_CALL = f"""
 CREATE FUNCTION turn_history_from_call() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -325,12 +306,6 @@ BEGIN
 END
 $$"""
 
-# Heartbeats change neither the attempt nor a journal row, so they run none of these.
-_PG_CLAIM_TRIGGER = """
-CREATE TRIGGER turns_history_claim
-AFTER UPDATE OF attempts ON turns FOR EACH ROW WHEN (NEW.attempts > OLD.attempts)
-EXECUTE FUNCTION turn_history_from_claim()"""
-
 _PG_CALL_INSERT_TRIGGER = f"""
 CREATE TRIGGER tool_calls_history_insert
 AFTER INSERT ON tool_calls FOR EACH ROW
@@ -349,10 +324,8 @@ BEFORE UPDATE ON turn_events FOR EACH ROW
 EXECUTE FUNCTION turn_history_append_only()"""
 
 _POSTGRESQL_HISTORY = {
-    "turn_history_from_claim": _PG_HISTORY_FROM_CLAIM,
     "turn_history_from_call": _PG_HISTORY_FROM_CALL,
     "turn_history_append_only": _PG_HISTORY_APPEND_ONLY,
-    "turns_history_claim": _PG_CLAIM_TRIGGER,
     "tool_calls_history_insert": _PG_CALL_INSERT_TRIGGER,
     "tool_calls_history_update": _PG_CALL_UPDATE_TRIGGER,
     "turn_events_append_only": _PG_APPEND_ONLY_TRIGGER,
@@ -361,12 +334,6 @@ _POSTGRESQL_HISTORY = {
 _LITE = _HISTORY_DIALECTS["sqlite"]
 
 _SQLITE_HISTORY = {
-    "turns_history_claim": f"""
-CREATE TRIGGER turns_history_claim
-AFTER UPDATE OF attempts ON turns FOR EACH ROW WHEN NEW.attempts > OLD.attempts
-BEGIN
-{indent(_CLAIM_ENTRIES, "  ")}
-END""",
     "tool_calls_history_insert": f"""
 CREATE TRIGGER tool_calls_history_insert
 AFTER INSERT ON tool_calls FOR EACH ROW

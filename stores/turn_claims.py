@@ -6,8 +6,9 @@ workers take different rows without waiting on one another. A turn whose lease e
 worker died) is claimable again through the same query: recovery is part of claiming. On
 SQLite the transaction's ``BEGIN IMMEDIATE`` serialises claimers instead.
 
-A claim returns each leased turn with its progress (:class:`~engine.store.ClaimedTurn`), so
-the worker reads nothing before its first model call.
+A claim also writes each leased turn's history entries (``claimed``, and ``lease lost`` when
+it takes over the lease of a worker that died) and returns each turn with its progress
+(:class:`~engine.store.ClaimedTurn`), so the worker reads nothing before its first model call.
 """
 
 from __future__ import annotations
@@ -23,10 +24,12 @@ from sqlalchemy.engine import Connection
 
 from engine.status import TurnStatus
 from engine.store import ClaimedTurn, FollowOnClaim
+from engine.store.history import CLAIMED, LEASE_LOST, claim_entries
 from engine.store.rules import ABANDONED_ABORT
 from stores import snapshots as snapshot_sql
+from stores.history import append_history
 from stores.pg import PgConnections, PgStatement
-from stores.schema import TIMESTAMP, turns
+from stores.schema import TIMESTAMP, turn_events, turns
 from stores.snapshots import progress_of, progress_of_turn
 from stores.turns import record, transition
 
@@ -104,7 +107,7 @@ class ClaimRequest:
 
 
 def claim_statement(request: ClaimRequest) -> sa.Select[Any]:
-    """The claim PostgreSQL runs for ``request`` (the statement of
+    """The claim PostgreSQL runs for ``request`` with its history entries (the statement of
     :func:`claim_checking_abandoned` without its recovery check), its values bound (for
     callers that compile it, e.g. to EXPLAIN it)."""
     agents, turn_ids, versions = request.form
@@ -115,7 +118,7 @@ def claim_statement(request: ClaimRequest) -> sa.Select[Any]:
 
 def claim(connection: Connection, request: ClaimRequest) -> list[ClaimedTurn]:
     """Lease the claimable turns ``request`` asks for, oldest ``run_after`` first, with their
-    progress, in a transaction (the SQLite path; PostgreSQL uses
+    history entries and their progress, in a transaction (the SQLite path; PostgreSQL uses
     :func:`claim_checking_abandoned`).
 
     First settles ``aborting`` turns whose worker died (lease expired): nobody else would,
@@ -128,10 +131,13 @@ def claim(connection: Connection, request: ClaimRequest) -> list[ClaimedTurn]:
         return []
     leased = connection.execute(_LEASE, {**params, "ids": [t.id for t in before]})
     after = {turn.id: turn for turn in map(record, leased)}
-    return [
-        ClaimedTurn(turn=after[t.id], progress=progress_of_turn(connection, after[t.id]))
-        for t in before
-    ]
+    claimed = []
+    for turn in before:
+        taken = after[turn.id]
+        for entry in claim_entries(turn, taken):
+            append_history(connection, turn.id, entry)
+        claimed.append(ClaimedTurn(turn=taken, progress=progress_of_turn(connection, taken)))
+    return claimed
 
 
 @dataclass(frozen=True)
@@ -146,7 +152,7 @@ class CheckedClaim:
 
 async def claim_checking_abandoned(pg: PgConnections, request: ClaimRequest) -> CheckedClaim:
     """The claim as one autocommit round trip and transaction (PostgreSQL): the claim
-    statement, which leases the turns and says whether an
+    statement, which leases the turns, writes their history entries and says whether an
     ``aborting`` turn whose worker died is waiting to be settled (rare; the caller runs
     :func:`settle_abandoned` in its own transaction), then the read of each leased turn's
     progress.
@@ -281,7 +287,8 @@ def _leases(values: dict[str, Any] | None = None) -> dict[str, Any]:
     }
 
 
-# SQLite: the candidates, then the lease of exactly those.
+# SQLite: the candidates as whole rows (what their history entries need of them before the
+# lease), then the lease of exactly those.
 _CANDIDATES = {
     (agents, turn_ids, versions): _candidates(
         agents=agents, turn_ids=turn_ids, versions=versions, arrays=False, columns=list(turns.c)
@@ -299,24 +306,76 @@ _LEASE = (
 )
 
 
+def _history_entries(claimed: sa.CTE) -> sa.Insert:
+    """The INSERT of the ``claimed`` rows' history entries: the words of
+    :func:`engine.store.history.claim_entries`, in SQL. ``claimed`` carries each turn's
+    lease owner, attempt and lease expiry from before the claim (``lost_owner``,
+    ``lost_attempt``, ``lost_until``): a claim only finds a lease owner left on a turn whose
+    worker died, and its entry comes first."""
+    text = sa.Text
+
+    def words(*parts: Any) -> sa.ColumnElement[str]:
+        return sa.func.concat(
+            *(
+                sa.cast(p, text) if isinstance(p, sa.ColumnElement) else sa.literal(p, text)
+                for p in parts
+            )
+        )
+
+    lost = sa.select(
+        claimed.c.id.label("turn_id"),
+        claimed.c.status.label("to_status"),
+        sa.literal(LEASE_LOST, text).label("kind"),
+        claimed.c.lost_attempt.label("attempt"),
+        claimed.c.lost_owner.label("actor"),
+        words(
+            "lease of ", claimed.c.lost_owner, " expired (attempt ", claimed.c.lost_attempt, ")"
+        ).label("note"),
+        sa.func.coalesce(claimed.c.lost_until, claimed.c.updated_at).label("at"),
+        sa.literal(0, sa.Integer).label("step"),
+    ).where(claimed.c.lost_owner.is_not(None))
+    took = sa.select(
+        claimed.c.id,
+        claimed.c.status,
+        sa.literal(CLAIMED, text),
+        claimed.c.attempts,
+        claimed.c.lease_owner,
+        words("claimed by ", claimed.c.lease_owner, " (attempt ", claimed.c.attempts, ")"),
+        claimed.c.updated_at,
+        sa.literal(1, sa.Integer),
+    )
+    entries = sa.union_all(lost, took).subquery("entry")
+    names = ["turn_id", "to_status", "kind", "attempt", "actor", "note", "at"]
+    return sa.insert(turn_events).from_select(
+        names,
+        # In entry order (a lease lost before its claim): the ids follow it.
+        sa.select(*(entries.c[name] for name in names)).order_by(entries.c.turn_id, entries.c.step),
+    )
+
+
 def _leased(
     *, agents: bool, turn_ids: bool, versions: bool, values: dict[str, Any] | None = None
 ) -> sa.CTE:
     """The claim as data-modifying CTEs: the candidates read and locked, then the lease of
-    each (``claimed``)."""
+    each (``claimed``, carrying what the candidate held before, for its history entries)."""
     candidates = _candidates(
         agents=agents,
         turn_ids=turn_ids,
         versions=versions,
         arrays=True,
-        columns=[turns.c.id],
+        columns=[turns.c.id, turns.c.lease_owner, turns.c.attempts, turns.c.lease_expires_at],
         values=values,
     ).cte("candidates")
     return (
         sa.update(turns)
         .where(turns.c.id == candidates.c.id)
         .values(**_leases(values))
-        .returning(*turns.c)
+        .returning(
+            *turns.c,
+            candidates.c.lease_owner.label("lost_owner"),
+            candidates.c.attempts.label("lost_attempt"),
+            candidates.c.lease_expires_at.label("lost_until"),
+        )
         .cte("claimed")
     )
 
@@ -324,9 +383,11 @@ def _leased(
 def _claim_statement(
     *, agents: bool, turn_ids: bool, versions: bool, values: dict[str, Any] | None = None
 ) -> sa.Select[Any]:
-    """The claim, returning the leased turns."""
+    """The claim and its history entries, returning the leased turns."""
     claimed = _leased(agents=agents, turn_ids=turn_ids, versions=versions, values=values)
-    return sa.select(*(claimed.c[column.name] for column in turns.c))
+    # Not read by name: a data-modifying CTE runs whether or not the query reads it.
+    history = _history_entries(claimed).cte("history")
+    return sa.select(*(claimed.c[column.name] for column in turns.c)).add_cte(history)
 
 
 #: The transaction-local setting through which the checked claim tells the progress read
@@ -340,6 +401,7 @@ def _checked_claim(*, agents: bool, turn_ids: bool, versions: bool) -> PgStateme
     still answers the recovery question (``abandoned``: an index probe on the partial
     index ``ix_turns_aborting``), and noting the leased ids for :data:`_CLAIMED_PROGRESS`."""
     claimed = _leased(agents=agents, turn_ids=turn_ids, versions=versions)
+    history = _history_entries(claimed).cte("history")
     abandoned = (
         sa.exists()
         .where(
@@ -363,9 +425,9 @@ def _checked_claim(*, agents: bool, turn_ids: bool, versions: bool) -> PgStateme
     )
     one = sa.select(sa.literal(1).label("one")).subquery("one")
     return PgStatement(
-        sa.select(*(claimed.c[column.name] for column in turns.c), abandoned, noted).select_from(
-            one.outerjoin(claimed, sa.true())
-        )
+        sa.select(*(claimed.c[column.name] for column in turns.c), abandoned, noted)
+        .select_from(one.outerjoin(claimed, sa.true()))
+        .add_cte(history)
     )
 
 
