@@ -432,13 +432,14 @@ def _checked_claim(*, agents: bool, turn_ids: bool, versions: bool) -> PgStateme
 
 
 # Each turn the claim before it leased, with its progress (stores/snapshots.py's columns,
-# every leased turn's chain walked at once).
+# every leased turn's chain walked at once). A session keeps the setting, empty, after a
+# transaction that set it ends: no claim before it in this one leases nothing.
 _CLAIMED_PROGRESS = PgStatement(
     sa.text(
         f"""
 WITH RECURSIVE leased AS (
     SELECT id, parent_id FROM turns
-    WHERE id = ANY(CAST(current_setting('{_CLAIMED_SETTING}', true) AS text[]))
+    WHERE id = ANY(CAST(NULLIF(current_setting('{_CLAIMED_SETTING}', true), '') AS text[]))
 ),
 ancestry AS ({snapshot_sql.progress_walks("leased")})
 SELECT leased.id, {snapshot_sql.progress_columns("leased", chains=True)}
