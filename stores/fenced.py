@@ -320,10 +320,10 @@ async def transition_fenced(
     checked = None
     if claim is not None:
         try:
-            rows, claim_rows = await pg.fetch_together(
-                [(statement, params), claim_sql.checked_claim_query(claim)]
+            rows, claim_rows, progress_rows = await pg.fetch_together(
+                [(statement, params), *claim_sql.checked_claim_queries(claim)]
             )
-            checked = claim_sql.checked_claim_of(claim_rows)
+            checked = claim_sql.checked_claim_of(claim_rows, progress_rows)
         except StatementRefused:
             raise
         except StoreError as exc:

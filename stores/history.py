@@ -2,12 +2,12 @@
 
 The history is append-only (a trigger refuses any UPDATE of it): every change of a turn adds
 its entries in the transaction that makes it. Status transitions are written by
-:mod:`stores.turns` and :mod:`stores.fenced` with the transition, claims by the trigger of
-:mod:`stores.triggers`, tool calls by the statements that write the journal
-(:func:`journal_history_ctes` on PostgreSQL, :func:`append_entries` after SQLite's upsert);
-everything else (decisions, votes, assignment changes, and whatever else a caller records,
-e.g. a webhook delivery) goes through :func:`append_history`, which adds no statement of its
-own beyond the one INSERT.
+:mod:`stores.turns` and :mod:`stores.fenced` with the transition, PostgreSQL's claims by the
+claim statement (:mod:`stores.turn_claims`), tool calls by the statements that write the
+journal (:func:`journal_history_ctes` on PostgreSQL, :func:`append_entries` after SQLite's
+upsert); everything else (SQLite's claims, decisions, votes, assignment changes, and whatever
+else a caller records, e.g. a webhook delivery) goes through :func:`append_history`, which
+adds no statement of its own beyond the one INSERT.
 """
 
 from __future__ import annotations

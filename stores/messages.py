@@ -18,8 +18,10 @@ __all__ = [
     "ANCESTRY_MESSAGES",
     "CONVERSATION_JSON",
     "ancestry_cte",
+    "ancestry_walk",
     "assemble_conversation",
     "assemble_rounds",
+    "conversation_json",
     "load_conversation",
     "load_rounds",
     "message_rows",
@@ -200,14 +202,22 @@ def ancestry_cte(start: str) -> str:
     """``WITH RECURSIVE ancestry (id, parent_id, history_length, depth)``: the turns of a
     chain, from the one ``start`` selects (those three columns, depth 0) up to the root."""
     return f"""
-WITH RECURSIVE ancestry AS (
+WITH RECURSIVE ancestry AS ({ancestry_walk(start)})"""
+
+
+def ancestry_walk(start: str, *, chains: bool = False) -> str:
+    """The body of the ``ancestry`` walk of :func:`ancestry_cte`. With ``chains``, ``start``
+    selects several turns, each with a first column ``chain`` naming the walk it starts, and
+    every turn of that walk keeps it: several chains walked in one statement."""
+    chain = "ancestry.chain, " if chains else ""
+    return f"""
     {start}
     UNION ALL
-    SELECT parent.id, parent.parent_id, parent.history_length, ancestry.depth + 1
+    SELECT {chain}parent.id, parent.parent_id, parent.history_length, ancestry.depth + 1
     FROM ancestry JOIN LATERAL (
         SELECT id, parent_id, history_length FROM turns WHERE turns.id = ancestry.parent_id
         OFFSET 0
-    ) AS parent ON true)"""
+    ) AS parent ON true"""
 
 
 #: The committed messages of each ancestor, as ``a`` (ancestry) joined to ``m`` (messages).
@@ -217,12 +227,20 @@ LEFT JOIN LATERAL (
     SELECT * FROM messages WHERE messages.turn_id = a.id AND messages.committed OFFSET 0
 ) AS m ON true"""
 
-#: The conversation as one JSON array of ``[turn id, history_length, role, content,
-#: metadata]``, root first (what :func:`assemble_conversation` reads).
-CONVERSATION_JSON = f"""(
+
+def conversation_json(where: str | None = None) -> str:
+    """The conversation as one JSON array of ``[turn id, history_length, role, content,
+    metadata]``, root first (what :func:`assemble_conversation` reads), of the ``ancestry``
+    rows for which ``where`` holds (all of them when not given)."""
+    condition = f"\n    WHERE {where}" if where else ""
+    return f"""(
     SELECT json_agg(json_build_array(a.id, a.history_length, m.role, m.content, m.metadata)
                     ORDER BY a.depth DESC, m.round, m.position)
-    {ANCESTRY_MESSAGES})"""
+    {ANCESTRY_MESSAGES}{condition})"""
+
+
+#: :func:`conversation_json` of the one chain an ``ancestry`` walk holds.
+CONVERSATION_JSON = conversation_json()
 
 _CONVERSATION_PG = sa.text(
     ancestry_cte("SELECT id, parent_id, history_length, 0 AS depth FROM turns WHERE id = :turn_id")

@@ -18,6 +18,7 @@ import sqlalchemy as sa
 
 from engine.errors import StaleTransitionError
 from engine.store import (
+    ClaimedTurn,
     InterruptAnswer,
     NewTurn,
     StoredSnapshot,
@@ -82,12 +83,12 @@ class PostgresSessionStore(SqlSessionStore):
         """See :meth:`engine.store.SessionStore.get_turn`."""
         return await turn_sql.fetch_turn(self._pg, turn_id)
 
-    async def _claim(self, request: claim_sql.ClaimRequest) -> list[TurnRecord]:
+    async def _claim(self, request: claim_sql.ClaimRequest) -> list[ClaimedTurn]:
         # One autocommit statement (the claim is on every turn's pickup path).
         checked = await claim_sql.claim_checking_abandoned(self._pg, request)
         return await self._claimed(checked, request.limit)
 
-    async def _claimed(self, checked: claim_sql.CheckedClaim, limit: int) -> list[TurnRecord]:
+    async def _claimed(self, checked: claim_sql.CheckedClaim, limit: int) -> list[ClaimedTurn]:
         # The rare recovery of an abandoned abort follows in its own transaction.
         if checked.abandoned:
             await self._write(lambda c: claim_sql.settle_abandoned(c, now_utc(), limit))

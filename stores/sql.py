@@ -34,6 +34,7 @@ from engine.store import (
     ApprovalRule,
     Assignment,
     AssignmentChange,
+    ClaimedTurn,
     DecidedApproval,
     DecisionQuery,
     DueQuery,
@@ -193,7 +194,7 @@ class SqlSessionStore:
         """See :meth:`engine.store.SessionStore.get_turn`."""
         raise NotImplementedError
 
-    async def _claim(self, request: claim_sql.ClaimRequest) -> list[TurnRecord]:
+    async def _claim(self, request: claim_sql.ClaimRequest) -> list[ClaimedTurn]:
         """Lease the claimable turns ``request`` asks for (oldest ``run_after`` first)."""
         raise NotImplementedError
 
@@ -245,7 +246,7 @@ class SqlSessionStore:
         """See :meth:`engine.store.SessionStore.latest_turn`."""
         return await self._read(lambda c: turn_sql.latest_turn(c, session_id))
 
-    async def claim_turn(self, turn_id: str, *, owner: str, lease_seconds: float) -> TurnRecord:
+    async def claim_turn(self, turn_id: str, *, owner: str, lease_seconds: float) -> ClaimedTurn:
         """See :meth:`engine.store.SessionStore.claim_turn`."""
         claimed = await self._claim(
             claim_sql.ClaimRequest(
@@ -265,7 +266,7 @@ class SqlSessionStore:
         agents: Collection[str] | None = None,
         among: Collection[str] | None = None,
         versions: Collection[str] | None = None,
-    ) -> list[TurnRecord]:
+    ) -> list[ClaimedTurn]:
         """See :meth:`engine.store.SessionStore.claim_next`."""
         if limit < 1:
             raise ValueError("limit must be at least 1.")

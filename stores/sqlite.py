@@ -17,6 +17,7 @@ import sqlalchemy as sa
 
 from engine.errors import InvalidArgumentError
 from engine.store import (
+    ClaimedTurn,
     InterruptAnswer,
     NewTurn,
     StoredSnapshot,
@@ -62,7 +63,7 @@ class SqliteSessionStore(SqlSessionStore):
         """See :meth:`engine.store.SessionStore.get_turn`."""
         return await self._read(lambda c: turn_sql.get_turn(c, turn_id))
 
-    async def _claim(self, request: claim_sql.ClaimRequest) -> list[TurnRecord]:
+    async def _claim(self, request: claim_sql.ClaimRequest) -> list[ClaimedTurn]:
         return await self._write(lambda c: claim_sql.claim(c, request))
 
     async def transition(self, turn_id: str, change: Transition) -> TurnRecord:

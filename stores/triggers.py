@@ -209,37 +209,11 @@ _SQLITE = {
 }
 
 
-# -- A turn's history: claims (docs/schema.md, "turn_events") ---------------------------------
+# -- A turn's history (docs/schema.md, "turn_events") -----------------------------------------
 #
-# Claims are hot statements (the PostgreSQL claim is a single data-modifying statement), so
-# their history entries are written by this trigger, in the same statement, rather than by
-# another round trip. Its words are those of engine.store.history.claim_entries, which the
-# in-memory store applies. A tool call's entries are written by the statements that write the
-# journal (stores.history.journal_history_ctes), which know the worker without a lookup.
-
-_INSERT_HISTORY = (
-    "INSERT INTO turn_events (turn_id, to_status, kind, attempt, actor, note, detail, at)"
-)
-
-#: A claim moves the attempt on; the lease it takes over is the one of a worker that died.
-_CLAIM_ENTRIES = f"""{_INSERT_HISTORY}
-SELECT NEW.id, NEW.status, 'lease lost', OLD.attempts, OLD.lease_owner,
-       'lease of ' || OLD.lease_owner || ' expired (attempt ' || OLD.attempts || ')', NULL,
-       COALESCE(OLD.lease_expires_at, NEW.updated_at)
-WHERE OLD.lease_owner IS NOT NULL;
-{_INSERT_HISTORY}
-VALUES (NEW.id, NEW.status, 'claimed', NEW.attempts, NEW.lease_owner,
-        'claimed by ' || NEW.lease_owner || ' (attempt ' || NEW.attempts || ')', NULL,
-        NEW.updated_at);"""
-
-
-_PG_HISTORY_FROM_CLAIM = f"""
-CREATE FUNCTION turn_history_from_claim() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-{indent(_CLAIM_ENTRIES, "  ")}
-  RETURN NULL;
-END
-$$"""
+# Every entry is written by the statement that makes the change it records: claims by the claim
+# (stores/turn_claims.py), tool calls by the journal's writers (stores.history), since
+# migrations 0019 and 0020. The one trigger left keeps the history append-only.
 
 _PG_HISTORY_APPEND_ONLY = """
 CREATE FUNCTION turn_history_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -249,31 +223,17 @@ BEGIN
 END
 $$"""
 
-# Heartbeats do not change the attempt, so they run none of these.
-_PG_CLAIM_TRIGGER = """
-CREATE TRIGGER turns_history_claim
-AFTER UPDATE OF attempts ON turns FOR EACH ROW WHEN (NEW.attempts > OLD.attempts)
-EXECUTE FUNCTION turn_history_from_claim()"""
-
 _PG_APPEND_ONLY_TRIGGER = """
 CREATE TRIGGER turn_events_append_only
 BEFORE UPDATE ON turn_events FOR EACH ROW
 EXECUTE FUNCTION turn_history_append_only()"""
 
 _POSTGRESQL_HISTORY = {
-    "turn_history_from_claim": _PG_HISTORY_FROM_CLAIM,
     "turn_history_append_only": _PG_HISTORY_APPEND_ONLY,
-    "turns_history_claim": _PG_CLAIM_TRIGGER,
     "turn_events_append_only": _PG_APPEND_ONLY_TRIGGER,
 }
 
 _SQLITE_HISTORY = {
-    "turns_history_claim": f"""
-CREATE TRIGGER turns_history_claim
-AFTER UPDATE OF attempts ON turns FOR EACH ROW WHEN NEW.attempts > OLD.attempts
-BEGIN
-{indent(_CLAIM_ENTRIES, "  ")}
-END""",
     "turn_events_append_only": """
 CREATE TRIGGER turn_events_append_only
 BEFORE UPDATE ON turn_events FOR EACH ROW

@@ -1,15 +1,19 @@
 """SQL for claiming turns: the claim statement, its one-round-trip form, and the recovery of
 aborts whose worker died.
 
-A claim is one UPDATE leasing the oldest claimable turns, ``FOR UPDATE SKIP LOCKED`` so that
-concurrent workers take different rows without waiting on one another. A turn whose lease
-expired (its worker died) is claimable again through the same query: recovery is part of
-claiming. On SQLite the transaction's ``BEGIN IMMEDIATE`` serialises claimers instead.
+A claim leases the oldest claimable turns, ``FOR UPDATE SKIP LOCKED`` so that concurrent
+workers take different rows without waiting on one another. A turn whose lease expired (its
+worker died) is claimable again through the same query: recovery is part of claiming. On
+SQLite the transaction's ``BEGIN IMMEDIATE`` serialises claimers instead.
+
+A claim also writes each leased turn's history entries (``claimed``, and ``lease lost`` when
+it takes over the lease of a worker that died) and returns each turn with its progress
+(:class:`~engine.store.ClaimedTurn`), so the worker reads nothing before its first model call.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -19,17 +23,21 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection
 
 from engine.status import TurnStatus
-from engine.store import FollowOnClaim, TurnRecord
+from engine.store import ClaimedTurn, FollowOnClaim
+from engine.store.history import CLAIMED, LEASE_LOST, claim_entries
 from engine.store.rules import ABANDONED_ABORT
+from stores import snapshots as snapshot_sql
+from stores.history import append_history
 from stores.pg import PgConnections, PgStatement
-from stores.schema import TIMESTAMP, turns
+from stores.schema import TIMESTAMP, turn_events, turns
+from stores.snapshots import progress_of, progress_of_turn
 from stores.turns import record, transition
 
 __all__ = [
     "CheckedClaim",
     "ClaimRequest",
     "checked_claim_of",
-    "checked_claim_query",
+    "checked_claim_queries",
     "claim",
     "claim_checking_abandoned",
     "claim_statement",
@@ -98,65 +106,93 @@ class ClaimRequest:
         return params
 
 
-def claim_statement(request: ClaimRequest) -> sa.Update:
-    """The claim PostgreSQL runs for ``request``, its values bound (for callers that compile
-    it, e.g. to EXPLAIN it)."""
+def claim_statement(request: ClaimRequest) -> sa.Select[Any]:
+    """The claim PostgreSQL runs for ``request`` with its history entries (the statement of
+    :func:`claim_checking_abandoned` without its recovery check), its values bound (for
+    callers that compile it, e.g. to EXPLAIN it)."""
     agents, turn_ids, versions = request.form
-    return _claim_update(
-        agents=agents, turn_ids=turn_ids, versions=versions, arrays=True, values=request.params()
+    return _claim_statement(
+        agents=agents, turn_ids=turn_ids, versions=versions, values=request.params()
     )
 
 
-def claim(connection: Connection, request: ClaimRequest) -> list[TurnRecord]:
-    """Lease the claimable turns ``request`` asks for, in a transaction (the SQLite path;
-    PostgreSQL uses :func:`claim_checking_abandoned`).
+def claim(connection: Connection, request: ClaimRequest) -> list[ClaimedTurn]:
+    """Lease the claimable turns ``request`` asks for, oldest ``run_after`` first, with their
+    history entries and their progress, in a transaction (the SQLite path; PostgreSQL uses
+    :func:`claim_checking_abandoned`).
 
     First settles ``aborting`` turns whose worker died (lease expired): nobody else would,
     and their session would stay busy forever. Recovery stays part of claiming.
     """
     settle_abandoned(connection, request.now, request.limit)
-    rows = connection.execute(_CLAIMS[request.form], request.params()).all()
-    return sorted((record(r) for r in rows), key=lambda t: (t.run_after, t.id))
+    params = request.params()
+    before = [record(r) for r in connection.execute(_CANDIDATES[request.form], params)]
+    if not before:
+        return []
+    leased = connection.execute(_LEASE, {**params, "ids": [t.id for t in before]})
+    after = {turn.id: turn for turn in map(record, leased)}
+    claimed = []
+    for turn in before:
+        taken = after[turn.id]
+        for entry in claim_entries(turn, taken):
+            append_history(connection, turn.id, entry)
+        claimed.append(ClaimedTurn(turn=taken, progress=progress_of_turn(connection, taken)))
+    return claimed
 
 
 @dataclass(frozen=True)
 class CheckedClaim:
     """What :func:`claim_checking_abandoned` found."""
 
-    #: The leased turns, oldest ``run_after`` first.
-    turns: list[TurnRecord]
+    #: The leased turns with their progress, oldest ``run_after`` first.
+    turns: list[ClaimedTurn]
     #: Whether an ``aborting`` turn whose worker died waits for :func:`settle_abandoned`.
     abandoned: bool
 
 
 async def claim_checking_abandoned(pg: PgConnections, request: ClaimRequest) -> CheckedClaim:
-    """The claim as one autocommit statement (PostgreSQL), which also says whether an
+    """The claim as one autocommit round trip and transaction (PostgreSQL): the claim
+    statement, which leases the turns, writes their history entries and says whether an
     ``aborting`` turn whose worker died is waiting to be settled (rare; the caller runs
-    :func:`settle_abandoned` in its own transaction).
+    :func:`settle_abandoned` in its own transaction), then the read of each leased turn's
+    progress.
 
-    One round trip instead of four (``BEGIN``, the recovery read, the claim, ``COMMIT``): the
-    claim sits on the path from a resume to its pickup. The UPDATE is atomic on its own;
-    ``SKIP LOCKED`` still keeps concurrent claimers apart.
+    One round trip instead of six (``BEGIN``, the recovery read, the claim, ``COMMIT``, then
+    the worker's read of the progress): the claim sits on the path from a resume to its
+    first model call. ``SKIP LOCKED`` keeps concurrent claimers apart.
     """
-    return checked_claim_of(await pg.fetch(*checked_claim_query(request)))
+    return checked_claim_of(*await pg.fetch_together(checked_claim_queries(request)))
 
 
-def checked_claim_query(request: ClaimRequest) -> tuple[PgStatement, dict[str, Any]]:
-    """The statement and values of :func:`claim_checking_abandoned`, for a caller that runs
-    it in one transaction after statements of its own; :func:`checked_claim_of` reads its
-    rows."""
-    return _CHECKED_CLAIMS[request.form], request.params()
+def checked_claim_queries(request: ClaimRequest) -> list[tuple[PgStatement, dict[str, Any]]]:
+    """The statements and values of :func:`claim_checking_abandoned`, for a caller that runs
+    them in one transaction after statements of its own; :func:`checked_claim_of` reads
+    their rows.
+
+    Why the progress is a statement of its own: in READ COMMITTED a statement reads with
+    the snapshot taken when it started. A fenced write of the turn's previous holder (a
+    worker that stalled past its lease, its token valid until this claim) can commit after
+    the claim's snapshot and before the claim locks the row; read by the claim statement,
+    the progress would miss that write, and the new holder would ask the model again for a
+    round whose tool call had started. The next statement's snapshot is taken after the
+    lock, and from the lock on no write under the old token can commit (its fence waits for
+    the lock, then finds the new token).
+    """
+    return [(_CHECKED_CLAIMS[request.form], request.params()), (_CLAIMED_PROGRESS, {})]
 
 
-def checked_claim_of(rows: Sequence[dict[str, Any]]) -> CheckedClaim:
-    """What the rows of the checked claim say."""
-    claimed: list[TurnRecord] = []
+def checked_claim_of(
+    claim_rows: Sequence[Mapping[str, Any]], progress_rows: Sequence[Mapping[str, Any]]
+) -> CheckedClaim:
+    """What the rows of the checked claim's two statements say."""
+    progress = {row["id"]: progress_of(row) for row in progress_rows}
+    claimed: list[ClaimedTurn] = []
     abandoned = False
-    for row in rows:
+    for row in claim_rows:
         abandoned = abandoned or bool(row["abandoned"])
         if row["id"] is not None:  # the one row of an empty claim has no turn
-            claimed.append(record(row))
-    claimed.sort(key=lambda t: (t.run_after, t.id))
+            claimed.append(ClaimedTurn(turn=record(row), progress=progress[row["id"]]))
+    claimed.sort(key=lambda c: (c.turn.run_after, c.turn.id))
     return CheckedClaim(turns=claimed, abandoned=abandoned)
 
 
@@ -178,23 +214,33 @@ _ABANDONED = (
 )
 
 
-def _claim_update(
-    *,
-    agents: bool,
-    turn_ids: bool,
-    versions: bool = False,
-    arrays: bool,
-    values: dict[str, Any] | None = None,
-) -> sa.Update:
-    """The claim with bound parameters ``now``, ``expires``, ``owner``, ``limit``, and
-    ``agents``/``turn_ids``/``versions`` when used — carrying ``values`` when given, else left
-    for the execution to supply. With ``arrays`` (PostgreSQL) the lists are one array parameter each
-    (``= ANY(…)``), so the statement's text does not depend on their length."""
+def _binder(values: dict[str, Any] | None) -> Callable[..., sa.BindParameter[Any]]:
+    """Bound parameters by name: carrying their value from ``values`` when given, else left
+    for the execution to supply."""
 
     def param(name: str, **kwargs: Any) -> sa.BindParameter[Any]:
         if values is None:
             return sa.bindparam(name, **kwargs)
         return sa.bindparam(name, values[name], **kwargs)
+
+    return param
+
+
+def _candidates(
+    *,
+    agents: bool,
+    turn_ids: bool,
+    versions: bool,
+    arrays: bool,
+    columns: Sequence[sa.ColumnElement[Any]],
+    values: dict[str, Any] | None = None,
+) -> sa.Select[Any]:
+    """The turns a claim leases, locked (``FOR UPDATE SKIP LOCKED``) and read as they were
+    before it: ``columns`` of the oldest claimable turns, with bound parameters ``now`` and
+    ``limit``, and ``agents``/``turn_ids``/``versions`` when used. With ``arrays``
+    (PostgreSQL) the lists are one array parameter each (``= ANY(…)``), so the statement's
+    text does not depend on their length."""
+    param = _binder(values)
 
     def one_of(column: sa.Column[Any], name: str) -> sa.ColumnElement[bool]:
         if arrays:
@@ -208,13 +254,13 @@ def _claim_update(
         # serve this query: the planner, which believes that small partial index holds only
         # the pending turns, would scan all of it (with every dead entry left since the last
         # vacuum) and filter on the ids — the very scan naming the turns avoids.
-        candidates = sa.select(turns.c.id).where(
+        candidates = sa.select(*columns).where(
             one_of(turns.c.id, "turn_ids"),
             sa.cast(turns.c.status, sa.Text) == TurnStatus.PENDING.value,
             _due(now),
         )
     else:
-        candidates = sa.select(turns.c.id).where(_claimable(now))
+        candidates = sa.select(*columns).where(_claimable(now))
     if agents:
         candidates = candidates.where(one_of(turns.c.agent, "agents"))
     if versions:
@@ -222,42 +268,140 @@ def _claim_update(
         candidates = candidates.where(
             sa.or_(turns.c.app_version.is_(None), one_of(turns.c.app_version, "versions"))
         )
-    candidates = (
+    return (
         candidates.order_by(turns.c.run_after, turns.c.id)
         .limit(param("limit", type_=sa.Integer))
         .with_for_update(skip_locked=True)
     )
-    return (
-        sa.update(turns)
-        .where(turns.c.id.in_(candidates.scalar_subquery()))
-        .values(
-            lease_owner=param("owner"),
-            lease_expires_at=param("expires", type_=TIMESTAMP),
-            lease_token=turns.c.lease_token + 1,
-            attempts=turns.c.attempts + 1,
-            updated_at=now,
-        )
-        .returning(turns)
-    )
 
 
-_CLAIMS = {
-    (agents, turn_ids, versions): _claim_update(
-        agents=agents, turn_ids=turn_ids, versions=versions, arrays=False
+def _leases(values: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What a claim sets on each turn it leases."""
+    param = _binder(values)
+    return {
+        "lease_owner": param("owner"),
+        "lease_expires_at": param("expires", type_=TIMESTAMP),
+        "lease_token": turns.c.lease_token + 1,
+        "attempts": turns.c.attempts + 1,
+        "updated_at": param("now", type_=TIMESTAMP),
+    }
+
+
+# SQLite: the candidates as whole rows (what their history entries need of them before the
+# lease), then the lease of exactly those.
+_CANDIDATES = {
+    (agents, turn_ids, versions): _candidates(
+        agents=agents, turn_ids=turn_ids, versions=versions, arrays=False, columns=list(turns.c)
     )
     for agents in (False, True)
     for turn_ids in (False, True)
     for versions in (False, True)
 }
 
+_LEASE = (
+    sa.update(turns)
+    .where(turns.c.id.in_(sa.bindparam("ids", expanding=True)))
+    .values(**_leases())
+    .returning(turns)
+)
+
+
+def _history_entries(claimed: sa.CTE) -> sa.Insert:
+    """The INSERT of the ``claimed`` rows' history entries: the words of
+    :func:`engine.store.history.claim_entries`, in SQL. ``claimed`` carries each turn's
+    lease owner, attempt and lease expiry from before the claim (``lost_owner``,
+    ``lost_attempt``, ``lost_until``): a claim only finds a lease owner left on a turn whose
+    worker died, and its entry comes first."""
+    text = sa.Text
+
+    def words(*parts: Any) -> sa.ColumnElement[str]:
+        return sa.func.concat(
+            *(
+                sa.cast(p, text) if isinstance(p, sa.ColumnElement) else sa.literal(p, text)
+                for p in parts
+            )
+        )
+
+    lost = sa.select(
+        claimed.c.id.label("turn_id"),
+        claimed.c.status.label("to_status"),
+        sa.literal(LEASE_LOST, text).label("kind"),
+        claimed.c.lost_attempt.label("attempt"),
+        claimed.c.lost_owner.label("actor"),
+        words(
+            "lease of ", claimed.c.lost_owner, " expired (attempt ", claimed.c.lost_attempt, ")"
+        ).label("note"),
+        sa.func.coalesce(claimed.c.lost_until, claimed.c.updated_at).label("at"),
+        sa.literal(0, sa.Integer).label("step"),
+    ).where(claimed.c.lost_owner.is_not(None))
+    took = sa.select(
+        claimed.c.id,
+        claimed.c.status,
+        sa.literal(CLAIMED, text),
+        claimed.c.attempts,
+        claimed.c.lease_owner,
+        words("claimed by ", claimed.c.lease_owner, " (attempt ", claimed.c.attempts, ")"),
+        claimed.c.updated_at,
+        sa.literal(1, sa.Integer),
+    )
+    entries = sa.union_all(lost, took).subquery("entry")
+    names = ["turn_id", "to_status", "kind", "attempt", "actor", "note", "at"]
+    return sa.insert(turn_events).from_select(
+        names,
+        # In entry order (a lease lost before its claim): the ids follow it.
+        sa.select(*(entries.c[name] for name in names)).order_by(entries.c.turn_id, entries.c.step),
+    )
+
+
+def _leased(
+    *, agents: bool, turn_ids: bool, versions: bool, values: dict[str, Any] | None = None
+) -> sa.CTE:
+    """The claim as data-modifying CTEs: the candidates read and locked, then the lease of
+    each (``claimed``, carrying what the candidate held before, for its history entries)."""
+    candidates = _candidates(
+        agents=agents,
+        turn_ids=turn_ids,
+        versions=versions,
+        arrays=True,
+        columns=[turns.c.id, turns.c.lease_owner, turns.c.attempts, turns.c.lease_expires_at],
+        values=values,
+    ).cte("candidates")
+    return (
+        sa.update(turns)
+        .where(turns.c.id == candidates.c.id)
+        .values(**_leases(values))
+        .returning(
+            *turns.c,
+            candidates.c.lease_owner.label("lost_owner"),
+            candidates.c.attempts.label("lost_attempt"),
+            candidates.c.lease_expires_at.label("lost_until"),
+        )
+        .cte("claimed")
+    )
+
+
+def _claim_statement(
+    *, agents: bool, turn_ids: bool, versions: bool, values: dict[str, Any] | None = None
+) -> sa.Select[Any]:
+    """The claim and its history entries, returning the leased turns."""
+    claimed = _leased(agents=agents, turn_ids=turn_ids, versions=versions, values=values)
+    # Not read by name: a data-modifying CTE runs whether or not the query reads it.
+    history = _history_entries(claimed).cte("history")
+    return sa.select(*(claimed.c[column.name] for column in turns.c)).add_cte(history)
+
+
+#: The transaction-local setting through which the checked claim tells the progress read
+#: after it which turns it leased (a text array literal of their ids): the two statements
+#: are sent together, before either has run, so no parameter can carry them.
+_CLAIMED_SETTING = "turnstile.claimed"
+
 
 def _checked_claim(*, agents: bool, turn_ids: bool, versions: bool) -> PgStatement:
-    """The claim as a data-modifying CTE, left-joined to one row so that an empty claim
+    """The claim (:func:`_claim_statement`) left-joined to one row, so that an empty claim
     still answers the recovery question (``abandoned``: an index probe on the partial
-    index ``ix_turns_aborting``)."""
-    claimed = _claim_update(agents=agents, turn_ids=turn_ids, versions=versions, arrays=True).cte(
-        "claimed"
-    )
+    index ``ix_turns_aborting``), and noting the leased ids for :data:`_CLAIMED_PROGRESS`."""
+    claimed = _leased(agents=agents, turn_ids=turn_ids, versions=versions)
+    history = _history_entries(claimed).cte("history")
     abandoned = (
         sa.exists()
         .where(
@@ -266,10 +410,43 @@ def _checked_claim(*, agents: bool, turn_ids: bool, versions: bool) -> PgStateme
         )
         .label("abandoned")
     )
+    # Evaluated once (an uncorrelated subquery), however many turns were leased.
+    noted = (
+        sa.select(
+            sa.func.set_config(
+                _CLAIMED_SETTING,
+                # An empty claim notes an empty array (no turns), not an empty setting.
+                sa.func.coalesce(sa.cast(sa.func.array_agg(claimed.c.id), sa.Text), "{}"),
+                sa.true(),
+            )
+        )
+        .scalar_subquery()
+        .label("noted")
+    )
     one = sa.select(sa.literal(1).label("one")).subquery("one")
     return PgStatement(
-        sa.select(*claimed.c, abandoned).select_from(one.outerjoin(claimed, sa.true()))
+        sa.select(*(claimed.c[column.name] for column in turns.c), abandoned, noted)
+        .select_from(one.outerjoin(claimed, sa.true()))
+        .add_cte(history)
     )
+
+
+# Each turn the claim before it leased, with its progress (stores/snapshots.py's columns,
+# every leased turn's chain walked at once). A session keeps the setting, empty, after a
+# transaction that set it ends: no claim before it in this one leases nothing.
+_CLAIMED_PROGRESS = PgStatement(
+    sa.text(
+        f"""
+WITH RECURSIVE leased AS (
+    SELECT id, parent_id FROM turns
+    WHERE id = ANY(CAST(NULLIF(current_setting('{_CLAIMED_SETTING}', true), '') AS text[]))
+),
+ancestry AS ({snapshot_sql.progress_walks("leased")})
+SELECT leased.id, {snapshot_sql.progress_columns("leased", chains=True)}
+FROM leased
+"""
+    )
+)
 
 
 _CHECKED_CLAIMS = {

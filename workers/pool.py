@@ -34,7 +34,7 @@ from engine import Agent, Engine, TurnStatus
 from engine.errors import StaleTransitionError
 from engine.response import AgentChunk
 from engine.status import SETTLED_STATUSES, FinishReason
-from engine.store import FollowOnClaim, SessionStore, Transition, TurnRecord
+from engine.store import ClaimedTurn, FollowOnClaim, SessionStore, Transition, TurnRecord
 from engine.store.signals import AbortSignal
 from engine.telemetry.log_context import turn_context
 from engine.turns.executor import execute_claimed
@@ -283,8 +283,8 @@ class WorkerPool:
                 continue
             if claimed is not None:
                 failures = 0
-            for turn in claimed or ():
-                self._start(turn)  # each takes one of the slots taken above
+            for taken in claimed or ():
+                self._start(taken)  # each takes one of the slots taken above
             self._release_slots(free - len(claimed or ()))
             if claimed is not None and len(claimed) == free:
                 hinted = False
@@ -337,7 +337,7 @@ class WorkerPool:
 
     async def _claim(
         self, limit: int, *, hinted: bool, slot_freed: bool
-    ) -> list[TurnRecord] | None:
+    ) -> list[ClaimedTurn] | None:
         """The loop's one claim, for at most ``limit`` turns; ``None`` when a claim could
         find nothing, so none is sent."""
         seen_empty, self._queue_seen_empty = self._queue_seen_empty, False
@@ -396,11 +396,12 @@ class WorkerPool:
             waits.add(waiting)
         await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
 
-    def _start(self, turn: TurnRecord, *, holds_slot: bool = True) -> None:
+    def _start(self, claimed: ClaimedTurn, *, holds_slot: bool = True) -> None:
         """Run a claimed turn in a slot task; ``holds_slot``: the task owns one unit of the
         slot semaphore, given back when it ends."""
+        turn = claimed.turn
         self._note_claimed(turn)
-        task = asyncio.create_task(self._run_slot(turn), name=f"turn {turn.id}")
+        task = asyncio.create_task(self._run_slot(claimed), name=f"turn {turn.id}")
         self._tasks[task] = turn
         self._refresh_follows()
         task.add_done_callback(functools.partial(self._finished, holds_slot=holds_slot))
@@ -440,7 +441,7 @@ class WorkerPool:
 
     # -- running one turn --------------------------------------------------------------
 
-    async def _run_slot(self, turn: TurnRecord) -> None:
+    async def _run_slot(self, claimed: ClaimedTurn) -> None:
         """Run claimed turns in one slot: this one, then each turn its settle claimed next.
 
         The settling transition carries a claim for the slot it frees (one round trip and
@@ -462,10 +463,10 @@ class WorkerPool:
                 self._follows[task] = follow
                 self._refresh_follows()
             try:
-                await self._execute(turn, follow)
+                await self._execute(claimed, follow)
             except asyncio.CancelledError:
-                for claimed in follow.claimed if follow else []:
-                    await self._hand_back(claimed, note="worker shutdown")
+                for unrun in follow.claimed if follow else []:
+                    await self._hand_back(unrun.turn, note="worker shutdown")
                 raise
             finally:
                 self._follows.pop(task, None)
@@ -474,22 +475,23 @@ class WorkerPool:
                     follow is not None and follow.ran
                 )
                 return
-            turn, *extra = follow.claimed
-            for claimed in extra:  # limit 1: a store that leased more still runs them
-                self._start(claimed, holds_slot=False)
-            self._tasks[task] = turn
-            self._note_claimed(turn)
+            claimed, *extra = follow.claimed
+            for more in extra:  # limit 1: a store that leased more still runs them
+                self._start(more, holds_slot=False)
+            self._tasks[task] = claimed.turn
+            self._note_claimed(claimed.turn)
 
-    async def _execute(self, turn: TurnRecord, follow: FollowOnClaim | None = None) -> None:
+    async def _execute(self, claimed: ClaimedTurn, follow: FollowOnClaim | None = None) -> None:
         """Run one claimed turn; every line logged meanwhile names it (its turn_id,
         session_id and agent, engine/telemetry/log_context.py)."""
-        with turn_context(turn):
-            await self._execute_in_context(turn, follow)
+        with turn_context(claimed.turn):
+            await self._execute_in_context(claimed, follow)
 
     async def _execute_in_context(
-        self, turn: TurnRecord, follow: FollowOnClaim | None = None
+        self, claimed: ClaimedTurn, follow: FollowOnClaim | None = None
     ) -> None:
         """Run one claimed turn; logs every failure (a turn never takes the pool down)."""
+        turn = claimed.turn
         agent = self.agents.get(turn.agent)
         if agent is None:  # the store ignored agents=: not ours to run
             logger.error("turn %s belongs to agent %s, not served here", turn.id, turn.agent)
@@ -512,7 +514,7 @@ class WorkerPool:
             settled = await execute_claimed(
                 agent.runner_config(),
                 self.store,
-                turn,
+                claimed,
                 # Only a turn somebody streams pays for relaying its chunks.
                 on_chunk=relay if turn.input.relay else None,
                 abort_signal=signal,

@@ -187,7 +187,7 @@ async def restore_client_state(
             definition=pin.definition if pin is not None else None,
         )
     )
-    claimed = await scratch.claim_turn(turn_id, owner=owner, lease_seconds=60)
+    claimed = (await scratch.claim_turn(turn_id, owner=owner, lease_seconds=60)).turn
     paused = paused_calls(messages[-1] if messages else None)
     for part in paused:
         assert part.tool_request is not None

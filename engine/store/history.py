@@ -3,12 +3,13 @@
 A turn's history (``turn_events`` on SQL, a list per turn in the in-memory store) is
 append-only: each change of a turn, its journal or its approvals adds an entry in the
 transaction that makes the change, and nothing rewrites one. Status transitions are entries of
-kind ``status``; the others are the kinds below. The SQL stores write claims with a trigger
-(:mod:`stores.triggers`, whose SQL spells the same words as :func:`claim_entries`), tool calls
-from the statements writing the journal (:mod:`stores.history`, whose SQL on PostgreSQL spells
-the words of :func:`call_entries`), and decisions, votes and assignment changes with
-:func:`stores.history.append_history`; the in-memory store applies these functions
-itself, so every store's :meth:`engine.store.TurnTimeline.timeline` tells the same story.
+kind ``status``; the others are the kinds below. The SQL stores write claims with the claim
+(:mod:`stores.turn_claims`: on PostgreSQL in the claim statement, whose SQL spells the words of
+:func:`claim_entries`; on SQLite through this function), tool calls from the statements
+writing the journal (:mod:`stores.history`, whose SQL on PostgreSQL spells the words of
+:func:`call_entries`), and decisions, votes and assignment changes with
+:func:`stores.history.append_history`; the in-memory store applies these functions itself, so
+every store's :meth:`engine.store.TurnTimeline.timeline` tells the same story.
 """
 
 from __future__ import annotations

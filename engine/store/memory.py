@@ -33,6 +33,7 @@ from engine.store import (
     ApprovalRule,
     Assignment,
     AssignmentChange,
+    ClaimedTurn,
     DecidedApproval,
     DecisionQuery,
     DueQuery,
@@ -264,7 +265,7 @@ class InMemorySessionStore:
 
     def _lease(
         self, turn: TurnRecord, owner: str, lease_seconds: float, now: datetime
-    ) -> TurnRecord:
+    ) -> ClaimedTurn:
         leased = turn.model_copy(
             update={
                 "lease_owner": owner,
@@ -277,9 +278,9 @@ class InMemorySessionStore:
         self._turns[turn.id] = leased
         for entry in claim_entries(turn, leased):
             self._append(turn.id, entry)
-        return leased.model_copy(deep=True)
+        return ClaimedTurn(turn=leased.model_copy(deep=True), progress=self._progress(leased))
 
-    async def claim_turn(self, turn_id: str, *, owner: str, lease_seconds: float) -> TurnRecord:
+    async def claim_turn(self, turn_id: str, *, owner: str, lease_seconds: float) -> ClaimedTurn:
         """See :meth:`engine.store.SessionStore.claim_turn`."""
         now = _now()
         self._settle_abandoned_aborts(now)
@@ -297,7 +298,7 @@ class InMemorySessionStore:
         agents: Collection[str] | None = None,
         among: Collection[str] | None = None,
         versions: Collection[str] | None = None,
-    ) -> list[TurnRecord]:
+    ) -> list[ClaimedTurn]:
         """See :meth:`engine.store.SessionStore.claim_next`."""
         if limit < 1:
             raise ValueError("limit must be at least 1.")
@@ -456,25 +457,34 @@ class InMemorySessionStore:
 
     async def load_rounds(self, turn_id: str) -> list[RoundRecord]:
         """See :meth:`engine.store.SessionStore.load_rounds`."""
+        return self._rounds_of(turn_id)
+
+    def _rounds_of(self, turn_id: str) -> list[RoundRecord]:
         rounds = self._rounds.get(turn_id, {})
         return [rounds[r].model_copy(deep=True) for r in sorted(rounds)]
 
     async def list_calls(self, turn_id: str) -> list[ToolCallRecord]:
         """See :meth:`engine.store.SessionStore.list_calls`."""
+        return self._calls_of(turn_id)
+
+    def _calls_of(self, turn_id: str) -> list[ToolCallRecord]:
         calls = self._calls.get(turn_id, {})
         return [calls[key].model_copy(deep=True) for key in sorted(calls)]
 
     async def read_progress(self, turn_id: str) -> TurnProgress | None:
         """See :meth:`engine.store.SessionStore.read_progress`."""
         turn = self._turns.get(turn_id)
-        if turn is None:
-            return None
+        return None if turn is None else self._progress(turn)
+
+    def _progress(self, turn: TurnRecord) -> TurnProgress:
+        """The turn's progress, read without yielding to another task (one moment), as a
+        claim returns it with the turn."""
         parent = turn.parent_id
         return TurnProgress(
-            parent_conversation=await self.load_conversation(parent) if parent else [],
-            parent_journal=await self.list_calls(parent) if parent else [],
-            rounds=await self.load_rounds(turn_id),
-            journal=await self.list_calls(turn_id),
+            parent_conversation=self._conversation(parent) if parent else [],
+            parent_journal=self._calls_of(parent) if parent else [],
+            rounds=self._rounds_of(turn.id),
+            journal=self._calls_of(turn.id),
         )
 
     async def read_snapshot(self, turn_id: str) -> StoredSnapshot | None:
@@ -491,6 +501,9 @@ class InMemorySessionStore:
 
     async def load_conversation(self, turn_id: str) -> list[Message]:
         """See :meth:`engine.store.SessionStore.load_conversation`."""
+        return self._conversation(turn_id)
+
+    def _conversation(self, turn_id: str) -> list[Message]:
         # Walk up to the root collecting (turn, prefix length), then replay downwards.
         chain: list[TurnRecord] = []
         current = self._turns.get(turn_id)

@@ -22,6 +22,7 @@ from engine.store.records import (
     ApprovalQuery,
     Assignment,
     AssignmentChange,
+    ClaimedTurn,
     DecidedApproval,
     DecisionQuery,
     DueQuery,
@@ -109,11 +110,13 @@ class TurnQueue(Protocol):
         """The session's newest turn (always a leaf), or ``None`` for an unknown session."""
         ...
 
-    async def claim_turn(self, turn_id: str, *, owner: str, lease_seconds: float) -> TurnRecord:
+    async def claim_turn(self, turn_id: str, *, owner: str, lease_seconds: float) -> ClaimedTurn:
         """Lease one specific ``pending`` turn that nobody holds (or whose lease expired)
-        and whose ``run_after`` has come.
+        and whose ``run_after`` has come; the leased turn comes with its progress (what
+        :meth:`Journal.read_progress` returns), read by the claim.
 
-        Increments ``lease_token`` and ``attempts``. Raises
+        Increments ``lease_token`` and ``attempts`` and records the claim in the turn's
+        history (and the lease it took over, when its previous worker's expired). Raises
         :class:`~engine.errors.StaleTransitionError` if it cannot be claimed.
         """
         ...
@@ -127,11 +130,12 @@ class TurnQueue(Protocol):
         agents: Collection[str] | None = None,
         among: Collection[str] | None = None,
         versions: Collection[str] | None = None,
-    ) -> list[TurnRecord]:
-        """Lease up to ``limit`` claimable turns (oldest ``run_after`` first); with
-        ``among``, only turns whose id is in it (e.g. the ids of :meth:`take_work_hints`);
-        with ``versions``, only turns pinned to one of those application versions (turns
-        pinned to none, created before pinning, are claimable by any worker)."""
+    ) -> list[ClaimedTurn]:
+        """Lease up to ``limit`` claimable turns (oldest ``run_after`` first), each with its
+        progress, as :meth:`claim_turn` does; with ``among``, only turns whose id is in it
+        (e.g. the ids of :meth:`take_work_hints`); with ``versions``, only turns pinned to
+        one of those application versions (turns pinned to none, created before pinning, are
+        claimable by any worker)."""
         ...
 
     async def renew_lease(
@@ -219,9 +223,10 @@ class Journal(Protocol):
         ...
 
     async def read_progress(self, turn_id: str) -> TurnProgress | None:
-        """Everything a worker needs to run (or continue) a claimed turn, read at one moment:
-        its parent's conversation and journal, its own rounds and journal (``None`` for an
-        unknown turn). One round trip where the store can."""
+        """Everything a worker needs to run (or continue) a turn, read at one moment: its
+        parent's conversation and journal, its own rounds and journal (``None`` for an
+        unknown turn). One round trip where the store can. A claim returns it already
+        (:class:`ClaimedTurn`); this read is for the turns a caller did not claim."""
         ...
 
     async def read_snapshot(self, turn_id: str) -> StoredSnapshot | None:

@@ -38,6 +38,7 @@ __all__ = [
     "Assignment",
     "AssignmentChange",
     "AssignmentChangedError",
+    "ClaimedTurn",
     "DecidedApproval",
     "DecisionQuery",
     "DueQuery",
@@ -272,7 +273,8 @@ class StoredSnapshot(BaseModel):
 
 
 class TurnProgress(BaseModel):
-    """What a worker reads to run a claimed turn (see :meth:`SessionStore.read_progress`)."""
+    """What a worker needs to run a claimed turn: returned by its claim
+    (:class:`ClaimedTurn`), or read (see :meth:`SessionStore.read_progress`)."""
 
     #: The conversation of the turn's parent (empty for a first turn).
     parent_conversation: list[Message]
@@ -282,6 +284,14 @@ class TurnProgress(BaseModel):
     rounds: list[RoundRecord]
     #: The turn's own journal so far, ordered by round then ref.
     journal: list[ToolCallRecord]
+
+
+class ClaimedTurn(BaseModel):
+    """A turn a claim leased, with its progress read by the same claim: what a worker needs to
+    run it, without a read of its own between the claim and the first model call."""
+
+    turn: TurnRecord
+    progress: TurnProgress
 
 
 class InterruptAnswer(BaseModel):
@@ -411,7 +421,7 @@ class FollowOnClaim:
     #: Only turns pinned to one of these application versions (or to none).
     versions: Collection[str] | None = None
     limit: int = 1
-    claimed: list[TurnRecord] = field(default_factory=list)
+    claimed: list[ClaimedTurn] = field(default_factory=list)
     ran: bool = False
 
     @property

@@ -20,7 +20,7 @@ from typing import Any
 
 from engine.errors import StaleTransitionError
 from engine.status import ACTIVE_STATUSES, FinishReason, TurnStatus
-from engine.store import FollowOnClaim, SessionStore, Transition, TurnRecord
+from engine.store import ClaimedTurn, FollowOnClaim, SessionStore, Transition, TurnRecord
 from engine.store.signals import AbortSignal
 from engine.telemetry import instruments, tracing
 from engine.turns.runner import ChunkCallback, RunnerConfig, TurnOutcome, TurnRunner
@@ -187,7 +187,7 @@ async def _watch_store(
 async def execute_claimed(
     config: RunnerConfig,
     store: SessionStore,
-    turn: TurnRecord,
+    claimed: ClaimedTurn,
     *,
     on_chunk: ChunkCallback | None = None,
     abort_signal: AbortSignal | None = None,
@@ -195,7 +195,8 @@ async def execute_claimed(
     retry: RetryPolicy | None = None,
     then_claim: FollowOnClaim | None = None,
 ) -> TurnRecord:
-    """Run a turn this caller has claimed and settle it.
+    """Run a turn this caller has claimed (from the progress its claim returned) and settle
+    it.
 
     Returns the settled record, or the ``pending`` record handed back for a retry (its
     ``run_after`` says when), or — if the lease was lost — whatever the store now holds.
@@ -205,10 +206,11 @@ async def execute_claimed(
     The attempt runs in its span (:func:`engine.telemetry.tracing.turn_span`), a child of the span
     that created the turn: the runner's task starts inside it, so its spans are the span's children.
     """
+    turn = claimed.turn
     lease = lease or LeaseSettings()
     retry = retry or RetryPolicy(max_attempts=turn.max_attempts)
     with tracing.turn_span(turn) as span:
-        runner = TurnRunner(config, store, turn, on_chunk)
+        runner = TurnRunner(config, store, claimed, on_chunk)
         outcome, stop_reason = await _run_watched(runner, store, turn, lease, abort_signal)
         settled = await _settle(store, turn, outcome, stop_reason, retry, then_claim)
         tracing.turn_settled(span, settled)

@@ -38,12 +38,12 @@ from engine.rejection import REJECT, refusal_output
 from engine.response import AgentChunk, ChunkEmitter
 from engine.status import FinishReason, TurnStatus
 from engine.store import (
+    ClaimedTurn,
     RoundRecord,
     SessionStore,
     ToolCallRecord,
     ToolCallStatus,
     TurnError,
-    TurnRecord,
 )
 from engine.telemetry import instruments, tracing
 from engine.tools import Tool, ToolContext, ToolInterrupt, malformed_call_reason
@@ -102,12 +102,15 @@ class TurnRunner:
         self,
         config: RunnerConfig,
         store: SessionStore,
-        turn: TurnRecord,
+        claimed: ClaimedTurn,
         on_chunk: ChunkCallback | None = None,
     ) -> None:
         self.config = config
         self.store = store
-        self.turn = turn
+        turn = self.turn = claimed.turn
+        #: Everything the run reads, returned by the claim: no read between the claim and
+        #: the first model call.
+        self._progress = claimed.progress
         self._emitter = ChunkEmitter(on_chunk)
         self._used_refs: set[str] = set()
         #: Calls this attempt journaled ``running`` when it opened their round.
@@ -153,11 +156,7 @@ class TurnRunner:
         )
 
     async def _run(self) -> TurnOutcome:
-        turn = self.turn
-        # One read for everything the run needs (latency from claim to the first model call).
-        progress = await self.store.read_progress(turn.id)
-        if progress is None:
-            raise NotFoundError(f"Snapshot {turn.id} not found.")
+        turn, progress = self.turn, self._progress
         self._parent_journal = progress.parent_journal
         history = progress.parent_conversation[: turn.history_length]
         rounds = {r.round: r for r in progress.rounds}

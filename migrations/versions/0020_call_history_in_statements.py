@@ -2,7 +2,7 @@
 per-row triggers on ``tool_calls`` and their function are dropped.
 
 Revision ID: 0020
-Revises: 0017
+Revises: 0019
 Create Date: 2026-12-07 01:20:00.000000
 
 Migration 0013 appended ``tool started`` / ``tool done`` / ``tool failed`` / ``paused`` to
@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from alembic import op
 
 revision: str = "0020"
-down_revision: str | None = "0017"
+down_revision: str | None = "0019"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -149,7 +149,7 @@ async def claim(
     store: SessionStore, turn_id: str, owner: str = "w1", lease_seconds: float = LEASE
 ) -> TurnRecord:
     """Lease ``turn_id``."""
-    return await store.claim_turn(turn_id, owner=owner, lease_seconds=lease_seconds)
+    return (await store.claim_turn(turn_id, owner=owner, lease_seconds=lease_seconds)).turn
 
 
 async def settle(

@@ -31,11 +31,11 @@ async def run_workers(store: SessionStore, stop: asyncio.Event) -> None:
         # Refused when the abort came first: the turn was aborted before this worker held it.
         with contextlib.suppress(StaleTransitionError):
             await store.transition(
-                turn.id,
+                turn.turn.id,
                 Transition(
                     expected={TurnStatus.PENDING, TurnStatus.ABORTING},
                     new=TurnStatus.COMPLETED,
-                    lease_token=turn.lease_token,
+                    lease_token=turn.turn.lease_token,
                     finish_reason=FinishReason.STOP,
                 ),
             )

@@ -5,8 +5,9 @@ write of the previous lease holder (a worker that stalled past its lease) can co
 the claim's snapshot but before the claim locks the row. Had the claim read the progress
 itself, that write would be durable yet missing from what the new holder continues from —
 it would ask the model again for a round whose tool call has started, and a non-idempotent
-call would run blindly. The worker reads the progress with a statement of its own after the
-claim committed; from the claim's lock on, no fenced write of the old lease can commit.
+call would run blindly. The claim reads the progress it returns with a second statement of
+its transaction (one round trip), whose snapshot is taken after the claim's lock; from that
+lock on, no fenced write of the old lease can commit.
 
 The tests make the window wide and deterministic: a trigger makes the claim's UPDATE sleep
 after it has locked the row, and meanwhile another connection commits a journal row and a
@@ -91,17 +92,15 @@ def assert_sees_the_started_call(progress: TurnProgress | None) -> None:
 
 async def test_a_claim_sees_a_write_that_committed_while_it_ran(store: SqlSessionStore) -> None:
     """A round and a started call committed after the claim began, before it finished, are
-    in the progress its worker reads: the new holder continues the started call."""
+    in the progress the claim returns: the new holder continues the started call."""
     await store.create_turn(new_turn("t1", "s1"))
 
     claiming = asyncio.create_task(store.claim_turn("t1", owner=SLOW_OWNER, lease_seconds=30.0))
     await commit_during_claim(store, "t1")
     claimed = await claiming
 
-    progress = await store.read_progress(claimed.id)
-    assert_sees_the_started_call(progress)
-    assert progress is not None
-    (call,) = progress.journal
+    assert_sees_the_started_call(claimed.progress)
+    (call,) = claimed.progress.journal
     assert call.status is ToolCallStatus.RUNNING
 
 
@@ -120,7 +119,7 @@ async def test_a_follow_on_claim_sees_a_write_that_committed_while_it_ran(
             Transition(
                 expected={TurnStatus.PENDING},
                 new=TurnStatus.COMPLETED,
-                lease_token=first.lease_token,
+                lease_token=first.turn.lease_token,
                 finish_reason=FinishReason.STOP,
                 then_claim=follow_on,
             ),
@@ -129,5 +128,6 @@ async def test_a_follow_on_claim_sees_a_write_that_committed_while_it_ran(
     await commit_during_claim(store, "t2")
     await settling
 
-    assert [t.id for t in follow_on.claimed] == ["t2"]
-    assert_sees_the_started_call(await store.read_progress("t2"))
+    (claimed,) = follow_on.claimed
+    assert claimed.turn.id == "t2"
+    assert_sees_the_started_call(claimed.progress)

@@ -109,7 +109,7 @@ async def test_a_lost_lease_is_counted_once(store: SessionStore, metrics: Metric
     release.set()
     settled = await asyncio.wait_for(run, timeout=5)
 
-    assert settled.lease_token == taken.lease_token, "w1 wrote nothing after losing the lease"
+    assert settled.lease_token == taken.turn.lease_token, "w1 wrote nothing after losing the lease"
     assert settled.status is TurnStatus.PENDING
     assert sample(metrics, "turnstile_lease_losses_total", agent="worker") == 1
 

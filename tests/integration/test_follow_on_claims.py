@@ -52,13 +52,13 @@ async def test_the_settle_and_its_claim_commit_together(store: SqlSessionStore) 
         Transition(
             expected={TurnStatus.PENDING},
             new=TurnStatus.COMPLETED,
-            lease_token=leased.lease_token,
+            lease_token=leased.turn.lease_token,
             finish_reason=FinishReason.STOP,
             then_claim=follow,
         ),
     )
 
-    assert [t.id for t in follow.claimed] == ["next"]
+    assert [t.turn.id for t in follow.claimed] == ["next"]
     assert len(xmin_of(store, "first", "next")) == 1
 
 

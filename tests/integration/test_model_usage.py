@@ -96,12 +96,12 @@ async def test_usage_written_under_a_lost_lease_is_not_counted(store: SessionSto
         round=1, messages=[Message.model_validate({"role": "model"})], committed=False
     )
     await store.save_round(
-        "t1", lease_token=claimed.lease_token, round=answer, usage=ModelUsage(input_tokens=5)
+        "t1", lease_token=claimed.turn.lease_token, round=answer, usage=ModelUsage(input_tokens=5)
     )
     with pytest.raises(LeaseLostError):
         await store.save_round(
             "t1",
-            lease_token=claimed.lease_token + 1,
+            lease_token=claimed.turn.lease_token + 1,
             round=answer,
             usage=ModelUsage(input_tokens=100, output_tokens=100),
         )

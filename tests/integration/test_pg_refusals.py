@@ -56,7 +56,7 @@ def new_turn(turn_id: str, session: str = "s", **fields: object) -> NewTurn:
 
 async def leased(store: SqlSessionStore, turn_id: str, session: str = "s") -> TurnRecord:
     await store.create_turn(new_turn(turn_id, session))
-    return await store.claim_turn(turn_id, owner="w", lease_seconds=30)
+    return (await store.claim_turn(turn_id, owner="w", lease_seconds=30)).turn
 
 
 def settle(
@@ -132,11 +132,11 @@ async def test_a_refused_creation_names_its_rule_and_writes_nothing(
     await store.create_turn(new_turn("t1", owner="alice"))
     if setup != "running turn":
         first = await store.claim_turn("t1", owner="w", lease_seconds=30)
-        await store.transition("t1", settle(first.lease_token))
+        await store.transition("t1", settle(first.turn.lease_token))
     if setup in ("stale parent", "no parent"):
         await store.create_turn(new_turn("t2", parent_id="t1"))
         second = await store.claim_turn("t2", owner="w", lease_seconds=30)
-        await store.transition("t2", settle(second.lease_token))
+        await store.transition("t2", settle(second.turn.lease_token))
     before = await store.latest_turn("s")
     begun = count_transactions(store)
 
@@ -164,7 +164,7 @@ async def test_a_refused_answer_names_its_rule_and_writes_nothing(
     if recorded == "answered":
         await store.create_turn(new_turn("first", "p", parent_id="paused"), answers=[approve])
         first = await store.claim_turn("first", owner="w", lease_seconds=30)
-        await store.transition("first", settle(first.lease_token))
+        await store.transition("first", settle(first.turn.lease_token))
     elif recorded == "decided":
         await record_decision(store, "paused", 1, "r1", answer=approve.answer, decided_by="bob")
     elif recorded == "unknown":

@@ -20,11 +20,12 @@ from engine import FinishReason, TurnStatus
 from engine.errors import ApprovalNotPendingError, LeaseLostError
 from engine.store import InterruptAnswer, NewTurn, RoundRecord, Transition, TurnInput
 from examples.banking import BankingApp, build
-from stores import SqlSessionStore
+from stores import SqlSessionStore, snapshots
 from stores import turn_claims as claim_sql
 from stores import turns as turn_sql
 from tests.conftest import TEST_STATE_KEYS
 from tests.databases import sql_store
+from tests.support import record_calls
 from workers import WorkerPool
 
 
@@ -61,6 +62,30 @@ async def test_an_approval_workflow_opens_no_transaction(store: SqlSessionStore)
 
     assert texts == ["Done. Transaction txn-2-acct-2.", "Done. Transaction txn-3-acct-3."]
     assert begun == []
+
+
+async def test_a_claims_progress_read_travels_in_the_claims_round_trip(
+    store: SqlSessionStore,
+) -> None:
+    """Through a worker pool, each turn of an approval workflow is leased with its progress
+    in the claim's own round trip (a claim, then the progress read, in one pipeline): no
+    round trip of the store's carries a progress read alone."""
+    app = build(store=store, state_keys=TEST_STATE_KEYS)
+    async with WorkerPool(app.ai, store, concurrency=2, scheduler=False):
+        await approve_a_transfer(app, 1)  # warm: pools connected, statements prepared
+        trips = record_calls(store.db.pg, "fetch_together")
+        texts = [await approve_a_transfer(app, amount) for amount in (2, 3)]
+
+    assert texts == ["Done. Transaction txn-2-acct-2.", "Done. Transaction txn-3-acct-3."]
+    sent = [[statement for statement, _ in call.args[0]] for call in trips]
+    claims = set(claim_sql._CHECKED_CLAIMS.values())
+    progress = [trip for trip in sent if claim_sql._CLAIMED_PROGRESS in trip]
+    # Two turns per workflow (the send and the resume), each leased by one claim.
+    assert len(progress) >= 4
+    for trip in progress:
+        at = trip.index(claim_sql._CLAIMED_PROGRESS)
+        assert at > 0 and trip[at - 1] in claims, "the progress read follows its claim"
+    assert not any(snapshots._PROGRESS in trip for trip in sent)
 
 
 async def paused_transfer(
@@ -103,7 +128,7 @@ async def test_a_refused_one_statement_write_reports_why_without_a_transaction(
         Transition(
             expected={TurnStatus.PENDING},
             new=TurnStatus.COMPLETED,
-            lease_token=claimed.lease_token,
+            lease_token=claimed.turn.lease_token,
             finish_reason=FinishReason.STOP,
         ),
     )
@@ -117,7 +142,7 @@ async def test_a_refused_one_statement_write_reports_why_without_a_transaction(
     with pytest.raises(LeaseLostError):
         await store.save_round(
             first.id,
-            lease_token=claimed.lease_token,
+            lease_token=claimed.turn.lease_token,
             round=RoundRecord(round=1, messages=[], committed=True),
         )
     assert begun == []
@@ -140,7 +165,9 @@ async def test_claims_and_heartbeats_update_the_turn_row_in_place(store: SqlSess
         request = claim_sql.ClaimRequest(owner="w", lease_seconds=30, now=now, limit=1)
         (claimed,) = claim_sql.claim(connection, request)
         for beat in (1, 2):
-            turn_sql.renew(connection, "t1", claimed.lease_token, 30, now + timedelta(seconds=beat))
+            turn_sql.renew(
+                connection, "t1", claimed.turn.lease_token, 30, now + timedelta(seconds=beat)
+            )
         updates, hot = connection.execute(hot_updates).one()
 
     assert (updates, hot) == (3, 3)

@@ -297,14 +297,16 @@ def _hot_path_reads() -> dict[str, tuple[Any, dict[str, Any]]]:
         "claim": (claim_sql._CHECKED_CLAIMS[True, False, True], claim),
         "snapshot": (snapshots._SNAPSHOT, {"turn_id": "t500"}),
         "progress": (snapshots._PROGRESS, {"turn_id": "t500"}),
+        # The leased ids come from a setting its claim made (none here: the plan is the same).
+        "claimed progress": (claim_sql._CLAIMED_PROGRESS, {}),
         "turn": (turns._PG_BY_ID, {"turn_id": "t500"}),
     }
 
 
 def test_the_common_paths_cached_plans_use_indexes() -> None:
-    """With 50,000 turns, the claims, the snapshot and progress reads and the turn read each
-    plan index scans even when planned once for any values (a plan cached by a connection),
-    and never a sequential scan of turns, messages or tool_calls."""
+    """With 50,000 turns, the claims, the snapshot and progress reads (also the claim's) and
+    the turn read each plan index scans even when planned once for any values (a plan cached
+    by a connection), and never a sequential scan of turns, messages or tool_calls."""
     with postgres_url() as url, psycopg.connect(_dsn(url), autocommit=True) as connection:
         _populate(connection, 50_000)
         connection.execute(
@@ -328,6 +330,7 @@ def test_the_common_paths_cached_plans_use_indexes() -> None:
     assert "Bitmap" not in plans["claim"], plans["claim"]
     assert "ix_turns_aborting" in plans["claim"]
     assert "pk_messages" in plans["snapshot"]
+    assert "pk_turns" in plans["claimed progress"]
     assert "pk_turns" in plans["turn"]
     for name, plan in plans.items():
         assert "Seq Scan" not in plan, f"{name}:\n{plan}"

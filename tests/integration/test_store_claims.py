@@ -98,14 +98,14 @@ async def test_claim_next_takes_oldest_run_after_first_up_to_limit(store: Sessio
 
     first = await store.claim_next(owner="w2", lease_seconds=LEASE, limit=2)
 
-    assert [t.id for t in first] == ["t2", "t3"]
-    for turn in first:
+    assert [c.turn.id for c in first] == ["t2", "t3"]
+    for turn in (c.turn for c in first):
         assert (turn.lease_owner, turn.lease_token, turn.attempts) == ("w2", 1, 1)
         assert turn.lease_expires_at is not None and turn.lease_expires_at > datetime.now(UTC)
         assert await store.get_turn(turn.id) == turn
     rest = await store.claim_next(owner="w3", lease_seconds=LEASE, limit=5)
     # Token 1 (first claim) → 2 (the hand-back fences the old worker out) → 3 (this claim).
-    assert [(t.id, t.lease_owner, t.lease_token) for t in rest] == [("t1", "w3", 3)]
+    assert [(t.turn.id, t.turn.lease_owner, t.turn.lease_token) for t in rest] == [("t1", "w3", 3)]
     assert await store.claim_next(owner="w4", lease_seconds=LEASE, limit=5) == []
 
 
@@ -117,7 +117,7 @@ async def test_claim_next_filters_by_agent(store: SessionStore) -> None:
     assert await store.claim_next(owner="w", lease_seconds=LEASE, limit=5, agents={"gamma"}) == []
     claimed = await store.claim_next(owner="w", lease_seconds=LEASE, limit=5, agents=["beta"])
 
-    assert [t.id for t in claimed] == ["b1"]
+    assert [t.turn.id for t in claimed] == ["b1"]
     untouched = await store.get_turn("a1")
     assert untouched is not None and (untouched.lease_owner, untouched.attempts) == (None, 0)
 
@@ -142,10 +142,9 @@ async def test_a_settle_claims_the_next_turn_for_the_slot_it_frees(store: Sessio
     )
 
     assert settled.status is COMPLETED
-    assert follow.ran and [(t.id, t.lease_owner, t.attempts) for t in follow.claimed] == [
-        ("a2", "w1", 1)
-    ]
-    assert await store.get_turn("a2") == follow.claimed[0]
+    leased = [c.turn for c in follow.claimed]
+    assert follow.ran and [(t.id, t.lease_owner, t.attempts) for t in leased] == [("a2", "w1", 1)]
+    assert await store.get_turn("a2") == leased[0]
     untouched = await store.get_turn("b1")
     assert untouched is not None and untouched.lease_owner is None
     empty = FollowOnClaim(owner="w1", lease_seconds=LEASE, agents=[AGENT])
@@ -154,7 +153,7 @@ async def test_a_settle_claims_the_next_turn_for_the_slot_it_frees(store: Sessio
         Transition(
             expected={PENDING},
             new=COMPLETED,
-            lease_token=follow.claimed[0].lease_token,
+            lease_token=leased[0].lease_token,
             finish_reason=FinishReason.STOP,
             then_claim=empty,
         ),
@@ -185,7 +184,7 @@ async def test_a_refused_settle_leases_nothing_it_does_not_report(store: Session
     assert still is not None and still.status is PENDING
     other = await store.get_turn("t2")
     assert other is not None
-    reported = [t.id for t in follow.claimed]
+    reported = [t.turn.id for t in follow.claimed]
     assert (other.lease_owner == "w9") == ("t2" in reported)
     assert not follow.claimed or follow.ran
 
@@ -204,10 +203,10 @@ async def test_claim_next_among_leases_only_the_named_claimable_turns(
         owner="w2", lease_seconds=LEASE, limit=5, among=["t4", "nope", "t2", "t3"]
     )
 
-    assert [(t.id, t.lease_owner) for t in claimed] == [("t3", "w2"), ("t4", "w2")]
+    assert [(t.turn.id, t.turn.lease_owner) for t in claimed] == [("t3", "w2"), ("t4", "w2")]
     untouched = await store.get_turn("t1")
     assert untouched is not None and untouched.lease_owner is None
-    assert [t.id for t in await store.claim_next(owner="w3", lease_seconds=LEASE)] == ["t1"]
+    assert [t.turn.id for t in await store.claim_next(owner="w3", lease_seconds=LEASE)] == ["t1"]
 
 
 async def test_claim_next_skips_leased_future_and_settled_turns(store: SessionStore) -> None:
@@ -225,7 +224,7 @@ async def test_claim_next_skips_leased_future_and_settled_turns(store: SessionSt
 
     claimed = await store.claim_next(owner="w2", lease_seconds=LEASE, limit=10)
 
-    assert [t.id for t in claimed] == ["t4"]
+    assert [t.turn.id for t in claimed] == ["t4"]
     assert {n: await store.get_turn(f"t{n}") for n in (1, 2, 3)} == before
     assert before[1] == leased
 
@@ -241,7 +240,7 @@ async def test_concurrent_claim_next_never_share_a_turn(store: SessionStore) -> 
         store.claim_next(owner="w2", lease_seconds=LEASE, limit=4),
     )
 
-    first_ids, second_ids = {t.id for t in first}, {t.id for t in second}
+    first_ids, second_ids = {t.turn.id for t in first}, {t.turn.id for t in second}
     assert not first_ids & second_ids
     assert first_ids | second_ids == ids
     assert len(first) + len(second) == len(ids)

@@ -29,7 +29,7 @@ async def test_the_trace_context_is_created_read_and_claimed_with_the_turn(
 
     await store.create_turn(new_turn("t2", "s2", trace_context=CONTEXT))
     (claimed,) = await store.claim_next(owner="w2", lease_seconds=30)
-    assert (claimed.id, claimed.trace_context) == ("t2", CONTEXT)
+    assert (claimed.turn.id, claimed.turn.trace_context) == ("t2", CONTEXT)
 
 
 async def test_a_turn_created_outside_a_trace_has_none(store: SessionStore) -> None:

@@ -52,7 +52,7 @@ async def test_the_version_fingerprint_and_definition_are_kept(store: SessionSto
     assert (created.app_version, created.definition_fingerprint) == ("v1", "def-1")
     assert await store.get_turn("t1") == created
     (claimed,) = await store.claim_next(owner="w", lease_seconds=30, versions=["v1"])
-    assert (claimed.id, claimed.app_version, claimed.definition_fingerprint) == (
+    assert (claimed.turn.id, claimed.turn.app_version, claimed.turn.definition_fingerprint) == (
         "t1",
         "v1",
         "def-1",
@@ -92,10 +92,10 @@ async def test_a_worker_claims_only_the_versions_it_serves(store: SessionStore) 
     await store.create_turn(new_turn("new", "s2", app_version="v2"))
     await store.create_turn(new_turn("legacy", "s3"))
     claimed = await store.claim_next(owner="w2", lease_seconds=30, limit=10, versions=["v2"])
-    assert sorted(t.id for t in claimed) == ["legacy", "new"]
+    assert sorted(t.turn.id for t in claimed) == ["legacy", "new"]
     assert await store.claim_next(owner="w2", lease_seconds=30, versions=["v2"]) == []
     (old,) = await store.claim_next(owner="w1", lease_seconds=30, versions=["v1"])
-    assert old.id == "old"
+    assert old.turn.id == "old"
 
 
 async def test_the_creation_note_is_the_first_events_note(store: SessionStore) -> None:

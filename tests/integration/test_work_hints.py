@@ -152,7 +152,7 @@ async def test_a_woken_pool_claims_the_announced_turn_and_leaves_the_queue_to_th
         Transition(
             expected={TurnStatus.PENDING},
             new=TurnStatus.PENDING,
-            lease_token=leased.lease_token,
+            lease_token=leased.turn.lease_token,
             run_after=datetime.now(UTC) + timedelta(seconds=0.3),
         ),
     )
@@ -171,4 +171,4 @@ async def test_a_woken_pool_claims_the_announced_turn_and_leaves_the_queue_to_th
         assert retry is not None and (retry.lease_owner, retry.attempts) == (None, 1)  # untouched
         # A scan (here, a direct claim_next) still finds it.
         claimed = await store.claim_next(owner="scan", lease_seconds=30, agents=[AGENT])
-        assert [t.id for t in claimed] == ["retry"]
+        assert [t.turn.id for t in claimed] == ["retry"]

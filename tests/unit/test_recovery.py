@@ -171,7 +171,7 @@ async def test_a_worker_that_lost_its_lease_stops_and_writes_nothing() -> None:
     await asyncio.sleep(SHORT_LEASE + 0.02)
     taken = await h.store.claim_turn("turn-1", owner="w2", lease_seconds=5)
     outcome = await asyncio.wait_for(zombie, timeout=2)
-    assert outcome.lease_token == taken.lease_token and outcome.lease_owner == "w2"
+    assert outcome.lease_token == taken.turn.lease_token and outcome.lease_owner == "w2"
     assert outcome.status is TurnStatus.PENDING
     calls = await h.store.list_calls("turn-1")
     assert [c.status for c in calls] == [ToolCallStatus.RUNNING]
@@ -197,7 +197,7 @@ async def test_a_refused_fenced_write_stops_the_runner_without_failing_the_turn(
     h.release_slow.set()  # the old runner's tool returns and tries to journal its output
     outcome = await asyncio.wait_for(old, timeout=2)
     assert outcome.status is TurnStatus.PENDING and outcome.lease_owner == "w2"
-    assert outcome.lease_token == taken.lease_token and outcome.error is None
+    assert outcome.lease_token == taken.turn.lease_token and outcome.error is None
     [call] = await h.store.list_calls("turn-1")
     assert call.status is ToolCallStatus.RUNNING, "the refused write left the journal untouched"
 
