@@ -81,9 +81,9 @@ QUERIES = {
 
 FILL_QUEUE = f"""
 INSERT INTO approval_queue (turn_id, round, ref, session_id, agent, name, input, interrupt,
-                            deadline, decided_at, created_at)
+                            deadline, decided_at, created_at, turn_created_at)
 SELECT c.turn_id, c.round, c.ref, t.session_id, t.agent, c.name, c.input, c.interrupt,
-       c.deadline, c.decided_at, c.created_at{OPEN_CALLS}"""
+       c.deadline, c.decided_at, c.created_at, t.created_at{OPEN_CALLS}"""
 
 # Session i (1..sessions) starts at start + i * gap; every step-th one up to last_open is open.
 SESSIONS = """

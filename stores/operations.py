@@ -158,25 +158,29 @@ def _is_latest() -> sa.ColumnElement[bool]:
     return ~sa.exists().where(later.c.session_id == turns.c.session_id, later.c.seq > turns.c.seq)
 
 
+def _stopped_at_approvals() -> sa.ColumnElement[bool]:
+    """The turn stopped at approvals: paused now, or paused once and continued since."""
+    return sa.and_(
+        turns.c.status == TurnStatus.COMPLETED.value,
+        turns.c.finish_reason == FinishReason.INTERRUPTED.value,
+    )
+
+
 def _status_condition(status: str) -> sa.ColumnElement[bool]:
     if status == PAUSED:
         # Paused now: stopped at approvals and not continued since (a resumed one is history).
         # approval_queue holds exactly those turns' calls: reading it finds them without
         # visiting every turn that was ever paused.
-        return sa.and_(
-            turns.c.status == TurnStatus.COMPLETED.value,
-            turns.c.finish_reason == FinishReason.INTERRUPTED.value,
-            turns.c.id.in_(sa.select(approval_queue.c.turn_id)),
-        )
+        return sa.and_(_stopped_at_approvals(), turns.c.id.in_(sa.select(approval_queue.c.turn_id)))
     return turns.c.status == TurnStatus(status).value
 
 
 def _conditions(query: TurnQuery) -> list[sa.ColumnElement[bool]]:
     conditions: list[sa.ColumnElement[bool]] = []
-    if query.statuses and len(query.statuses) == 1:
-        conditions.append(_status_condition(query.statuses[0]))
-    elif query.statuses:
+    if query.statuses and (len(query.statuses) > 1 or PAUSED in query.statuses):
         conditions.append(turns.c.id.in_(_any_status_page(query)))
+    elif query.statuses:
+        conditions.append(_status_condition(query.statuses[0]))
     if query.agent is not None:
         conditions.append(turns.c.agent == query.agent)
     if query.agents is not None:
@@ -202,13 +206,47 @@ def _conditions(query: TurnQuery) -> list[sa.ColumnElement[bool]]:
     return conditions
 
 
+def _paused_page(query: TurnQuery) -> sa.Subquery:
+    """The ids of the page of paused turns ``query`` selects (its ``statuses`` aside), newest
+    first: read from ``approval_queue`` through ``ix_approval_queue_turn_created_at``, which
+    holds the paused turns in the listing's order, where ``ix_turns_created_at`` would also
+    step over every turn paused and since resumed. A turn waiting for several approvals has
+    one entry each, adjacent in that order; DISTINCT lists it once."""
+    q = approval_queue.c
+    # The range and the turn's own columns the queue copies, on the queue: its index scan
+    # stops at the range's end, and skips other turns without reading them.
+    on_queue: list[sa.ColumnElement[bool]] = []
+    if query.agent is not None:
+        on_queue.append(q.agent == query.agent)
+    if query.agents is not None:
+        on_queue.append(q.agent.in_(query.agents))
+    if query.session_id is not None:
+        on_queue.append(q.session_id == query.session_id)
+    if query.since is not None:
+        on_queue.append(q.turn_created_at >= query.since)
+    if query.before is not None:
+        seen_at, seen_id = query.before
+        on_queue.append(sa.tuple_(q.turn_created_at, q.turn_id) < (seen_at, seen_id))
+    return (
+        sa.select(q.turn_created_at, q.turn_id.label("id"))
+        .distinct()
+        .select_from(approval_queue.join(turns, turns.c.id == q.turn_id))
+        .where(_stopped_at_approvals(), *on_queue, *_conditions(query))
+        .order_by(q.turn_created_at.desc(), q.turn_id.desc())
+        .limit(query.limit)
+        .subquery()
+    )
+
+
 def _any_status_page(query: TurnQuery) -> sa.CompoundSelect[Any]:
     """The ids of the page of each status of ``query``, with its other filters: each is read
     through that status's own index, where one scan for any of them would filter its way
     through the turns of every other status."""
     others = query.model_copy(update={"statuses": None})
     pages = [
-        sa.select(turns.c.id)
+        _paused_page(others)
+        if status == PAUSED
+        else sa.select(turns.c.id)
         .where(_status_condition(status), *_conditions(others))
         .order_by(turns.c.created_at.desc(), turns.c.id.desc())
         .limit(query.limit)

@@ -324,8 +324,16 @@ approval_queue = sa.Table(
         comment="Set by an inbox decision (the inbox hides decided entries).",
     ),
     sa.Column("created_at", TIMESTAMP, nullable=False, comment="When the call was journaled."),
+    sa.Column(
+        "turn_created_at",
+        TIMESTAMP,
+        nullable=False,
+        comment="The turn's created_at (copied; migration 0018).",
+    ),
     # The view's order and the inbox's keyset pages.
     sa.Index("ix_approval_queue_created_at", "created_at", "turn_id", "ref"),
+    # The paused turns newest first, as turns ls lists them (0018): a page reads its entries.
+    sa.Index("ix_approval_queue_turn_created_at", "turn_created_at", "turn_id"),
     # A new turn deletes its session's older entries (the supersede trigger).
     sa.Index("ix_approval_queue_session_id", "session_id"),
     # The metrics' open approvals per agent, oldest first, without the decided ones (0012).

@@ -20,7 +20,8 @@ code, states the same conditions as ``WHERE`` clauses of the trigger bodies. doc
 ("approval_queue") lists the rules and what they do not track.
 
 Migration 0003 created these and keeps its own copy: a migration is history, so changing a
-trigger means a new migration and an edit here. They are Python strings, like every other
+trigger means a new migration and an edit here (0018 made them copy the turn's ``created_at``,
+the order of the paused turns' listing). They are Python strings, like every other
 statement in ``stores/``, so they are found and imported the same way with no loader or package
 data; ``tests/integration/test_database_objects.py`` checks that a migrated database holds
 exactly these.
@@ -36,7 +37,7 @@ __all__ = ["definitions"]
 # -- The entries' INSERTs, the same in PostgreSQL's functions and SQLite's trigger bodies -----
 
 _INSERT_ENTRY = """INSERT INTO approval_queue (turn_id, round, ref, session_id, agent, name, input,
-                            interrupt, deadline, decided_at, created_at)"""
+                            interrupt, deadline, decided_at, created_at, turn_created_at)"""
 
 
 def _add_call(guard: str = "") -> str:
@@ -44,7 +45,7 @@ def _add_call(guard: str = "") -> str:
     session's latest; ``guard`` (ending in ``AND``) is put first in its WHERE clause."""
     return f"""{_INSERT_ENTRY}
 SELECT NEW.turn_id, NEW.round, NEW.ref, t.session_id, t.agent, NEW.name, NEW.input,
-       NEW.interrupt, NEW.deadline, NEW.decided_at, NEW.created_at
+       NEW.interrupt, NEW.deadline, NEW.decided_at, NEW.created_at, t.created_at
 FROM turns t
 WHERE {guard}t.id = NEW.turn_id
   AND t.status = 'completed' AND t.finish_reason = 'interrupted'
@@ -61,7 +62,7 @@ ON CONFLICT DO NOTHING;"""
 # user ends the statement (a conflict clause or a further condition).
 _ADD_TURN_CALLS = f"""{_INSERT_ENTRY}
 SELECT c.turn_id, c.round, c.ref, NEW.session_id, NEW.agent, c.name, c.input,
-       c.interrupt, c.deadline, c.decided_at, c.created_at
+       c.interrupt, c.deadline, c.decided_at, c.created_at, NEW.created_at
 FROM tool_calls c
 WHERE c.turn_id = NEW.id AND c.status = 'interrupted'
   AND NOT EXISTS (

@@ -1,7 +1,7 @@
 """A claim writes its own history entries: the per-row trigger ``turns_history_claim`` goes.
 
 Revision ID: 0019
-Revises: 0017
+Revises: 0018
 Create Date: 2026-12-07 01:45:00.000000
 
 Migration 0013 recorded each claim (``claimed``, and ``lease lost`` when it took over the
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from alembic import op
 
 revision: str = "0019"
-down_revision: str | None = "0017"
+down_revision: str | None = "0018"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

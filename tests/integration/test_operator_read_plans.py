@@ -30,9 +30,9 @@ OPEN_EVERY = 1_000
 FAILED_EVERY = 50
 
 
-def _populate(connection: psycopg.Connection[Any]) -> None:
+def _populate(connection: psycopg.Connection[Any], open_every: int = OPEN_EVERY) -> None:
     """SESSIONS sessions, one turn a second apart, each paused at an approval and (but every
-    OPEN_EVERY-th) resumed by a second turn; a few of those failed."""
+    ``open_every``-th) resumed by a second turn; a few of those failed."""
     statements = [
         """INSERT INTO sessions (id, agent, created_at, updated_at)
            SELECT 's' || g, 'bankingAgent', now(), now() FROM generate_series(1, %(n)s) g""",
@@ -58,7 +58,7 @@ def _populate(connection: psycopg.Connection[Any]) -> None:
                   now() - (2 * %(n)s - 2 * g - 1) * interval '1s', now(), 'v1'
            FROM generate_series(1, %(n)s) g WHERE g %% %(open)s <> 0""",
     ]
-    values = {"n": SESSIONS, "open": OPEN_EVERY, "failed": FAILED_EVERY}
+    values = {"n": SESSIONS, "open": open_every, "failed": FAILED_EVERY}
     for statement in statements:
         connection.execute(statement, values)
     connection.execute("VACUUM ANALYZE")
@@ -255,6 +255,93 @@ def test_listing_paused_turns_finds_the_open_ones(history: str) -> None:
     expected = [f"p{g}" for g in range(SESSIONS, 0, -OPEN_EVERY)]
     assert [row.id for row in rows] == expected
     assert all(len(row.waiting) == 1 for row in rows)
+
+
+#: In the paused history, every PAUSED_EVERY-th session is paused now (2,000 of 20,000), and
+#: every TWICE_EVERY-th session's paused turn asks for a second approval.
+PAUSED_EVERY = 10
+TWICE_EVERY = 40
+
+
+@pytest.fixture(scope="module")
+def paused_history() -> Iterator[str]:
+    """A PostgreSQL database holding :func:`_populate`'s history with 2,000 turns paused now,
+    one in four of them at two approvals (two entries in ``approval_queue``)."""
+    with postgres_url() as url:
+        with psycopg.connect(libpq_dsn(url), autocommit=True) as connection:
+            _populate(connection, open_every=PAUSED_EVERY)
+            connection.execute(
+                """INSERT INTO tool_calls (turn_id, round, ref, name, input, status,
+                                           idempotency_key, created_at)
+                   SELECT id, 1, 'approval-2', 'userApproval', '{}', 'interrupted',
+                          id || ':approval-2', now()
+                   FROM turns WHERE id LIKE 'p%%' AND substr(id, 2)::int %% %s = 0""",
+                (TWICE_EVERY,),
+            )
+            connection.execute("VACUUM ANALYZE")
+        yield url
+
+
+PAUSED_PAGES = {
+    "first page": TurnQuery(statuses=(PAUSED,)),
+    "an agent's since": TurnQuery(
+        statuses=(PAUSED,),
+        agent="bankingAgent",
+        since=datetime.now(UTC) - timedelta(seconds=SESSIONS),
+    ),
+    "a later page": TurnQuery(
+        statuses=(PAUSED,), before=(datetime.now(UTC) - timedelta(seconds=SESSIONS), "p10000")
+    ),
+    "a version's": TurnQuery(statuses=(PAUSED,), app_version="v1"),
+    "paused or failed": TurnQuery(statuses=(PAUSED, "failed")),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PAUSED_PAGES))
+def test_a_page_of_paused_turns_reads_its_entries_of_the_queue(
+    paused_history: str, name: str
+) -> None:
+    """A page of 50 paused turns, out of 2,000 paused now among 38,000 turns, is a backward
+    walk of ix_approval_queue_turn_created_at that stops after its 50 turns' entries (63 with
+    the second approvals), each turn read by key: never a walk of the turns ever paused."""
+    nodes = _listing_plan(paused_history, PAUSED_PAGES[name])
+    detail = json.dumps(nodes[0], indent=1)
+    walks = [
+        (n["Node Type"], n.get("Scan Direction"))
+        for n in nodes
+        if n.get("Index Name") == "ix_approval_queue_turn_created_at"
+    ]
+    assert walks in (
+        [("Index Scan", "Backward")],
+        [("Index Only Scan", "Backward")],
+    ), detail
+    assert not _seq_scans(nodes), detail
+    assert _rows_visited(nodes, "approval_queue") <= 100, detail
+    assert _rows_visited(nodes, "turns") <= 150, detail
+
+
+def test_paused_pages_list_each_paused_turn_once_newest_first(paused_history: str) -> None:
+    """Pages of 300 after the keyset cursor list the 2,000 paused turns once each, newest
+    first, a turn at two approvals with both of them, and no resumed turn."""
+    listed: list[str] = []
+    waiting: dict[str, int] = {}
+    engine = sa.create_engine(paused_history, poolclass=sa.NullPool)
+    try:
+        with engine.connect() as connection:
+            before = None
+            while True:
+                query = TurnQuery(statuses=(PAUSED,), before=before, limit=300)
+                page = operation_sql.list_turns(connection, query)
+                listed.extend(row.id for row in page)
+                waiting.update((row.id, len(row.waiting)) for row in page)
+                if len(page) < 300:
+                    break
+                before = page[-1].key
+    finally:
+        engine.dispose()
+    paused = range(SESSIONS, 0, -PAUSED_EVERY)
+    assert listed == [f"p{g}" for g in paused]
+    assert waiting == {f"p{g}": 1 + (g % TWICE_EVERY == 0) for g in paused}
 
 
 def test_the_stats_count_paused_turns_by_version_from_the_open_ones(history: str) -> None:

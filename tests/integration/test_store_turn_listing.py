@@ -88,3 +88,42 @@ async def test_pages_follow_the_keyset_cursor_newest_first(store: SessionStore) 
         before = page[-1].key
     assert paged == [row.id for row in whole]
     assert len(paged) == 7
+
+
+async def test_paused_turns_are_listed_once_each_and_only_while_paused(
+    store: SessionStore,
+) -> None:
+    """The paused filter lists each turn waiting at approvals once, however many it waits for,
+    and not a turn paused and since continued; with the other filters it narrows as they do,
+    and its pages after the keyset cursor list each paused turn once, newest first."""
+    await paused_turn(store, "p1", "s1", interrupted=("r1", "r2", "r3"), app_version="v1")
+    await paused_turn(store, "p2", "s2", agent="clerk", app_version="v2")
+    await paused_turn(store, "p3", "s3", interrupted=("r1", "r2"), app_version="v1")
+    await paused_turn(store, "old", "s4")
+    await store.create_turn(new_turn("new", "s4", parent_id="old"))
+    await paused_turn(store, "p5", "s5", owner="ann", app_version="v2")
+
+    whole = await store.list_turns(TurnQuery(statuses=(PAUSED,)))
+    assert sorted(row.id for row in whole) == ["p1", "p2", "p3", "p5"]
+    assert [row.key for row in whole] == sorted((row.key for row in whole), reverse=True)
+    assert {row.id: len(row.waiting) for row in whole} == {"p1": 3, "p2": 1, "p3": 2, "p5": 1}
+    assert await _listed(store, statuses=(PAUSED,), agent="clerk") == {"p2"}
+    assert await _listed(store, statuses=(PAUSED,), app_version="v1") == {"p1", "p3"}
+    assert await _listed(store, statuses=(PAUSED,), session_id="s4") == set()
+    assert await _listed(store, statuses=(PAUSED,), owner="ann") == {"p5"}
+    assert await _listed(store, statuses=(PAUSED,), id_prefix="p3") == {"p3"}
+    assert await _listed(store, statuses=(PAUSED, "pending")) == {"p1", "p2", "p3", "p5", "new"}
+
+    paged: list[str] = []
+    before = None
+    for _ in range(10):
+        page = await store.list_turns(TurnQuery(statuses=(PAUSED,), before=before, limit=3))
+        paged.extend(row.id for row in page)
+        if len(page) < 3:
+            break
+        before = page[-1].key
+    assert paged == [row.id for row in whole]
+    since = whole[1].created_at
+    assert await _listed(store, statuses=(PAUSED,), since=since) == {
+        row.id for row in whole if row.created_at >= since
+    }
