@@ -171,6 +171,48 @@ END""",
     ]
 
 
+# The view as migration 0003 left it on SQLite, recreated around the table's copy (SQLite
+# refuses to rename a table a view names). Kept here rather than read from the database, so
+# that `turnstile migrate --sql` can print this migration without one.
+SQLITE_OPEN_APPROVALS = """CREATE VIEW open_approvals AS
+            SELECT q.turn_id, q.session_id, q.agent, q.name AS interrupt, q.ref, q.input,
+                   q.interrupt AS metadata, q.deadline, q.created_at,
+                   (julianday('now') - julianday(q.created_at)) * 86400.0 AS age_seconds
+            FROM approval_queue q"""
+
+
+def _sqlite_queue_table() -> sa.Table:
+    """``approval_queue`` as 0017 left it, with the column just added: the copy is made from
+    this rather than from a reflection, so that ``turnstile migrate --sql`` can print it."""
+    undecided = sa.text("decided_at IS NULL")
+    return sa.Table(
+        "approval_queue",
+        sa.MetaData(),
+        sa.Column("turn_id", sa.Text(), nullable=False),
+        sa.Column("round", sa.Integer(), nullable=False),
+        sa.Column("ref", sa.Text(), nullable=False),
+        sa.Column("session_id", sa.Text(), nullable=False),
+        sa.Column("agent", sa.Text(), nullable=False),
+        sa.Column("name", sa.Text(), nullable=False),
+        sa.Column("input", sa.JSON(), nullable=True),
+        sa.Column("interrupt", sa.JSON(), nullable=True),
+        sa.Column("deadline", TIMESTAMP, nullable=True),
+        sa.Column("decided_at", TIMESTAMP, nullable=True),
+        sa.Column("created_at", TIMESTAMP, nullable=False),
+        sa.Column("turn_created_at", TIMESTAMP, nullable=True),
+        sa.ForeignKeyConstraint(
+            ["turn_id", "round", "ref"],
+            ["tool_calls.turn_id", "tool_calls.round", "tool_calls.ref"],
+            name="fk_approval_queue_turn_id_tool_calls",
+            ondelete="CASCADE",
+        ),
+        sa.PrimaryKeyConstraint("turn_id", "round", "ref", name="pk_approval_queue"),
+        sa.Index("ix_approval_queue_created_at", "created_at", "turn_id", "ref"),
+        sa.Index("ix_approval_queue_session_id", "session_id"),
+        sa.Index("ix_approval_queue_open", "agent", "created_at", sqlite_where=undecided),
+    )
+
+
 def _drop_sqlite_triggers() -> None:
     for name in TRIGGERS:
         op.execute(f"DROP TRIGGER IF EXISTS {name}")
@@ -187,13 +229,12 @@ def upgrade() -> None:
         for statement in _pg_functions(turn_created=True):
             op.execute(statement)
     else:
-        [view] = op.get_bind().exec_driver_sql(
-            "SELECT sql FROM sqlite_master WHERE type = 'view' AND name = 'open_approvals'"
-        )
         op.execute("DROP VIEW open_approvals")
-        with op.batch_alter_table("approval_queue", recreate="always") as batch:
+        with op.batch_alter_table(
+            "approval_queue", recreate="always", copy_from=_sqlite_queue_table()
+        ) as batch:
             batch.alter_column("turn_created_at", existing_type=TIMESTAMP, nullable=False)
-        op.execute(view[0])
+        op.execute(SQLITE_OPEN_APPROVALS)
         for statement in _sqlite_triggers(turn_created=True):
             op.execute(statement)
     op.create_index(INDEX, "approval_queue", ["turn_created_at", "turn_id"], if_not_exists=True)
