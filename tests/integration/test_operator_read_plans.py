@@ -426,3 +426,35 @@ def test_a_retention_batch_reads_and_deletes_through_indexes() -> None:
     assert len(plans) == 6, list(plans)
     for statement, nodes in plans.items():
         assert _seq_scans(nodes) == set(), f"{statement}\n{json.dumps(nodes[0], indent=1)}"
+
+
+#: Each operator read by an id prefix, with the primary key it should read by range.
+PREFIX_READS: dict[str, tuple[Callable[[Connection], Any], str]] = {
+    "turns show <prefix>": (
+        lambda connection: operation_sql.ids_starting(connection, "turn", "r1234", 10),
+        "pk_turns",
+    ),
+    "the short ids of a page": (
+        lambda connection: operation_sql.id_prefixes(
+            connection, "turn", [f"r{g}" for g in range(10_000, 10_050)], 4
+        ),
+        "pk_turns",
+    ),
+    "approvals decide <prefix>": (
+        lambda connection: operation_sql.approval_keys_starting(connection, "p1234", None, 10),
+        "pk_tool_calls",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PREFIX_READS))
+def test_an_id_prefix_reads_a_range_of_the_primary_key(history: str, name: str) -> None:
+    """A prefix read visits the few ids starting so, through the primary key (turn ids are
+    collated "C", so it holds them in byte order), never every id of the table."""
+    read, index = PREFIX_READS[name]
+    [(statement, parameters)] = _statements(history, read)
+    nodes = _analyzed(history, statement, parameters)
+    detail = json.dumps(nodes[0], indent=1)
+    assert _seq_scans(nodes) == set(), detail
+    assert index in {n.get("Index Name") for n in nodes}, detail
+    assert _rows_visited(nodes, "turns") + _rows_visited(nodes, "tool_calls") <= 300, detail
