@@ -19,6 +19,7 @@ from stores import turn_claims as claim_sql
 from stores.migrate import _config, current_revision, head_revision
 from stores.pg import PLANNER_SETTINGS
 from stores.schema import metadata
+from stores.schema import turns as turns_table
 from stores.turn_claims import ClaimRequest, claim_statement
 from tests.databases import libpq_dsn, new_sqlite_database, postgres_url
 
@@ -86,6 +87,30 @@ def test_every_text_column_has_the_collation_the_models_give_it() -> None:
         assert set(_table_collations(url).values()) == {None}
         migrate(url)
         assert _table_collations(url) == expected
+
+
+def test_every_column_holding_a_turn_id_is_collated_as_the_turn_id() -> None:
+    """A turn id is compared with the key of ``turns`` wherever it is stored (joins, foreign
+    keys): each such column shares its collation, or those comparisons could not use the
+    column's own index."""
+    dialect = make_url("postgresql+psycopg://").get_dialect()()
+    key = getattr(turns_table.c.id.type.dialect_impl(dialect), "collation", None)
+    holding = [
+        column
+        for table in metadata.sorted_tables
+        for column in table.columns
+        if column.name in ("turn_id", "parent_id")
+        or any(fk.column is turns_table.c.id for fk in column.foreign_keys)
+        or (table is turns_table and column.name == "id")
+    ]
+    assert len(holding) >= 9
+    assert {
+        f"{column.table.name}.{column.name}": getattr(
+            column.type.dialect_impl(dialect), "collation", None
+        )
+        for column in holding
+    } == {f"{column.table.name}.{column.name}": key for column in holding}
+    assert key == "C"
 
 
 def test_a_database_not_at_head_is_refused_with_instructions(tmp_path: Any) -> None:
