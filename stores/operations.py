@@ -310,6 +310,14 @@ PREFIXED_IDS: dict[str, tuple[sa.Column[Any], bool]] = {
     "browser session": (ui_sessions.c.id, False),
 }
 
+
+def _prefixed_id(connection: Connection, kind: str) -> tuple[sa.Column[Any], bool]:
+    """The id column of ``kind`` and whether it orders by bytes on this connection's database
+    (on SQLite every text column does: its default collation compares bytes)."""
+    column, bytewise = PREFIXED_IDS[kind]
+    return column, bytewise or connection.dialect.name == "sqlite"
+
+
 #: Prefixes of ids per statement of :func:`id_prefixes` (a condition each).
 _PREFIXES_PER_READ = 100
 
@@ -340,7 +348,7 @@ def _starts_with(
 def ids_starting(connection: Connection, kind: str, prefix: str, limit: int) -> list[str]:
     """The ids of ``kind`` (``turn``, ``session``, ``browser session``) that start with
     ``prefix``, in order, at most ``limit``; an id equal to ``prefix`` comes first."""
-    column, bytewise = PREFIXED_IDS[kind]
+    column, bytewise = _prefixed_id(connection, kind)
     found = connection.execute(
         sa.select(column)
         .where(_starts_with(column, prefix, bytewise=bytewise))
@@ -375,7 +383,7 @@ def id_prefixes(connection: Connection, kind: str, ids: list[str], shortest: int
     """For each of ``ids`` (of ``kind``), its shortest prefix of at least ``shortest``
     characters that no other id of the table starts with (the id itself when every shorter
     prefix is shared)."""
-    column, bytewise = PREFIXED_IDS[kind]
+    column, bytewise = _prefixed_id(connection, kind)
     heads = sorted({found_id[:shortest] for found_id in ids})
     neighbours: dict[str, list[str]] = {}
     for chunk in range(0, len(heads), _PREFIXES_PER_READ):

@@ -92,6 +92,7 @@ def test_a_prefix_matches_ids_literally_and_with_their_case(connection: Connecti
     assert operation_sql.ids_starting(connection, "turn", "ab1_", 10) == ["ab1_"]
     assert operation_sql.ids_starting(connection, "turn", "ab1%", 10) == ["ab1%q"]
     assert operation_sql.ids_starting(connection, "turn", "ab12-x", 10) == ["ab12-x"]
+    assert operation_sql.ids_starting(connection, "session", "s1", 10) == ["s1"]
     assert operation_sql.approval_keys_starting(connection, "ab12", None, 10) == [
         ("ab12-x", "approval-1"),
         ("ab12-y", "approval-1"),
@@ -109,8 +110,8 @@ def test_each_id_gets_its_shortest_unshared_prefix(connection: Connection) -> No
 
 
 def test_sqlite_reads_the_primary_keys_by_range(sqlite_connection: Connection) -> None:
-    """On SQLite, whose LIKE ignores case and so reads no index, each prefix read searches
-    the primary key's range instead of scanning the table."""
+    """On SQLite, whose LIKE ignores case and so reads no index, each prefix read (of turns,
+    journal rows and sessions) searches the primary key's range instead of scanning."""
     sent: list[tuple[str, object]] = []
 
     def record(*arguments: object) -> None:
@@ -120,8 +121,9 @@ def test_sqlite_reads_the_primary_keys_by_range(sqlite_connection: Connection) -
     operation_sql.ids_starting(sqlite_connection, "turn", "ab12", 10)
     operation_sql.id_prefixes(sqlite_connection, "turn", ["ab12-x", "ab13"], 3)
     operation_sql.approval_keys_starting(sqlite_connection, "ab12", None, 10)
+    operation_sql.ids_starting(sqlite_connection, "session", "s1", 10)
     sa.event.remove(sqlite_connection, "before_cursor_execute", record)
-    assert len(sent) == 3
+    assert len(sent) == 4
     for statement, parameters in sent:
         plan = sqlite_connection.exec_driver_sql(
             f"EXPLAIN QUERY PLAN {statement}",
