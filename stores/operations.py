@@ -195,7 +195,7 @@ def _conditions(query: TurnQuery) -> list[sa.ColumnElement[bool]]:
     if query.app_version is not None:
         conditions.append(turns.c.app_version == query.app_version)
     if query.id_prefix is not None:
-        conditions.append(_starts_with(turns.c.id, query.id_prefix))
+        conditions.append(_starts_with(turns.c.id, query.id_prefix, bytewise=True))
     if query.since is not None:
         conditions.append(turns.c.created_at >= query.since)
     if query.before is not None:
@@ -346,30 +346,58 @@ def turn_detail(connection: Connection, turn_id: str) -> TurnDetail | None:
 
 # -- ids by prefix (an operator pastes the first characters of an id) -----------------------
 
-#: The tables whose ids an operator may give by a prefix, by what they hold.
-PREFIXED_IDS: dict[str, sa.Column[Any]] = {
-    "turn": turns.c.id,
-    "session": sessions.c.id,
-    "browser session": ui_sessions.c.id,
+#: The tables whose ids an operator may give by a prefix, by what they hold, each with whether
+#: the column orders by bytes on both databases (turn ids: collation "C" on PostgreSQL).
+PREFIXED_IDS: dict[str, tuple[sa.Column[Any], bool]] = {
+    "turn": (turns.c.id, True),
+    "session": (sessions.c.id, False),
+    "browser session": (ui_sessions.c.id, False),
 }
 
 
-def _starts_with(column: sa.ColumnElement[Any], prefix: str) -> sa.ColumnElement[bool]:
-    """``column`` starts with ``prefix``, every character taken literally."""
-    # LIKE (its % and _ escaped) is what an index on the column can serve; the substr
-    # comparison keeps the match exact where LIKE ignores case (SQLite).
-    return sa.and_(
+def _prefixed_id(connection: Connection, kind: str) -> tuple[sa.Column[Any], bool]:
+    """The id column of ``kind`` and whether it orders by bytes on this connection's database
+    (on SQLite every text column does: its default collation compares bytes)."""
+    column, bytewise = PREFIXED_IDS[kind]
+    return column, bytewise or connection.dialect.name == "sqlite"
+
+
+#: Prefixes of ids per statement of :func:`id_prefixes` (a condition each).
+_PREFIXES_PER_READ = 100
+
+
+def _starts_with(
+    column: sa.ColumnElement[Any], prefix: str, *, bytewise: bool
+) -> sa.ColumnElement[bool]:
+    """``column`` starts with ``prefix``, every character taken literally; ``bytewise``: the
+    column orders by bytes on both databases, so the prefix is also a range of its index."""
+    # LIKE (its % and _ escaped) is what an index on the column can serve on PostgreSQL in
+    # byte order; the substr comparison keeps the match exact where LIKE ignores case (SQLite).
+    conditions = [
         column.startswith(prefix, autoescape=True),
         sa.func.substr(column, 1, len(prefix)) == prefix,
-    )
+    ]
+    if bytewise and prefix:
+        # The range SQLite can read an index by, where its LIKE, ignoring case, reads none.
+        # UTF-8 orders as the code points do, so the range ends at the last one's successor,
+        # stepping over the surrogates, which have no encoding.
+        following = ord(prefix[-1]) + 1
+        following = 0xE000 if 0xD800 <= following <= 0xDFFF else following
+        conditions.append(column >= prefix)
+        if following <= 0x10FFFF:
+            conditions.append(column < prefix[:-1] + chr(following))
+    return sa.and_(*conditions)
 
 
 def ids_starting(connection: Connection, kind: str, prefix: str, limit: int) -> list[str]:
     """The ids of ``kind`` (``turn``, ``session``, ``browser session``) that start with
     ``prefix``, in order, at most ``limit``; an id equal to ``prefix`` comes first."""
-    column = PREFIXED_IDS[kind]
+    column, bytewise = _prefixed_id(connection, kind)
     found = connection.execute(
-        sa.select(column).where(_starts_with(column, prefix)).order_by(column).limit(limit)
+        sa.select(column)
+        .where(_starts_with(column, prefix, bytewise=bytewise))
+        .order_by(column)
+        .limit(limit)
     ).scalars()
     return sorted(found, key=lambda found_id: (found_id != prefix, found_id))
 
@@ -381,7 +409,7 @@ def approval_keys_starting(
     ``turn_prefix`` (only ref ``ref``, when given), in order, at most ``limit``; those of a
     turn whose id equals ``turn_prefix`` come first."""
     c = tool_calls.c
-    conditions = [c.interrupt.is_not(None), _starts_with(c.turn_id, turn_prefix)]
+    conditions = [c.interrupt.is_not(None), _starts_with(c.turn_id, turn_prefix, bytewise=True)]
     if ref is not None:
         conditions.append(c.ref == ref)
     rows = connection.execute(
@@ -399,15 +427,17 @@ def id_prefixes(connection: Connection, kind: str, ids: list[str], shortest: int
     """For each of ``ids`` (of ``kind``), its shortest prefix of at least ``shortest``
     characters that no other id of the table starts with (the id itself when every shorter
     prefix is shared)."""
-    column = PREFIXED_IDS[kind]
+    column, bytewise = _prefixed_id(connection, kind)
     heads = sorted({found_id[:shortest] for found_id in ids})
     neighbours: dict[str, list[str]] = {}
-    for chunk in range(0, len(heads), 500):
-        rows = connection.execute(
-            sa.select(column).where(
-                sa.func.substr(column, 1, shortest).in_(heads[chunk : chunk + 500])
-            )
-        ).scalars()
+    for chunk in range(0, len(heads), _PREFIXES_PER_READ):
+        # A prefix condition per head, not ``substr(id, 1, n) IN (...)``: each is a range of
+        # the primary key, where the substr read every id of the table.
+        starting = [
+            _starts_with(column, head, bytewise=bytewise)
+            for head in heads[chunk : chunk + _PREFIXES_PER_READ]
+        ]
+        rows = connection.execute(sa.select(column).where(sa.or_(*starting))).scalars()
         for found_id in rows:
             neighbours.setdefault(found_id[:shortest], []).append(found_id)
     prefixes: dict[str, str] = {}

@@ -6,10 +6,11 @@ because long-lived approvals are the point. Deletion is batched and takes the se
 locks (``SKIP LOCKED``), so it never waits behind, nor races, a turn being created: creating a
 turn locks its session row first.
 
-A batch costs its sessions, not the history (issue 34): it walks ``ix_sessions_updated_at``
-from the session idle longest, looks at each one's turns through ``(session_id, seq)``, and
-deletes their rows by key. It still steps over the old sessions it keeps (paused at an
-approval) on every batch.
+A batch costs its sessions, not the history (issue 34): it walks ``ix_turns_created_at`` from
+the oldest turn, keeps each session's latest turn (the session idle longest comes first),
+looks at that session's turns through ``(session_id, seq)``, and deletes their rows by key.
+On every batch it still steps over the old sessions it keeps (paused at an approval) and the
+turns older than the cutoff of sessions active since.
 """
 
 from __future__ import annotations
@@ -30,52 +31,71 @@ _CHUNK = 500
 
 def prune_sessions(connection: Connection, *, settled_before: datetime, limit: int) -> int:
     """Delete up to ``limit`` prunable sessions idle since ``settled_before``; how many went."""
-    # Scalar subqueries, not EXISTS: the planner runs them once per session the index walk
+    # The session's other turns, as seen from the walked one.
+    others = turns.alias("others")
+    latest_seq = (
+        sa.select(sa.func.max(others.c.seq))
+        .where(others.c.session_id == turns.c.session_id)
+        .scalar_subquery()
+    )
+    # Scalar subqueries, not EXISTS: the planner runs them once per turn the index walk
     # reaches, reading that session's turns by key, where it turned an anti-join over
     # EXISTS into reads of every turn.
     recent_or_running = (
         sa.select(sa.func.count())
         .where(
-            turns.c.session_id == sessions.c.id,
+            others.c.session_id == turns.c.session_id,
             sa.or_(
-                turns.c.status.in_([TurnStatus.PENDING.value, TurnStatus.ABORTING.value]),
-                turns.c.updated_at >= settled_before,
+                others.c.status.in_([TurnStatus.PENDING.value, TurnStatus.ABORTING.value]),
+                others.c.updated_at >= settled_before,
             ),
         )
         .scalar_subquery()
     )
-    latest_is_paused = (
-        sa.select(
-            sa.and_(
-                turns.c.status == TurnStatus.COMPLETED.value,
-                turns.c.finish_reason == FinishReason.INTERRUPTED.value,
-            )
-        )
-        .where(turns.c.session_id == sessions.c.id)
-        .order_by(turns.c.seq.desc())
-        .limit(1)
+    paused = sa.and_(
+        turns.c.status == TurnStatus.COMPLETED.value,
+        turns.c.finish_reason == FinishReason.INTERRUPTED.value,
+    )
+    idle_since = (
+        sa.select(sessions.c.updated_at)
+        .where(sessions.c.id == turns.c.session_id)
         .scalar_subquery()
     )
-    # The oldest idle sessions first, in the order of ix_sessions_updated_at: a batch reads
-    # the index from its start and stops once it holds ``limit`` sessions to delete.
-    candidates = (
-        sa.select(sessions.c.id)
+    # Each session once, at its latest turn, whose creation is the session's last activity
+    # (it sets ``sessions.updated_at``): the oldest first, in the order of
+    # ix_turns_created_at, so a batch reads the index from its start and stops once it
+    # holds ``limit`` sessions to delete. No index on ``sessions.updated_at`` is needed,
+    # which keeps the session's update at each new turn a HOT update.
+    walk = (
+        sa.select(turns.c.session_id)
         .where(
-            sessions.c.updated_at < settled_before,
+            turns.c.created_at < settled_before,
+            turns.c.seq == latest_seq,
+            idle_since < settled_before,
             recent_or_running == 0,
-            latest_is_paused.is_not(True),
+            paused.is_not(True),
         )
-        .order_by(sessions.c.updated_at, sessions.c.id)
+        .order_by(turns.c.created_at, turns.c.id)
         .limit(limit)
     )
     if connection.dialect.name == "postgresql":
         # The planner cannot tell how soon the walk finds a batch, so it costs the whole
         # index and would JIT-compile a statement that runs in milliseconds, for longer.
         connection.exec_driver_sql("SET LOCAL jit = off")
+    walked = list(connection.execute(walk).scalars())
+    if not walked:
+        return 0
+    # The walked sessions as values, not the walk as a subquery or a join: costed as a walk
+    # of the whole index, either made the planner read all of ``sessions`` for them.
+    candidates = sa.select(sessions.c.id).where(
+        sessions.c.id.in_(walked), sessions.c.updated_at < settled_before
+    )
+    if connection.dialect.name == "postgresql":
         # Lock the chosen sessions: a concurrent create_turn (which locks its session row
         # first) waits for us instead of adding a turn to a session being deleted; sessions
-        # somebody else holds are skipped until the next run.
-        candidates = candidates.with_for_update(of=sessions, skip_locked=True)
+        # somebody else holds are skipped until the next run. A turn created since the walk
+        # moved its session's updated_at, which the lock reads again.
+        candidates = candidates.with_for_update(skip_locked=True)
     ids = [row[0] for row in connection.execute(candidates)]
     if not ids:
         return 0

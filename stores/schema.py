@@ -21,6 +21,7 @@ __all__ = [
     "ACTIVE",
     "JSON",
     "TIMESTAMP",
+    "TURN_ID",
     "agent_definitions",
     "approval_assignments",
     "approval_queue",
@@ -50,6 +51,11 @@ metadata = sa.MetaData(
 #: stored as SQL NULL (``IS NULL`` finds it), not as the JSON value ``null``.
 JSON = sa.JSON(none_as_null=True).with_variant(postgresql.JSONB(none_as_null=True), "postgresql")
 TIMESTAMP = sa.DateTime(timezone=True)
+#: A turn's id and every column holding one. PostgreSQL orders it by bytes (collation "C",
+#: migration 0021) so that the primary key also serves a prefix search (``LIKE 'ab12%'``);
+#: a column compared with it must share the collation, or the comparison could not use that
+#: column's own index. SQLite's default collation already compares bytes.
+TURN_ID = sa.Text().with_variant(sa.Text(collation="C"), "postgresql")
 
 turn_status = sa.Enum(
     *[s.value for s in TurnStatus],
@@ -83,7 +89,7 @@ def _approval_key() -> tuple[SchemaItem, ...]:
     foreign key makes retention (and any delete of a journal row) take the table's rows with
     it."""
     return (
-        sa.Column("turn_id", sa.Text, primary_key=True),
+        sa.Column("turn_id", TURN_ID, primary_key=True),
         sa.Column("round", sa.Integer, primary_key=True),
         sa.Column("ref", sa.Text, primary_key=True),
         sa.ForeignKeyConstraint(
@@ -104,19 +110,17 @@ sessions = sa.Table(
     sa.Column("updated_at", TIMESTAMP, nullable=False),
     # A requester's runs page finds her sessions, then their turns (migration 0016).
     sa.Index("ix_sessions_owner", "owner"),
-    # Retention takes the sessions idle longest first, a batch at a time (migration 0017).
-    sa.Index("ix_sessions_updated_at", "updated_at", "id"),
     comment="One conversation with one agent: a chain (or tree) of turns.",
 )
 
 turns = sa.Table(
     "turns",
     metadata,
-    sa.Column("id", sa.Text, primary_key=True, comment="The snapshot id."),
+    sa.Column("id", TURN_ID, primary_key=True, comment="The snapshot id."),
     sa.Column("session_id", sa.Text, sa.ForeignKey("sessions.id"), nullable=False),
     sa.Column("seq", sa.Integer, nullable=False, comment="1, 2, ... within the session."),
     sa.Column("agent", sa.Text, nullable=False),
-    sa.Column("parent_id", sa.Text, sa.ForeignKey("turns.id")),
+    sa.Column("parent_id", TURN_ID, sa.ForeignKey("turns.id")),
     sa.Column("status", turn_status, nullable=False),
     sa.Column("finish_reason", sa.Text),
     sa.Column("input", JSON, nullable=False),
@@ -194,9 +198,6 @@ turns = sa.Table(
         "id",
         where="status IN ('failed', 'aborted')",
     ),
-    # The runs page's id-prefix search: LIKE reads an index only in byte order. Collated
-    # "C" (not text_pattern_ops) so that lookups by id keep to the primary key (0016).
-    sa.Index("ix_turns_id_prefix", "id", postgresql_ops={"id": 'COLLATE "C"'}),
     # The queued turns of one version: `turnstile turns migrate`, queue depth by version (the
     # paused ones are found through approval_queue; migration 0012).
     _partial_index(
@@ -213,7 +214,7 @@ turns = sa.Table(
 messages = sa.Table(
     "messages",
     metadata,
-    sa.Column("turn_id", sa.Text, sa.ForeignKey("turns.id", ondelete="CASCADE"), primary_key=True),
+    sa.Column("turn_id", TURN_ID, sa.ForeignKey("turns.id", ondelete="CASCADE"), primary_key=True),
     sa.Column("round", sa.Integer, primary_key=True),
     sa.Column("position", sa.Integer, primary_key=True),
     sa.Column("role", sa.Text, nullable=False),
@@ -227,7 +228,7 @@ messages = sa.Table(
 tool_calls = sa.Table(
     "tool_calls",
     metadata,
-    sa.Column("turn_id", sa.Text, sa.ForeignKey("turns.id", ondelete="CASCADE"), primary_key=True),
+    sa.Column("turn_id", TURN_ID, sa.ForeignKey("turns.id", ondelete="CASCADE"), primary_key=True),
     sa.Column("round", sa.Integer, primary_key=True),
     sa.Column("ref", sa.Text, primary_key=True),
     sa.Column("name", sa.Text, nullable=False),
@@ -282,7 +283,7 @@ turn_events = sa.Table(
     "turn_events",
     metadata,
     sa.Column("id", sa.Integer, sa.Identity(), primary_key=True),
-    sa.Column("turn_id", sa.Text, sa.ForeignKey("turns.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("turn_id", TURN_ID, sa.ForeignKey("turns.id", ondelete="CASCADE"), nullable=False),
     sa.Column("from_status", turn_status),
     # On an entry that is not a transition: the status the turn was in (migration 0013).
     sa.Column("to_status", turn_status, nullable=False),
@@ -432,7 +433,7 @@ webhook_deliveries = sa.Table(
     sa.Column("id", sa.Text, primary_key=True, comment="Derived from event_id and url."),
     sa.Column("event_id", sa.Text, nullable=False, comment="The event's id, alike for each url."),
     sa.Column("event", sa.Text, nullable=False, comment="opened, reminded, escalated, decided."),
-    sa.Column("turn_id", sa.Text, nullable=False),
+    sa.Column("turn_id", TURN_ID, nullable=False),
     sa.Column("round", sa.Integer, nullable=False),
     sa.Column("ref", sa.Text, nullable=False),
     sa.Column("url", sa.Text, nullable=False, comment="The endpoint (its secret is not stored)."),

@@ -493,7 +493,7 @@ BATCH = 50
 
 def test_a_retention_batch_reads_and_deletes_through_indexes() -> None:
     """A batch of 50 sessions out of 20,000 (a batch is a sliver of a long history) chooses
-    its sessions by walking ix_sessions_updated_at from the oldest, looking at each one's
+    its sessions by walking ix_turns_created_at from the oldest turn, looking at each one's
     turns by key, and deletes their turns, messages, journal rows and events by key: no
     statement scans a whole table, and the choice reads about a batch's worth of rows."""
     with postgres_url() as url:
@@ -536,15 +536,47 @@ def test_a_retention_batch_reads_and_deletes_through_indexes() -> None:
     # Costed as a walk of the whole index, the choice would be JIT-compiled for longer
     # than it runs.
     assert ("SET LOCAL jit = off", None) in [(s, p or None) for s, p in sent[:1]], sent[:1]
-    assert len(choices) == 2, list(choices)
-    [sessions_chosen] = [s for s in choices if "FROM sessions" in s]
+    assert len(choices) == 3, list(choices)
+    [sessions_chosen] = [s for s in choices if "ORDER BY turns.created_at" in s]
     for statement, nodes in choices.items():
         detail = f"{statement}\n{json.dumps(nodes[0], indent=1)}"
         assert _seq_scans(nodes) == set(), detail
         assert _rows_visited(nodes, "sessions") <= 2 * BATCH, detail
         assert _rows_visited(nodes, "turns") <= 10 * BATCH, detail
     scans = {n.get("Index Name") for n in choices[sessions_chosen] if "Relation Name" in n}
-    assert "ix_sessions_updated_at" in scans, scans
+    assert "ix_turns_created_at" in scans, scans
     assert len(plans) == 6, list(plans)
     for statement, nodes in plans.items():
         assert _seq_scans(nodes) == set(), f"{statement}\n{json.dumps(nodes[0], indent=1)}"
+
+
+#: Each operator read by an id prefix, with the primary key it should read by range.
+PREFIX_READS: dict[str, tuple[Callable[[Connection], Any], str]] = {
+    "turns show <prefix>": (
+        lambda connection: operation_sql.ids_starting(connection, "turn", "r1234", 10),
+        "pk_turns",
+    ),
+    "the short ids of a page": (
+        lambda connection: operation_sql.id_prefixes(
+            connection, "turn", [f"r{g}" for g in range(10_000, 10_050)], 4
+        ),
+        "pk_turns",
+    ),
+    "approvals decide <prefix>": (
+        lambda connection: operation_sql.approval_keys_starting(connection, "p1234", None, 10),
+        "pk_tool_calls",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PREFIX_READS))
+def test_an_id_prefix_reads_a_range_of_the_primary_key(history: str, name: str) -> None:
+    """A prefix read visits the few ids starting so, through the primary key (turn ids are
+    collated "C", so it holds them in byte order), never every id of the table."""
+    read, index = PREFIX_READS[name]
+    [(statement, parameters)] = _statements(history, read)
+    nodes = _analyzed(history, statement, parameters)
+    detail = json.dumps(nodes[0], indent=1)
+    assert _seq_scans(nodes) == set(), detail
+    assert index in {n.get("Index Name") for n in nodes}, detail
+    assert _rows_visited(nodes, "turns") + _rows_visited(nodes, "tool_calls") <= 300, detail

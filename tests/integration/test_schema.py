@@ -19,6 +19,8 @@ from stores import approvals as approval_sql
 from stores import turn_claims as claim_sql
 from stores.migrate import _config, current_revision, head_revision
 from stores.pg import PLANNER_SETTINGS
+from stores.schema import metadata
+from stores.schema import turns as turns_table
 from stores.turn_claims import ClaimRequest, claim_statement
 from tests.databases import libpq_dsn, new_sqlite_database, postgres_url
 
@@ -53,6 +55,63 @@ def test_downgrade_and_upgrade_round_trip() -> None:
             assert tables == (0,)
         migrate(url)
         assert current_revision(url) == head_revision()
+
+
+def _table_collations(url: str) -> dict[tuple[str, str], str | None]:
+    """The collation of each text column of the database's tables (``None``: the default)."""
+    with psycopg.connect(_dsn(url)) as connection:
+        rows = connection.execute(
+            """SELECT c.table_name, c.column_name, c.collation_name
+               FROM information_schema.columns c
+               JOIN information_schema.tables t USING (table_schema, table_name)
+               WHERE c.table_schema = current_schema() AND t.table_type = 'BASE TABLE'
+                 AND c.data_type = 'text' AND c.table_name <> 'alembic_version'"""
+        ).fetchall()
+    return {(table, column): collation for table, column, collation in rows}
+
+
+def test_every_text_column_has_the_collation_the_models_give_it() -> None:
+    """A migrated database collates each text column as stores.schema says — the turn ids in
+    "C", the others in the database's default — which ``alembic check`` does not compare."""
+    dialect = make_url("postgresql+psycopg://").get_dialect()()
+    expected = {
+        (table.name, column.name): getattr(column.type.dialect_impl(dialect), "collation", None)
+        for table in metadata.sorted_tables
+        for column in table.columns
+        if column.type.compile(dialect).startswith("TEXT")
+    }
+    assert ("turns", "id") in expected
+    with postgres_url() as url:
+        assert _table_collations(url) == expected
+        # Migration 0021's downgrade restores the default collation everywhere.
+        command.downgrade(_config(url), "-1")
+        assert set(_table_collations(url).values()) == {None}
+        migrate(url)
+        assert _table_collations(url) == expected
+
+
+def test_every_column_holding_a_turn_id_is_collated_as_the_turn_id() -> None:
+    """A turn id is compared with the key of ``turns`` wherever it is stored (joins, foreign
+    keys): each such column shares its collation, or those comparisons could not use the
+    column's own index."""
+    dialect = make_url("postgresql+psycopg://").get_dialect()()
+    key = getattr(turns_table.c.id.type.dialect_impl(dialect), "collation", None)
+    holding = [
+        column
+        for table in metadata.sorted_tables
+        for column in table.columns
+        if column.name in ("turn_id", "parent_id")
+        or any(fk.column is turns_table.c.id for fk in column.foreign_keys)
+        or (table is turns_table and column.name == "id")
+    ]
+    assert len(holding) >= 9
+    assert {
+        f"{column.table.name}.{column.name}": getattr(
+            column.type.dialect_impl(dialect), "collation", None
+        )
+        for column in holding
+    } == {f"{column.table.name}.{column.name}": key for column in holding}
+    assert key == "C"
 
 
 def test_a_database_not_at_head_is_refused_with_instructions(tmp_path: Any) -> None:

@@ -145,3 +145,25 @@ async def test_prune_keeps_sessions_active_since_the_cutoff_and_honours_the_limi
     assert await store.prune_sessions(settled_before=datetime.now(UTC) + LATER, limit=2) == 2
     assert await store.prune_sessions(settled_before=datetime.now(UTC) + LATER, limit=2) == 1
     assert await store.prune_sessions(settled_before=datetime.now(UTC) + LATER) == 0
+
+
+async def test_prune_judges_a_session_by_its_latest_turn_and_counts_it_once(
+    store: SessionStore,
+) -> None:
+    """A session whose first turn is older than the cutoff but which had a turn since is
+    kept; a session of several turns all older goes whole, counting once towards the limit."""
+    done = [await settled_session(store, "done")]
+    await store.create_turn(new_turn("done-t2", "done", parent_id=done[0]))
+    done.append("done-t2")
+    await settle(store, "done-t2", COMPLETED, (await claim(store, "done-t2")).lease_token)
+    first = await settled_session(store, "ongoing")
+    cutoff = datetime.now(UTC)
+    await store.create_turn(new_turn("ongoing-t2", "ongoing", parent_id=first))
+    await settle(store, "ongoing-t2", COMPLETED, (await claim(store, "ongoing-t2")).lease_token)
+
+    assert await store.prune_sessions(settled_before=cutoff, limit=1) == 1
+    assert await store.prune_sessions(settled_before=cutoff, limit=1) == 0
+    assert await store.get_session("done") is None
+    assert [await store.get_turn(turn_id) for turn_id in done] == [None, None]
+    assert await store.get_session("ongoing") is not None
+    assert await store.get_turn(first) is not None
