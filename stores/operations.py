@@ -551,7 +551,7 @@ def _estimated_settled(
 
 def _versions(connection: Connection, now: datetime) -> list[VersionCounts]:
     """Claimable and paused turns per (agent, version): the pending turns, and the paused
-    ones found through ``approval_queue`` (the turns ever paused and since resumed are most
+    ones counted in ``approval_queue`` alone (the turns ever paused and since resumed are most
     of history, and a read of them would grow with it)."""
     t = turns.c
     claimable = sa.and_(
@@ -564,12 +564,18 @@ def _versions(connection: Connection, now: datetime) -> list[VersionCounts]:
         sa.case((claimable, 1), else_=0).label("claimable"),
         sa.literal(0).label("paused"),
     ).where(t.status == TurnStatus.PENDING.value)
+    # The queue holds exactly the paused turns' calls, with each turn's agent and version
+    # copied (0022): one row per paused turn, without reading ``turns``.
+    q = approval_queue.c
+    paused_turns = (
+        sa.select(q.turn_id, q.agent, q.turn_app_version).distinct().subquery("paused_turns")
+    )
     paused = sa.select(
-        t.agent,
-        t.app_version,
+        paused_turns.c.agent,
+        paused_turns.c.turn_app_version.label("app_version"),
         sa.literal(0).label("claimable"),
         sa.literal(1).label("paused"),
-    ).where(_status_condition(PAUSED))
+    )
     waiting = sa.union_all(pending, paused).subquery("waiting")
     w = waiting.c
     rows = connection.execute(

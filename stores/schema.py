@@ -331,6 +331,9 @@ approval_queue = sa.Table(
         nullable=False,
         comment="The turn's created_at (copied; migration 0018).",
     ),
+    sa.Column(
+        "turn_app_version", sa.Text, comment="The turn's app_version (copied; migration 0022)."
+    ),
     # The view's order and the inbox's keyset pages.
     sa.Index("ix_approval_queue_created_at", "created_at", "turn_id", "ref"),
     # The paused turns newest first, as turns ls lists them (0018): a page reads its entries.

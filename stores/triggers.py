@@ -37,7 +37,8 @@ __all__ = ["definitions"]
 # -- The entries' INSERTs, the same in PostgreSQL's functions and SQLite's trigger bodies -----
 
 _INSERT_ENTRY = """INSERT INTO approval_queue (turn_id, round, ref, session_id, agent, name, input,
-                            interrupt, deadline, decided_at, created_at, turn_created_at)"""
+                            interrupt, deadline, decided_at, created_at, turn_created_at,
+                            turn_app_version)"""
 
 
 def _add_call(guard: str = "") -> str:
@@ -45,7 +46,8 @@ def _add_call(guard: str = "") -> str:
     session's latest; ``guard`` (ending in ``AND``) is put first in its WHERE clause."""
     return f"""{_INSERT_ENTRY}
 SELECT NEW.turn_id, NEW.round, NEW.ref, t.session_id, t.agent, NEW.name, NEW.input,
-       NEW.interrupt, NEW.deadline, NEW.decided_at, NEW.created_at, t.created_at
+       NEW.interrupt, NEW.deadline, NEW.decided_at, NEW.created_at, t.created_at,
+       t.app_version
 FROM turns t
 WHERE {guard}t.id = NEW.turn_id
   AND t.status = 'completed' AND t.finish_reason = 'interrupted'
@@ -62,7 +64,8 @@ ON CONFLICT DO NOTHING;"""
 # user ends the statement (a conflict clause or a further condition).
 _ADD_TURN_CALLS = f"""{_INSERT_ENTRY}
 SELECT c.turn_id, c.round, c.ref, NEW.session_id, NEW.agent, c.name, c.input,
-       c.interrupt, c.deadline, c.decided_at, c.created_at, NEW.created_at
+       c.interrupt, c.deadline, c.decided_at, c.created_at, NEW.created_at,
+       NEW.app_version
 FROM tool_calls c
 WHERE c.turn_id = NEW.id AND c.status = 'interrupted'
   AND NOT EXISTS (

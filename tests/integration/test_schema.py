@@ -84,7 +84,7 @@ def test_every_text_column_has_the_collation_the_models_give_it() -> None:
     with postgres_url() as url:
         assert _table_collations(url) == expected
         # Migration 0021's downgrade restores the default collation everywhere.
-        command.downgrade(_config(url), "-1")
+        command.downgrade(_config(url), "0020")
         assert set(_table_collations(url).values()) == {None}
         migrate(url)
         assert _table_collations(url) == expected
