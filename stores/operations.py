@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field
 from sqlalchemy.engine import Connection
 
 from engine.conversation.parts import Message
-from engine.status import SETTLED_STATUSES, FinishReason, TurnStatus
+from engine.status import SETTLED_STATUSES, TurnStatus
 from engine.store import (
     PAUSED,
     RoundRecord,
@@ -44,6 +44,7 @@ from stores.schema import (
     turns,
     ui_sessions,
 )
+from stores.turns import paused_now, stopped_at_approvals
 
 __all__ = [
     "AGE_BUCKETS",
@@ -158,20 +159,9 @@ def _is_latest() -> sa.ColumnElement[bool]:
     return ~sa.exists().where(later.c.session_id == turns.c.session_id, later.c.seq > turns.c.seq)
 
 
-def _stopped_at_approvals() -> sa.ColumnElement[bool]:
-    """The turn stopped at approvals: paused now, or paused once and continued since."""
-    return sa.and_(
-        turns.c.status == TurnStatus.COMPLETED.value,
-        turns.c.finish_reason == FinishReason.INTERRUPTED.value,
-    )
-
-
 def _status_condition(status: str) -> sa.ColumnElement[bool]:
     if status == PAUSED:
-        # Paused now: stopped at approvals and not continued since (a resumed one is history).
-        # approval_queue holds exactly those turns' calls: reading it finds them without
-        # visiting every turn that was ever paused.
-        return sa.and_(_stopped_at_approvals(), turns.c.id.in_(sa.select(approval_queue.c.turn_id)))
+        return paused_now()
     return turns.c.status == TurnStatus(status).value
 
 
@@ -231,7 +221,7 @@ def _paused_page(query: TurnQuery) -> sa.Subquery:
         sa.select(q.turn_created_at, q.turn_id.label("id"))
         .distinct()
         .select_from(approval_queue.join(turns, turns.c.id == q.turn_id))
-        .where(_stopped_at_approvals(), *on_queue, *_conditions(query))
+        .where(stopped_at_approvals(), *on_queue, *_conditions(query))
         .order_by(q.turn_created_at.desc(), q.turn_id.desc())
         .limit(query.limit)
         .subquery()

@@ -20,8 +20,9 @@ from datetime import datetime
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from engine.status import FinishReason, TurnStatus
+from engine.status import TurnStatus
 from stores.schema import messages, sessions, tool_calls, turn_events, turns
+from stores.turns import stopped_at_approvals
 
 __all__ = ["prune_sessions"]
 
@@ -52,10 +53,7 @@ def prune_sessions(connection: Connection, *, settled_before: datetime, limit: i
         )
         .scalar_subquery()
     )
-    paused = sa.and_(
-        turns.c.status == TurnStatus.COMPLETED.value,
-        turns.c.finish_reason == FinishReason.INTERRUPTED.value,
-    )
+    paused = stopped_at_approvals()
     idle_since = (
         sa.select(sessions.c.updated_at)
         .where(sessions.c.id == turns.c.session_id)

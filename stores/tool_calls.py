@@ -10,13 +10,13 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from engine.errors import ApprovalNotPendingError
-from engine.status import FinishReason, TurnStatus
 from engine.store import InterruptAnswer, ToolCallRecord, ToolCallStatus
 from engine.store.history import call_entries, decision_entry
 from engine.store.rules import check_answerable
 from stores.database import record_from_row, upsert_statement
 from stores.history import append_entries, append_history
 from stores.schema import approval_queue, tool_calls, turns
+from stores.turns import stopped_at_approvals
 
 __all__ = [
     "answer_calls",
@@ -157,8 +157,7 @@ def list_expired(
             tool_calls.c.status == ToolCallStatus.INTERRUPTED.value,
             tool_calls.c.deadline.is_not(None),
             tool_calls.c.deadline <= now,
-            turns.c.status == TurnStatus.COMPLETED.value,
-            turns.c.finish_reason == FinishReason.INTERRUPTED.value,
+            stopped_at_approvals(),
             ~sa.exists().where(later.c.session_id == turns.c.session_id, later.c.seq > turns.c.seq),
             *of_agents,
         )

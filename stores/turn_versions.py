@@ -18,24 +18,14 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from engine.status import FinishReason, TurnStatus
+from engine.status import TurnStatus
 from engine.store import TurnRecord
 from stores.definitions import save_definition
 from stores.notify import WORK_CHANNEL, notify
-from stores.schema import TIMESTAMP, approval_queue, turn_events, turns
-from stores.turns import record
+from stores.schema import TIMESTAMP, turn_events, turns
+from stores.turns import paused_now, record
 
 __all__ = ["VersionMove", "list_waiting", "move_waiting"]
-
-
-def _paused() -> sa.ColumnElement[bool]:
-    """Paused and the session's latest turn: ``approval_queue`` holds exactly those turns'
-    calls, so reading it finds them without visiting every turn ever paused and resumed."""
-    return sa.and_(
-        turns.c.status == TurnStatus.COMPLETED.value,
-        turns.c.finish_reason == FinishReason.INTERRUPTED.value,
-        turns.c.id.in_(sa.select(approval_queue.c.turn_id)),
-    )
 
 
 def _queued(now: datetime | sa.BindParameter[datetime]) -> sa.ColumnElement[bool]:
@@ -48,7 +38,7 @@ def _queued(now: datetime | sa.BindParameter[datetime]) -> sa.ColumnElement[bool
 
 def _waiting(now: datetime | sa.BindParameter[datetime]) -> sa.ColumnElement[bool]:
     """Paused and the session's latest turn, or pending with no live lease."""
-    return sa.or_(_paused(), _queued(now))
+    return sa.or_(paused_now(), _queued(now))
 
 
 def list_waiting(
@@ -71,7 +61,7 @@ def list_waiting(
         .order_by(turns.c.created_at, turns.c.id)
         .limit(limit)
         .subquery()
-        for condition in (_paused(), _queued(now))
+        for condition in (paused_now(), _queued(now))
     ]
     query = (
         sa.select(turns)

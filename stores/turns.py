@@ -16,7 +16,7 @@ from sqlalchemy.engine import Connection
 
 from engine.errors import LeaseLostError, StaleTransitionError
 from engine.model import ModelUsage
-from engine.status import TurnStatus
+from engine.status import FinishReason, TurnStatus
 from engine.store import (
     NewTurn,
     RoundRecord,
@@ -28,7 +28,7 @@ from engine.store.rules import LeaseState, check_lease, check_transition, transi
 from stores.database import record_from_row
 from stores.notify import CHANGE_CHANNEL, WORK_CHANNEL
 from stores.pg import PgConnections, PgStatement
-from stores.schema import ACTIVE, turn_events, turns
+from stores.schema import ACTIVE, approval_queue, turn_events, turns
 
 __all__ = [
     "active_turn",
@@ -39,7 +39,9 @@ __all__ = [
     "insert_turn",
     "latest_turn",
     "list_events",
+    "paused_now",
     "renew",
+    "stopped_at_approvals",
     "transition",
 ]
 
@@ -47,6 +49,22 @@ __all__ = [
 def record(row: sa.Row[tuple[object, ...]] | Mapping[str, Any]) -> TurnRecord:
     """A :class:`TurnRecord` from a ``turns`` row (SQLAlchemy's, or psycopg's as a dict)."""
     return record_from_row(TurnRecord, row)
+
+
+def stopped_at_approvals(table: sa.Table = turns) -> sa.ColumnElement[bool]:
+    """A turn of ``table`` (``turns`` or an alias of it) stopped at approvals: paused now, or
+    paused once and continued since (a resumed turn keeps its status)."""
+    return sa.and_(
+        table.c.status == TurnStatus.COMPLETED.value,
+        table.c.finish_reason == FinishReason.INTERRUPTED.value,
+    )
+
+
+def paused_now() -> sa.ColumnElement[bool]:
+    """The turn is paused at approvals now: stopped at them and its session's latest.
+    ``approval_queue`` holds exactly those turns' calls, so reading it finds them without
+    visiting every turn ever paused and since resumed."""
+    return sa.and_(stopped_at_approvals(), turns.c.id.in_(sa.select(approval_queue.c.turn_id)))
 
 
 #: Built once: the most frequent read (waiters, status checks) skips statement construction.
