@@ -73,8 +73,13 @@ def upsert_calls(
     ``worker``, the lease owner the caller fenced on."""
     if not calls:
         return
-    # The rows as they were, under the transaction's write lock (SQLite serialises writers).
-    before = {(c.round, c.ref): c for c in list_calls(connection, turn_id)}
+    # The rows of the rounds written, as they were, under the transaction's write lock
+    # (SQLite serialises writers): not the whole journal, which grows with every round.
+    rounds = sorted({call.round for call in calls})
+    written = connection.execute(
+        sa.select(tool_calls).where(tool_calls.c.turn_id == turn_id, tool_calls.c.round.in_(rounds))
+    )
+    before = {(row.round, row.ref): record_of(row) for row in written}
     connection.execute(_UPSERT, [_row(turn_id, call, now) for call in calls])
     append_entries(
         connection,
