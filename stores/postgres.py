@@ -79,6 +79,21 @@ class PostgresSessionStore(SqlSessionStore):
         await self._keep_definition(turn)
         return await creation_sql.create_turn_in_one_statement(self._pg, turn, answers, now_utc())
 
+    async def create_claimed_turn(
+        self,
+        turn: NewTurn,
+        *,
+        answers: Sequence[InterruptAnswer] = (),
+        owner: str,
+        lease_seconds: float,
+    ) -> ClaimedTurn:
+        """See :meth:`engine.store.SessionStore.create_claimed_turn`."""
+        check_answers(turn, answers)
+        await self._keep_definition(turn)
+        return await creation_sql.create_claimed_turn_in_one_round_trip(
+            self._pg, turn, answers, now_utc(), owner=owner, lease_seconds=lease_seconds
+        )
+
     async def get_turn(self, turn_id: str) -> TurnRecord | None:
         """See :meth:`engine.store.SessionStore.get_turn`."""
         return await turn_sql.fetch_turn(self._pg, turn_id)

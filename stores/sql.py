@@ -190,6 +190,17 @@ class SqlSessionStore:
         """See :meth:`engine.store.SessionStore.create_turn`."""
         raise NotImplementedError
 
+    async def create_claimed_turn(
+        self,
+        turn: NewTurn,
+        *,
+        answers: Sequence[InterruptAnswer] = (),
+        owner: str,
+        lease_seconds: float,
+    ) -> ClaimedTurn:
+        """See :meth:`engine.store.SessionStore.create_claimed_turn`."""
+        raise NotImplementedError
+
     async def get_turn(self, turn_id: str) -> TurnRecord | None:
         """See :meth:`engine.store.SessionStore.get_turn`."""
         raise NotImplementedError

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
@@ -38,6 +38,9 @@ from stores.sql import FencedWrite, SqlSessionStore, now_utc, round_and_transiti
 
 __all__ = ["SqliteSessionStore"]
 
+#: What a creation returns: the turn, or the turn leased with its progress.
+Created = TypeVar("Created", TurnRecord, ClaimedTurn)
+
 
 class SqliteSessionStore(SqlSessionStore):
     """The :class:`SqlSessionStore` of an SQLite database (``SqlSessionStore(url)`` makes it
@@ -47,12 +50,42 @@ class SqliteSessionStore(SqlSessionStore):
         self, turn: NewTurn, *, answers: Sequence[InterruptAnswer] = ()
     ) -> TurnRecord:
         """See :meth:`engine.store.SessionStore.create_turn`."""
+        return await self._creating(
+            turn, answers, lambda c: creation_sql.create_turn(c, turn, answers, now_utc())
+        )
+
+    async def create_claimed_turn(
+        self,
+        turn: NewTurn,
+        *,
+        answers: Sequence[InterruptAnswer] = (),
+        owner: str,
+        lease_seconds: float,
+    ) -> ClaimedTurn:
+        """See :meth:`engine.store.SessionStore.create_claimed_turn`."""
+
+        def create_and_lease(connection: sa.Connection) -> ClaimedTurn:
+            now = now_utc()
+            created = creation_sql.create_turn(connection, turn, answers, now)
+            lease = claim_sql.ClaimRequest(
+                owner=owner, lease_seconds=lease_seconds, now=now, limit=1
+            )
+            return claim_sql.lease_created(connection, created, lease)
+
+        return await self._creating(turn, answers, create_and_lease)
+
+    async def _creating(
+        self,
+        turn: NewTurn,
+        answers: Sequence[InterruptAnswer],
+        create: Callable[[sa.Connection], Created],
+    ) -> Created:
+        """Run ``create`` in a write transaction, with the checks and the definition every
+        creation needs first and SQLite's refusal of a taken id named."""
         check_answers(turn, answers)
         await self._keep_definition(turn)
         try:
-            return await self._write(
-                lambda c: creation_sql.create_turn(c, turn, answers, now_utc())
-            )
+            return await self._write(create)
         except StatementRefused as exc:
             # SQLite names no constraint; the only key a creation can repeat is the turn's.
             if exc.sqlite_error == "SQLITE_CONSTRAINT_PRIMARYKEY":

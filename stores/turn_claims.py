@@ -23,7 +23,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection
 
 from engine.status import TurnStatus
-from engine.store import ClaimedTurn, FollowOnClaim
+from engine.store import ClaimedTurn, FollowOnClaim, TurnRecord
 from engine.store.history import CLAIMED, LEASE_LOST, claim_entries
 from engine.store.rules import ABANDONED_ABORT
 from stores import snapshots as snapshot_sql
@@ -34,6 +34,7 @@ from stores.snapshots import progress_of, progress_of_turn
 from stores.turns import record, transition
 
 __all__ = [
+    "CLAIMED_PROGRESS",
     "CheckedClaim",
     "ClaimRequest",
     "checked_claim_of",
@@ -41,6 +42,8 @@ __all__ = [
     "claim",
     "claim_checking_abandoned",
     "claim_statement",
+    "lease_created",
+    "noting_leased",
     "settle_abandoned",
 ]
 
@@ -127,6 +130,24 @@ def claim(connection: Connection, request: ClaimRequest) -> list[ClaimedTurn]:
     settle_abandoned(connection, request.now, request.limit)
     params = request.params()
     before = [record(r) for r in connection.execute(_CANDIDATES[request.form], params)]
+    return _lease_found(connection, before, params)
+
+
+def lease_created(
+    connection: Connection, created: TurnRecord, request: ClaimRequest
+) -> ClaimedTurn:
+    """Lease the turn the caller's transaction just created to its creator, as a claim
+    would (the SQLite form of a claimed creation; PostgreSQL's creation statement leases
+    the row it inserts)."""
+    (claimed,) = _lease_found(connection, [created], request.params())
+    return claimed
+
+
+def _lease_found(
+    connection: Connection, before: Sequence[TurnRecord], params: Mapping[str, Any]
+) -> list[ClaimedTurn]:
+    """Lease exactly ``before`` (locked by the caller's transaction), append each one's
+    history entries and read its progress."""
     if not before:
         return []
     leased = connection.execute(_LEASE, {**params, "ids": [t.id for t in before]})
@@ -178,7 +199,7 @@ def checked_claim_queries(request: ClaimRequest) -> list[tuple[PgStatement, dict
     lock, and from the lock on no write under the old token can commit (its fence waits for
     the lock, then finds the new token).
     """
-    return [(_CHECKED_CLAIMS[request.form], request.params()), (_CLAIMED_PROGRESS, {})]
+    return [(_CHECKED_CLAIMS[request.form], request.params()), (CLAIMED_PROGRESS, {})]
 
 
 def checked_claim_of(
@@ -396,10 +417,19 @@ def _claim_statement(
 _CLAIMED_SETTING = "turnstile.claimed"
 
 
+def noting_leased(ids_array_sql: str) -> str:
+    """The SQL expression by which a statement leasing turns (a claim, a claimed creation)
+    tells :data:`CLAIMED_PROGRESS`, run next in its transaction, which turns it leased:
+    ``ids_array_sql`` is a text array of their ids (NULL: none)."""
+    return (
+        f"set_config('{_CLAIMED_SETTING}', coalesce(CAST({ids_array_sql} AS text), '{{}}'), true)"
+    )
+
+
 def _checked_claim(*, agents: bool, turn_ids: bool, versions: bool) -> PgStatement:
     """The claim (:func:`_claim_statement`) left-joined to one row, so that an empty claim
     still answers the recovery question (``abandoned``: an index probe on the partial
-    index ``ix_turns_aborting``), and noting the leased ids for :data:`_CLAIMED_PROGRESS`."""
+    index ``ix_turns_aborting``), and noting the leased ids for :data:`CLAIMED_PROGRESS`."""
     claimed = _leased(agents=agents, turn_ids=turn_ids, versions=versions)
     history = _history_entries(claimed).cte("history")
     abandoned = (
@@ -431,10 +461,10 @@ def _checked_claim(*, agents: bool, turn_ids: bool, versions: bool) -> PgStateme
     )
 
 
-# Each turn the claim before it leased, with its progress (stores/snapshots.py's columns,
-# every leased turn's chain walked at once). A session keeps the setting, empty, after a
-# transaction that set it ends: no claim before it in this one leases nothing.
-_CLAIMED_PROGRESS = PgStatement(
+#: Each turn the statement before it leased, with its progress (stores/snapshots.py's columns,
+#: every leased turn's chain walked at once). A session keeps the setting, empty, after a
+#: transaction that set it ends: no claim before it in this one leases nothing.
+CLAIMED_PROGRESS = PgStatement(
     sa.text(
         f"""
 WITH RECURSIVE leased AS (

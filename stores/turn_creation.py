@@ -12,7 +12,8 @@ holds, and otherwise reports what it saw of the session, from which
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
@@ -27,6 +28,7 @@ from engine.errors import (
 )
 from engine.status import TurnStatus
 from engine.store import (
+    ClaimedTurn,
     InterruptAnswer,
     NewTurn,
     RoundRecord,
@@ -34,7 +36,7 @@ from engine.store import (
     ToolCallRecord,
     TurnRecord,
 )
-from engine.store.history import decision_summary
+from engine.store.history import claimed_entry, decision_summary
 from engine.store.rules import (
     CreationRefused,
     check_creation,
@@ -48,10 +50,12 @@ from stores import sessions as session_sql
 from stores import tool_calls as call_sql
 from stores import turns as turn_sql
 from stores.notify import WORK_CHANNEL
-from stores.pg import PgConnections, PgStatement, StatementRefused
+from stores.pg import PgConnections, PgStatement, Row, StatementRefused
 from stores.schema import JSON, TIMESTAMP
+from stores.snapshots import progress_of
+from stores.turn_claims import CLAIMED_PROGRESS, noting_leased
 
-__all__ = ["create_turn", "create_turn_in_one_statement"]
+__all__ = ["create_claimed_turn_in_one_round_trip", "create_turn", "create_turn_in_one_statement"]
 
 
 def create_turn(
@@ -101,6 +105,46 @@ async def create_turn_in_one_statement(
     nothing and raises the typed error naming it. A concurrent creator that commits first
     is caught by a constraint instead, mapped by :func:`_raced`.
     """
+    row, _ = await _run_creation(pg, turn, answers, now, None)
+    return turn_sql.record(row)
+
+
+async def create_claimed_turn_in_one_round_trip(
+    pg: PgConnections,
+    turn: NewTurn,
+    answers: Sequence[InterruptAnswer],
+    now: datetime,
+    *,
+    owner: str,
+    lease_seconds: float,
+) -> ClaimedTurn:
+    """Create the pending turn leased to ``owner`` (attempt 1), announcing no work, and read
+    its progress: the creation statement, then :data:`stores.turn_claims.CLAIMED_PROGRESS`,
+    in one transaction and one round trip (PostgreSQL). Refuses as
+    :func:`create_turn_in_one_statement` does."""
+    lease = _Lease(owner=owner, expires=now + timedelta(seconds=lease_seconds))
+    row, progress_rows = await _run_creation(pg, turn, answers, now, lease)
+    (progress,) = (progress_of(r) for r in progress_rows if r["id"] == row["id"])
+    return ClaimedTurn(turn=turn_sql.record(row), progress=progress)
+
+
+@dataclass(frozen=True)
+class _Lease:
+    """Who a claimed creation leases the new turn to, and until when."""
+
+    owner: str
+    expires: datetime
+
+
+async def _run_creation(
+    pg: PgConnections,
+    turn: NewTurn,
+    answers: Sequence[InterruptAnswer],
+    now: datetime,
+    lease: _Lease | None,
+) -> tuple[Row, list[Row]]:
+    """Run the creation statement (then, for a leased creation, the progress read in the
+    same transaction); the created row and the progress rows, or the typed refusal."""
     opening = message_sql.message_rows(turn.initial_messages)
     answered = [
         {
@@ -114,37 +158,47 @@ async def create_turn_in_one_statement(
         }
         for answer in answers
     ]
+    values: dict[str, Any] = {
+        "id": turn.id,
+        "session_id": turn.session_id,
+        "agent": turn.agent,
+        "owner": turn.owner,
+        "parent_id": turn.parent_id,
+        "expected_latest_id": turn.expected_latest_id,
+        "input": turn.input.model_dump(mode="json", by_alias=True, exclude_unset=True),
+        "history_length": turn.history_length,
+        "max_attempts": turn.max_attempts,
+        "trace_context": turn.trace_context,
+        "custom": json_codec.dumps(turn.custom) if turn.custom is not None else None,
+        "artifacts": json_codec.dumps(turn.artifacts) if turn.artifacts else None,
+        "app_version": turn.app_version,
+        "definition_fingerprint": turn.definition_fingerprint,
+        "note": turn.note,
+        "now": now,
+        # Serialised here: jsonb_to_recordset takes one JSON document per parameter.
+        "answers": json_codec.dumps(answered),
+        "answer_count": len(answered),
+        "messages": json_codec.dumps(opening),
+    }
+    statement = _CREATE[bool(answered), bool(opening), lease is not None]
+    statements = [(statement, values)]
+    if lease is None:
+        values["work_channel"] = WORK_CHANNEL
+    else:
+        claimed = claimed_entry(lease.owner, 1, now)
+        values |= {
+            "lease_owner": lease.owner,
+            "lease_expires": lease.expires,
+            "claimed_kind": claimed.kind,
+            "claimed_note": claimed.note,
+        }
+        statements.append((CLAIMED_PROGRESS, {}))
     try:
-        (row,) = await pg.fetch(
-            _CREATE[bool(answered), bool(opening)],
-            {
-                "id": turn.id,
-                "session_id": turn.session_id,
-                "agent": turn.agent,
-                "owner": turn.owner,
-                "parent_id": turn.parent_id,
-                "expected_latest_id": turn.expected_latest_id,
-                "input": turn.input.model_dump(mode="json", by_alias=True, exclude_unset=True),
-                "history_length": turn.history_length,
-                "max_attempts": turn.max_attempts,
-                "trace_context": turn.trace_context,
-                "custom": json_codec.dumps(turn.custom) if turn.custom is not None else None,
-                "artifacts": json_codec.dumps(turn.artifacts) if turn.artifacts else None,
-                "app_version": turn.app_version,
-                "definition_fingerprint": turn.definition_fingerprint,
-                "note": turn.note,
-                "now": now,
-                # Serialised here: jsonb_to_recordset takes one JSON document per parameter.
-                "answers": json_codec.dumps(answered),
-                "answer_count": len(answered),
-                "messages": json_codec.dumps(opening),
-                "work_channel": WORK_CHANNEL,
-            },
-        )
+        (row,), *progress = await pg.fetch_together(statements)
     except StatementRefused as exc:
         raise _raced(turn, exc) from exc
     if row["id"] is not None:
-        return turn_sql.record(row)
+        return row, progress[0] if progress else []
     check_creation(turn, answers, _seen(row))
     # Every rule held on the statement's snapshot, yet nothing was written: only a
     # concurrent change between the snapshot and the locks can do that.
@@ -229,9 +283,12 @@ _ANSWERS = """jsonb_to_recordset(CAST(:answers AS jsonb))
 #   approver already decided is answered only with that decision, and keeps its approver.
 # - The `seen_*` columns are read only when nothing was created (a CASE evaluates its
 #   subqueries only when they are reached), so a created turn pays nothing for them.
-def _create_statement(*, answers: bool, opening: bool) -> sa.TextClause:
+def _create_statement(*, answers: bool, opening: bool, leased: bool) -> sa.TextClause:
     """The statement for a request with or without answers and an opening message: a part
-    with nothing to write is left out, so the statement does not even lock its table."""
+    with nothing to write is left out, so the statement does not even lock its table.
+    ``leased``: the turn is inserted leased to its creator (``:lease_owner`` until
+    ``:lease_expires``, attempt 1) with its ``claimed`` entry, announces no work, and notes
+    its id for the progress read that follows it."""
     answers_pending = (
         f"""
       AND NOT EXISTS (
@@ -290,20 +347,24 @@ answered AS (
         if answers
         else ":id"
     )
+    # A leased turn starts at its first attempt and lease token, as a claim would leave it.
+    attempt = "1" if leased else "0"
+    lease_columns = ", lease_owner, lease_expires_at" if leased else ""
+    lease_values = ", :lease_owner, :lease_expires" if leased else ""
     parts.append(
         f"""
 created AS (
     INSERT INTO turns (id, session_id, seq, agent, parent_id, status, input, history_length,
                        attempts, max_attempts, lease_token, run_after, created_at, updated_at,
                        trace_context, custom, artifacts, app_version,
-                       definition_fingerprint)
+                       definition_fingerprint{lease_columns})
     SELECT {turn_id},
            session.id,
            (SELECT coalesce(max(seq), 0) + 1 FROM turns WHERE session_id = :session_id),
            :agent, :parent_id, CAST('pending' AS turn_status), :input, :history_length,
-           0, :max_attempts, 0, :now, :now, :now, :trace_context,
+           {attempt}, :max_attempts, {attempt}, :now, :now, :now, :trace_context,
            CAST(:custom AS jsonb), CAST(:artifacts AS jsonb), :app_version,
-           :definition_fingerprint
+           :definition_fingerprint{lease_values}
     FROM session
     RETURNING *),"""
     )
@@ -345,12 +406,29 @@ opening AS (
         else "NULL"
     )
     refused = "created.id IS NULL"
-    parts.append(
-        f"""
+    if leased:
+        # The creator runs the turn: no worker is told of it. Its claim follows its
+        # creation in the history, as a worker's claim would.
+        event = """
+event AS (
+    INSERT INTO turn_events (turn_id, to_status, kind, attempt, actor, note, at)
+    SELECT created.id, CAST('pending' AS turn_status), e.kind, e.attempt, e.actor, e.note, :now
+    FROM created,
+         (VALUES (1, 'status', 0, CAST(NULL AS text), CAST(:note AS text)),
+                 (2, CAST(:claimed_kind AS text), 1, CAST(:lease_owner AS text),
+                  CAST(:claimed_note AS text)))
+         AS e(step, kind, attempt, actor, note)
+    ORDER BY e.step)"""
+        noted = f",\n       {noting_leased('ARRAY[created.id]')} AS noted"
+    else:
+        event = """
 event AS (
     INSERT INTO turn_events (turn_id, from_status, to_status, attempt, note, at)
     SELECT id, NULL, CAST('pending' AS turn_status), 0, CAST(:note AS text), :now FROM created
-    RETURNING pg_notify(:work_channel, turn_id))
+    RETURNING pg_notify(:work_channel, turn_id))"""
+        noted = ""
+    parts.append(
+        f"""{event}
 SELECT created.*,
        CASE WHEN {refused} THEN (SELECT id FROM found_session) END AS seen_session_id,
        CASE WHEN {refused} THEN (SELECT agent FROM found_session) END AS seen_session_agent,
@@ -365,7 +443,7 @@ SELECT created.*,
        CASE WHEN {refused} THEN (SELECT id FROM latest) END AS seen_latest_id,
        CASE WHEN {refused} THEN EXISTS (SELECT 1 FROM turns WHERE id = :id) END
            AS seen_id_taken,
-       CASE WHEN {refused} THEN {seen_calls} END AS seen_calls
+       CASE WHEN {refused} THEN {seen_calls} END AS seen_calls{noted}
 FROM (SELECT 1) AS one LEFT JOIN created ON true
 """
     )
@@ -381,11 +459,16 @@ FROM (SELECT 1) AS one LEFT JOIN created ON true
     )
     if answers:
         bound = bound.bindparams(sa.bindparam("answer_count", type_=sa.Integer))
+    if leased:
+        bound = bound.bindparams(sa.bindparam("lease_expires", type_=TIMESTAMP))
     return bound
 
 
 _CREATE = {
-    (answers, opening): PgStatement(_create_statement(answers=answers, opening=opening))
+    (answers, opening, leased): PgStatement(
+        _create_statement(answers=answers, opening=opening, leased=leased)
+    )
     for answers in (False, True)
     for opening in (False, True)
+    for leased in (False, True)
 }

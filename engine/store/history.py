@@ -48,6 +48,7 @@ __all__ = [
     "assignment_entry",
     "call_entries",
     "claim_entries",
+    "claimed_entry",
     "decision_entry",
     "decision_summary",
     "decision_words",
@@ -105,15 +106,17 @@ def claim_entries(before: TurnRecord, claimed: TurnRecord) -> list[HistoryEntry]
                 attempt=before.attempts,
             )
         )
-    entries.append(
-        HistoryEntry(
-            kind=CLAIMED,
-            note=f"claimed by {claimed.lease_owner} (attempt {claimed.attempts})",
-            at=claimed.updated_at,
-            actor=claimed.lease_owner,
-        )
-    )
+    assert claimed.lease_owner is not None  # a claim always leases
+    entries.append(claimed_entry(claimed.lease_owner, claimed.attempts, claimed.updated_at))
     return entries
+
+
+def claimed_entry(owner: str, attempt: int, at: datetime) -> HistoryEntry:
+    """The entry of ``owner`` taking the lease for ``attempt``: by a claim, or by the creator
+    of a turn that runs it itself (see :meth:`engine.store.TurnQueue.create_claimed_turn`)."""
+    return HistoryEntry(
+        kind=CLAIMED, note=f"claimed by {owner} (attempt {attempt})", at=at, actor=owner
+    )
 
 
 def _call_detail(call: ToolCallRecord) -> dict[str, Any]:

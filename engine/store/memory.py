@@ -141,7 +141,25 @@ class InMemorySessionStore:
         self, turn: NewTurn, *, answers: Sequence[InterruptAnswer] = ()
     ) -> TurnRecord:
         """See :meth:`engine.store.SessionStore.create_turn`."""
+        return self._create(turn, answers, _now(), announce=True).model_copy(deep=True)
+
+    async def create_claimed_turn(
+        self,
+        turn: NewTurn,
+        *,
+        answers: Sequence[InterruptAnswer] = (),
+        owner: str,
+        lease_seconds: float,
+    ) -> ClaimedTurn:
+        """See :meth:`engine.store.SessionStore.create_claimed_turn`."""
         now = _now()
+        created = self._create(turn, answers, now, announce=False)
+        return self._lease(created, owner, lease_seconds, now)
+
+    def _create(
+        self, turn: NewTurn, answers: Sequence[InterruptAnswer], now: datetime, *, announce: bool
+    ) -> TurnRecord:
+        """Check and create the pending turn; ``announce``: wake the workers for it."""
         session = self._sessions.get(turn.session_id)
         if session is not None:
             check_session(session, turn)
@@ -215,7 +233,8 @@ class InMemorySessionStore:
             self._rounds[turn.id][0] = RoundRecord(
                 round=0, messages=[m.copy_deep() for m in turn.initial_messages], committed=True
             )
-        self._work.set()
+        if announce:
+            self._work.set()
         self._any_change.fire(turn.id)
         self._events[turn.id] = [
             TurnEvent(
@@ -227,7 +246,7 @@ class InMemorySessionStore:
                 note=turn.note,
             )
         ]
-        return record.model_copy(deep=True)
+        return record
 
     async def read_definition(self, fingerprint: str) -> dict[str, Any] | None:
         """See :meth:`engine.store.SessionStore.read_definition`."""

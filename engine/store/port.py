@@ -93,6 +93,25 @@ class TurnQueue(Protocol):
         """
         ...
 
+    async def create_claimed_turn(
+        self,
+        turn: NewTurn,
+        *,
+        answers: Sequence[InterruptAnswer] = (),
+        owner: str,
+        lease_seconds: float,
+    ) -> ClaimedTurn:
+        """:meth:`create_turn`, the new turn leased to ``owner`` in the same transaction, for
+        a creator that runs the turn itself: its first claim (attempt 1, lease token 1, a
+        ``claimed`` history entry after its ``pending`` one), returned with its progress as
+        :meth:`claim_turn` returns it.
+
+        No work is announced (no worker is woken to find the turn leased). If the owner
+        dies, the lease expires and any worker claims the turn as it claims the turn of a
+        worker that died. Refuses, writing nothing, as :meth:`create_turn` does.
+        """
+        ...
+
     async def read_definition(self, fingerprint: str) -> dict[str, Any] | None:
         """The agent definition kept under ``fingerprint`` (see :attr:`NewTurn.definition`),
         or ``None`` if no turn was created pinned to it."""

@@ -79,11 +79,11 @@ async def test_a_claims_progress_read_travels_in_the_claims_round_trip(
     assert texts == ["Done. Transaction txn-2-acct-2.", "Done. Transaction txn-3-acct-3."]
     sent = [[statement for statement, _ in call.args[0]] for call in trips]
     claims = set(claim_sql._CHECKED_CLAIMS.values())
-    progress = [trip for trip in sent if claim_sql._CLAIMED_PROGRESS in trip]
+    progress = [trip for trip in sent if claim_sql.CLAIMED_PROGRESS in trip]
     # Two turns per workflow (the send and the resume), each leased by one claim.
     assert len(progress) >= 4
     for trip in progress:
-        at = trip.index(claim_sql._CLAIMED_PROGRESS)
+        at = trip.index(claim_sql.CLAIMED_PROGRESS)
         assert at > 0 and trip[at - 1] in claims, "the progress read follows its claim"
     assert not any(snapshots._PROGRESS in trip for trip in sent)
 

@@ -357,7 +357,7 @@ def _hot_path_reads() -> dict[str, tuple[Any, dict[str, Any]]]:
         "snapshot": (snapshots._SNAPSHOT, {"turn_id": "t500"}),
         "progress": (snapshots._PROGRESS, {"turn_id": "t500"}),
         # The leased ids come from a setting its claim made (none here: the plan is the same).
-        "claimed progress": (claim_sql._CLAIMED_PROGRESS, {}),
+        "claimed progress": (claim_sql.CLAIMED_PROGRESS, {}),
         "turn": (turns._PG_BY_ID, {"turn_id": "t500"}),
     }
 
@@ -430,7 +430,7 @@ def test_a_resume_finds_its_answers_by_the_parents_key_however_many_approvals_ar
         connection.execute("ANALYZE")
         for name, value in PLANNER_SETTINGS.items():
             connection.execute(f"SET {name} = {value}")
-        statement = turn_creation._CREATE[True, False]
+        statement = turn_creation._CREATE[True, False, False]
         connection.execute(b"PREPARE resume AS " + statement.wire_sql)
         literals = {
             "agent": "'bankingAgent'",

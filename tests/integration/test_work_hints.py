@@ -86,6 +86,28 @@ async def test_the_hints_name_every_created_turn_once(store: SqlSessionStore) ->
     assert store.take_work_hints() == []
 
 
+async def test_a_turn_created_claimed_is_announced_to_no_worker(store: SqlSessionStore) -> None:
+    """A turn its creator leased is nobody else's work: of a claimed creation and a plain
+    one, committed in that order, only the plain one is named."""
+    assert await listen_ready(store)
+    store.take_work_hints()
+    other = SqlSessionStore(store.url)
+    try:
+        await other.create_claimed_turn(new_turn("t1"), owner="creator", lease_seconds=30)
+        await other.create_turn(new_turn("t2"))
+    finally:
+        await other.close()
+
+    taken: list[str] = []
+
+    async def announced() -> bool:
+        taken.extend(await hints_after_notifications(store) or [])
+        return "t2" in taken
+
+    await eventually(announced)
+    assert taken == ["t2"]
+
+
 async def test_more_announcements_than_kept_make_the_hints_incomplete(
     store: SqlSessionStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
