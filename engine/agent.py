@@ -49,6 +49,7 @@ from engine.store import AbortOutcome, SessionStore, StoredSnapshot, TurnRecord
 from engine.store.signals import AbortSignal
 from engine.tools import Tool
 from engine.turns.executor import LeaseSettings, RetryPolicy, run_inline
+from engine.turns.handover import LocalSlots, SlotReservation, reserve_local_slot
 from engine.turns.idempotency import keyed_turn_id
 from engine.turns.ownership import own_turn, visible
 from engine.turns.request import TurnRequest
@@ -116,6 +117,7 @@ class Agent:
         lease: LeaseSettings | None = None,
         owner: str = "inline",
         local_aborts: dict[str, AbortSignal] | None = None,
+        local_pools: list[LocalSlots] | None = None,
         execution: str = "auto",
         poll_interval: float = 1.0,
         unclaimed_warning: float | None = None,
@@ -165,6 +167,8 @@ class Agent:
         #: Who leases the turns this agent runs in the caller (inline and client-managed).
         self.lease_owner = owner
         self._local_aborts = local_aborts if local_aborts is not None else {}
+        #: The engine's worker pools in this process (see engine/turns/handover.py).
+        self._local_pools = local_pools if local_pools is not None else []
         self._input_schemas: dict[str, Schema] = {t.name: t.input for t in tools}
         #: Inline runs whose caller stopped waiting (a timeout): kept until they settle.
         self._unwaited: set[asyncio.Task[TurnRecord]] = set()
@@ -227,6 +231,18 @@ class Agent:
         if self.execution == "auto":
             return self.store is not None and self.store.durable
         return self.execution == "workers"
+
+    async def reserve_slot(
+        self, store: SessionStore, app_version: str | None
+    ) -> SlotReservation | None:
+        """A free slot of a worker pool in this process for a new turn of this agent, which
+        is then created leased to that pool; ``None``: the turn goes through the queue (or,
+        for an inline agent, is run by its caller)."""
+        if not self.queued:
+            return None
+        return await reserve_local_slot(
+            self._local_pools, store=store, agent=self.name, app_version=app_version
+        )
 
     def runner_config(self) -> RunnerConfig:
         """What the turn runner needs (also used by the worker pool)."""

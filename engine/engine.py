@@ -18,6 +18,7 @@ from engine.store import SessionStore
 from engine.store.signals import AbortSignal
 from engine.tools import InterruptTool, SummarySpec, Tool, ToolFn
 from engine.turns.executor import LeaseSettings, RetryPolicy
+from engine.turns.handover import LocalSlots
 from engine.webhooks import Webhook, WebhookRoutes
 
 __all__ = ["Engine", "EngineOptions"]
@@ -86,6 +87,9 @@ class Engine:
         self.agents: dict[str, Agent] = {}
         #: Abort signals of the turns running in this process, by turn id.
         self.local_aborts: dict[str, AbortSignal] = {}
+        #: The worker pools running in this process (each registers while it runs): a turn
+        #: created while one has a free slot starts there, leased at creation.
+        self.local_pools: list[LocalSlots] = []
         self.owner = f"{socket.gethostname()}:{os.getpid()}"
         #: Group webhooks, and every webhook by URL (:mod:`engine.approvals.webhooks`).
         self.webhooks = WebhookRoutes(webhooks)
@@ -302,6 +306,7 @@ class Engine:
             lease=lease,
             owner=self.owner,
             local_aborts=self.local_aborts,
+            local_pools=self.local_pools,
             execution=execution,
             unclaimed_warning=self.unclaimed_warning,
             state_schema=state_schema,

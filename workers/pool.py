@@ -38,6 +38,7 @@ from engine.store import ClaimedTurn, FollowOnClaim, SessionStore, Transition, T
 from engine.store.signals import AbortSignal
 from engine.telemetry.log_context import turn_context
 from engine.turns.executor import execute_claimed
+from engine.turns.handover import SlotReservation
 from workers.observers import PoolObserver
 from workers.scheduler import MaintenanceScheduler
 
@@ -156,6 +157,8 @@ class WorkerPool:
         self._stopped: asyncio.Future[None] | None = None
         self._force = asyncio.Event()
         self._done: asyncio.Event | None = None
+        #: Hand-backs of turns created for a slot after the pool began stopping.
+        self._handing_back: set[asyncio.Future[None]] = set()
         self._background: asyncio.Task[None] | None = None
 
     # -- observing ---------------------------------------------------------------------
@@ -225,12 +228,15 @@ class WorkerPool:
             self.versions,
             self.concurrency,
         )
+        # Turns created in this process start in a free slot, leased at creation.
+        self.engine.local_pools.append(self)
         try:
             if self.scheduler is not None:
                 self.scheduler.start()
             await self._claim_loop()
         finally:
             self.request_stop()
+            self.engine.local_pools.remove(self)
             if forward is not None:
                 forward.cancel()
             task = asyncio.current_task()
@@ -256,6 +262,36 @@ class WorkerPool:
     async def _forward_stop(self, stop: asyncio.Event) -> None:
         await stop.wait()
         self.request_stop()
+
+    # -- turns created in this process ------------------------------------------------
+
+    async def reserve(
+        self, *, store: SessionStore, agent: str, app_version: str | None
+    ) -> SlotReservation | None:
+        """A free slot for a turn this process creates, if this pool would claim that turn
+        (see :class:`engine.turns.handover.LocalSlots`); ``None`` while stopping or full."""
+        if (
+            store is not self.store
+            or agent not in self.agents
+            or (app_version is not None and app_version not in self.versions)
+            or self._stop.is_set()
+            or self._slots.locked()
+        ):
+            return None
+        # Not locked: the acquire returns at once, before any other task runs.
+        await self._slots.acquire()
+        return _ReservedSlot(self)
+
+    def _run_created(self, claimed: ClaimedTurn) -> None:
+        """Start a turn created leased to this pool in the slot reserved for it; handed
+        back at once if the pool began stopping meanwhile."""
+        if not self._stop.is_set():
+            self._start(claimed)
+            return
+        self._slots.release()
+        handing_back = asyncio.ensure_future(self._hand_back(claimed.turn, note="worker shutdown"))
+        self._handing_back.add(handing_back)
+        handing_back.add_done_callback(self._handing_back.discard)
 
     # -- claiming ----------------------------------------------------------------------
 
@@ -638,3 +674,20 @@ class WorkerPool:
             pass  # it settled, or another worker holds it now: nothing of ours to release
         except Exception:
             logger.exception("turn %s: settling the abort failed; left to its lease", turn.id)
+
+
+class _ReservedSlot:
+    """A slot of ``pool`` held for a turn about to be created leased to the pool."""
+
+    def __init__(self, pool: WorkerPool) -> None:
+        self._pool = pool
+        self.owner = pool.owner
+        self.lease_seconds = pool.lease_seconds
+
+    def run(self, claimed: ClaimedTurn) -> None:
+        """See :meth:`engine.turns.handover.SlotReservation.run`."""
+        self._pool._run_created(claimed)
+
+    def release(self) -> None:
+        """See :meth:`engine.turns.handover.SlotReservation.release`."""
+        self._pool._release_slots(1)

@@ -42,10 +42,11 @@ from engine.state.client_state import client_turn_id, open_client_state
 from engine.state.pinning import PinningAgent, pin_turn
 from engine.state.signing import StateSigner
 from engine.status import ACTIVE_STATUSES, TurnStatus
-from engine.store import NewTurn, SessionStore, StoredSnapshot, TurnRecord
+from engine.store import InterruptAnswer, NewTurn, SessionStore, StoredSnapshot, TurnRecord
 from engine.telemetry.tracing import capture_trace_context
 from engine.tools import Tool
 from engine.turns.executor import RetryPolicy
+from engine.turns.handover import SlotReservation
 from engine.turns.idempotency import created_already, keyed_turn_id, repeated_turn
 from engine.turns.ownership import check_own, visible
 from engine.turns.request import TurnRequest
@@ -77,6 +78,10 @@ class StartingAgent(PinningAgent, Protocol):
 
     @property
     def lease_owner(self) -> str: ...
+
+    async def reserve_slot(
+        self, store: SessionStore, app_version: str | None
+    ) -> SlotReservation | None: ...
 
 
 @dataclass
@@ -229,11 +234,15 @@ async def _create(
             asyncio.ensure_future(base.store.wait_for_change(new.id, agent.poll_interval))
         )
     try:
-        turn = await base.store.create_turn(new, answers=answers)
+        turn = await _created(
+            base.store, new, answers, await agent.reserve_slot(base.store, new.app_version)
+        )
     except AgentError as refused:
         # The creation may be this request's own: committed by an attempt whose answer
         # was lost (the store retried it and found it done), or by the first request
-        # under the same idempotency key. Then it is a success, not a conflict.
+        # under the same idempotency key. Then it is a success, not a conflict. (A turn
+        # created leased to a slot of ours whose answer was lost runs once its lease
+        # expires, like a turn of a worker that died.)
         turn = await created_already(base.store, new, refused)
     logger.info(
         "turn %s (%s) created in session %r for agent %s%s",
@@ -244,6 +253,27 @@ async def _create(
         f", a branch of snapshot {turn.parent_id}" if base.branch else "",
     )
     return StartedTurn(store=base.store, turn=turn)
+
+
+async def _created(
+    store: SessionStore,
+    new: NewTurn,
+    answers: list[InterruptAnswer],
+    slot: SlotReservation | None,
+) -> TurnRecord:
+    """Create the turn: for the queue, or, given a free ``slot`` of a pool in this process,
+    leased to that pool and started in the slot at once (engine/turns/handover.py)."""
+    if slot is None:
+        return await store.create_turn(new, answers=answers)
+    try:
+        claimed = await store.create_claimed_turn(
+            new, answers=answers, owner=slot.owner, lease_seconds=slot.lease_seconds
+        )
+    except BaseException:
+        slot.release()
+        raise
+    slot.run(claimed)
+    return claimed.turn
 
 
 async def _base(agent: StartingAgent, request: TurnRequest) -> _Base:

@@ -172,6 +172,18 @@ class Cluster:
             )
         return self._app
 
+    def process_env(self) -> dict[str, str]:
+        """The environment of a process serving the app: the shared settings, the ledger and
+        the execution log."""
+        return {
+            "TEST_LEDGER": str(self.ledger),
+            "TEST_EXECUTIONS": str(self.executions_path),
+            "TEST_LEASE_SECONDS": str(self.settings["lease_seconds"]),
+            "TEST_TRANSFER_SECONDS": str(self.settings["transfer_seconds"]),
+            "TEST_MODEL_AFTER_TOOL_SECONDS": str(self.settings["model_after_tool_seconds"]),
+            "TEST_APPROVAL_TIMEOUT": str(self.settings["approval_timeout"]),
+        }
+
     def start_worker(self, *, concurrency: int = 4) -> Worker:
         """Start a ``turnstile worker`` process on this database."""
         name = f"worker{len(self.workers) + 1}"
@@ -179,13 +191,8 @@ class Cluster:
         log_file = log_path.open("wb")
         env = {
             **os.environ,
+            **self.process_env(),
             "TURNSTILE_DATABASE_URL": self.worker_url,
-            "TEST_LEDGER": str(self.ledger),
-            "TEST_EXECUTIONS": str(self.executions_path),
-            "TEST_LEASE_SECONDS": str(self.settings["lease_seconds"]),
-            "TEST_TRANSFER_SECONDS": str(self.settings["transfer_seconds"]),
-            "TEST_MODEL_AFTER_TOOL_SECONDS": str(self.settings["model_after_tool_seconds"]),
-            "TEST_APPROVAL_TIMEOUT": str(self.settings["approval_timeout"]),
             "PYTHONUNBUFFERED": "1",
             "PYTHONPATH": os.pathsep.join(
                 p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p

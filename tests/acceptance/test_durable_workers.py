@@ -19,12 +19,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from engine import AgentError, TurnFailedError, TurnStatus
 from engine.errors import ApprovalNotPendingError, SessionBusyError
-from tests.acceptance.durable_support import Cluster, Worker, eventually
+from tests.acceptance.durable_support import APP_SPEC, Cluster, Worker, eventually
 from tests.databases import postgres_url
+from tests.http_support import serve_process
 
 
 @pytest.fixture
@@ -198,6 +200,61 @@ async def test_worker_killed_mid_tool_call_is_replaced_and_the_call_reruns_under
     assert cluster.executions_of(earlier_key, "done") == [first.pid]
     assert cluster.ledger_keys() == Counter({earlier_key: 1, key: 1})
     assert await events_of(cluster, turn_id) == [(None, "pending", 0), ("pending", "completed", 2)]
+
+
+async def test_a_server_killed_mid_call_of_a_turn_it_leased_at_creation_loses_nothing(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """``serve --workers 2`` creates a sent turn leased to its own pool (the claim is in the
+    creating statement: same moment as the pending entry) and runs it; SIGKILL during its
+    transfer leaves the lease to expire, a worker process then claims the turn as attempt 2,
+    re-runs only the unfinished call under its key and books it once."""
+    cluster.configure(transfer_seconds=2.5)
+    body = {
+        "data": {
+            "message": {"role": "user", "content": [{"text": "parallel transfer $10 to Carol"}]}
+        },
+        "init": {},
+    }
+    log = tmp_path / "serve.log"
+    with (
+        serve_process(cluster.url, app=APP_SPEC, workers=2, env=cluster.process_env(), log=log) as (
+            base,
+            server,
+        ),
+        ThreadPoolExecutor(1) as background,
+    ):
+        # The request dies with the server: only the turn it created matters.
+        background.submit(httpx.post, f"{base}/api/bankingAgent", json=body, timeout=60)
+        key = await cluster.wait_execution("", "start")
+        turn_id = key.split(":")[0]
+        leased = await turn_row(cluster, turn_id)
+        server.kill()
+        server.wait()
+    assert (leased["status"], leased["attempts"], leased["lease_token"]) == ("pending", 1, 1)
+    first = await cluster.query(
+        "SELECT kind, actor, at FROM turn_events WHERE turn_id = %s ORDER BY id LIMIT 2",
+        (turn_id,),
+    )
+    (created, _, created_at), (claimed, owner, claimed_at) = first
+    assert (created, claimed, owner) == ("status", "claimed", leased["lease_owner"])
+    assert claimed_at == created_at, "claimed by the creating statement"
+
+    worker = cluster.start_worker()
+    paused = await cluster.app().banking_agent.wait(turn_id, timeout=30)
+    assert paused.finish_reason == "interrupted", cluster.logs() + log.read_text()
+    assert cluster.executions_of(key, "start") == [server.pid, worker.pid]
+    assert cluster.executions_of(key, "done") == [worker.pid]
+    assert cluster.ledger_keys() == Counter({key: 1})
+    row = await turn_row(cluster, turn_id)
+    assert (row["status"], row["attempts"]) == ("completed", 2)
+    kinds = await cluster.query(
+        "SELECT kind, actor FROM turn_events WHERE turn_id = %s AND kind IN "
+        "('claimed', 'lease lost') ORDER BY id",
+        (turn_id,),
+    )
+    assert [k for k, _ in kinds] == ["claimed", "lease lost", "claimed"]
+    assert kinds[1][1] == leased["lease_owner"]
 
 
 async def test_worker_killed_after_a_call_finished_never_reruns_it(cluster: Cluster) -> None:

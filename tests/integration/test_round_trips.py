@@ -22,6 +22,7 @@ from engine.store import InterruptAnswer, NewTurn, RoundRecord, Transition, Turn
 from examples.banking import BankingApp, build
 from stores import SqlSessionStore, snapshots
 from stores import turn_claims as claim_sql
+from stores import turn_creation as creation_sql
 from stores import turns as turn_sql
 from tests.conftest import TEST_STATE_KEYS
 from tests.databases import sql_store
@@ -68,8 +69,9 @@ async def test_a_claims_progress_read_travels_in_the_claims_round_trip(
     store: SqlSessionStore,
 ) -> None:
     """Through a worker pool, each turn of an approval workflow is leased with its progress
-    in the claim's own round trip (a claim, then the progress read, in one pipeline): no
-    round trip of the store's carries a progress read alone."""
+    in the round trip that leases it (a claim, or a creation leased to this process's pool,
+    then the progress read, in one pipeline): no round trip of the store's carries a
+    progress read alone."""
     app = build(store=store, state_keys=TEST_STATE_KEYS)
     async with WorkerPool(app.ai, store, concurrency=2, scheduler=False):
         await approve_a_transfer(app, 1)  # warm: pools connected, statements prepared
@@ -78,13 +80,14 @@ async def test_a_claims_progress_read_travels_in_the_claims_round_trip(
 
     assert texts == ["Done. Transaction txn-2-acct-2.", "Done. Transaction txn-3-acct-3."]
     sent = [[statement for statement, _ in call.args[0]] for call in trips]
-    claims = set(claim_sql._CHECKED_CLAIMS.values())
+    leasing = {*claim_sql._CHECKED_CLAIMS.values()}
+    leasing |= {statement for (*_, leased), statement in creation_sql._CREATE.items() if leased}
     progress = [trip for trip in sent if claim_sql.CLAIMED_PROGRESS in trip]
-    # Two turns per workflow (the send and the resume), each leased by one claim.
+    # Two turns per workflow (the send and the resume), each leased once.
     assert len(progress) >= 4
     for trip in progress:
         at = trip.index(claim_sql.CLAIMED_PROGRESS)
-        assert at > 0 and trip[at - 1] in claims, "the progress read follows its claim"
+        assert at > 0 and trip[at - 1] in leasing, "the progress read follows its lease"
     assert not any(snapshots._PROGRESS in trip for trip in sent)
 
 
