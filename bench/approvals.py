@@ -9,6 +9,11 @@ benchmark runs, on a fresh database each time:
   --concurrency S`` and, in this process, ``--clients`` concurrent chats each doing
   ``chat.send("Transfer $k to acct k")`` (returns paused at the userApproval interrupt) then
   ``chat.resume(respond=[approve])`` (returns the final answer);
+* **turnstile-embedded** — the same clients, with one of the P pools in this process: a
+  ``WorkerPool`` of S slots on the clients' own store and event loop (as ``turnstile serve
+  --workers S`` runs one), from before the warm-up until after the idle phase, plus P - 1
+  worker processes as above (``--processes 1``: the embedded pool alone). Its claims are
+  timestamped like the worker processes'; its client CPU includes the pool's work;
 * **floor** — the same workload in raw psycopg writing the minimum rows that keep the
   product's recovery guarantees (``bench/floor.py``); ``--impl`` can add
   **floor-settle-only**, the floor without the transfer round's two checkpoints (what
@@ -24,11 +29,16 @@ benchmark runs, on a fresh database each time:
       .venv/bin/python bench/approvals.py --impl turnstile,floor,langgraph \\
           --processes 1 --slots 1,8 --rounds 3 --workflows 800 --idle 50
 
-With ``--rounds`` the implementations alternate within each configuration, and Turnstile's
-throughput is reported as a share of the floor's and as a multiple of each peer's (medians
-of the rounds' ratios). It reports workflows/s, the resume→pickup / resume→settled /
-resume→returned latencies (a peer: only returned), and per workflow: commits, writing
-transactions, WAL bytes and records, full-page images, WAL syncs and CPU time.
+With ``--rounds`` the implementations alternate within each configuration, and the
+throughput of each of Turnstile's configurations (turnstile, turnstile-embedded) is reported
+as a share of the floor's and as a multiple of each peer's (medians of the rounds' ratios)::
+
+    .venv/bin/python bench/approvals.py --impl turnstile,turnstile-embedded,langgraph \\
+        --processes 1 --slots 1,8 --workflows 300 --idle 20
+
+It reports workflows/s, the resume→pickup / resume→settled / resume→returned latencies (a
+peer: only returned), and per workflow: commits, writing transactions, WAL bytes and
+records, full-page images, WAL syncs and CPU time.
 ``docs/performance.md`` defines every number. Run nothing else on the server meanwhile:
 WAL counters and transaction ids are cluster-wide.
 """
@@ -53,12 +63,15 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import psycopg
+from sqlalchemy.engine import make_url
 
 from bench import floor
 from bench.common import (
     STATE_KEYS,
+    ClaimClock,
     Databases,
     Processes,
     Sample,
@@ -77,6 +90,7 @@ from bench.common import (
     wait_until_idle,
 )
 from bench.report import (
+    EMBEDDED,
     FLOORS,
     IMPLS,
     PEERS,
@@ -84,10 +98,15 @@ from bench.report import (
     Latencies,
     Result,
     is_floor,
+    is_ours,
     is_peer,
     report,
 )
 from stores.notify import LISTEN_STATEMENT
+
+if TYPE_CHECKING:
+    from engine import Engine
+    from engine.store import SessionStore
 
 Workflow = Callable[[int, int], Awaitable[Sample]]
 Phases = tuple[list[Sample], list[Sample], list[str], float]
@@ -125,15 +144,37 @@ async def _phases(
 
 
 async def turnstile_clients(
-    url: str, args: argparse.Namespace, watch: Callable[[], None]
+    url: str,
+    args: argparse.Namespace,
+    watch: Callable[[], None],
+    *,
+    embedded_slots: int = 0,
+    claim_log: Path | None = None,
+    listening: int = 1,
 ) -> Phases:
-    """The product's client side: concurrent chats on one store, in this process."""
+    """The product's client side: concurrent chats on one store, in this process.
+
+    With ``embedded_slots``, also a worker pool of that many slots on the same store, in
+    this event loop, running from before the warm-up until after the idle phase; its claims
+    are appended to ``claim_log`` (read like the worker processes' claim logs). The phases
+    start once ``listening`` backends listen for work: the worker processes' and the pool's.
+    """
     os.environ["TURNSTILE_DATABASE_URL"] = url  # examples.banking builds a (lazy) app on import
     from examples.banking import build
     from stores import SqlSessionStore
 
-    store = SqlSessionStore(url)
-    agent = build(store=store, state_keys=STATE_KEYS).banking_agent
+    pool_size = None
+    if embedded_slots:
+        from stores.sql import default_pool_size
+        from workers.cli.startup import worker_pool_size
+
+        # The connections the clients' store and a worker process's store would have had
+        # apart, so the embedded pool does not wait for connections the other configuration
+        # had to spare.
+        pool_size = default_pool_size() + worker_pool_size(embedded_slots)
+    store = SqlSessionStore(url, pool_size=pool_size)
+    app = build(store=store, state_keys=STATE_KEYS)
+    agent = app.banking_agent
 
     async def workflow(client: int, k: int) -> Sample:
         chat = agent.chat()
@@ -148,9 +189,59 @@ async def turnstile_clients(
         return Sample(done.snapshot_id, resume_at, done_at)
 
     try:
-        return await _phases(workflow, args, watch)
+        if not embedded_slots:
+            return await _phases(workflow, args, watch)
+        ready = (make_url(url).database or "", listening)
+        return await _with_embedded_pool(
+            app.ai, store, embedded_slots, claim_log, ready, workflow, args, watch
+        )
     finally:
         await store.close()
+
+
+async def _with_embedded_pool(
+    engine: Engine,
+    store: SessionStore,
+    slots: int,
+    claim_log: Path | None,
+    ready: tuple[str, int],
+    workflow: Workflow,
+    args: argparse.Namespace,
+    watch: Callable[[], None],
+) -> Phases:
+    """The phases with a :class:`~workers.pool.WorkerPool` of ``slots`` slots running in
+    this event loop, set up as ``turnstile worker`` sets up its pool (the default poll
+    interval, grace and maintenance jobs), observed by a :class:`ClaimClock`. ``ready``:
+    the database and how many backends listen for work once the pool does."""
+    from workers.pool import WorkerPool
+
+    clock = ClaimClock(claim_log, at_exit=False)
+    pool = WorkerPool(engine, store=store, concurrency=slots, observers=[clock])
+    stop = asyncio.Event()
+    running = asyncio.create_task(pool.run(stop), name="embedded worker pool")
+
+    def watch_all() -> None:
+        watch()
+        if running.done():
+            problem = "cancelled" if running.cancelled() else repr(running.exception())
+            raise RuntimeError(f"the embedded worker pool stopped during the run: {problem}")
+
+    try:
+        # Like start_workers: measure from when every pool listens for work (the store's
+        # listener starts once the pool first waits for work; the worker processes already
+        # listen), so no warm-up turn waits for a poll instead.
+        database, listening = ready
+        deadline = time.monotonic() + 60
+        while await asyncio.to_thread(count_backends, database, LISTEN_STATEMENT) < listening:
+            watch_all()
+            if time.monotonic() > deadline:
+                raise RuntimeError("the embedded worker pool not listening after 60 s")
+            await asyncio.sleep(0.1)
+        return await _phases(workflow, args, watch_all)
+    finally:
+        stop.set()  # then running turns finish (or are handed back after the grace period)
+        await running
+        clock.write()
 
 
 async def _floor_clients(dsn: str, args: argparse.Namespace, watch: Callable[[], None]) -> Phases:
@@ -239,7 +330,7 @@ class Bench:
 def measure(bench: Bench, impl: str, processes: int, slots: int, round: int = 1) -> Result:
     """One implementation on one configuration, on a fresh database (dropped afterwards)."""
     args, databases, children = bench.args, bench.databases, bench.children
-    copy = bench.template if impl == "turnstile" else None  # peers and floors: their own
+    copy = bench.template if is_ours(impl) else None  # peers and floors: their own
     name = databases.create(
         f"{impl.replace('-', '_')}_{processes}p{slots}s_r{round}", template=copy
     )
@@ -261,15 +352,26 @@ def measure(bench: Bench, impl: str, processes: int, slots: int, round: int = 1)
             phases, start_up = _peer_phases(impl, dsn, processes, slots, args)
             loaded, idle, errors, seconds = phases
         else:
+            # turnstile-embedded: the benchmark process runs one of the P pools itself.
+            separate = processes - 1 if impl == EMBEDDED else processes
             try:
-                start_workers(impl, processes, slots, name, children, logs, args.profile)
+                start_workers(impl, separate, slots, name, children, logs, args.profile)
                 # Not per-workflow work: importing, connecting, checking the schema (≈ 0.5 s
                 # of CPU for each of our workers), counted apart so four processes do not
                 # look like four times the cost per workflow.
                 start_up = children.cpu_seconds()
-                clients = _floor_clients if is_floor(impl) else turnstile_clients
-                target = dsn if is_floor(impl) else url_for(name)
-                loaded, idle, errors, seconds = asyncio.run(clients(target, args, children.check))
+                if is_floor(impl):
+                    run = _floor_clients(dsn, args, children.check)
+                else:
+                    run = turnstile_clients(
+                        url_for(name),
+                        args,
+                        children.check,
+                        embedded_slots=slots if impl == EMBEDDED else 0,
+                        claim_log=logs / "claims-embedded.log",
+                        listening=processes,
+                    )
+                loaded, idle, errors, seconds = asyncio.run(run)
             finally:
                 children.stop()
         wait_until_idle(name)
@@ -319,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
         "--clients",
         type=int,
         default=32,
-        help="concurrent client chats (turnstile, floors; a peer runs P x S at a time)",
+        help="concurrent client chats (ours, floors; a peer runs P x S at a time)",
     )
     parser.add_argument("--warmup", type=int, help="untimed workflows first (default: clients)")
     parser.add_argument("--idle", type=int, default=200, help="workflows run one at a time")
@@ -328,9 +430,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--impl",
         default="turnstile,floor",
-        help="a comma-separated choice of turnstile, floor, floor-settle-only, langgraph, "
-        "langgraph-async; 'both' is turnstile,floor; 'all' adds floor-settle-only (the "
-        "peers need pip install -e '.[bench]')",
+        help="a comma-separated choice of turnstile, turnstile-embedded (one of the P pools "
+        "in this process), floor, floor-settle-only, langgraph, langgraph-async; 'both' is "
+        "turnstile,floor; 'all' adds floor-settle-only (the peers need pip install -e "
+        "'.[bench]')",
     )
     parser.add_argument(
         "--langgraph-durability",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import contextlib
 import math
 import os
@@ -18,15 +19,19 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import psycopg
 from sqlalchemy.engine import make_url
+
+if TYPE_CHECKING:
+    from engine.store import TurnRecord
 
 __all__ = [
     "ADMIN_URL",
     "REPO",
     "STATE_KEYS",
+    "ClaimClock",
     "Databases",
     "Processes",
     "Sample",
@@ -381,6 +386,33 @@ async def drive(
             task.cancel()
         await asyncio.gather(work, guard, return_exceptions=True)
     return samples, errors, time.perf_counter() - started
+
+
+class ClaimClock:
+    """A :class:`~workers.observers.PoolObserver` that timestamps every claim, in memory, as
+    ``<unix time> <turn id> <attempt>`` lines, and appends them to ``path`` on :meth:`write`
+    (no file write on the hot path). With ``at_exit``, :meth:`write` also runs when the
+    process exits: how a worker process, stopped by a signal, hands its claims over."""
+
+    def __init__(self, path: str | Path | None, *, at_exit: bool = True) -> None:
+        self.path = path
+        self.lines: list[str] = []
+        if path is not None and at_exit:
+            atexit.register(self.write)
+
+    def turn_claimed(self, turn: TurnRecord) -> None:
+        if self.path is not None:
+            self.lines.append(f"{time.time():.6f} {turn.id} {turn.attempts}\n")
+
+    def turn_finished(self, turn: TurnRecord, settled: TurnRecord | None, seconds: float) -> None:
+        """Nothing to record: the benchmark times the settle from its own side."""
+
+    def write(self) -> None:
+        """Append the claims recorded so far to ``path`` and forget them."""
+        if self.path is not None and self.lines:
+            with open(self.path, "a", encoding="utf-8") as log:
+                log.writelines(self.lines)
+            self.lines.clear()
 
 
 def read_claims(folder: Path) -> dict[str, float]:

@@ -8,16 +8,25 @@ from dataclasses import dataclass, field
 from bench.common import Sample, ServerStats, fmt, percentile, render_table
 
 __all__ = [
+    "EMBEDDED",
     "FLOORS",
     "IMPLS",
+    "OURS",
     "PEERS",
     "SETTLE_ONLY",
     "Latencies",
     "Result",
     "is_floor",
+    "is_ours",
     "is_peer",
     "report",
 ]
+
+#: Turnstile with a worker pool in the clients' own process (and P - 1 worker processes).
+EMBEDDED = "turnstile-embedded"
+#: The product's configurations: every worker in a process of its own, or one pool embedded
+#: in the clients' process. Each is compared with the floors and the peers on its own.
+OURS = ("turnstile", EMBEDDED)
 
 #: The floor without the transfer round's checkpoints (see ``bench/floor.py``).
 SETTLE_ONLY = "floor-settle-only"
@@ -27,7 +36,12 @@ FLOORS = ("floor", SETTLE_ONLY)
 #: The peers: LangGraph with its sync saver and threads, and with its async saver and tasks
 #: (``bench/langgraph_peer.py``; optional dependencies, ``pip install -e '.[bench]'``).
 PEERS = ("langgraph", "langgraph-async")
-IMPLS = ("turnstile", *FLOORS, *PEERS)
+IMPLS = (*OURS, *FLOORS, *PEERS)
+
+
+def is_ours(impl: str) -> bool:
+    """Whether ``impl`` names one of the product's configurations (:data:`OURS`)."""
+    return impl in OURS
 
 
 def is_floor(impl: str) -> bool:
@@ -96,8 +110,9 @@ class Latencies:
 
 @dataclass
 class Result:
-    """One implementation (``turnstile``, a floor or a peer; see :data:`IMPLS`) on one
-    configuration."""
+    """One implementation (``turnstile``, ``turnstile-embedded``, a floor or a peer; see
+    :data:`IMPLS`) on one configuration. For ``turnstile-embedded`` ``client_cpu_s`` includes
+    the embedded pool's work and ``worker_cpu_s`` is only the other P - 1 processes'."""
 
     impl: str
     processes: int
@@ -150,10 +165,30 @@ def _verdict(met: bool, value: float) -> str:
     return "not measured" if math.isnan(value) else "met" if met else "NOT met"
 
 
+def _notes(results: list[Result]) -> list[str]:
+    """The failures and missing claims of each run, and how to read the embedded runs' CPU."""
+    lines: list[str] = []
+    for r in results:
+        # A peer has no queue, so no pickups to log.
+        missing = 0 if is_peer(r.impl) else r.loaded.missing_pickups + r.idle.missing_pickups
+        if r.errors or missing:
+            first = f" (first: {r.errors[0]})" if r.errors else ""
+            lines.append(
+                f"  note: {r.label}: {len(r.errors)} failed workflows{first}; "
+                f"{missing} resumes without a logged claim"
+            )
+    if any(r.impl == EMBEDDED for r in results):
+        lines.append(
+            f"  note: {EMBEDDED}: its client CPU includes the embedded pool's work; its worker "
+            "CPU is only the other processes'"
+        )
+    return lines
+
+
 def report(results: list[Result]) -> str:
     """The throughput, latency and cost tables, and the target checks."""
 
-    # A round's turnstile run is compared with the same round's floor: they ran one after
+    # A round's run of ours is compared with the same round's floor: they ran one after
     # the other, so a machine whose speed drifts affects both alike.
     # The target's floor keeps the product's recovery guarantees; the settle-only floor
     # (earlier rounds') is shown beside it when it was measured.
@@ -161,7 +196,8 @@ def report(results: list[Result]) -> str:
         return {(r.processes, r.slots, r.round): r.rate for r in results if r.impl == impl}
 
     floors, settle_only = rates("floor"), rates(SETTLE_ONLY)
-    # Peers: Turnstile's throughput as a multiple of theirs, same configuration and round.
+    # Peers: each of our configurations' throughput as a multiple of theirs, same
+    # configuration and round.
     peers = {impl: rates(impl) for impl in PEERS if any(r.impl == impl for r in results)}
 
     def share(r: Result, of: dict[tuple[int, int, int | None], float] = floors) -> float:
@@ -175,7 +211,7 @@ def report(results: list[Result]) -> str:
     speed_header.append("errors")
     speed = []
     for r in results:
-        ours = r.impl == "turnstile"
+        ours = is_ours(r.impl)
         row = [r.label, fmt(r.rate), _percent(share(r)) if ours else ""]
         if settle_only:
             row.append(_percent(share(r, settle_only)) if ours else "")
@@ -243,11 +279,11 @@ def report(results: list[Result]) -> str:
         "",
         "Targets",
     ]
-    configs: dict[str, list[Result]] = {}
+    configs: dict[tuple[str, str], list[Result]] = {}
     for r in results:
-        if r.impl == "turnstile":
-            configs.setdefault(r.config, []).append(r)
-    for config, runs in configs.items():
+        if is_ours(r.impl):
+            configs.setdefault((r.config, r.impl), []).append(r)
+    for (config, impl), runs in configs.items():
         # Several rounds: the median of their ratios, and the p50 of all their idle pickups.
         shares = [share(r) for r in runs]
         ratio = _median(shares)
@@ -258,30 +294,22 @@ def report(results: list[Result]) -> str:
             else ""
         )
         lines.append(
-            f"  {config} turnstile: {_percent(ratio)} of the floor's throughput{rounds} "
+            f"  {config} {impl}: {_percent(ratio)} of the floor's throughput{rounds} "
             f"(target >= 50%: {_verdict(ratio >= 50, ratio)}); idle resume->pickup p50 "
             f"{fmt(pickup, 2)} ms (target <= 5 ms: {_verdict(pickup <= 5, pickup)})"
         )
         if settle_only:
             others = [share(r, settle_only) for r in runs]
             lines.append(
-                f"  {config} turnstile: {_percent(_median(others))} of the settle-only floor's "
+                f"  {config} {impl}: {_percent(_median(others))} of the settle-only floor's "
                 f"(for comparison with earlier rounds; not the target's floor)"
             )
         for peer, of in peers.items():
             times = [share(r, of) / 100 for r in runs]
             each = f" (median of {len(runs)} rounds: {', '.join(map(_times, times))})"
             lines.append(
-                f"  {config} turnstile: {_times(_median(times))} {peer}'s throughput"
+                f"  {config} {impl}: {_times(_median(times))} {peer}'s throughput"
                 f"{each if len(runs) > 1 else ''}"
             )
-    for r in results:
-        # A peer has no queue, so no pickups to log.
-        missing = 0 if is_peer(r.impl) else r.loaded.missing_pickups + r.idle.missing_pickups
-        if r.errors or missing:
-            first = f" (first: {r.errors[0]})" if r.errors else ""
-            lines.append(
-                f"  note: {r.label}: {len(r.errors)} failed workflows{first}; "
-                f"{missing} resumes without a logged claim"
-            )
+    lines += _notes(results)
     return "\n".join(lines)

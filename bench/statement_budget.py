@@ -1,19 +1,21 @@
 """Where the database's work per approval workflow goes: the statement budget.
 
-``python bench/statement_budget.py [--slots 1,8] [--workflows 500]``
+``python bench/statement_budget.py [--slots 1,8] [--workflows 500] [--embedded]``
 
 Starts a **private** PostgreSQL 15 instance (``initdb`` into a temporary folder, its own port
 and socket folder, ``pg_stat_statements`` preloaded with ``track = all``, ``track_io_timing``
-on, ``fsync`` on as in production), so the shared server and its counters are never touched.
-For each slot count it copies a migrated template, starts one ``turnstile worker`` process
-with that many slots, runs ``--workflows`` approval workflows from ``--clients`` concurrent
-chats in this process (``bench/approvals.py``'s Turnstile path, no warm-up, no idle phase)
-and prints, per normalized statement (the statements inside trigger functions included,
-marked ``nested``): calls, rows, mean and total execution ms, share of the top-level total,
-WAL bytes and shared blocks hit / dirtied, all per workflow. Then the totals per workflow:
-commits (``pg_stat_database.xact_commit``), writing transactions, WAL bytes
-(``pg_current_wal_lsn``) and the server's CPU (every process of the private instance, from
-/proc). The instance is stopped and deleted at the end, also on Ctrl-C or SIGTERM.
+on, ``fsync`` on as in production), so the shared server and its counters are never touched. For
+each slot count it copies a migrated template, starts one ``turnstile worker`` process with that
+many slots (with ``--embedded``: instead a worker pool of that many slots in this process, on
+the clients' store, as ``bench/approvals.py --impl turnstile-embedded`` runs it), runs
+``--workflows`` approval workflows from ``--clients`` concurrent chats in this process
+(``bench/approvals.py``'s Turnstile path, no warm-up, no idle phase) and prints, per normalized
+statement (the statements inside trigger functions included, marked ``nested``): calls, rows,
+mean and total execution ms, share of the top-level total, WAL bytes and shared blocks hit /
+dirtied, all per workflow. Then the totals per workflow: commits
+(``pg_stat_database.xact_commit``), writing transactions, WAL bytes (``pg_current_wal_lsn``) and
+the server's CPU (every process of the private instance, from /proc). The instance is stopped
+and deleted at the end, also on Ctrl-C or SIGTERM.
 
 A nested statement's time and WAL are also inside its top-level statement's figures, so the
 shares are of the top-level total and the nested rows say where part of a top-level cost
@@ -405,8 +407,9 @@ def read_table_writes(database: str) -> list[TableWrites]:
 def measure(
     server: PrivateServer, databases: common.Databases, template: str, args: argparse.Namespace
 ) -> Budget:
-    """One run: a fresh copy of the template, one worker process of ``args.slots`` slots,
-    ``args.workflows`` workflows; the budget read before the copy is dropped."""
+    """One run: a fresh copy of the template, one worker process of ``args.slots`` slots
+    (``args.embedded``: a pool in this process instead), ``args.workflows`` workflows; the
+    budget read before the copy is dropped."""
     from bench import approvals  # reads bench.common's admin URL when called
 
     name = databases.create(f"{args.slots}s", template=template)
@@ -421,11 +424,18 @@ def measure(
         phases = argparse.Namespace(
             workflows=args.workflows, warmup=0, idle=0, clients=args.clients, profile=None
         )
+        embedded = args.slots if args.embedded else 0
         try:
-            approvals.start_workers("turnstile", 1, args.slots, name, children, logs)
-            _, _, errors, seconds = asyncio.run(
-                approvals.turnstile_clients(common.url_for(name), phases, children.check)
+            if not embedded:
+                approvals.start_workers("turnstile", 1, args.slots, name, children, logs)
+            clients = approvals.turnstile_clients(
+                common.url_for(name),
+                phases,
+                children.check,
+                embedded_slots=embedded,
+                claim_log=logs / "claims-embedded.log",
             )
+            _, _, errors, seconds = asyncio.run(clients)
         finally:
             children.stop()
         common.wait_until_idle(name)
@@ -445,7 +455,8 @@ def measure(
             server_cpu_s=cpu,
             errors=len(errors),
         )
-        return budget(f"1 process x {args.slots} slots", statements, totals, tables)
+        where = "embedded pool" if args.embedded else "1 process"
+        return budget(f"{where} x {args.slots} slots", statements, totals, tables)
     finally:
         shutil.rmtree(logs, ignore_errors=True)
         databases.drop(name)
@@ -457,6 +468,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workflows", type=int, default=500, help="workflows per run")
     parser.add_argument("--slots", default="1,8", help="slots of the one worker, e.g. 1,8")
     parser.add_argument("--clients", type=int, default=32, help="concurrent client chats")
+    parser.add_argument(
+        "--embedded",
+        action="store_true",
+        help="run the worker pool in this process, on the clients' store, instead of a "
+        "turnstile worker process",
+    )
     parser.add_argument("--limit", type=int, default=40, help="statements printed per run")
     parser.add_argument(
         "--min-calls",
