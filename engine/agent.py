@@ -595,7 +595,10 @@ class Agent:
         else:
             turn, messages = settled, await store.load_conversation(settled.id)
         if self.store is not None:
-            return settled_response(turn, messages, self._input_schemas)
+            response = settled_response(turn, messages, self._input_schemas)
+            if isinstance(settled, StoredSnapshot):
+                response.stored = settled
+            return response
         # Client-managed: the client keeps the conversation, signed; there is no snapshot id.
         fingerprint = turn.definition_fingerprint
         definition = await store.read_definition(fingerprint) if fingerprint else None

@@ -18,7 +18,7 @@ from engine.errors import SessionBusyError, TurnFailedError, TurnTimeoutError
 from engine.response import AgentChunk, AgentResponse
 from engine.state.snapshots import coerce_message, coerce_part
 from engine.status import TurnStatus
-from engine.store import AbortOutcome, SessionStore, TurnInput, TurnRecord
+from engine.store import AbortOutcome, SessionStore, StoredSnapshot, TurnInput, TurnRecord
 from engine.turns.request import TurnRequest
 
 __all__ = [
@@ -241,6 +241,8 @@ class Chat(ChatAPI):
         #: The session's artifacts as of the last settled turn.
         self.artifacts: list[Artifact] = []
         self._running: tuple[SessionStore, TurnRecord] | None = None
+        #: The snapshot the chat points at, as its last answer read it settled.
+        self._seen: StoredSnapshot | None = None
 
     @property
     def pending_snapshot_id(self) -> str | None:
@@ -271,12 +273,15 @@ class Chat(ChatAPI):
 
     async def _turn(self, call: TurnCall) -> AgentResponse:
         try:
+            # Used once: a refused request reads the snapshot afresh next time.
+            seen, self._seen = self._seen, None
             request = TurnRequest(
                 input=self._input(call.message, call.resume),
                 session_id=self.session_id,
                 snapshot_id=self.snapshot_id,
                 state=self.state,
                 idempotency_key=call.idempotency_key,
+                seen=seen if seen is not None and seen.turn.id == self.snapshot_id else None,
             )
 
             def started(store: SessionStore, turn: TurnRecord) -> None:
@@ -312,3 +317,4 @@ class Chat(ChatAPI):
             self.state = response.state
         else:
             self.snapshot_id = response.snapshot_id
+            self._seen = response.stored

@@ -11,7 +11,7 @@ from engine.conversation.schemas import Schema, SchemaViolation, to_jsonable
 from engine.conversation.session_state import Artifact, SessionData
 from engine.errors import AgentError, TurnFailedError
 from engine.status import FinishReason, TurnStatus
-from engine.store import TurnRecord
+from engine.store import StoredSnapshot, TurnRecord
 
 __all__ = [
     "AgentChunk",
@@ -144,6 +144,10 @@ class AgentResponse:
     #: The session's custom state and artifacts as of the turn's last committed round.
     custom: Any = None
     artifacts: list[Artifact] = field(default_factory=list)
+    #: The stored snapshot this response was made from, when it was read whole (a durable
+    #: agent's settled turn): a chat continuing from it passes it on instead of reading it
+    #: again (:attr:`engine.turns.request.TurnRequest.seen`). Not part of the wire form.
+    stored: StoredSnapshot | None = field(default=None, repr=False, compare=False)
 
     @property
     def message(self) -> Message | None:

@@ -12,7 +12,7 @@ from typing import Any
 
 from engine.conversation.parts import Message
 from engine.conversation.session_state import SessionData
-from engine.store import TurnInput
+from engine.store import StoredSnapshot, TurnInput
 
 __all__ = ["TurnRequest"]
 
@@ -40,3 +40,7 @@ class TurnRequest:
     opening: tuple[Message, ...] | None = None
     #: The session state a fork opens with: its source's as of the round it copies.
     opening_state: SessionData | None = None
+    #: The snapshot ``snapshot_id`` names, as the caller read it settled (a chat's previous
+    #: answer): not read again. What could have changed since (a decision recorded on its
+    #: journal, another turn joining the session) the creating statement checks anyway.
+    seen: StoredSnapshot | None = None

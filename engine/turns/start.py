@@ -291,9 +291,14 @@ async def _base(agent: StartingAgent, request: TurnRequest) -> _Base:
         )
         return _Base(opened.store, opened.base, opened.session_id)
     if request.snapshot_id is not None:
-        # One read for the snapshot and what continuing it needs: a resume reads nothing
-        # else before it is queued.
-        stored = await store.read_snapshot(request.snapshot_id)
+        # One read for the snapshot and what continuing it needs (none when the caller
+        # brings it, as it read it settled): a resume reads nothing else before it is queued.
+        seen = request.seen
+        stored = (
+            seen
+            if seen is not None and seen.turn.id == request.snapshot_id
+            else await store.read_snapshot(request.snapshot_id)
+        )
         turn = await check_own(
             store,
             request.snapshot_id,
