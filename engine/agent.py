@@ -49,7 +49,7 @@ from engine.store import AbortOutcome, SessionStore, StoredSnapshot, TurnRecord
 from engine.store.signals import AbortSignal
 from engine.tools import Tool
 from engine.turns.executor import LeaseSettings, RetryPolicy, run_inline
-from engine.turns.handover import LocalSlots, SlotReservation, reserve_local_slot
+from engine.turns.handover import CallerRuns, LocalSlots, SlotReservation, reserve_local_slot
 from engine.turns.idempotency import keyed_turn_id
 from engine.turns.ownership import own_turn, visible
 from engine.turns.request import TurnRequest
@@ -235,11 +235,11 @@ class Agent:
     async def reserve_slot(
         self, store: SessionStore, app_version: str | None
     ) -> SlotReservation | None:
-        """A free slot of a worker pool in this process for a new turn of this agent, which
-        is then created leased to that pool; ``None``: the turn goes through the queue (or,
-        for an inline agent, is run by its caller)."""
+        """Who runs a new turn of this agent, leased at its creation: its caller, for an
+        inline agent; a free slot of a worker pool in this process; ``None``: nobody yet,
+        the turn goes through the queue."""
         if not self.queued:
-            return None
+            return CallerRuns(self.lease_owner, self.lease.lease_seconds)
         return await reserve_local_slot(
             self._local_pools, store=store, agent=self.name, app_version=app_version
         )
@@ -467,6 +467,7 @@ class Agent:
                 self.runner_config(),
                 started.store,
                 turn_id,
+                claimed=started.claimed,
                 owner=self.lease_owner,
                 on_chunk=on_chunk,
                 abort_signal=signal,

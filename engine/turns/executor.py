@@ -360,22 +360,28 @@ async def run_inline(
     abort_signal: AbortSignal | None = None,
     lease: LeaseSettings | None = None,
     retry: RetryPolicy | None = None,
+    claimed: ClaimedTurn | None = None,
 ) -> TurnRecord:
-    """Claim ``turn_id`` in this process and run it until it settles (retries included)."""
+    """Claim ``turn_id`` in this process and run it until it settles (retries included).
+    ``claimed``: the turn as its creation leased it to ``owner``, run without a claim."""
     lease = lease or LeaseSettings()
     while True:
         try:
-            claimed = await store.claim_turn(
-                turn_id, owner=owner, lease_seconds=lease.lease_seconds
-            )
+            if claimed is None:
+                claimed = await store.claim_turn(
+                    turn_id, owner=owner, lease_seconds=lease.lease_seconds
+                )
         except StaleTransitionError:
             current = await store.get_turn(turn_id)
             if current is None or current.status not in ACTIVE_STATUSES:
                 if current is None:
                     raise
                 return current
-            if current.status is TurnStatus.PENDING and current.lease_owner is None:
-                wait = (current.run_after - datetime.now(UTC)).total_seconds()
+            if current.status is TurnStatus.PENDING and current.lease_owner in (None, owner):
+                # Waiting for its retry time, or leased to us by a creation whose answer
+                # was lost: ours to claim once that time and that lease have passed.
+                due = max(current.run_after, current.lease_expires_at or current.run_after)
+                wait = (due - datetime.now(UTC)).total_seconds()
                 await asyncio.sleep(max(0.01, wait))
                 continue
             raise
@@ -388,5 +394,6 @@ async def run_inline(
             lease=lease,
             retry=retry,
         )
+        claimed = None
         if record.status is not TurnStatus.PENDING:
             return record

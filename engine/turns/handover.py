@@ -6,7 +6,9 @@ turn through the queue: when one of its slots is free, the turn is created alrea
 that pool (:meth:`engine.store.TurnQueue.create_claimed_turn`) and starts in the slot at once.
 That spares the claim's round trip and commit and the work notification that would wake every
 worker for a turn already taken. The lease is an ordinary one, so a crash of the process hands
-the turn to another worker once it expires, as it would a claimed turn's.
+the turn to another worker once it expires, as it would a claimed turn's. An inline agent's
+caller, which runs its turns itself, has them created leased to it the same way
+(:class:`CallerRuns`).
 
 The engine knows pools only through :class:`LocalSlots` (a pool registers itself while it
 runs), so it imports nothing of ``workers/``.
@@ -18,7 +20,7 @@ from typing import Protocol
 
 from engine.store import ClaimedTurn, SessionStore
 
-__all__ = ["LocalSlots", "SlotReservation", "reserve_local_slot"]
+__all__ = ["CallerRuns", "LocalSlots", "SlotReservation", "reserve_local_slot"]
 
 
 class SlotReservation(Protocol):
@@ -53,6 +55,22 @@ class LocalSlots(Protocol):
         until run or released; ``None`` when this pool does not serve such a turn, is
         stopping, or has no slot free (the turn then goes through the queue)."""
         ...
+
+
+class CallerRuns:
+    """The reservation of a caller that runs the turn itself (an inline agent): the turn is
+    created leased to the caller, who runs it from the returned claim; there is no slot to
+    start it in or give back."""
+
+    def __init__(self, owner: str, lease_seconds: float) -> None:
+        self.owner = owner
+        self.lease_seconds = lease_seconds
+
+    def run(self, claimed: ClaimedTurn) -> None:
+        """Nothing to start: the caller runs ``claimed`` once its creation returns."""
+
+    def release(self) -> None:
+        """Nothing to give back."""
 
 
 async def reserve_local_slot(

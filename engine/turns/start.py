@@ -42,7 +42,14 @@ from engine.state.client_state import client_turn_id, open_client_state
 from engine.state.pinning import PinningAgent, pin_turn
 from engine.state.signing import StateSigner
 from engine.status import ACTIVE_STATUSES, TurnStatus
-from engine.store import InterruptAnswer, NewTurn, SessionStore, StoredSnapshot, TurnRecord
+from engine.store import (
+    ClaimedTurn,
+    InterruptAnswer,
+    NewTurn,
+    SessionStore,
+    StoredSnapshot,
+    TurnRecord,
+)
 from engine.telemetry.tracing import capture_trace_context
 from engine.tools import Tool
 from engine.turns.executor import RetryPolicy
@@ -92,6 +99,9 @@ class StartedTurn:
     turn: TurnRecord
     #: Created by an earlier request with the same idempotency key, not by this one.
     repeated: bool = False
+    #: The turn as its creation leased it, with its progress, when it was created leased
+    #: to whoever runs it (engine/turns/handover.py).
+    claimed: ClaimedTurn | None = None
 
 
 @dataclass
@@ -233,8 +243,9 @@ async def _create(
         listen.append(
             asyncio.ensure_future(base.store.wait_for_change(new.id, agent.poll_interval))
         )
+    claimed = None
     try:
-        turn = await _created(
+        turn, claimed = await _created(
             base.store, new, answers, await agent.reserve_slot(base.store, new.app_version)
         )
     except AgentError as refused:
@@ -252,7 +263,7 @@ async def _create(
         agent.name,
         f", a branch of snapshot {turn.parent_id}" if base.branch else "",
     )
-    return StartedTurn(store=base.store, turn=turn)
+    return StartedTurn(store=base.store, turn=turn, claimed=claimed)
 
 
 async def _created(
@@ -260,11 +271,11 @@ async def _created(
     new: NewTurn,
     answers: list[InterruptAnswer],
     slot: SlotReservation | None,
-) -> TurnRecord:
-    """Create the turn: for the queue, or, given a free ``slot`` of a pool in this process,
-    leased to that pool and started in the slot at once (engine/turns/handover.py)."""
+) -> tuple[TurnRecord, ClaimedTurn | None]:
+    """Create the turn: for the queue, or, given who runs it (``slot``), leased to them and
+    handed over at once (engine/turns/handover.py); the turn, and its claim if leased."""
     if slot is None:
-        return await store.create_turn(new, answers=answers)
+        return await store.create_turn(new, answers=answers), None
     try:
         claimed = await store.create_claimed_turn(
             new, answers=answers, owner=slot.owner, lease_seconds=slot.lease_seconds
@@ -273,7 +284,7 @@ async def _created(
         slot.release()
         raise
     slot.run(claimed)
-    return claimed.turn
+    return claimed.turn, claimed
 
 
 async def _base(agent: StartingAgent, request: TurnRequest) -> _Base:

@@ -16,7 +16,8 @@ import pytest
 from engine.errors import InvalidArgumentError, StoreError
 from engine.remote.client import remote_agent
 from engine.status import TurnStatus
-from engine.store import InterruptAnswer, NewTurn, SessionStore, TurnRecord
+from engine.store import ClaimedTurn, InterruptAnswer, NewTurn, SessionStore, TurnRecord
+from engine.turns.executor import LeaseSettings
 from examples.banking import build
 from tests.conftest import TEST_STATE_KEYS
 from tests.http_fixtures import Served, bearer, serve_banking, token_auth
@@ -90,13 +91,37 @@ class LostAnswers:
             await self.store.create_turn(turn, answers=answers)
         raise StoreError("Database error: connection lost", may_have_applied=True)
 
+    async def create_claimed_turn(
+        self,
+        turn: NewTurn,
+        *,
+        answers: Sequence[InterruptAnswer] = (),
+        owner: str,
+        lease_seconds: float,
+    ) -> ClaimedTurn:
+        async def create() -> ClaimedTurn:
+            return await self.store.create_claimed_turn(
+                turn, answers=answers, owner=owner, lease_seconds=lease_seconds
+            )
+
+        if not self.armed:
+            return await create()
+        self.armed = False
+        if self.commit:
+            await create()
+        raise StoreError("Database error: connection lost", may_have_applied=True)
+
 
 async def test_a_creation_whose_answer_was_lost_is_read_back_as_a_success(
     store: SessionStore,
 ) -> None:
-    """A send whose creation committed but whose answer was lost succeeds with that turn."""
+    """A send whose creation committed but whose answer was lost succeeds with that turn,
+    run once the lease its creation gave this caller expires (the caller cannot tell its
+    own lost creation from a run of the same turn elsewhere in the process)."""
     lossy = LostAnswers(store)
-    agent = build(store=lossy, execution="inline", state_keys=TEST_STATE_KEYS).banking_agent
+    lease = LeaseSettings(lease_seconds=0.3, heartbeat_interval=0.1)
+    app = build(store=lossy, execution="inline", lease=lease, state_keys=TEST_STATE_KEYS)
+    agent = app.banking_agent
 
     response = await agent.chat().send("hello")
 

@@ -1,6 +1,7 @@
 """A turn created in a process whose own worker pool has a free slot starts in that slot,
 leased at creation (engine/turns/handover.py): no claim, no work notification, no queue hop.
-With every slot taken it goes through the queue as before.
+With every slot taken it goes through the queue as before. An inline agent's caller has its
+turns created leased to it the same way.
 
 On PostgreSQL, with the banking example and a pool in the test's process.
 """
@@ -110,3 +111,19 @@ async def test_another_stores_or_agents_turn_is_not_offered_a_slot(
         served = await pool.reserve(store=store, agent=name, app_version=pool.versions[0])
         assert served is not None
         served.release()
+
+
+async def test_an_inline_agents_turns_are_leased_to_their_caller_at_creation(
+    store: SqlSessionStore,
+) -> None:
+    """An inline agent's caller runs its turns itself: each is created leased to it (its
+    claim has the creation's own moment), with no claim of its own."""
+    app = build(store=store, execution="inline", state_keys=TEST_STATE_KEYS)
+    assert await approve_a_transfer(app, 8) == "Done. Transaction txn-8-acct-8."
+
+    turns = await store.list_turns(TurnQuery(limit=2))
+    assert len(turns) == 2
+    for row in turns:
+        created, claimed = (await store.timeline(row.id))[:2]
+        assert (claimed.kind, claimed.actor) == ("claimed", app.ai.owner)
+        assert claimed.at == created.at
