@@ -176,6 +176,13 @@ class Listener:
         await self._work.wait(timeout)
         self._work.clear()
 
+    def changed_here(self, turn_id: str) -> None:
+        """Wake this process's waiters for ``turn_id`` now: a change this process committed
+        needs no round trip through the server to be heard here (its notification, sent
+        for the other processes, wakes nobody left when it comes back)."""
+        if self._loop is not None and self._loop is asyncio.get_running_loop():
+            self._changes.fire(turn_id)
+
     async def wait_for_change(self, turn_id: str, timeout: float) -> None:
         """Until a change notification for ``turn_id`` arrives, or ``timeout``."""
         self._ensure_started()

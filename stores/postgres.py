@@ -136,6 +136,7 @@ class PostgresSessionStore(SqlSessionStore):
             check_transition(found, turn_id, change)
             # `found` is the row as locked, so the guard fails only as the rules say.
             raise StaleTransitionError(turn_id, f"Turn {turn_id} changed concurrently.")
+        self._listener.changed_here(turn_id)
         return moved
 
     # -- rounds and journal ------------------------------------------------------------
