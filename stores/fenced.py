@@ -22,17 +22,25 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from enum import StrEnum
 from functools import cache
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 
 from engine.errors import LeaseLostError, StoreError
 from engine.model import ModelUsage
 from engine.status import TurnStatus, can_transition
-from engine.store import RoundRecord, ToolCallRecord, Transition, TurnError, TurnRecord
+from engine.store import (
+    RoundRecord,
+    StoredSnapshot,
+    ToolCallRecord,
+    Transition,
+    TurnError,
+    TurnRecord,
+)
 from engine.store.rules import LeaseState, check_lease, transition_changes
 from stores import json_codec
 from stores import messages as message_sql
+from stores import snapshots as snapshot_sql
 from stores import turn_claims as claim_sql
 from stores import turns as turn_sql
 from stores.history import journal_history_ctes
@@ -273,7 +281,8 @@ async def transition_fenced(
     now: datetime,
     saved_at: datetime,
     claim: ClaimRequest | None = None,
-) -> tuple[TurnRecord | None, LeaseState | None, CheckedClaim | None]:
+    read_back: bool = False,
+) -> Settled:
     """The guarded transition, with the round and journal rows it settles with, as one
     statement: the moved turn, or ``None`` (nothing written) with the status and lease token
     the guard found (``None``: no such turn) when the turn is not in an expected status
@@ -282,7 +291,8 @@ async def transition_fenced(
     With ``claim`` (the request of ``change.then_claim``), the claim follows in the same
     round trip and transaction (a pipeline: one commit, one WAL flush) and its result is
     returned too. It runs whether or not the transition applied: the slot it fills is free
-    either way."""
+    either way. With ``read_back``, the turn's snapshot is read last in the same
+    transaction, as it stands once the transition applied (for a waiter of this process)."""
     round, calls, usage = change.round, change.calls, change.usage
     # The token is set in SQL (the found one plus one): the value passed here is unused.
     changes = transition_changes(change, 0, now)
@@ -318,25 +328,40 @@ async def transition_fenced(
         calls=bool(calls),
     )
     checked = None
+    read = [snapshot_sql.snapshot_query(turn_id)] if read_back else []
     if claim is not None:
         try:
-            rows, claim_rows, progress_rows = await pg.fetch_together(
-                [(statement, params), *claim_sql.checked_claim_queries(claim)]
+            rows, claim_rows, progress_rows, *snapshot_rows = await pg.fetch_together(
+                [(statement, params), *claim_sql.checked_claim_queries(claim), *read]
             )
             checked = claim_sql.checked_claim_of(claim_rows, progress_rows)
         except StatementRefused:
             raise
         except StoreError as exc:
-            # Whichever statement failed, both rolled back. A claim must never cost the
+            # Whichever statement failed, all rolled back. A claim must never cost the
             # settle: settle alone (its own failure raises again from there).
             logger.warning("turn %s: settle with its follow-on claim failed (%s)", turn_id, exc)
             claim = None
     if claim is None:
-        rows = await pg.fetch(statement, params)
+        rows, *snapshot_rows = await pg.fetch_together([(statement, params), *read])
     (row,) = rows
     if row["id"] is None:
-        return None, _found(row), checked
-    return turn_sql.record(row), None, checked
+        return Settled(None, _found(row), checked)
+    snapshot = snapshot_sql.snapshot_of(snapshot_rows[0]) if snapshot_rows else None
+    return Settled(turn_sql.record(row), None, checked, snapshot)
+
+
+class Settled(NamedTuple):
+    """What :func:`transition_fenced` did."""
+
+    #: The moved turn, or ``None`` when the guard refused (nothing written).
+    moved: TurnRecord | None
+    #: What the refusing guard found (``None`` when it moved, or there is no such turn).
+    found: LeaseState | None
+    #: The follow-on claim's result, when one was sent and ran.
+    checked: CheckedClaim | None
+    #: The turn's snapshot as the transition left it, when read back.
+    snapshot: StoredSnapshot | None = None
 
 
 # How each column a transition sets is written (see transition_changes).

@@ -176,6 +176,14 @@ class Listener:
         await self._work.wait(timeout)
         self._work.clear()
 
+    def waited_on_here(self, turn_id: str) -> bool:
+        """Whether a waiter of this process waits for ``turn_id`` to change."""
+        return (
+            self._loop is not None
+            and self._loop is asyncio.get_running_loop()
+            and self._changes.waited_on(turn_id)
+        )
+
     def changed_here(self, turn_id: str) -> None:
         """Wake this process's waiters for ``turn_id`` now: a change this process committed
         needs no round trip through the server to be heard here (its notification, sent

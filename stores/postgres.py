@@ -9,7 +9,9 @@ by LISTEN/NOTIFY, so waiters and subscribers in any process hear them.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
@@ -17,6 +19,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from engine.errors import StaleTransitionError
+from engine.status import SETTLED_STATUSES
 from engine.store import (
     ClaimedTurn,
     InterruptAnswer,
@@ -68,6 +71,7 @@ class PostgresSessionStore(SqlSessionStore):
         self._pg: PgConnections = self.db.pg
         self._listener = Listener(self.db.url, self._chunks)
         self.relay = ChunkBatcher(self._notify_chunks)
+        self._read_back = _ReadBack()
 
     # -- turns -------------------------------------------------------------------------
 
@@ -116,19 +120,31 @@ class PostgresSessionStore(SqlSessionStore):
             await self.relay.flush(turn_id)
         then_claim = change.then_claim
         saved_at, now = round_and_transition_times()
-        # The follow-on claim, if any, rides in the same round trip and transaction.
-        moved, found, checked = await fenced_sql.transition_fenced(
-            self._pg,
-            turn_id,
-            change,
-            now=now,
-            saved_at=saved_at,
-            claim=(
-                claim_sql.ClaimRequest.of(then_claim, now_utc())
-                if then_claim is not None and then_claim.wanted
-                else None
-            ),
+        # The follow-on claim, if any, rides in the same round trip and transaction; so
+        # does the read of a settled turn that a caller of this process waits for.
+        reading = (
+            self._read_back.expect(turn_id)
+            if change.new in SETTLED_STATUSES and self._listener.waited_on_here(turn_id)
+            else None
         )
+        snapshot = None
+        try:
+            moved, found, checked, snapshot = await fenced_sql.transition_fenced(
+                self._pg,
+                turn_id,
+                change,
+                now=now,
+                saved_at=saved_at,
+                claim=(
+                    claim_sql.ClaimRequest.of(then_claim, now_utc())
+                    if then_claim is not None and then_claim.wanted
+                    else None
+                ),
+                read_back=reading is not None,
+            )
+        finally:
+            if reading is not None:
+                reading.done(snapshot)
         if checked is not None and then_claim is not None:
             claimed = await self._claimed(checked, then_claim.limit)
             then_claim.claimed, then_claim.ran = claimed, True
@@ -158,7 +174,12 @@ class PostgresSessionStore(SqlSessionStore):
         return await snapshot_sql.read_progress_in_one_statement(self._pg, turn_id)
 
     async def read_snapshot(self, turn_id: str) -> StoredSnapshot | None:
-        """See :meth:`engine.store.SessionStore.read_snapshot`."""
+        """See :meth:`engine.store.SessionStore.read_snapshot`. The first read of a turn
+        this process just settled, while a caller here waited for it, is answered with what
+        the settle read in its own transaction."""
+        kept = await self._read_back.take(turn_id)
+        if kept is not None:
+            return kept
         return await snapshot_sql.read_snapshot_in_one_statement(self._pg, turn_id)
 
     # -- wake-ups and relay: LISTEN/NOTIFY ----------------------------------------------
@@ -218,3 +239,58 @@ class PostgresSessionStore(SqlSessionStore):
         await self._listener.close()
         await self._pg.close()
         await super().close()
+
+
+class _ReadBack:
+    """Snapshots of turns this process settles, read by the settle's own transaction for a
+    caller here waiting on the turn, each for the first read of it that follows.
+
+    The caller may be woken by the settle's notification before the settle's own answer
+    arrives: its read then waits for the snapshot the settle is already reading. Kept
+    briefly once read: the waiter reads at once, and a snapshot nobody took (its wait ended
+    meanwhile) must not answer a read much later, when the turn's journal may have changed.
+    """
+
+    #: Seconds a snapshot is kept for its reader once the settle has read it.
+    KEPT_FOR = 1.0
+    #: Snapshots kept at most (the oldest goes first).
+    LIMIT = 256
+
+    def __init__(self) -> None:
+        self._kept: dict[str, _Reading] = {}
+
+    def expect(self, turn_id: str) -> _Reading:
+        """Note that a settle of ``turn_id`` reads its snapshot back; its reader waits for
+        it. The settle must :meth:`_Reading.done` it, with the snapshot or ``None``."""
+        reading = _Reading(asyncio.get_running_loop().create_future())
+        self._kept.pop(turn_id, None)
+        self._kept[turn_id] = reading
+        while len(self._kept) > self.LIMIT:
+            oldest = next(iter(self._kept))
+            self._kept.pop(oldest).done(None)
+        return reading
+
+    async def take(self, turn_id: str) -> StoredSnapshot | None:
+        """The snapshot read back for ``turn_id``, once: waited for while the settle reads
+        it, ``None`` when there is none (or it is no longer fresh)."""
+        reading = self._kept.pop(turn_id, None)
+        if reading is None or reading.snapshot.get_loop() is not asyncio.get_running_loop():
+            return None
+        snapshot = await asyncio.shield(reading.snapshot)
+        if reading.read_at is not None and time.monotonic() - reading.read_at > self.KEPT_FOR:
+            return None
+        return snapshot
+
+
+class _Reading:
+    """One settle's read-back of its turn's snapshot."""
+
+    def __init__(self, snapshot: asyncio.Future[StoredSnapshot | None]) -> None:
+        self.snapshot = snapshot
+        self.read_at: float | None = None
+
+    def done(self, snapshot: StoredSnapshot | None) -> None:
+        """The settle's snapshot (``None``: it failed, or read nothing)."""
+        if not self.snapshot.done():
+            self.read_at = time.monotonic()
+            self.snapshot.set_result(snapshot)

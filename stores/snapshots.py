@@ -10,7 +10,7 @@ On SQLite the three reads share one transaction, which is as consistent.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -31,6 +31,8 @@ __all__ = [
     "read_progress_in_one_statement",
     "read_snapshot",
     "read_snapshot_in_one_statement",
+    "snapshot_of",
+    "snapshot_query",
 ]
 
 
@@ -49,7 +51,17 @@ def read_snapshot(connection: Connection, turn_id: str) -> StoredSnapshot | None
 
 async def read_snapshot_in_one_statement(pg: PgConnections, turn_id: str) -> StoredSnapshot | None:
     """:func:`read_snapshot` on PostgreSQL: one statement, one snapshot of the database."""
-    rows = await pg.fetch(_SNAPSHOT, {"turn_id": turn_id})
+    return snapshot_of(await pg.fetch(*snapshot_query(turn_id)))
+
+
+def snapshot_query(turn_id: str) -> tuple[PgStatement, dict[str, Any]]:
+    """The statement of :func:`read_snapshot_in_one_statement` and its values, for a caller
+    that sends it in a pipeline of its own (a settle reading what it settled)."""
+    return _SNAPSHOT, {"turn_id": turn_id}
+
+
+def snapshot_of(rows: Sequence[Mapping[str, Any]]) -> StoredSnapshot | None:
+    """The snapshot in the rows of :func:`snapshot_query` (``None``: no such turn)."""
     if not rows:
         return None
     (row,) = rows

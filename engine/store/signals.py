@@ -106,6 +106,10 @@ class KeyedSignals:
     def __len__(self) -> int:
         return len(self._signals)
 
+    def waited_on(self, key: str) -> bool:
+        """Whether somebody waits on ``key`` now."""
+        return key in self._signals
+
     def fire(self, key: str) -> None:
         """Wake everybody waiting on ``key``."""
         signal = self._signals.pop(key, None)

@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 
 import pytest
 
 from engine import TurnStatus
-from engine.store import TurnQuery
+from engine.store import StoredSnapshot, TurnInput, TurnQuery, TurnRecord
 from examples.banking import build
-from stores import SqlSessionStore
+from stores import SqlSessionStore, snapshots
+from stores.postgres import _ReadBack
 from tests.conftest import TEST_STATE_KEYS
 from tests.databases import sql_store
 from tests.integration.test_round_trips import approve_a_transfer
+from tests.support import record_calls
 from workers import WorkerPool
 
 
@@ -127,3 +130,68 @@ async def test_an_inline_agents_turns_are_leased_to_their_caller_at_creation(
         created, claimed = (await store.timeline(row.id))[:2]
         assert (claimed.kind, claimed.actor) == ("claimed", app.ai.owner)
         assert claimed.at == created.at
+
+
+async def test_a_caller_here_gets_the_settled_turn_from_its_settle(
+    store: SqlSessionStore,
+) -> None:
+    """The pool's settle of a turn a caller of this process waits for reads the settled
+    snapshot in its own transaction, and the caller takes it: no snapshot read of its own."""
+    app = build(store=store, state_keys=TEST_STATE_KEYS)
+    async with WorkerPool(app.ai, store, concurrency=2, scheduler=False, poll_interval=60):
+        await approve_a_transfer(app, 1)  # warm
+        trips = record_calls(store.db.pg, "fetch_together")
+        assert await approve_a_transfer(app, 9) == "Done. Transaction txn-9-acct-9."
+
+    snapshot, _ = snapshots.snapshot_query("any")
+    sent = [[statement for statement, _ in call.args[0]] for call in trips]
+    assert [trip for trip in sent if trip == [snapshot]] == []
+    # Read back by the two settles, after the settle statement.
+    assert sum(1 for trip in sent if len(trip) > 1 and trip[-1] is snapshot) == 2
+
+
+def settled_snapshot(turn_id: str) -> StoredSnapshot:
+    """A completed turn's snapshot, as a settle reads it back."""
+    now = datetime.now(UTC)
+    turn = TurnRecord(
+        id=turn_id,
+        session_id="s1",
+        agent="a",
+        parent_id=None,
+        status=TurnStatus.COMPLETED,
+        input=TurnInput(kind="retry"),
+        run_after=now,
+        created_at=now,
+        updated_at=now,
+    )
+    return StoredSnapshot(turn=turn, conversation=[], journal=[])
+
+
+async def test_a_read_during_the_settle_waits_for_what_the_settle_reads() -> None:
+    """A waiter woken by the settle's notification before the settle's own answer came
+    back reads the snapshot the settle is reading, once."""
+    kept = _ReadBack()
+    reading = kept.expect("t1")
+    taking = asyncio.ensure_future(kept.take("t1"))
+    await asyncio.sleep(0.01)
+    assert not taking.done()
+
+    snapshot = settled_snapshot("t1")
+    reading.done(snapshot)
+
+    assert await taking is snapshot
+    assert await kept.take("t1") is None  # once
+
+
+async def test_a_settled_snapshot_nobody_took_at_once_is_not_served_later() -> None:
+    """What a settle read back for a waiter is kept only briefly: a read that comes later
+    reads the database (the turn's journal may have changed since); a settle that failed
+    leaves its reader to read the database too."""
+    kept = _ReadBack()
+    kept.KEPT_FOR = 0.0
+    kept.expect("t1").done(settled_snapshot("t1"))
+    await asyncio.sleep(0.01)
+    assert await kept.take("t1") is None
+
+    kept.expect("t2").done(None)
+    assert await kept.take("t2") is None
