@@ -19,7 +19,6 @@ period plus :data:`SHUTDOWN_MARGIN`, even with a synchronous tool still running 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import os
 import secrets
@@ -157,6 +156,10 @@ class WorkerPool:
         self._stopped: asyncio.Future[None] | None = None
         self._force = asyncio.Event()
         self._done: asyncio.Event | None = None
+        #: Set whenever a slot frees (see _wait_for_slot).
+        self._slot_freed = asyncio.Event()
+        #: The slot tasks holding a unit of the slot semaphore, until they free it.
+        self._holding: set[asyncio.Task[None]] = set()
         #: Hand-backs of turns created for a slot after the pool began stopping.
         self._handing_back: set[asyncio.Future[None]] = set()
         self._background: asyncio.Task[None] | None = None
@@ -288,7 +291,7 @@ class WorkerPool:
         if not self._stop.is_set():
             self._start(claimed)
             return
-        self._slots.release()
+        self._release_slots(1)
         handing_back = asyncio.ensure_future(self._hand_back(claimed.turn, note="worker shutdown"))
         self._handing_back.add(handing_back)
         handing_back.add_done_callback(self._handing_back.discard)
@@ -352,24 +355,29 @@ class WorkerPool:
         return taken, waited
 
     async def _wait_for_slot(self) -> bool:
-        """Wait until a running turn frees its slot and take it; ``False`` on stop."""
-        acquiring = asyncio.ensure_future(self._slots.acquire())
-        try:
-            await self._unless_stopped(acquiring)
-        finally:
-            if not acquiring.done():
-                acquiring.cancel()  # a cancelled acquire gives its slot back itself
-                await asyncio.gather(acquiring, return_exceptions=True)
-        if acquiring.cancelled():
-            return False
-        if self._stop.is_set():
-            self._slots.release()
-            return False
+        """Wait until a slot frees and take it; ``False`` on stop.
+
+        Woken by the freeing, not queued on the semaphore: a queued acquire would own the
+        freed slot at once, and a turn this process creates next (for which the slot was
+        freed, as often as not) would find the pool full and go through the queue. Taken
+        only if still free when the loop runs again.
+        """
+        while self._slots.locked():
+            self._slot_freed.clear()
+            freed = asyncio.ensure_future(self._slot_freed.wait())
+            try:
+                await self._unless_stopped(freed)
+            finally:
+                freed.cancel()
+            if self._stop.is_set():
+                return False
+        await self._slots.acquire()  # returns at once: a slot is free
         return True
 
     def _release_slots(self, count: int) -> None:
         for _ in range(count):
             self._slots.release()
+        self._slot_freed.set()
 
     async def _claim(
         self, limit: int, *, hinted: bool, slot_freed: bool
@@ -439,8 +447,10 @@ class WorkerPool:
         self._note_claimed(turn)
         task = asyncio.create_task(self._run_slot(claimed), name=f"turn {turn.id}")
         self._tasks[task] = turn
+        if holds_slot:
+            self._holding.add(task)
         self._refresh_follows()
-        task.add_done_callback(functools.partial(self._finished, holds_slot=holds_slot))
+        task.add_done_callback(self._finished)
 
     def _note_claimed(self, turn: TurnRecord) -> None:
         self.claimed_total += 1
@@ -460,11 +470,13 @@ class WorkerPool:
         benchmark's clock): see :class:`workers.observers.PoolObserver`."""
         self._observers.append(observer)
 
-    def _finished(self, task: asyncio.Task[None], *, holds_slot: bool) -> None:
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        """Forget a slot task that ended and free its slot, if it holds one still."""
         self._tasks.pop(task, None)
         self._refresh_follows()
-        if holds_slot:
-            self._slots.release()
+        if task in self._holding:
+            self._holding.discard(task)
+            self._release_slots(1)
 
     def _refresh_follows(self) -> None:
         """Let settles claim for their slot only while every slot is busy: exactly when a
@@ -510,6 +522,10 @@ class WorkerPool:
                 self._queue_seen_empty = self._queue_seen_empty or (
                     follow is not None and follow.ran
                 )
+                # Free the slot now, not from the task's done callback: whoever waited
+                # for the settle runs before that callback, and a turn it creates at once
+                # should find this slot free.
+                self._finished(task)
                 return
             claimed, *extra = follow.claimed
             for more in extra:  # limit 1: a store that leased more still runs them
