@@ -265,9 +265,13 @@ class _ReadBack:
         reading = _Reading(asyncio.get_running_loop().create_future())
         self._kept.pop(turn_id, None)
         self._kept[turn_id] = reading
-        while len(self._kept) > self.LIMIT:
-            oldest = next(iter(self._kept))
-            self._kept.pop(oldest).done(None)
+        # Oldest first: drop what nobody took in time, and the oldest beyond the limit.
+        while self._kept:
+            oldest = next(iter(self._kept.values()))
+            if len(self._kept) <= self.LIMIT and not oldest.stale(self.KEPT_FOR):
+                break
+            oldest.done(None)
+            del self._kept[next(iter(self._kept))]
         return reading
 
     async def take(self, turn_id: str) -> StoredSnapshot | None:
@@ -277,9 +281,7 @@ class _ReadBack:
         if reading is None or reading.snapshot.get_loop() is not asyncio.get_running_loop():
             return None
         snapshot = await asyncio.shield(reading.snapshot)
-        if reading.read_at is not None and time.monotonic() - reading.read_at > self.KEPT_FOR:
-            return None
-        return snapshot
+        return None if reading.stale(self.KEPT_FOR) else snapshot
 
 
 class _Reading:
@@ -288,6 +290,10 @@ class _Reading:
     def __init__(self, snapshot: asyncio.Future[StoredSnapshot | None]) -> None:
         self.snapshot = snapshot
         self.read_at: float | None = None
+
+    def stale(self, kept_for: float) -> bool:
+        """Whether the settle read it more than ``kept_for`` seconds ago."""
+        return self.read_at is not None and time.monotonic() - self.read_at > kept_for
 
     def done(self, snapshot: StoredSnapshot | None) -> None:
         """The settle's snapshot (``None``: it failed, or read nothing)."""

@@ -195,3 +195,9 @@ async def test_a_settled_snapshot_nobody_took_at_once_is_not_served_later() -> N
 
     kept.expect("t2").done(None)
     assert await kept.take("t2") is None
+
+    # Nobody takes t3: the next settle's read-back drops it.
+    kept.expect("t3").done(settled_snapshot("t3"))
+    await asyncio.sleep(0.01)
+    kept.expect("t4")
+    assert list(kept._kept) == ["t4"]
