@@ -281,7 +281,7 @@ class Chat(ChatAPI):
                 snapshot_id=self.snapshot_id,
                 state=self.state,
                 idempotency_key=call.idempotency_key,
-                seen=seen if seen is not None and seen.turn.id == self.snapshot_id else None,
+                seen=seen,
             )
 
             def started(store: SessionStore, turn: TurnRecord) -> None:

@@ -38,7 +38,7 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from engine.errors import StoreError
 from stores import json_codec
 
-__all__ = ["PLANNER_SETTINGS", "PgConnections", "PgStatement", "StatementRefused"]
+__all__ = ["PLANNER_SETTINGS", "PgConnections", "PgStatement", "StatementRefused", "sql_text"]
 
 logger = logging.getLogger("turnstile.store")
 
@@ -47,6 +47,13 @@ logger = logging.getLogger("turnstile.store")
 _DIALECT = PGDialect_psycopg(json_serializer=json_codec.dumps)  # type: ignore[no-untyped-call]
 
 Row = dict[str, Any]
+
+
+def sql_text(expression: sa.ClauseElement) -> str:
+    """``expression`` as PostgreSQL SQL text, its values inlined: for a hand-written
+    statement that embeds an expression built once for SQLAlchemy statements too."""
+    return str(expression.compile(dialect=_DIALECT, compile_kwargs={"literal_binds": True}))
+
 
 # SQLAlchemy's psycopg dialect writes parameters as %(name)s and a literal % as %%.
 _PLACEHOLDER = re.compile(r"%(?:\((\w+)\)s|%)")

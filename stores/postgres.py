@@ -267,11 +267,11 @@ class _ReadBack:
         self._kept[turn_id] = reading
         # Oldest first: drop what nobody took in time, and the oldest beyond the limit.
         while self._kept:
-            oldest = next(iter(self._kept.values()))
+            oldest_id, oldest = next(iter(self._kept.items()))
             if len(self._kept) <= self.LIMIT and not oldest.stale(self.KEPT_FOR):
                 break
             oldest.done(None)
-            del self._kept[next(iter(self._kept))]
+            del self._kept[oldest_id]
         return reading
 
     async def take(self, turn_id: str) -> StoredSnapshot | None:

@@ -417,12 +417,12 @@ def _claim_statement(
 _CLAIMED_SETTING = "turnstile.claimed"
 
 
-def noting_leased(ids_array_sql: str) -> str:
-    """The SQL expression by which a statement leasing turns (a claim, a claimed creation)
-    tells :data:`CLAIMED_PROGRESS`, run next in its transaction, which turns it leased:
-    ``ids_array_sql`` is a text array of their ids (NULL: none)."""
-    return (
-        f"set_config('{_CLAIMED_SETTING}', coalesce(CAST({ids_array_sql} AS text), '{{}}'), true)"
+def noting_leased(ids: sa.ColumnElement[Any]) -> sa.ColumnElement[str]:
+    """The expression by which a statement leasing turns (a claim, a claimed creation) tells
+    :data:`CLAIMED_PROGRESS`, run next in its transaction, which turns it leased: ``ids`` is
+    a text array of their ids (NULL: none, noted as an empty array, not an empty setting)."""
+    return sa.func.set_config(
+        _CLAIMED_SETTING, sa.func.coalesce(sa.cast(ids, sa.Text), "{}"), sa.true()
     )
 
 
@@ -442,16 +442,7 @@ def _checked_claim(*, agents: bool, turn_ids: bool, versions: bool) -> PgStateme
     )
     # Evaluated once (an uncorrelated subquery), however many turns were leased.
     noted = (
-        sa.select(
-            sa.func.set_config(
-                _CLAIMED_SETTING,
-                # An empty claim notes an empty array (no turns), not an empty setting.
-                sa.func.coalesce(sa.cast(sa.func.array_agg(claimed.c.id), sa.Text), "{}"),
-                sa.true(),
-            )
-        )
-        .scalar_subquery()
-        .label("noted")
+        sa.select(noting_leased(sa.func.array_agg(claimed.c.id))).scalar_subquery().label("noted")
     )
     one = sa.select(sa.literal(1).label("one")).subquery("one")
     return PgStatement(

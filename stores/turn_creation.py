@@ -50,7 +50,7 @@ from stores import sessions as session_sql
 from stores import tool_calls as call_sql
 from stores import turns as turn_sql
 from stores.notify import WORK_CHANNEL
-from stores.pg import PgConnections, PgStatement, Row, StatementRefused
+from stores.pg import PgConnections, PgStatement, Row, StatementRefused, sql_text
 from stores.schema import JSON, TIMESTAMP
 from stores.snapshots import progress_of
 from stores.turn_claims import CLAIMED_PROGRESS, noting_leased
@@ -419,7 +419,7 @@ event AS (
                   CAST(:claimed_note AS text)))
          AS e(step, kind, attempt, actor, note)
     ORDER BY e.step)"""
-        noted = f",\n       {noting_leased('ARRAY[created.id]')} AS noted"
+        noted = f",\n       {_NOTING_CREATED} AS noted"
     else:
         event = """
 event AS (
@@ -463,6 +463,9 @@ FROM (SELECT 1) AS one LEFT JOIN created ON true
         bound = bound.bindparams(sa.bindparam("lease_expires", type_=TIMESTAMP))
     return bound
 
+
+#: The claimed creation's note of the turn it leased, in the statement's SQL text.
+_NOTING_CREATED = sql_text(noting_leased(sa.literal_column("ARRAY[created.id]")))
 
 _CREATE = {
     (answers, opening, leased): PgStatement(
