@@ -14,8 +14,10 @@ statement (the statements inside trigger functions included, marked ``nested``):
 mean and total execution ms, share of the top-level total, WAL bytes and shared blocks hit /
 dirtied, all per workflow. Then the totals per workflow: commits
 (``pg_stat_database.xact_commit``), writing transactions, WAL bytes (``pg_current_wal_lsn``) and
-the server's CPU (every process of the private instance, from /proc). The instance is stopped
-and deleted at the end, also on Ctrl-C or SIGTERM.
+the server's CPU (every process of the private instance, from /proc), the rows each table got,
+and the run's WAL by relation (``pg_walinspect``: each record counted for the table or index
+its first block belongs to). The instance is stopped and deleted at the end, also on Ctrl-C
+or SIGTERM.
 
 A nested statement's time and WAL are also inside its top-level statement's figures, so the
 shares are of the top-level total and the nested rows say where part of a top-level cost
@@ -54,6 +56,7 @@ __all__ = [
     "Budget",
     "Line",
     "PrivateServer",
+    "RelationWal",
     "StatementStats",
     "TableWrites",
     "Totals",
@@ -62,6 +65,7 @@ __all__ = [
     "private_server",
     "read_statements",
     "read_table_writes",
+    "read_wal_by_relation",
     "render",
     "short_name",
 ]
@@ -167,6 +171,17 @@ class TableWrites:
 
 
 @dataclass(frozen=True)
+class RelationWal:
+    """The WAL the run wrote for one relation (a table or an index; records that touch no
+    relation, such as commits, under their resource manager's name), whole run."""
+
+    relation: str
+    records: int
+    bytes: int  # the records' total length, full-page images included
+    fpi_bytes: int
+
+
+@dataclass(frozen=True)
 class Budget:
     """The ranked statements of one run, per workflow, and the run's totals."""
 
@@ -174,6 +189,7 @@ class Budget:
     lines: list[Line]
     totals: Totals
     tables: list[TableWrites] = field(default_factory=list)
+    wal: list[RelationWal] = field(default_factory=list)
 
     @property
     def top_level_ms(self) -> float:
@@ -197,6 +213,7 @@ def budget(
     stats: Sequence[StatementStats],
     totals: Totals,
     tables: Sequence[TableWrites] = (),
+    wal: Sequence[RelationWal] = (),
 ) -> Budget:
     """Merge the rows of each normalized statement (same text and level: the same statement
     can get several query ids, e.g. from two search paths), divide by the workflows, rank
@@ -230,7 +247,7 @@ def budget(
     lines.sort(key=lambda line: (-line.ms, line.name))
     written = [t for t in tables if t.inserted or t.updated or t.deleted]
     written.sort(key=lambda t: (-(t.inserted + t.updated + t.deleted), t.table))
-    return Budget(label, lines, totals, written)
+    return Budget(label, lines, totals, written, sorted(wal, key=lambda r: (-r.bytes, r.relation)))
 
 
 def render(result: Budget, *, limit: int | None = None, min_calls: float = 0.0) -> str:
@@ -282,6 +299,20 @@ def render(result: Budget, *, limit: int | None = None, min_calls: float = 0.0) 
         ]
         headers = ["rows per workflow", "inserted", "updated", "of them HOT", "deleted"]
         parts += ["", common.render_table(headers, table_rows)]
+    if result.wal:
+        wal_rows = [
+            [
+                r.relation,
+                common.fmt(r.records / per, 2),
+                common.fmt(r.bytes / per, 0),
+                common.fmt(r.fpi_bytes / per, 0),
+                f"{r.bytes / max(t.wal_bytes, 1):.1%}",
+            ]
+            for r in result.wal
+            if r.bytes / per >= 1
+        ]
+        headers = ["WAL per workflow", "records", "bytes", "of them full pages", "share"]
+        parts += ["", common.render_table(headers, wal_rows)]
     return "\n".join(parts)
 
 
@@ -369,6 +400,45 @@ def _lsn(connection: psycopg.Connection[Any]) -> int:
     return int(row[0]) if row else 0
 
 
+def _lsn_text(position: int) -> str:
+    return f"{position >> 32:X}/{position & 0xFFFFFFFF:X}"
+
+
+#: Each WAL record of a range attributed to the relation of its first block reference
+#: (named in the measured database; another database's or a shared catalog's by number), or
+#: to its resource manager when it references no block.
+WAL_BY_RELATION_QUERY = r"""
+WITH records AS (
+    SELECT resource_manager, record_length, fpi_length,
+           regexp_match(block_ref, 'rel (\d+)/(\d+)/(\d+)') AS rel
+    FROM pg_get_wal_records_info(%s::pg_lsn, %s::pg_lsn)
+)
+SELECT CASE
+         WHEN rel IS NULL THEN '(' || resource_manager || ')'
+         WHEN rel[2]::oid = (SELECT oid FROM pg_database WHERE datname = current_database())
+           THEN coalesce(pg_filenode_relation(
+                  CASE WHEN rel[1]::oid = (SELECT oid FROM pg_tablespace
+                                           WHERE spcname = 'pg_default') THEN 0
+                       ELSE rel[1]::oid END,
+                  rel[3]::oid)::regclass::text, 'filenode ' || rel[3])
+         ELSE 'database ' || rel[2] || ' filenode ' || rel[3]
+       END AS relation,
+       count(*), sum(record_length)::bigint, sum(fpi_length)::bigint
+FROM records GROUP BY 1
+"""
+
+
+def read_wal_by_relation(database: str, start: int, end: int) -> list[RelationWal]:
+    """The WAL between the positions ``start`` and ``end`` by relation (``pg_walinspect``,
+    created in ``database`` for the purpose; the relations are named as it knows them)."""
+    with psycopg.connect(common.dsn_for(database), autocommit=True) as connection:
+        connection.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+        rows = connection.execute(
+            WAL_BY_RELATION_QUERY, (_lsn_text(start), _lsn_text(end))
+        ).fetchall()
+    return [RelationWal(str(row[0]), int(row[1]), int(row[2]), int(row[3])) for row in rows]
+
+
 def read_statements(connection: psycopg.Connection[Any], database: str) -> list[StatementStats]:
     """Every ``pg_stat_statements`` row of ``database`` (top-level and nested)."""
     rows = connection.execute(STATEMENTS_QUERY, (database,)).fetchall()
@@ -444,6 +514,7 @@ def measure(
             wal = _lsn(connection) - lsn_before
             statements = read_statements(connection, name)
         tables = read_table_writes(name)
+        wal_by_relation = read_wal_by_relation(name, lsn_before, lsn_before + wal)
         totals = Totals(
             workflows=args.workflows,
             seconds=seconds,
@@ -456,7 +527,8 @@ def measure(
             errors=len(errors),
         )
         where = "embedded pool" if args.embedded else "1 process"
-        return budget(f"{where} x {args.slots} slots", statements, totals, tables)
+        label = f"{where} x {args.slots} slots"
+        return budget(label, statements, totals, tables, wal_by_relation)
     finally:
         shutil.rmtree(logs, ignore_errors=True)
         databases.drop(name)

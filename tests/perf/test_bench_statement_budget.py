@@ -9,11 +9,13 @@ import pytest
 
 from bench import common
 from bench.statement_budget import (
+    RelationWal,
     StatementStats,
     Totals,
     budget,
     private_server,
     read_statements,
+    read_wal_by_relation,
     render,
 )
 
@@ -87,6 +89,42 @@ def test_the_rendered_budget_prints_the_totals_and_filters_rare_statements() -> 
     )
     assert header.split()[:3] == ["#", "level", "calls"]
     assert len(rows) == 1 and rows[0].endswith("SELECT * FROM turns WHERE id = $1")
+
+
+def test_the_rendered_budget_ranks_the_wal_by_relation() -> None:
+    """The WAL table is per workflow, largest first, with each relation's share of the run's
+    WAL; relations that wrote less than a byte per workflow are left out."""
+    wal = [
+        RelationWal("pk_turns", records=40, bytes=2000, fpi_bytes=0),
+        RelationWal("turns", records=60, bytes=6000, fpi_bytes=1000),
+        RelationWal("pg_class", records=1, bytes=5, fpi_bytes=0),
+    ]
+    text = render(budget("sample", SAMPLE, TOTALS, wal=wal))
+    table = text.split("WAL per workflow")[1].splitlines()
+    assert [line.split()[0] for line in table[2:]] == ["turns", "pk_turns"]
+    assert table[2].split()[1:] == ["6.00", "600", "100", "66.7%"]
+
+
+def test_the_wal_of_a_range_is_attributed_to_the_tables_and_indexes_written() -> None:
+    """Each WAL record of a range counts for the relation its first block belongs to, named
+    as the measured database knows it; commit records count under their resource manager."""
+    with private_server():
+        databases = common.Databases("budget_wal_test")
+        try:
+            name = databases.create("one")
+            with psycopg.connect(common.dsn_for(name), autocommit=True) as connection:
+                connection.execute("CREATE TABLE t (id int PRIMARY KEY, body text)")
+                position = "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn"
+                start = int(connection.execute(position).fetchone()[0])  # type: ignore[index]
+                for value in range(50):
+                    connection.execute("INSERT INTO t VALUES (%s, repeat('x', 100))", (value,))
+                end = int(connection.execute(position).fetchone()[0])  # type: ignore[index]
+            wal = {r.relation: r for r in read_wal_by_relation(name, start, end)}
+        finally:
+            databases.close()
+    assert wal["t"].records >= 50 and wal["t"].bytes >= 50 * 100
+    assert wal["t_pkey"].records >= 50
+    assert wal["(Transaction)"].records >= 50
 
 
 def test_the_private_instance_reports_trigger_statements_and_is_deleted() -> None:
