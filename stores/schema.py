@@ -19,7 +19,9 @@ from engine.store import ToolCallStatus
 
 __all__ = [
     "ACTIVE",
+    "BIG_ID",
     "JSON",
+    "ONLY_ON",
     "TIMESTAMP",
     "TURN_ID",
     "agent_definitions",
@@ -56,6 +58,14 @@ TIMESTAMP = sa.DateTime(timezone=True)
 #: a column compared with it must share the collation, or the comparison could not use that
 #: column's own index. SQLite's default collation already compares bytes.
 TURN_ID = sa.Text().with_variant(sa.Text(collation="C"), "postgresql")
+
+#: A 64-bit identity: SQLite's ``INTEGER PRIMARY KEY`` is one already (and only that spelling
+#: makes a column its rowid).
+BIG_ID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+
+#: Key of an index's ``info``: the one dialect whose databases have the index (the migrations
+#: create it there alone; ``migrations/env.py`` leaves it out of the comparison elsewhere).
+ONLY_ON = "only_on"
 
 turn_status = sa.Enum(
     *[s.value for s in TurnStatus],
@@ -282,7 +292,11 @@ agent_definitions = sa.Table(
 turn_events = sa.Table(
     "turn_events",
     metadata,
-    sa.Column("id", sa.Integer, sa.Identity(), primary_key=True),
+    # The order entries were appended in. PostgreSQL keys the table by (turn_id, id), the
+    # order every reader reads it in; SQLite keys it by id, its rowid, which numbers the
+    # entries (a composite key would leave id unnumbered there), and reads it by
+    # ix_turn_events_turn_id (migration 0023).
+    sa.Column("id", BIG_ID, sa.Identity(), nullable=False),
     sa.Column("turn_id", TURN_ID, sa.ForeignKey("turns.id", ondelete="CASCADE"), nullable=False),
     sa.Column("from_status", turn_status),
     # On an entry that is not a transition: the status the turn was in (migration 0013).
@@ -304,7 +318,8 @@ turn_events = sa.Table(
         comment="Who did it: the worker holding the attempt, or the principal deciding.",
     ),
     sa.Column("detail", JSON, comment="What the entry is about, as data (its call, answer...)."),
-    sa.Index("ix_turn_events_turn_id", "turn_id", "id"),
+    sa.PrimaryKeyConstraint("turn_id", "id", name="pk_turn_events"),
+    sa.Index("ix_turn_events_turn_id", "turn_id", "id", info={ONLY_ON: "sqlite"}),
     comment="Every turn's history, append-only: transitions, claims, tool calls, decisions.",
 )
 

@@ -38,6 +38,8 @@ from collections.abc import Sequence
 
 from alembic import op
 
+from migrations.keep_views import around_views
+
 revision: str = "0021"
 down_revision: str | None = "0020"
 branch_labels: str | Sequence[str] | None = None
@@ -56,30 +58,6 @@ TURN_ID_COLUMNS = (
     ("webhook_deliveries", "turn_id"),
 )
 
-#: Run by the server, so that ``turnstile migrate --sql`` writes it too: the schema's views
-#: kept with their definitions, dropped (the newest first: a view may read an older one),
-#: the columns changed, the views created again in their order.
-COLLATE_TURN_IDS = """
-DO $$
-DECLARE
-    names text[];
-    texts text[];
-BEGIN
-    SELECT array_agg(c.relname::text ORDER BY c.oid),
-           array_agg(rtrim(rtrim(pg_get_viewdef(c.oid)), ';') ORDER BY c.oid)
-    INTO names, texts
-    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-    WHERE n.nspname = current_schema() AND c.relkind = 'v';
-    FOR i IN REVERSE coalesce(array_upper(names, 1), 0)..1 LOOP
-        EXECUTE format('DROP VIEW %I', names[i]);
-    END LOOP;
-{changes}
-    FOR i IN 1..coalesce(array_upper(names, 1), 0) LOOP
-        EXECUTE format('CREATE VIEW %I AS %s', names[i], texts[i]);
-    END LOOP;
-END
-$$"""
-
 
 def _collate_turn_ids(collation: str) -> None:
     """Give every turn-id column ``collation`` (PostgreSQL), the views around it kept."""
@@ -90,8 +68,8 @@ def _collate_turn_ids(collation: str) -> None:
             for owner, column in TURN_ID_COLUMNS
             if owner == table
         )
-        changes.append(f"    ALTER TABLE {table} {columns};")
-    op.execute(COLLATE_TURN_IDS.format(changes="\n".join(changes)))
+        changes.append(f"ALTER TABLE {table} {columns}")
+    op.execute(around_views(*changes))
 
 
 def upgrade() -> None:

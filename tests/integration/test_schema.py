@@ -595,3 +595,53 @@ def test_call_history_migration_drops_the_journal_triggers_and_its_downgrade_res
         assert history_triggers(url) == ["tool_calls_history_insert", "tool_calls_history_update"]
         migrate(url)
         assert history_triggers(url) == []
+
+
+def _history_keys(url: str) -> tuple[list[str], list[str], str]:
+    """``turn_events``' primary-key columns, its other indexes and the type of its ``id``."""
+    with psycopg.connect(_dsn(url)) as connection:
+        key = connection.execute(
+            "SELECT array_agg(a.attname::text ORDER BY k.ord) FROM pg_index i "
+            "CROSS JOIN unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) "
+            "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum "
+            "WHERE i.indrelid = 'turn_events'::regclass AND i.indisprimary"
+        ).fetchone()
+        others = connection.execute(
+            "SELECT indexrelid::regclass::text FROM pg_index "
+            "WHERE indrelid = 'turn_events'::regclass AND NOT indisprimary ORDER BY 1"
+        ).fetchall()
+        id_type = connection.execute(
+            "SELECT format_type(atttypid, atttypmod) FROM pg_attribute "
+            "WHERE attrelid = 'turn_events'::regclass AND attname = 'id'"
+        ).fetchone()
+    assert key is not None and id_type is not None
+    return list(key[0]), [row[0] for row in others], str(id_type[0])
+
+
+def test_the_history_is_keyed_by_turn_on_postgres_and_its_downgrade_restores_both_keys() -> None:
+    """Migration 0023 keys ``turn_events`` by ``(turn_id, id)`` with a 64-bit ``id`` and no
+    second index; the downgrade brings back the key on ``id`` and the index by turn, and the
+    history written meanwhile keeps its entries and its order."""
+    with postgres_url() as url:
+        assert _history_keys(url) == (["turn_id", "id"], [], "bigint")
+        with psycopg.connect(_dsn(url)) as connection:
+            _populate(connection, 1, analyze=False)
+            connection.execute(
+                "INSERT INTO turn_events (turn_id, to_status, attempt, at) "
+                "VALUES ('t1', 'pending', 0, now())"
+            )
+            # Beyond the 32-bit range the identity had before.
+            connection.execute(
+                "INSERT INTO turn_events (id, turn_id, to_status, attempt, at) "
+                "VALUES (3000000000, 't1', 'completed', 1, now())"
+            )
+        command.downgrade(_config(url), "0022")
+        assert _history_keys(url) == (["id"], ["ix_turn_events_turn_id"], "bigint")
+        migrate(url)
+        assert _history_keys(url) == (["turn_id", "id"], [], "bigint")
+        with psycopg.connect(_dsn(url)) as connection:
+            ids = connection.execute(
+                "SELECT seq FROM turn_timeline WHERE turn_id = 't1' ORDER BY seq"
+            ).fetchall()
+        assert len(ids) == 2 and ids[-1][0] == 3000000000
+
