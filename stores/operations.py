@@ -337,10 +337,11 @@ def turn_detail(connection: Connection, turn_id: str) -> TurnDetail | None:
 # -- ids by prefix (an operator pastes the first characters of an id) -----------------------
 
 #: The tables whose ids an operator may give by a prefix, by what they hold, each with whether
-#: the column orders by bytes on both databases (turn ids: collation "C" on PostgreSQL).
+#: the column orders by bytes on both databases (turn and session ids: collation "C" on
+#: PostgreSQL, migrations 0021 and 0024).
 PREFIXED_IDS: dict[str, tuple[sa.Column[Any], bool]] = {
     "turn": (turns.c.id, True),
-    "session": (sessions.c.id, False),
+    "session": (sessions.c.id, True),
     "browser session": (ui_sessions.c.id, False),
 }
 

@@ -22,6 +22,7 @@ __all__ = [
     "BIG_ID",
     "JSON",
     "ONLY_ON",
+    "SESSION_ID",
     "TIMESTAMP",
     "TURN_ID",
     "agent_definitions",
@@ -58,6 +59,10 @@ TIMESTAMP = sa.DateTime(timezone=True)
 #: a column compared with it must share the collation, or the comparison could not use that
 #: column's own index. SQLite's default collation already compares bytes.
 TURN_ID = sa.Text().with_variant(sa.Text(collation="C"), "postgresql")
+
+#: A session's id and every column holding one: in byte order too, for the same reason
+#: (migration 0024: ``turns ls --session`` takes an id's first characters).
+SESSION_ID = sa.Text().with_variant(sa.Text(collation="C"), "postgresql")
 
 #: A 64-bit identity: SQLite's ``INTEGER PRIMARY KEY`` is one already (and only that spelling
 #: makes a column its rowid).
@@ -113,7 +118,7 @@ def _approval_key() -> tuple[SchemaItem, ...]:
 sessions = sa.Table(
     "sessions",
     metadata,
-    sa.Column("id", sa.Text, primary_key=True),
+    sa.Column("id", SESSION_ID, primary_key=True),
     sa.Column("agent", sa.Text, nullable=False),
     sa.Column("owner", sa.Text),
     sa.Column("created_at", TIMESTAMP, nullable=False),
@@ -127,7 +132,7 @@ turns = sa.Table(
     "turns",
     metadata,
     sa.Column("id", TURN_ID, primary_key=True, comment="The snapshot id."),
-    sa.Column("session_id", sa.Text, sa.ForeignKey("sessions.id"), nullable=False),
+    sa.Column("session_id", SESSION_ID, sa.ForeignKey("sessions.id"), nullable=False),
     sa.Column("seq", sa.Integer, nullable=False, comment="1, 2, ... within the session."),
     sa.Column("agent", sa.Text, nullable=False),
     sa.Column("parent_id", TURN_ID, sa.ForeignKey("turns.id")),
@@ -328,7 +333,7 @@ approval_queue = sa.Table(
     "approval_queue",
     metadata,
     *_approval_key(),
-    sa.Column("session_id", sa.Text, nullable=False, comment="The turn's session (copied)."),
+    sa.Column("session_id", SESSION_ID, nullable=False, comment="The turn's session (copied)."),
     sa.Column("agent", sa.Text, nullable=False, comment="The turn's agent (copied)."),
     sa.Column("name", sa.Text, nullable=False, comment="The interrupt's name."),
     sa.Column("input", JSON, comment="What the approver sees."),

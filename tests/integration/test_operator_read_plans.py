@@ -567,17 +567,23 @@ PREFIX_READS: dict[str, tuple[Callable[[Connection], Any], str]] = {
         lambda connection: operation_sql.approval_keys_starting(connection, "p1234", None, 10),
         "pk_tool_calls",
     ),
+    "turns ls --session <prefix>": (
+        lambda connection: operation_sql.ids_starting(connection, "session", "s1234", 10),
+        "pk_sessions",
+    ),
 }
 
 
 @pytest.mark.parametrize("name", sorted(PREFIX_READS))
 def test_an_id_prefix_reads_a_range_of_the_primary_key(history: str, name: str) -> None:
-    """A prefix read visits the few ids starting so, through the primary key (turn ids are
-    collated "C", so it holds them in byte order), never every id of the table."""
+    """A prefix read visits the few ids starting so, through the primary key (turn and
+    session ids are collated "C", so it holds them in byte order), never every id of the
+    table."""
     read, index = PREFIX_READS[name]
     [(statement, parameters)] = _statements(history, read)
     nodes = _analyzed(history, statement, parameters)
     detail = json.dumps(nodes[0], indent=1)
     assert _seq_scans(nodes) == set(), detail
     assert index in {n.get("Index Name") for n in nodes}, detail
-    assert _rows_visited(nodes, "turns") + _rows_visited(nodes, "tool_calls") <= 300, detail
+    visited = sum(_rows_visited(nodes, table) for table in ("turns", "tool_calls", "sessions"))
+    assert visited <= 300, detail

@@ -114,6 +114,28 @@ def test_every_column_holding_a_turn_id_is_collated_as_the_turn_id() -> None:
     assert key == "C"
 
 
+def test_every_column_holding_a_session_id_is_collated_as_the_session_id() -> None:
+    """A session id is compared with the key of ``sessions`` wherever it is stored (the
+    reference from ``turns``, the queue's copy): each such column shares its collation, bytes
+    on PostgreSQL, so that an id prefix reads the primary key."""
+    dialect = make_url("postgresql+psycopg://").get_dialect()()
+    key_column = metadata.tables["sessions"].c.id
+    holding = [
+        column
+        for table in metadata.sorted_tables
+        for column in table.columns
+        if column.name == "session_id" or column is key_column
+    ]
+    assert {f"{c.table.name}.{c.name}" for c in holding} >= {
+        "sessions.id",
+        "turns.session_id",
+        "approval_queue.session_id",
+    }
+    assert {
+        getattr(column.type.dialect_impl(dialect), "collation", None) for column in holding
+    } == {"C"}
+
+
 def test_a_database_not_at_head_is_refused_with_instructions(tmp_path: Any) -> None:
     """ensure_at_head names the database, its state and the command that fixes it."""
     url = f"sqlite:///{tmp_path / 'empty.db'}"
@@ -644,4 +666,3 @@ def test_the_history_is_keyed_by_turn_on_postgres_and_its_downgrade_restores_bot
                 "SELECT seq FROM turn_timeline WHERE turn_id = 't1' ORDER BY seq"
             ).fetchall()
         assert len(ids) == 2 and ids[-1][0] == 3000000000
-
