@@ -12,6 +12,8 @@ id rewritten and the history spread over 30 days), marks one settled turn in a h
 
 * ``turns ls`` — the first page (50), ``--status failed``, ``--status paused``,
   ``--agent --since`` (the last hour of the history);
+* ``turns ls --session`` — a session's turns, the session named by its first characters
+  (resolved as the command resolves it);
 * ``turns show`` — one turn's detail; ``approvals ls`` — the inbox's first page;
 * ``stats`` — every count of ``turnstile stats`` (on PostgreSQL the settled statuses from
   the table's statistics), and ``stats --exact`` (every status counted, all of ``turns`` read);
@@ -126,6 +128,15 @@ async def _timed(read: Callable[[], Awaitable[Any]], repeat: int, warmup: int = 
     return times
 
 
+async def _session_turns(store: Any, session_prefix: str) -> Any:
+    """``turns ls --session <session_prefix>``: the prefix resolved to the session's id as
+    the command resolves it, then the session's turns."""
+    from stores.operations import TurnQuery
+
+    found = await store.ids_starting("session", session_prefix, limit=2)
+    return await store.list_turns(TurnQuery(session_id=found[0]))
+
+
 async def time_reads(
     url: str, newest: datetime, turn_id: str, repeat: int
 ) -> dict[str, list[float]]:
@@ -138,6 +149,9 @@ async def time_reads(
 
     store = SqlSessionStore(url)
     monitoring = MonitoringDatabase(url)
+    detail = await store.turn_detail(turn_id)
+    assert detail is not None
+    session_prefix = detail.turn.session_id[:8]
     reads: dict[str, Callable[[], Awaitable[Any]]] = {
         "turns ls (first page)": lambda: store.list_turns(TurnQuery()),
         "turns ls --status failed": lambda: store.list_turns(TurnQuery(statuses=("failed",))),
@@ -145,6 +159,7 @@ async def time_reads(
         "turns ls --agent --since (last hour)": lambda: store.list_turns(
             TurnQuery(agent="bankingAgent", since=newest - timedelta(hours=1))
         ),
+        "turns ls --session <prefix>": lambda: _session_turns(store, session_prefix),
         "turns show": lambda: store.turn_detail(turn_id),
         "approvals ls (first page)": lambda: store.list_approvals(ApprovalQuery()),
         "stats": store.read_stats,
