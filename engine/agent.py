@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import logging
 import math
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -33,6 +32,7 @@ from engine.errors import (
     SessionMismatchError,
     TurnTimeoutError,
 )
+from engine.ids import new_id
 from engine.model import Model
 from engine.response import AgentChunk, AgentResponse, refused_response, settled_response
 from engine.state.client_state import BlobPin, sign_state
@@ -514,9 +514,7 @@ class Agent:
         (so the worker cannot publish one we miss), then forward them until it settles."""
         store = self._require_store("streaming a queued turn")
         turn_id = request.turn_id or (
-            keyed_turn_id(self.name, request)
-            if request.idempotency_key is not None
-            else str(uuid.uuid4())
+            keyed_turn_id(self.name, request) if request.idempotency_key is not None else new_id()
         )
         request = replace(
             request, turn_id=turn_id, input=request.input.model_copy(update={"relay": True})

@@ -36,6 +36,7 @@ from starlette.types import Receive, Scope, Send
 from engine.agent import Agent
 from engine.engine import Engine
 from engine.errors import TooManyTurnsError
+from engine.ids import new_id
 from engine.turns.idempotency import keyed_turn_id
 from engine.turns.request import TurnRequest
 
@@ -147,7 +148,7 @@ class TurnAdmission:
             turn_id = request.turn_id or (
                 keyed_turn_id(agent.name, request)
                 if request.idempotency_key is not None
-                else str(uuid.uuid4())
+                else new_id()
             )
             request = replace(request, turn_id=turn_id)
             place = turn_id

@@ -14,7 +14,6 @@ migrated exactly as a stored one is (:mod:`engine.state.pinning`).
 from __future__ import annotations
 
 import hashlib
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +21,7 @@ from typing import Any
 from engine.conversation.parts import Message
 from engine.conversation.session_state import SessionData
 from engine.errors import InvalidStateError
+from engine.ids import new_id
 from engine.state.signing import StateSigner, canonical_json
 from engine.state.snapshots import SessionState, restore_client_state
 from engine.state.versioning import outline_definition
@@ -110,7 +110,7 @@ async def open_client_state(
     """Verify ``state`` (``None``: a new session) and rebuild it in a scratch store."""
     scratch = InMemorySessionStore()
     if state is None:
-        return ClientSession(scratch, None, str(uuid.uuid4()))
+        return ClientSession(scratch, None, new_id())
     verified = signer.verify(state, agent=agent)
     restored = await restore_client_state(
         scratch,

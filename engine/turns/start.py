@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -38,6 +37,7 @@ from engine.errors import (
     SnapshotNotResumableError,
     StaleSnapshotError,
 )
+from engine.ids import new_id
 from engine.state.client_state import client_turn_id, open_client_state
 from engine.state.pinning import PinningAgent, pin_turn
 from engine.state.signing import StateSigner
@@ -148,7 +148,7 @@ async def start_turn(
     # branch: when another send moved the session on between the read and the write (its
     # turn may still be running), the request is planned again against the session as it
     # is now, and then branches.
-    request = replace(request, turn_id=request.turn_id or str(uuid.uuid4()))
+    request = replace(request, turn_id=request.turn_id or new_id())
     attempts_left = _EXACT_ATTEMPTS
     while True:
         try:
@@ -335,7 +335,7 @@ async def _base(agent: StartingAgent, request: TurnRequest) -> _Base:
                 f"Session '{request.session_id}' not found for agent '{agent.name}'."
             )
         return _Base(store, latest, request.session_id)
-    return _Base(store, None, str(uuid.uuid4()))
+    return _Base(store, None, new_id())
 
 
 async def _exactly(
@@ -359,7 +359,7 @@ async def _exactly(
     return _Base(
         store,
         turn,
-        str(uuid.uuid4()),
+        new_id(),
         stored,
         branch=True,
         branch_owner=session.owner if session is not None else None,
@@ -424,4 +424,4 @@ def _new_turn_id(agent: StartingAgent, request: TurnRequest, base: _Base) -> str
     """The caller's id for the turn if it chose one; replay-stable for client state."""
     if agent.store is None and base.turn is not None:
         return client_turn_id(base.turn.id, request.input)
-    return request.turn_id or str(uuid.uuid4())
+    return request.turn_id or new_id()

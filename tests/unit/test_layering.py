@@ -111,7 +111,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("engine.store", "engine.models", "engine.scripted"),
     ("engine.model",),
     ("engine.conversation",),
-    ("engine.errors", "engine.status"),
+    ("engine.errors", "engine.status", "engine.ids"),
 ]
 
 
