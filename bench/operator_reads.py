@@ -26,8 +26,9 @@ With ``--wal-workflows N`` it then runs batches of N more genuine workflows on t
 and prints, per workflow, the WAL of this database (``pg_walinspect``: the records changing
 its pages and their transactions' commits, read through a temporary replication slot), how
 much of it is full-page images and of which relations, and the commits: a batch right after
-a ``CHECKPOINT`` and the next one; then the same two with the product's ``uuid.uuid4()``
-replaced by time-ordered (version 7) UUIDs, a what-if that shows what the random ids cost.
+a ``CHECKPOINT`` and the next one, with the product's ids (``engine.ids``); then the same two
+with each what-if of ``--wal-ids``: every id the product makes replaced by a random UUID4 (the
+ids before ``engine.ids``) or a time-ordered version 7 UUID, to show what the ids' shape costs.
 
 Then retention, which deletes what it measures, so it comes last: every session is idle (the
 copies are days old, the seed is settled before the cutoff), and ``--retention-batches``
@@ -224,17 +225,34 @@ def time_ordered_uuid() -> uuid.UUID:
     return uuid.UUID(int=value)
 
 
+#: The ids the workflows of a WAL batch get: the product's (``engine.ids.new_id``), or, as a
+#: what-if that shows what the choice of ids costs, random UUID4s or version 7 UUIDs.
+ID_KINDS: dict[str, Callable[..., str] | None] = {
+    "product": None,
+    "uuid4": lambda now=None: str(uuid.uuid4()),
+    "time-ordered": lambda now=None: str(time_ordered_uuid()),
+}
+
+
 @contextmanager
 def _ids_made_by(kind: str) -> Iterator[None]:
-    """Measurement only: with ``time-ordered``, every ``uuid.uuid4()`` the product calls (its
-    session and turn ids) returns :func:`time_ordered_uuid` instead."""
-    original = uuid.uuid4
-    if kind == "time-ordered":
-        uuid.uuid4 = time_ordered_uuid
+    """Measurement only: unless ``kind`` is ``product``, every module that makes ids with
+    ``engine.ids.new_id`` makes them as ``ID_KINDS[kind]`` does instead."""
+    from engine import ids
+
+    maker = ID_KINDS[kind]
+    patched = (
+        [m for m in list(sys.modules.values()) if getattr(m, "new_id", None) is ids.new_id]
+        if maker is not None
+        else []
+    )
+    for module in patched:
+        module.new_id = maker  # type: ignore[attr-defined]
     try:
         yield
     finally:
-        uuid.uuid4 = original
+        for module in patched:
+            module.new_id = ids.new_id  # type: ignore[attr-defined]
 
 
 def wal_per_workflow(name: str, workflows: int, *, offset: int) -> WalCost:
@@ -285,6 +303,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--wal-workflows", type=int, default=0, help="workflows run to measure WAL (0: none)"
     )
+    parser.add_argument(
+        "--wal-ids",
+        default="product,uuid4",
+        help="the ids of the WAL batches, in turn: product (engine.ids), and as what-ifs "
+        "uuid4 (random) or time-ordered (UUID version 7)",
+    )
     parser.add_argument("--repeat", type=int, default=20, help="timed runs per read")
     parser.add_argument(
         "--retention-batches", type=int, default=10, help="retention batches timed per size"
@@ -314,9 +338,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.wal_workflows:
                 # Right after a CHECKPOINT every page's first change is written whole; the
                 # next batch shows what is left once the pages it touches again are imaged.
-                # Then the same with time-ordered ids (a what-if: the product makes UUID4s).
+                # Then the same with other ids, as what-ifs (--wal-ids).
                 batches = ("after CHECKPOINT", "next batch")
-                for ids in ("uuid4", "time-ordered"):
+                for ids in args.wal_ids.split(","):
                     checkpoint()
                     for number, batch in enumerate(batches):
                         offset = 10_000_000 + (len(wal) + number) * args.wal_workflows
