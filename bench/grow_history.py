@@ -1,13 +1,18 @@
 """A PostgreSQL history of N turns, made of genuine workflows copied (issue 34).
 
-``python bench/grow_history.py --turns 1000000 [--seed 300] [--open-fraction 0.01] [--keep]``
+``python bench/grow_history.py --turns 1000000 [--seed 300] [--open-fraction 0.01]
+[--open-approvals N] [--keep]``
 
 :func:`build` runs ``seed`` genuine workflows of the banking example through the product (a
 ``WorkerPool`` and the chats in this process, as ``bench/in_process.py`` does): send, pause at
 the userApproval interrupt, (every other one) an approver claims it, approve, transfer, done —
 except an ``open_fraction`` of them left paused at the approval. Then :func:`grow` multiplies
 those rows with ``INSERT … SELECT``, a batch of copies per transaction, until the table
-``turns`` holds about ``turns`` rows.
+``turns`` holds about ``turns`` rows. By default every copy keeps the seed's paused
+workflows, so the open approvals grow with the history; with ``open_approvals`` only the
+first copies do (enough for that many), and the rest copy the settled workflows alone: a
+history as large, whose approvals waiting for a human stay as few as a deployment whose
+approvers keep up (or whose approvals expire) would have.
 
 The copier is generic over the schema: it reads the tables and columns from
 ``stores.schema.metadata``, so a column or table another change adds is copied too, by these
@@ -80,6 +85,8 @@ ID_NAMES = {"session_id", "turn_id"}
 # A batch's parameters: its copies' numbers, how many copies in all, the time between two.
 FIRST, LAST = sql.SQL("%(first)s::int"), sql.SQL("%(last)s::int")
 COPIES, STEP = sql.SQL("%(copies)s::int"), sql.SQL("%(step)s::interval")
+#: The copies up to this one keep the seed's paused workflows; later ones leave them out.
+OPEN_COPIES = sql.SQL("%(open_copies)s::int")
 
 #: Migration 0003's backfill: the open approvals the triggers would have queued.
 BACKFILL = f"SELECT c.turn_id, c.round, c.ref{OPEN_CALLS}"
@@ -204,17 +211,27 @@ class TableCopy:
                 parts.append(sql.SQL("({})::{}").format(value, sql.SQL(cast)))
             else:
                 parts.append(column)
-        return sql.SQL("SELECT {} FROM {} CROSS JOIN generate_series({}, {}) k ORDER BY k").format(
-            sql.SQL(", ").join(parts), sql.Identifier(f"seed_{self.table}"), FIRST, LAST
+        # A row of a paused workflow is copied only into the copies that keep them.
+        return sql.SQL(
+            "SELECT {} FROM {} CROSS JOIN generate_series({}, {}) k "
+            "WHERE k <= {} OR NOT of_paused_workflow ORDER BY k"
+        ).format(
+            sql.SQL(", ").join(parts),
+            sql.Identifier(f"seed_{self.table}"),
+            FIRST,
+            LAST,
+            OPEN_COPIES,
         )
 
 
 @dataclass(frozen=True)
 class CopyPlan:
-    """The tables copied, in foreign-key order, and the turns one copy adds."""
+    """The tables copied, in foreign-key order, the turns one copy adds and the open
+    approvals it holds (when it keeps the paused workflows)."""
 
     tables: list[TableCopy]
     seed_turns: int
+    seed_open_approvals: int
 
 
 def copy_plan(connection: psycopg.Connection[Any], metadata: sa.MetaData | None = None) -> CopyPlan:
@@ -231,6 +248,13 @@ def copy_plan(connection: psycopg.Connection[Any], metadata: sa.MetaData | None 
         for t, c in sorted(ROOTS)
     )
     connection.execute(sql.SQL("CREATE TEMP TABLE seed_ids AS {}").format(roots))
+    # The paused workflows: the sessions with an open approval, and their turns (their
+    # rows are copied into the first open_copies copies only, see grow).
+    connection.execute(
+        "CREATE TEMP TABLE seed_open_ids AS "
+        "SELECT session_id AS id FROM approval_queue "
+        "UNION SELECT id FROM turns WHERE session_id IN (SELECT session_id FROM approval_queue)"
+    )
     tables: list[TableCopy] = []
     for table in metadata.sorted_tables:
         id_names = [c.name for c in table.columns if c in ids]
@@ -242,6 +266,7 @@ def copy_plan(connection: psycopg.Connection[Any], metadata: sa.MetaData | None 
                 seed, sql.Identifier(table.name)
             )
         )
+        _mark_paused_workflows(connection, seed, id_names)
         columns = [c.name for c in table.columns if c.identity is None]
         key = list(table.primary_key.columns)
         keys = [] if any(c in ids for c in key) else [c.name for c in key if _is_text(c)]
@@ -261,9 +286,30 @@ def copy_plan(connection: psycopg.Connection[Any], metadata: sa.MetaData | None 
                 embedding[column.name] = most
         json = [c.name for c in candidates if c.name in embedding and _is_json(c)]
         tables.append(TableCopy(table.name, columns, id_names, keys, timestamps, embedding, json))
-    row = connection.execute("SELECT count(*) FROM seed_turns").fetchone()
+    row = connection.execute(
+        "SELECT (SELECT count(*) FROM seed_turns), (SELECT count(*) FROM seed_approval_queue)"
+    ).fetchone()
     assert row is not None
-    return CopyPlan(tables, int(row[0]))
+    return CopyPlan(tables, int(row[0]), int(row[1]))
+
+
+def _mark_paused_workflows(
+    connection: psycopg.Connection[Any], seed: sql.Identifier, id_names: list[str]
+) -> None:
+    """Give ``seed`` a column ``of_paused_workflow``: whether the row belongs to a workflow
+    the seed left paused (one of its id columns names a session or turn of seed_open_ids)."""
+    connection.execute(sql.SQL("ALTER TABLE {} ADD COLUMN of_paused_workflow boolean").format(seed))
+    connection.execute(
+        sql.SQL(
+            "UPDATE {} SET of_paused_workflow = EXISTS ("
+            'SELECT 1 FROM seed_open_ids o WHERE o.id COLLATE "C" IN ({}))'
+        ).format(
+            seed,
+            sql.SQL(", ").join(
+                sql.SQL("{}.{}").format(seed, sql.Identifier(name)) for name in id_names
+            ),
+        )
+    )
 
 
 def _list_embedded_ids(
@@ -316,8 +362,11 @@ def grow(
     batch_turns: int = 100_000,
     vacuum: bool = True,
     progress: bool = False,
+    open_approvals: int | None = None,
 ) -> Growth:
-    """Copy the database's rows (the seed) until ``turns`` holds about ``turns`` rows."""
+    """Copy the database's rows (the seed) until ``turns`` holds about ``turns`` rows; with
+    ``open_approvals``, only as many copies keep the seed's paused workflows as hold that
+    many open approvals with the seed's (rounded up to whole copies)."""
     started = time.perf_counter()
     with psycopg.connect(dsn, autocommit=True) as connection:
         plan = copy_plan(connection)
@@ -326,12 +375,22 @@ def grow(
         copies = max(0, math.ceil(turns / plan.seed_turns) - 1)
         per_batch = max(1, batch_turns // plan.seed_turns)
         step = span / max(copies, 1)
+        open_copies = copies
+        if open_approvals is not None:
+            wanted = math.ceil(open_approvals / max(plan.seed_open_approvals, 1)) - 1
+            open_copies = max(0, min(copies, wanted))
         connection.execute("SET maintenance_work_mem = '256MB'")
         # The copies are consistent by construction: no foreign-key or queue trigger runs.
         connection.execute("SET session_replication_role = replica")
         for first in range(1, copies + 1, per_batch):
             last = min(copies, first + per_batch - 1)
-            params = {"first": first, "last": last, "copies": copies, "step": step}
+            params = {
+                "first": first,
+                "last": last,
+                "copies": copies,
+                "step": step,
+                "open_copies": open_copies,
+            }
             with connection.transaction():
                 for copy in plan.tables:
                     statement = sql.SQL("INSERT INTO {} ({}) {}").format(
@@ -385,6 +444,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turns", type=int, default=100_000, help="turns wanted")
     parser.add_argument("--seed", type=int, default=300, help="genuine workflows copied")
     parser.add_argument("--open-fraction", type=float, default=0.01, help="left paused")
+    parser.add_argument(
+        "--open-approvals",
+        type=int,
+        help="open approvals in the end (default: the seed's share of every copy)",
+    )
     parser.add_argument("--span-days", type=float, default=30, help="history spread over")
     parser.add_argument("--keep", action="store_true", help="keep the database (its name)")
     args = parser.parse_args(argv)
@@ -400,6 +464,7 @@ def main(argv: list[str] | None = None) -> int:
             open_fraction=args.open_fraction,
             span=timedelta(days=args.span_days),
             progress=True,
+            open_approvals=args.open_approvals,
         )
         print(growth)
         if args.keep:

@@ -5,7 +5,9 @@
 For each size, creates and migrates its own database and fills it with that many turns of
 genuine workflows copied (``bench/grow_history.py``: ``--seed`` banking workflows run through
 the product, ``--open-fraction`` of them left paused at the approval, then copied with every
-id rewritten and the history spread over 30 days), marks one settled turn in a hundred
+id rewritten and the history spread over 30 days; with ``--open-approvals N`` only enough
+copies keep the paused workflows for N open approvals at every size, so that the history
+grows and the approvals waiting for a human do not), marks one settled turn in a hundred
 ``failed`` (the only rows not written by the product: the banking workflow never fails),
 ``VACUUM ANALYZE``s it, then times the product's own reads through ``SqlSessionStore`` and
 ``MonitoringDatabase``:
@@ -301,6 +303,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=300, help="genuine workflows copied")
     parser.add_argument("--open-fraction", type=float, default=0.01, help="workflows paused")
     parser.add_argument(
+        "--open-approvals",
+        type=int,
+        help="open approvals at every size (default: the paused share of every copy)",
+    )
+    parser.add_argument(
         "--wal-workflows", type=int, default=0, help="workflows run to measure WAL (0: none)"
     )
     parser.add_argument(
@@ -324,7 +331,13 @@ def main(argv: list[str] | None = None) -> int:
         print("machine:", ", ".join(f"{k} {v}" for k, v in machine().items()), flush=True)
         for size in sizes:
             name = databases.create(f"reads{size}")
-            growth = build(url_for(name), size, seed=args.seed, open_fraction=args.open_fraction)
+            growth = build(
+                url_for(name),
+                size,
+                seed=args.seed,
+                open_fraction=args.open_fraction,
+                open_approvals=args.open_approvals,
+            )
             with psycopg.connect(dsn_for(name), autocommit=True) as connection:
                 connection.execute(FAIL_SOME)
                 connection.execute("VACUUM ANALYZE turns")

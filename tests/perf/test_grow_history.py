@@ -130,3 +130,42 @@ async def test_copies_of_genuine_workflows_are_whole_and_listed_by_the_product()
         assert sorted(row.id for row in listed) == sorted(ids)
         assert len(approvals) == left_open * COPIES
         assert detail is not None and detail.conversation and detail.calls
+
+
+@pytest.mark.timeout(120)
+async def test_a_history_can_keep_its_open_approvals_few_however_many_copies() -> None:
+    """With ``open_approvals``, only the copies needed for that many keep the seed's paused
+    workflows: the others copy its settled workflows alone, whole and unorphaned, and the
+    queue is still exactly the backfill's."""
+    with postgres_url() as url:
+        dsn = libpq_dsn(url)
+        left_open = await run_workflows(url, SEED, open_fraction=OPEN_FRACTION, clients=4)
+        with psycopg.connect(dsn, autocommit=True) as connection:
+            seed = _counts(connection)
+            paused_turns = _scalar(
+                connection,
+                "SELECT count(*) FROM turns WHERE session_id IN "
+                "(SELECT session_id FROM approval_queue)",
+            )
+        assert paused_turns == left_open  # a paused workflow is its first turn alone
+        growth = grow(
+            dsn,
+            seed["turns"] * COPIES,
+            span=timedelta(days=3),
+            batch_turns=1,
+            open_approvals=2 * left_open,  # the seed and one copy
+        )
+        assert growth.copies == COPIES - 1
+        assert growth.open_approvals == 2 * left_open
+
+        with psycopg.connect(dsn, autocommit=True) as connection:
+            counts = _counts(connection)
+            assert counts["sessions"] == seed["sessions"] * COPIES - left_open
+            assert counts["turns"] == seed["turns"] * COPIES - paused_turns
+            assert counts["approval_queue"] == 2 * left_open
+            assert {name: _scalar(connection, q) for name, q in ORPHANS.items()} == dict.fromkeys(
+                ORPHANS, 0
+            )
+            assert _scalar(connection, INCOMPLETE) == 0
+            assert queue_mismatches(connection) == 0
+            assert _scalar(connection, STRAY_KEYS) == 0
