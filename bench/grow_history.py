@@ -301,6 +301,8 @@ def _mark_paused_workflows(
     connection.execute(sql.SQL("ALTER TABLE {} ADD COLUMN of_paused_workflow boolean").format(seed))
     connection.execute(
         sql.SQL(
+            # COLLATE: an id column in another collation than seed_open_ids' would leave
+            # the comparison without one.
             "UPDATE {} SET of_paused_workflow = EXISTS ("
             'SELECT 1 FROM seed_open_ids o WHERE o.id COLLATE "C" IN ({}))'
         ).format(

@@ -86,6 +86,16 @@ def _scalar(connection: psycopg.Connection[Any], query: str) -> Any:
     return row[0]
 
 
+def _assert_consistent(connection: psycopg.Connection[Any]) -> None:
+    """No orphan, every turn complete, the queue the backfill's, keys naming their copies."""
+    assert {name: _scalar(connection, q) for name, q in ORPHANS.items()} == dict.fromkeys(
+        ORPHANS, 0
+    )
+    assert _scalar(connection, INCOMPLETE) == 0
+    assert queue_mismatches(connection) == 0
+    assert _scalar(connection, STRAY_KEYS) == 0
+
+
 @pytest.mark.timeout(120)
 async def test_copies_of_genuine_workflows_are_whole_and_listed_by_the_product() -> None:
     """Each table holds three times the seed's rows, none orphaned, every turn complete with
@@ -105,12 +115,7 @@ async def test_copies_of_genuine_workflows_are_whole_and_listed_by_the_product()
 
         with psycopg.connect(dsn, autocommit=True) as connection:
             assert _counts(connection) == {table: n * COPIES for table, n in seed.items()}
-            assert {name: _scalar(connection, q) for name, q in ORPHANS.items()} == dict.fromkeys(
-                ORPHANS, 0
-            )
-            assert _scalar(connection, INCOMPLETE) == 0
-            assert queue_mismatches(connection) == 0
-            assert _scalar(connection, STRAY_KEYS) == 0
+            _assert_consistent(connection)
             ids = [row[0] for row in connection.execute("SELECT id FROM turns").fetchall()]
             oldest, newest = connection.execute(
                 "SELECT min(created_at), max(created_at) FROM turns"
@@ -163,9 +168,4 @@ async def test_a_history_can_keep_its_open_approvals_few_however_many_copies() -
             assert counts["sessions"] == seed["sessions"] * COPIES - left_open
             assert counts["turns"] == seed["turns"] * COPIES - paused_turns
             assert counts["approval_queue"] == 2 * left_open
-            assert {name: _scalar(connection, q) for name, q in ORPHANS.items()} == dict.fromkeys(
-                ORPHANS, 0
-            )
-            assert _scalar(connection, INCOMPLETE) == 0
-            assert queue_mismatches(connection) == 0
-            assert _scalar(connection, STRAY_KEYS) == 0
+            _assert_consistent(connection)
