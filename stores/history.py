@@ -85,8 +85,8 @@ def journal_history_ctes(upsert: str, *, turn: str, actor: str) -> tuple[str, st
 
     ``journal_before`` reads the rows as they were: every part of one statement sees the
     same snapshot, so it is the state before the upsert, as a trigger's ``OLD`` is. An entry
-    is due when the call's start moved or its status became an ending one; a row rewritten
-    unchanged adds none.
+    is due when the call's start moved (but for a call this write also pauses) or its status
+    became an ending one; a row rewritten unchanged adds none.
     """
     before = """
 journal_before AS (
@@ -107,7 +107,8 @@ journal_history AS (
     LEFT JOIN journal_before AS b ON b.round = w.round AND b.ref = w.ref
     CROSS JOIN LATERAL (VALUES
         (1, 'tool started', w.started_at,
-         w.started_at IS NOT NULL AND w.started_at IS DISTINCT FROM b.started_at),
+         w.started_at IS NOT NULL AND w.started_at IS DISTINCT FROM b.started_at
+         AND NOT (w.status = 'interrupted' AND w.status IS DISTINCT FROM b.status)),
         (2, CASE WHEN w.status = 'interrupted' THEN 'paused'
                  ELSE 'tool ' || CAST(w.status AS text) END,
          COALESCE(w.finished_at, now()),

@@ -127,21 +127,31 @@ def call_entries(
     before: ToolCallRecord | None, after: ToolCallRecord, worker: str | None, now: datetime
 ) -> list[HistoryEntry]:
     """The entries a journal write records, run by ``worker``: a (re)start of the call, and
-    its end (done, failed, or paused on an interrupt) when its status became one."""
+    its end (done, failed, or paused on an interrupt) when its status became one.
+
+    A call that starts and pauses in one write records the pause alone: an interrupt is
+    control flow that stopped the call where it began, and the pause names the same call."""
     entries = []
     what = f"{after.name} {after.ref}"
-    if after.started_at is not None and (before is None or before.started_at != after.started_at):
+    kind = FINISHED_KINDS.get(after.status)
+    ended = kind is not None and (before is None or before.status is not after.status)
+    pauses_now = ended and after.status is ToolCallStatus.INTERRUPTED
+    started_at = after.started_at
+    if (
+        started_at is not None
+        and (before is None or before.started_at != started_at)
+        and not pauses_now
+    ):
         entries.append(
             HistoryEntry(
                 kind=TOOL_STARTED,
                 note=what,
-                at=after.started_at,
+                at=started_at,
                 actor=worker,
                 detail=_call_detail(after),
             )
         )
-    kind = FINISHED_KINDS.get(after.status)
-    if kind is not None and (before is None or before.status is not after.status):
+    if kind is not None and ended:
         entries.append(
             HistoryEntry(
                 kind=kind,

@@ -39,6 +39,7 @@ from tests.integration.store_support import (
 )
 
 LATER = timedelta(hours=1)
+INTERRUPTED = ToolCallStatus.INTERRUPTED
 
 
 def story(entries: list[TimelineEntry]) -> list[tuple[str, int | None, str | None, str]]:
@@ -158,6 +159,45 @@ async def test_every_journal_writer_records_each_start_and_end_once_by_the_lease
         ("paused", 2, "w2", "transferMoney r1"),
     ]
     assert await call_story(store, "t1") == before_resume
+
+
+async def test_a_call_paused_by_the_write_that_starts_it_records_its_pause_alone(
+    store: SessionStore,
+) -> None:
+    """An interrupt raised as its call begins, saved with a round or with the settle, is one
+    `paused` entry; a call recorded running first and paused later keeps both entries."""
+    await store.create_turn(new_turn("t1"))
+    token = (await claim(store, "t1", owner="w1")).lease_token
+    now = datetime.now(UTC) - timedelta(seconds=10)
+
+    def at(seconds: int) -> datetime:
+        return now + timedelta(seconds=seconds)
+
+    at_once = tool_call("t1", 1, "a", INTERRUPTED, started_at=at(0), finished_at=at(0))
+    running = tool_call("t1", 1, "b", ToolCallStatus.RUNNING, started_at=at(1))
+    later = running.model_copy(update={"status": INTERRUPTED, "finished_at": at(2)})
+    at_settle = tool_call("t1", 1, "c", INTERRUPTED, started_at=at(3), finished_at=at(3))
+    round = RoundRecord(round=1, messages=[asks("a", "b", "c")], committed=True)
+
+    await store.save_round("t1", lease_token=token, round=round, calls=[at_once])
+    await store.record_call("t1", lease_token=token, call=running)
+    await store.transition(
+        "t1",
+        Transition(
+            expected={PENDING},
+            new=COMPLETED,
+            lease_token=token,
+            finish_reason=FinishReason.INTERRUPTED,
+            calls=[at_once, later, at_settle],
+        ),
+    )
+
+    assert await call_story(store, "t1") == [
+        ("paused", 1, "w1", "transferMoney a"),
+        ("tool started", 1, "w1", "transferMoney b"),
+        ("paused", 1, "w1", "transferMoney b"),
+        ("paused", 1, "w1", "transferMoney c"),
+    ]
 
 
 async def test_a_pause_and_a_reject_are_recorded_at_their_own_times(store: SessionStore) -> None:
