@@ -14,6 +14,8 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from engine.store import DecisionQuery
+from stores import approvals as approval_sql
 from stores import operations as operation_sql
 from stores import retention as retention_sql
 from stores import turn_versions as version_sql
@@ -587,3 +589,28 @@ def test_an_id_prefix_reads_a_range_of_the_primary_key(history: str, name: str) 
     assert index in {n.get("Index Name") for n in nodes}, detail
     visited = sum(_rows_visited(nodes, table) for table in ("turns", "tool_calls", "sessions"))
     assert visited <= 300, detail
+
+
+def _parent_reads(url: str, read: Callable[[Connection], Any]) -> list[dict[str, Any]]:
+    """The plan nodes reading ``turns`` by ``parent_id`` in the statements ``read`` sends."""
+    nodes = [
+        node
+        for statement, parameters in _statements(url, read)
+        if "parent_id =" in statement
+        for node in _analyzed(url, statement, parameters)
+    ]
+    return [n for n in nodes if "parent_id" in n.get("Index Cond", "")]
+
+
+def test_a_turns_children_are_found_through_the_parent_index(history: str) -> None:
+    """`turns show`'s children and the decided approvals' resumes read ix_turns_parent_id,
+    which holds only turns with a parent (migration 0025): the equality proves its
+    condition."""
+    children = _parent_reads(history, lambda c: operation_sql.turn_detail(c, "p5"))
+    resumes = _parent_reads(
+        history, lambda c: approval_sql.list_decisions(c, DecisionQuery(limit=5))
+    )
+
+    for reads in (children, resumes):
+        assert reads, "no read of turns by parent_id"
+        assert {n["Index Name"] for n in reads} == {"ix_turns_parent_id"}, reads
