@@ -201,6 +201,18 @@ async def paused_turn(
         round=RoundRecord(round=1, messages=[asks(*interrupted, "done")], committed=True),
         calls=calls,
     )
+    return await settle_interrupted(store, turn_id, token)
+
+
+async def settle_interrupted(
+    store: SessionStore,
+    turn_id: str,
+    token: int,
+    calls: Sequence[ToolCallRecord] = (),
+    round: RoundRecord | None = None,
+) -> TurnRecord:
+    """Settle the leased turn ``completed`` / ``interrupted``, writing ``round`` and ``calls``
+    with the settle."""
     return await store.transition(
         turn_id,
         Transition(
@@ -208,6 +220,8 @@ async def paused_turn(
             new=COMPLETED,
             lease_token=token,
             finish_reason=FinishReason.INTERRUPTED,
+            round=round,
+            calls=list(calls),
         ),
     )
 

@@ -17,14 +17,12 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 
-from engine.status import FinishReason
 from engine.store import (
     ApprovalQuery,
     InterruptAnswer,
     NewTurn,
     RoundRecord,
     ToolCallStatus,
-    Transition,
     TurnInput,
 )
 from stores import SqlSessionStore
@@ -32,13 +30,13 @@ from stores.schema import tool_calls
 from tests.databases import libpq_dsn, postgres_url, sql_store
 from tests.integration.store_support import (
     COMPLETED,
-    PENDING,
     asks,
     claim,
     new_turn,
     paused_turn,
     record_decision,
     settle,
+    settle_interrupted,
     tool_call,
 )
 
@@ -100,27 +98,9 @@ async def settle_paused(
     round_1 = RoundRecord(round=1, messages=[asks(*refs)], committed=True)
     if calls_first:
         await store.save_round(turn_id, lease_token=token, round=round_1, calls=calls)
-        await store.transition(
-            turn_id,
-            Transition(
-                expected={PENDING},
-                new=COMPLETED,
-                lease_token=token,
-                finish_reason=FinishReason.INTERRUPTED,
-            ),
-        )
+        await settle_interrupted(store, turn_id, token)
     else:
-        await store.transition(
-            turn_id,
-            Transition(
-                expected={PENDING},
-                new=COMPLETED,
-                lease_token=token,
-                finish_reason=FinishReason.INTERRUPTED,
-                round=round_1,
-                calls=calls,
-            ),
-        )
+        await settle_interrupted(store, turn_id, token, calls, round=round_1)
 
 
 def resume_of(

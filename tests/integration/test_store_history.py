@@ -35,6 +35,7 @@ from tests.integration.store_support import (
     new_turn,
     paused_turn,
     record_decision,
+    settle_interrupted,
     tool_call,
 )
 
@@ -137,16 +138,7 @@ async def test_every_journal_writer_records_each_start_and_end_once_by_the_lease
     await store.record_call("t1", lease_token=token, call=running)
     await store.save_round("t1", lease_token=token, round=round, calls=[done, other])
     await store.save_round("t1", lease_token=token, round=round, calls=[done, other])
-    await store.transition(
-        "t1",
-        Transition(
-            expected={PENDING},
-            new=COMPLETED,
-            lease_token=token,
-            finish_reason=FinishReason.INTERRUPTED,
-            calls=[done, other, paused],
-        ),
-    )
+    await settle_interrupted(store, "t1", token, [done, other, paused])
     before_resume = await call_story(store, "t1")
     resumed = new_turn("t2", kind="resume", parent_id="t1", expected_latest_id="t1")
     await store.create_turn(resumed, answers=[answer("t1", "r1", decided_by="carol")])
@@ -181,16 +173,7 @@ async def test_a_call_paused_by_the_write_that_starts_it_records_its_pause_alone
 
     await store.save_round("t1", lease_token=token, round=round, calls=[at_once])
     await store.record_call("t1", lease_token=token, call=running)
-    await store.transition(
-        "t1",
-        Transition(
-            expected={PENDING},
-            new=COMPLETED,
-            lease_token=token,
-            finish_reason=FinishReason.INTERRUPTED,
-            calls=[at_once, later, at_settle],
-        ),
-    )
+    await settle_interrupted(store, "t1", token, [at_once, later, at_settle])
 
     assert await call_story(store, "t1") == [
         ("paused", 1, "w1", "transferMoney a"),
