@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from contextlib import nullcontext
 from datetime import UTC, datetime
 from typing import Any
@@ -13,8 +14,16 @@ import sqlalchemy as sa
 from alembic import command
 from sqlalchemy.engine import make_url
 
-from engine.store import DecisionQuery
-from stores import SchemaNotAtHeadError, ensure_at_head, migrate, snapshots, turn_creation, turns
+from engine.store import DecisionQuery, RoundRecord
+from stores import (
+    SchemaNotAtHeadError,
+    ensure_at_head,
+    fenced,
+    migrate,
+    snapshots,
+    turn_creation,
+    turns,
+)
 from stores import approvals as approval_sql
 from stores import turn_claims as claim_sql
 from stores.migrate import _config, current_revision, head_revision
@@ -23,6 +32,7 @@ from stores.schema import metadata
 from stores.schema import turns as turns_table
 from stores.turn_claims import ClaimRequest, claim_statement
 from tests.databases import libpq_dsn, new_sqlite_database, postgres_url
+from tests.integration.store_support import asks, tool_call
 
 #: The dialect the claim statements are compiled in to read their plans.
 POSTGRESQL = make_url("postgresql+psycopg://").get_dialect()()
@@ -415,6 +425,50 @@ def test_the_common_paths_cached_plans_use_indexes() -> None:
     assert "pk_turns" in plans["turn"]
     for name, plan in plans.items():
         assert "Seq Scan" not in plan, f"{name}:\n{plan}"
+
+
+#: An analysed plan node's output: "(actual time=... rows=N loops=L)".
+_ACTUAL_ROWS = re.compile(r"actual time=\S+ rows=(\d+) loops=(\d+)")
+
+
+def test_a_journal_write_reads_only_its_own_turns_rows() -> None:
+    """A lease holder's write of a round and its journal (updating the rows the turn holds,
+    inserting the others), planned once on empty tables as a new deployment's first write
+    is, then run with 5,000 turns' messages and journal rows, reads a handful of them through
+    their keys: a plan that checked the new rows against the whole table would grow every
+    write with the history."""
+    round = RoundRecord(round=1, messages=[asks("approval-1"), asks("r2")], committed=True)
+    calls = [tool_call("t1000", 1, "approval-1"), tool_call("t1000", 1, "r2")]
+    values = {
+        **fenced._write_params("t1000", [round], calls, datetime.now(UTC)),
+        "lease_token": 7,
+    }
+    statement = fenced._save_statement(round=True, calls=True, usage=False, state=False)
+    with postgres_url() as url, psycopg.connect(_dsn(url), autocommit=True) as connection:
+        for table in ("turns", "messages", "tool_calls", "sessions"):
+            connection.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
+        _generic_plan(connection, statement, values)  # cached now, on empty tables
+        _populate(connection, 5_000, analyze=False)
+        connection.execute(
+            """INSERT INTO messages (turn_id, round, position, role, content, committed,
+                                     created_at)
+               SELECT id, 1, 0, 'model', '[]', false, now() FROM turns"""
+        )
+        connection.execute("UPDATE turns SET lease_token = 7 WHERE id = 't1000'")
+        plan = _explained(connection, statement, values, prepare=True, runs=1)
+        written = connection.execute(
+            "SELECT (SELECT count(*) FROM messages WHERE turn_id = 't1000'),"
+            " (SELECT count(*) FROM tool_calls WHERE turn_id = 't1000')"
+        ).fetchone()
+
+    assert written == (2, 2)
+    assert "Seq Scan" not in plan, plan
+    scans = [line for line in plan.splitlines() if re.search(r"on (messages|tool_calls)", line)]
+    assert scans, plan
+    for line in scans:
+        found = _ACTUAL_ROWS.search(line)
+        assert found is not None, line
+        assert int(found[1]) * int(found[2]) <= 4, plan
 
 
 def test_plans_cached_while_the_tables_were_empty_still_use_the_indexes() -> None:
