@@ -86,45 +86,25 @@ def _writes(source: str, *, round: bool, calls: bool, actor: str) -> list[str]:
     """The CTEs writing a round's messages and journal rows, each joined to ``source`` (the
     fence: zero rows when the lease is lost, and then nothing is written). ``source`` holds
     the turn as the statement leaves it (``id``, ``status``, ``attempts``) and in column
-    ``actor`` the lease owner it fenced on, who the journal's history entries name.
-
-    A row the statement's snapshot holds is updated, any other inserted: a plain ``INSERT``
-    rather than ``INSERT … ON CONFLICT DO UPDATE``, whose speculative insertion logs a
-    confirmation, and a row lock before each update, that a fenced writer does not need —
-    the fence is the turn's lease, so no other writer adds this turn's rows meanwhile (if one
-    did, the primary key would refuse the statement, writing nothing)."""
+    ``actor`` the lease owner it fenced on, who the journal's history entries name."""
     parts = []
     if round:
-        # Update, insert and trim touch disjoint rows (each sees the snapshot from before the
-        # statement), so none depends on seeing another's effect. Each row names its round:
-        # one write may carry two rounds (see save_fenced's `earlier`). The rows are looked up
-        # by the turn id parameter, not the fence's column, so every plan reads this turn's
-        # part of the key (correlated with the fence alone, the insert's check once walked
-        # every message); the fence still decides whether anything is written.
+        # Upsert then trim, rather than delete then insert: in one statement the two
+        # touch disjoint rows, so neither depends on seeing the other's effect. Each row
+        # names its round: one write may carry two rounds (see save_fenced's `earlier`).
         parts.append(
             f"""
-message_rows AS (
-    SELECT m.round, m.position, m.role, m.content, m.metadata, m.committed
-    FROM jsonb_to_recordset(CAST(:messages AS jsonb))
-         AS m(round integer, position integer, role text, content jsonb, metadata jsonb,
-              committed boolean)),
-rewritten AS (
-    UPDATE messages
-    SET role = m.role, content = m.content, metadata = m.metadata, committed = m.committed,
-        created_at = :saved_at
-    FROM {source}, message_rows AS m
-    WHERE messages.turn_id = :turn_id AND messages.round = m.round
-      AND messages.position = m.position),
 saved AS (
     INSERT INTO messages (turn_id, round, position, role, content, metadata, committed,
                           created_at)
     SELECT {source}.id, m.round, m.position, m.role, m.content, m.metadata, m.committed,
            :saved_at
-    FROM {source}, message_rows AS m
-    WHERE NOT EXISTS (
-        SELECT 1 FROM messages AS kept
-        WHERE kept.turn_id = :turn_id AND kept.round = m.round
-          AND kept.position = m.position)),
+    FROM {source}, jsonb_to_recordset(CAST(:messages AS jsonb))
+                       AS m(round integer, position integer, role text, content jsonb,
+                            metadata jsonb, committed boolean)
+    ON CONFLICT (turn_id, round, position) DO UPDATE
+    SET role = excluded.role, content = excluded.content, metadata = excluded.metadata,
+        committed = excluded.committed, created_at = excluded.created_at),
 trimmed AS (
     DELETE FROM messages
     USING jsonb_to_recordset(CAST(:round_sizes AS jsonb)) AS r(round integer, size integer)
@@ -133,32 +113,19 @@ trimmed AS (
       AND EXISTS (SELECT 1 FROM {source}))"""
         )
     if calls:
-        updated = ", ".join(f"{column} = c.{column}" for column in _CALL_UPDATED)
-        added = f"""
+        updated = ", ".join(f"{column} = excluded.{column}" for column in _CALL_UPDATED)
+        upsert = f"""
     INSERT INTO tool_calls (turn_id, round, ref, name, input, status, output, interrupt,
                             error, idempotency_key, resumed, answer, decided_by, decided_at,
                             started_at, finished_at, deadline, effects, created_at)
-    SELECT {source}.id, c.round, c.ref, c.name, c.input, c.status, c.output, c.interrupt,
-           c.error, c.idempotency_key, c.resumed, c.answer, c.decided_by, c.decided_at,
-           c.started_at, c.finished_at, c.deadline, c.effects, :saved_at
-    FROM {source}, call_rows AS c
-    WHERE NOT EXISTS (
-        SELECT 1 FROM journal_before AS b WHERE b.round = c.round AND b.ref = c.ref)"""
-        # created_at keeps the first write's time: an approval's age is measured from it.
-        rewritten = f"""
-    UPDATE tool_calls SET {updated}
-    FROM {source}, call_rows AS c
-    WHERE tool_calls.turn_id = :turn_id AND tool_calls.round = c.round
-      AND tool_calls.ref = c.ref"""
-        parts.append(
-            f"""
-call_rows AS (
-    SELECT c.round, c.ref, c.name, c.input, CAST(c.status AS tool_call_status) AS status,
+    SELECT {source}.id, c.round, c.ref, c.name, c.input, CAST(c.status AS tool_call_status),
            c.output, c.interrupt, c.error, c.idempotency_key, c.resumed, c.answer,
-           c.decided_by, c.decided_at, c.started_at, c.finished_at, c.deadline, c.effects
-    FROM jsonb_to_recordset(CAST(:calls AS jsonb)) AS c({_CALL_FIELDS}))"""
-        )
-        parts += journal_history_ctes(added, rewritten, turn=source, actor=actor)
+           c.decided_by, c.decided_at, c.started_at, c.finished_at, c.deadline, c.effects,
+           :saved_at
+    FROM {source}, jsonb_to_recordset(CAST(:calls AS jsonb)) AS c({_CALL_FIELDS})
+    -- created_at keeps the first write's time: an approval's age is measured from it.
+    ON CONFLICT (turn_id, round, ref) DO UPDATE SET {updated}"""
+        parts += journal_history_ctes(upsert, turn=source, actor=actor)
     return parts
 
 

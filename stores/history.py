@@ -72,23 +72,19 @@ _APPEND = sa.insert(turn_events).from_select(
 _ENDING = "('done', 'failed', 'interrupted')"
 
 
-def journal_history_ctes(
-    added: str, rewritten: str, *, turn: str, actor: str
-) -> tuple[str, str, str, str, str]:
+def journal_history_ctes(upsert: str, *, turn: str, actor: str) -> tuple[str, str, str]:
     """The CTEs of a PostgreSQL statement that writes journal rows and appends the entries
     :func:`engine.store.history.call_entries` gives for them, in the same statement.
 
-    ``added`` is the body of the journal's ``INSERT`` of the rows of the ``:calls`` parameter
-    that turn ``:turn_id`` does not hold yet (the rows ``journal_before`` has not) and
-    ``rewritten`` that of its ``UPDATE`` of those it holds, both without ``RETURNING``;
+    ``upsert`` is the body of the journal's ``INSERT … ON CONFLICT DO UPDATE`` (without
+    ``RETURNING``) writing the rows of the ``:calls`` parameter for turn ``:turn_id``;
     ``turn`` names the CTE that holds the turn as the statement leaves it (``id``,
     ``status``, ``attempts``: zero rows when nothing is written) and ``actor`` its column
     holding the lease owner the statement fenced on. Returned in the order the ``WITH``
-    clause lists them: ``journal_before``, ``journal_added``, ``journal_rewritten``,
-    ``journal`` (the rows written) and ``journal_history``.
+    clause lists them: ``journal_before``, ``journal``, ``journal_history``.
 
     ``journal_before`` reads the rows as they were: every part of one statement sees the
-    same snapshot, so it is the state before the writes, as a trigger's ``OLD`` is. An entry
+    same snapshot, so it is the state before the upsert, as a trigger's ``OLD`` is. An entry
     is due when the call's start moved (but for a call this write also pauses) or its status
     became an ending one; a row rewritten unchanged adds none.
     """
@@ -97,15 +93,9 @@ journal_before AS (
     SELECT c.round, c.ref, c.status, c.started_at
     FROM jsonb_to_recordset(CAST(:calls AS jsonb)) AS k(round integer, ref text)
     JOIN tool_calls AS c ON c.turn_id = :turn_id AND c.round = k.round AND c.ref = k.ref)"""
-    written = "turn_id, round, ref, name, status, started_at, finished_at"
-    journal_added = f"""
-journal_added AS ({added}
-    RETURNING {written})"""
-    journal_rewritten = f"""
-journal_rewritten AS ({rewritten}
-    RETURNING {", ".join("tool_calls." + column for column in written.split(", "))})"""
-    journal = """
-journal AS (SELECT * FROM journal_added UNION ALL SELECT * FROM journal_rewritten)"""
+    journal = f"""
+journal AS ({upsert}
+    RETURNING turn_id, round, ref, name, status, started_at, finished_at)"""
     history = f"""
 journal_history AS (
     INSERT INTO turn_events (turn_id, to_status, kind, attempt, actor, note, detail, at)
@@ -127,4 +117,4 @@ journal_history AS (
     WHERE e.due
     -- A call's start before its end, as the entries of one moment sort by their id.
     ORDER BY w.round, w.ref, e.position)"""
-    return before, journal_added, journal_rewritten, journal, history
+    return before, journal, history

@@ -432,11 +432,11 @@ _ACTUAL_ROWS = re.compile(r"actual time=\S+ rows=(\d+) loops=(\d+)")
 
 
 def test_a_journal_write_reads_only_its_own_turns_rows() -> None:
-    """A lease holder's write of a round and its journal (updating the rows the turn holds,
-    inserting the others), planned once on empty tables as a new deployment's first write
-    is, then run with 5,000 turns' messages and journal rows, reads a handful of them through
-    their keys: a plan that checked the new rows against the whole table would grow every
-    write with the history."""
+    """A lease holder's write of a round and its journal, planned once on empty tables as a
+    new deployment's first write is, then run with 5,000 turns' messages and journal rows,
+    reads a handful of them through their keys: a plan that checked the written rows against
+    the whole table would grow every write with the history (a form without upserts did,
+    until its lookups named the turn id parameter)."""
     round = RoundRecord(round=1, messages=[asks("approval-1"), asks("r2")], committed=True)
     calls = [tool_call("t1000", 1, "approval-1"), tool_call("t1000", 1, "r2")]
     values = {
