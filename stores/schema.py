@@ -203,8 +203,8 @@ turns = sa.Table(
     # ids only: indexing lease_expires_at made every claim and heartbeat a non-HOT update
     # (migration 0004).
     _partial_index("ix_turns_aborting", "id", where="status = 'aborting'"),
-    # A turn's children (a resume of it, retention, the foreign key's check): a session's
-    # first turn has none to find by (migration 0025).
+    # A turn's children (a resume of it, retention, the foreign key's check), found by
+    # equality: a session's first turn, without a parent, needs no entry (migration 0025).
     _partial_index("ix_turns_parent_id", "parent_id", where="parent_id IS NOT NULL"),
     # `turnstile turns ls` pages newest first (migration 0012).
     sa.Index("ix_turns_created_at", "created_at", "id"),

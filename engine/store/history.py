@@ -133,14 +133,14 @@ def call_entries(
     control flow that stopped the call where it began, and the pause names the same call."""
     entries = []
     what = f"{after.name} {after.ref}"
-    kind = FINISHED_KINDS.get(after.status)
-    ended = kind is not None and (before is None or before.status is not after.status)
-    pauses_now = ended and after.status is ToolCallStatus.INTERRUPTED
+    # The end this write records, if its status became an ending one.
+    moved = before is None or before.status is not after.status
+    kind = FINISHED_KINDS.get(after.status) if moved else None
     started_at = after.started_at
     if (
         started_at is not None
         and (before is None or before.started_at != started_at)
-        and not pauses_now
+        and kind != PAUSED
     ):
         entries.append(
             HistoryEntry(
@@ -151,7 +151,7 @@ def call_entries(
                 detail=_call_detail(after),
             )
         )
-    if kind is not None and ended:
+    if kind is not None:
         entries.append(
             HistoryEntry(
                 kind=kind,
